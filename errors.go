@@ -1,0 +1,104 @@
+package idempotency
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+)
+
+// Sentinel errors passed to the error handler. Match them with errors.Is: an
+// error from a failing Redis call wraps ErrStoreUnavailable together with the
+// cause, for logging; the default handler never shows the cause to clients.
+var (
+	ErrMissingKey       = errors.New("idempotency: missing idempotency key")
+	ErrInvalidKey       = errors.New("idempotency: malformed idempotency key")
+	ErrUnreadableBody   = errors.New("idempotency: request body could not be read")
+	ErrRequestTooLarge  = errors.New("idempotency: request body too large")
+	ErrNoScope          = errors.New("idempotency: caller has no scope")
+	ErrTokenNotFound    = errors.New("idempotency: token not found")
+	ErrKeyReused        = errors.New("idempotency: key reused for a different request")
+	ErrInProgress       = errors.New("idempotency: original request still in progress")
+	ErrNotReplayable    = errors.New("idempotency: original response cannot be replayed")
+	ErrInterrupted      = errors.New("idempotency: original execution was interrupted")
+	ErrStoreUnavailable = errors.New("idempotency: store unavailable")
+	// ErrLockLost is logged, never answered: it means the handler ran but its
+	// response could not be stored because another instance owns the key now.
+	ErrLockLost = errors.New("idempotency: lock lost before the response was stored")
+)
+
+// ProblemTypeBase is the prefix of every problem type URI this package
+// answers with. The URIs are stable; the README documents each one.
+const ProblemTypeBase = "https://github.com/onceonly/idempotency/blob/main/README.md#problem-"
+
+// A problem is one row of the HTTP contract's error table, rendered once.
+type problem struct {
+	err        error
+	status     int
+	slug       string
+	title      string
+	detail     string
+	retryAfter bool
+	body       []byte
+}
+
+var problems = []*problem{
+	{err: ErrMissingKey, status: http.StatusBadRequest, slug: "missing-key",
+		title: "Idempotency key missing", detail: "This endpoint requires an idempotency key or token."},
+	{err: ErrInvalidKey, status: http.StatusBadRequest, slug: "invalid-key",
+		title: "Idempotency key malformed", detail: "The idempotency key must be printable ASCII and not too long."},
+	{err: ErrUnreadableBody, status: http.StatusBadRequest, slug: "unreadable-body",
+		title: "Request body unreadable", detail: "The request body could not be read in full."},
+	{err: ErrRequestTooLarge, status: http.StatusRequestEntityTooLarge, slug: "request-too-large",
+		title: "Request body too large", detail: "The request body exceeds the limit of this endpoint."},
+	{err: ErrNoScope, status: http.StatusUnauthorized, slug: "no-scope",
+		title: "Caller not identified", detail: "The request does not identify the caller the key belongs to."},
+	{err: ErrTokenNotFound, status: http.StatusUnprocessableEntity, slug: "token-not-found",
+		title: "Idempotency token not found", detail: "The token is unknown, expired, or was issued to another session."},
+	{err: ErrKeyReused, status: http.StatusUnprocessableEntity, slug: "key-reused",
+		title: "Idempotency key reused", detail: "The key was already used for a request with a different method, path or body."},
+	{err: ErrInProgress, status: http.StatusConflict, slug: "in-progress", retryAfter: true,
+		title: "Original request in progress", detail: "A request with this key is still being processed; retry later."},
+	{err: ErrNotReplayable, status: http.StatusConflict, slug: "not-replayable",
+		title: "Response not replayable", detail: "The request was executed, but its response was streamed or too large to store."},
+	{err: ErrInterrupted, status: http.StatusConflict, slug: "interrupted",
+		title: "Original execution interrupted", detail: "The request was claimed by a server that stopped before storing a response; its outcome is unknown."},
+	{err: ErrStoreUnavailable, status: http.StatusServiceUnavailable, slug: "store-unavailable", retryAfter: true,
+		title: "Idempotency store unavailable", detail: "The request was not executed; retry later."},
+}
+
+var internalProblem = &problem{status: http.StatusInternalServerError, slug: "internal",
+	title: "Internal error", detail: "The request could not be processed."}
+
+func init() {
+	for _, p := range append(problems, internalProblem) {
+		p.body = []byte(`{"type":"` + ProblemTypeBase + p.slug + `","title":"` + p.title +
+			`","status":` + strconv.Itoa(p.status) + `,"detail":"` + p.detail + `"}`)
+	}
+}
+
+func problemFor(err error) *problem {
+	for _, p := range problems {
+		if errors.Is(err, p.err) {
+			return p
+		}
+	}
+	return internalProblem
+}
+
+// DefaultErrorHandler answers err as an RFC 9457 application/problem+json
+// body with a stable type URI per sentinel error. The body is fixed per error
+// and never contains err's text, so a Redis failure leaks nothing.
+func DefaultErrorHandler(w http.ResponseWriter, _ *http.Request, err error) {
+	p := problemFor(err)
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
+	if p.retryAfter {
+		h.Set("Retry-After", "1")
+	}
+	w.WriteHeader(p.status)
+	w.Write(p.body)
+}
+
+// StatusCode reports the HTTP status DefaultErrorHandler uses for err.
+func StatusCode(err error) int { return problemFor(err).status }

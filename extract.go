@@ -1,0 +1,137 @@
+package idempotency
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// A KeyExtractor finds the idempotency key, or the issued token, in a
+// request. body is the request body, already read in full (the handler still
+// gets its own copy). It returns "" and a nil error when the request carries
+// no key; an error rejects the request with the invalid-key problem.
+type KeyExtractor func(r *http.Request, body []byte) (string, error)
+
+// HeaderKey reads the key from a request header, such as "Idempotency-Key"
+// or "X-GitHub-Delivery".
+func HeaderKey(name string) KeyExtractor {
+	name = http.CanonicalHeaderKey(name)
+	return func(r *http.Request, _ []byte) (string, error) {
+		values := r.Header[name]
+		if len(values) > 1 {
+			return "", errors.New("idempotency: key header repeated")
+		}
+		if len(values) == 0 {
+			return "", nil
+		}
+		return values[0], nil
+	}
+}
+
+// FormKey reads the key from a field of a URL-encoded or multipart form body.
+func FormKey(field string) KeyExtractor {
+	return func(r *http.Request, body []byte) (string, error) {
+		mediaType, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+		if err != nil {
+			return "", nil
+		}
+		switch mediaType {
+		case "application/x-www-form-urlencoded":
+			values, err := url.ParseQuery(string(body))
+			if err != nil {
+				return "", err
+			}
+			return values.Get(field), nil
+		case "multipart/form-data":
+			return multipartField(body, params["boundary"], field)
+		}
+		return "", nil
+	}
+}
+
+// multipartKeyLimit bounds how much of a multipart field is read; a key is
+// never longer.
+const multipartKeyLimit = 4096
+
+func multipartField(body []byte, boundary, field string) (string, error) {
+	if boundary == "" {
+		return "", errors.New("idempotency: multipart body without boundary")
+	}
+	mr := multipart.NewReader(bytes.NewReader(body), boundary)
+	for {
+		part, err := mr.NextPart()
+		if err == io.EOF {
+			return "", nil
+		}
+		if err != nil {
+			return "", err
+		}
+		if part.FormName() == field && part.FileName() == "" {
+			value, err := io.ReadAll(io.LimitReader(part, multipartKeyLimit+1))
+			return string(value), err
+		}
+	}
+}
+
+// JSONKey reads the key from a string or number field of a JSON object body.
+// path names nested objects with dots: "event.id". A body that is not a JSON
+// object carries no key.
+func JSONKey(path string) KeyExtractor {
+	steps := strings.Split(path, ".")
+	return func(_ *http.Request, body []byte) (string, error) {
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.UseNumber()
+		var v any
+		if dec.Decode(&v) != nil {
+			return "", nil
+		}
+		for _, step := range steps {
+			obj, ok := v.(map[string]any)
+			if !ok {
+				return "", nil
+			}
+			v = obj[step]
+		}
+		switch v := v.(type) {
+		case string:
+			return v, nil
+		case json.Number:
+			return v.String(), nil
+		case nil:
+			return "", nil
+		}
+		return "", errors.New("idempotency: JSON key is neither a string nor a number")
+	}
+}
+
+// FirstKey tries extractors in order and returns the first key found.
+func FirstKey(extractors ...KeyExtractor) KeyExtractor {
+	return func(r *http.Request, body []byte) (string, error) {
+		for _, e := range extractors {
+			if key, err := e(r, body); key != "" || err != nil {
+				return key, err
+			}
+		}
+		return "", nil
+	}
+}
+
+// validKey accepts printable ASCII up to max bytes: everything else, CR and
+// LF above all, is refused before it reaches Redis or a log line.
+func validKey(key string, max int) bool {
+	if len(key) == 0 || len(key) > max {
+		return false
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x20 || key[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,153 @@
+package idempotency
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// shop is a protected test server: POST /orders in token mode and
+// POST /payments in key mode run handler, counting executions.
+type shop struct {
+	t       *testing.T
+	rdb     redis.UniversalClient
+	idem    *Middleware
+	srv     *httptest.Server
+	execs   atomic.Int64
+	handler http.HandlerFunc
+}
+
+// defaultHandler answers like an order endpoint: 201, a JSON body with the
+// execution number, a Location and a cookie that must not be replayed.
+func (s *shop) defaultHandler(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", "/orders/1")
+	w.Header().Set("X-Request-Body", string(body))
+	http.SetCookie(w, &http.Cookie{Name: "flash", Value: "created"})
+	w.WriteHeader(http.StatusCreated)
+	io.WriteString(w, `{"execution":`+itoa(s.execs.Load())+`}`)
+}
+
+func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
+
+func newShop(t *testing.T, opts ...Option) *shop {
+	t.Helper()
+	prefix := "test-" + strings.NewReplacer("/", "-", " ", "_").Replace(t.Name())
+	rdb := redistest.Client(t, prefix)
+	return newShopOn(t, rdb, append([]Option{WithKeyPrefix(prefix)}, opts...)...)
+}
+
+func newShopOn(t *testing.T, rdb redis.UniversalClient, opts ...Option) *shop {
+	t.Helper()
+	s := &shop{t: t, rdb: rdb, idem: New(rdb, opts...)}
+	s.handler = s.defaultHandler
+	count := func(w http.ResponseWriter, r *http.Request) {
+		s.execs.Add(1)
+		s.handler(w, r)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /idempotency/token", s.idem.TokenHandler())
+	mux.Handle("POST /orders", s.idem.Protect(http.HandlerFunc(count)))
+	mux.Handle("POST /payments", s.idem.ProtectKey(http.HandlerFunc(count)))
+	s.srv = httptest.NewServer(mux)
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+// client is a browser-like caller with its own cookie jar (its session).
+func (s *shop) client() *http.Client {
+	jar, err := cookiejar.New(nil)
+	require.NoError(s.t, err)
+	return &http.Client{Jar: jar, Timeout: 30 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+// token fetches a token for c's session from the token endpoint.
+func (s *shop) token(c *http.Client) string {
+	s.t.Helper()
+	resp, err := c.Get(s.srv.URL + "/idempotency/token")
+	require.NoError(s.t, err)
+	defer resp.Body.Close()
+	require.Equal(s.t, http.StatusOK, resp.StatusCode)
+	var body struct {
+		Token     string `json:"token"`
+		ExpiresIn int    `json:"expires_in"`
+	}
+	require.NoError(s.t, json.NewDecoder(resp.Body).Decode(&body))
+	require.NotEmpty(s.t, body.Token)
+	return body.Token
+}
+
+// answer is a response read in full.
+type answer struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func (s *shop) post(c *http.Client, path, key, body string) answer {
+	s.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, s.srv.URL+path, strings.NewReader(body))
+	require.NoError(s.t, err)
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set(KeyHeader, key)
+	}
+	return do(s.t, c, req)
+}
+
+func do(t testing.TB, c *http.Client, req *http.Request) answer {
+	t.Helper()
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return answer{status: resp.StatusCode, header: resp.Header, body: string(body)}
+}
+
+// requireProblem checks a problem+json answer of the given type.
+func requireProblem(t testing.TB, a answer, status int, slug string) {
+	t.Helper()
+	require.Equal(t, status, a.status, a.body)
+	require.Equal(t, "application/problem+json", a.header.Get("Content-Type"))
+	var p struct {
+		Type   string `json:"type"`
+		Title  string `json:"title"`
+		Status int    `json:"status"`
+		Detail string `json:"detail"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(a.body), &p), a.body)
+	require.Equal(t, ProblemTypeBase+slug, p.Type)
+	require.Equal(t, status, p.Status)
+	require.NotEmpty(t, p.Title)
+	require.NotEmpty(t, p.Detail)
+}
+
+// keysWithoutTTL lists the keys under prefix that would live forever.
+func keysWithoutTTL(t testing.TB, rdb redis.UniversalClient, prefix string) []string {
+	t.Helper()
+	var forever []string
+	ctx := t.Context()
+	keys, err := rdb.Keys(ctx, prefix+"*").Result()
+	require.NoError(t, err)
+	for _, k := range keys {
+		if ttl := rdb.PTTL(ctx, k).Val(); ttl < 0 {
+			forever = append(forever, k)
+		}
+	}
+	return forever
+}

@@ -1,0 +1,150 @@
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// Server is a Redis the tests talk to; Stop ends it when this package
+// started it.
+type Server struct {
+	opts     *redis.Options
+	cmd      *exec.Cmd
+	dir      string
+	embedded *miniredis.Miniredis
+	stopOnce sync.Once
+}
+
+// Options returns client options for the server.
+func (s *Server) Options() *redis.Options {
+	o := *s.opts
+	return &o
+}
+
+// Addr is the server's host:port.
+func (s *Server) Addr() string { return s.opts.Addr }
+
+// Client returns a new client for the server, closed when t ends.
+func (s *Server) Client(t interface{ Cleanup(func()) }) *redis.Client {
+	c := redis.NewClient(s.Options())
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Signal sends sig to the redis-server process (SIGSTOP, SIGCONT, SIGKILL).
+func (s *Server) Signal(sig syscall.Signal) error {
+	if s.cmd == nil {
+		return fmt.Errorf("redistest: not a process of ours")
+	}
+	return s.cmd.Process.Signal(sig)
+}
+
+var (
+	startedMu sync.Mutex
+	started   []*Server
+)
+
+func track(s *Server) {
+	startedMu.Lock()
+	started = append(started, s)
+	startedMu.Unlock()
+}
+
+func stopAll() {
+	startedMu.Lock()
+	defer startedMu.Unlock()
+	for _, s := range started {
+		s.Stop()
+	}
+	started = nil
+}
+
+// StartServer starts a private redis-server on a free loopback port with no
+// persistence. Extra args are appended to its command line.
+func StartServer(args ...string) (*Server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	return startOnPort(port, args...)
+}
+
+func startOnPort(port int, args ...string) (*Server, error) {
+	dir, err := os.MkdirTemp("", "redistest-")
+	if err != nil {
+		return nil, err
+	}
+	argv := append([]string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", dir,
+		"--daemonize", "no", "--logfile", dir + "/redis.log",
+	}, args...)
+	cmd := exec.Command("redis-server", argv...)
+	cmd.SysProcAttr = childAttr()
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("starting redis-server: %w", err)
+	}
+	s := &Server{opts: &redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port)}, cmd: cmd, dir: dir}
+	track(s)
+	if err := s.waitReady(10 * time.Second); err != nil {
+		s.Stop()
+		log, _ := os.ReadFile(dir + "/redis.log")
+		return nil, fmt.Errorf("redis-server on port %d: %w\n%s", port, err, log)
+	}
+	return s, nil
+}
+
+func (s *Server) waitReady(limit time.Duration) error {
+	c := redis.NewClient(&redis.Options{Addr: s.opts.Addr, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(limit)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Stop kills the server and removes its directory.
+func (s *Server) Stop() {
+	s.stopOnce.Do(func() {
+		if s.embedded != nil {
+			s.embedded.Close()
+		}
+		if s.cmd != nil {
+			s.cmd.Process.Kill()
+			s.cmd.Wait()
+		}
+		if s.dir != "" {
+			os.RemoveAll(s.dir)
+		}
+	})
+}
+
+// freePort asks the kernel for a free loopback port.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,58 @@
+-- claim.lua: decide what a request holding the key's lock does next.
+-- KEYS[1] record hash, KEYS[2] lock, KEYS[3] the scope's token set (token mode)
+-- ARGV[1] our lock value, ARGV[2] request fingerprint, ARGV[3] record TTL ms,
+-- ARGV[4] token (token mode), ARGV[5] '1' to retry abandoned executions
+--
+-- Record fields: st state (run, done, big), o lock value of the executor,
+-- fp fingerprint, c status, h headers, b body, n executions, x token expiry.
+--
+-- Replies: {'claimed', n} run the handler; {'done', c, h, b} replay;
+-- {'unknown'}, {'mismatch'}, {'big'}, {'abandoned'}, {'lost'}.
+-- Every reply but 'claimed' releases the lock. Running twice with the same
+-- ARGV gives the same reply, so a resent command cannot claim twice.
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+  return {'lost'}
+end
+local rec = redis.call('HMGET', KEYS[1], 'st', 'o', 'fp', 'c', 'h', 'b', 'n')
+local st = rec[1]
+if st then
+  if rec[2] == ARGV[1] and st == 'run' then
+    return {'claimed', rec[7]}
+  end
+  if rec[3] ~= ARGV[2] then
+    redis.call('DEL', KEYS[2])
+    return {'mismatch'}
+  end
+  if st == 'done' then
+    redis.call('DEL', KEYS[2])
+    return {'done', rec[4], rec[5], rec[6]}
+  end
+  if st == 'big' then
+    redis.call('DEL', KEYS[2])
+    return {'big'}
+  end
+  -- st == 'run' under another lock value: we hold the lock now, so that
+  -- executor's lease ran out before it stored a response.
+  if ARGV[5] ~= '1' then
+    redis.call('DEL', KEYS[2])
+    return {'abandoned'}
+  end
+  local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
+  redis.call('HSET', KEYS[1], 'o', ARGV[1])
+  return {'claimed', tostring(n)}
+end
+local exp = ''
+if #KEYS == 3 then
+  local score = redis.call('ZSCORE', KEYS[3], ARGV[4])
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not score or tonumber(score) <= now then
+    redis.call('DEL', KEYS[2])
+    return {'unknown'}
+  end
+  redis.call('ZREM', KEYS[3], ARGV[4])
+  exp = score
+end
+redis.call('HSET', KEYS[1], 'st', 'run', 'o', ARGV[1], 'fp', ARGV[2], 'n', 1, 'x', exp)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return {'claimed', '1'}

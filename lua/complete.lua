@@ -1,0 +1,19 @@
+-- complete.lua: store the executor's response and release its lock.
+-- KEYS[1] record hash, KEYS[2] lock
+-- ARGV[1] our lock value, ARGV[2] state (done or big), ARGV[3] status,
+-- ARGV[4] headers, ARGV[5] body, ARGV[6] record TTL ms
+-- Returns 1 when the record is ours and stored, 0 when another executor took
+-- the key over (then nothing is written). Safe to run twice.
+local rec = redis.call('HMGET', KEYS[1], 'st', 'o')
+if rec[2] ~= ARGV[1] then
+  return 0
+end
+if rec[1] == 'run' then
+  redis.call('HSET', KEYS[1], 'st', ARGV[2], 'c', ARGV[3], 'h', ARGV[4], 'b', ARGV[5])
+  redis.call('HDEL', KEYS[1], 'x')
+  redis.call('PEXPIRE', KEYS[1], ARGV[6])
+end
+if redis.call('GET', KEYS[2]) == ARGV[1] then
+  redis.call('DEL', KEYS[2])
+end
+return 1

@@ -1,0 +1,217 @@
+package idempotency
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// An Option configures a Middleware. Options are applied in order by New;
+// defaults fill whatever they leave unset, and New panics on a configuration
+// that could only fail later, per request.
+type Option func(*config)
+
+type config struct {
+	prefix          string
+	tokenTTL        time.Duration
+	recordTTL       time.Duration
+	lease           time.Duration
+	wait            time.Duration
+	storeTimeout    time.Duration
+	execTimeout     time.Duration
+	maxResponse     int
+	maxRequest      int64
+	maxKeyLen       int
+	tokensPerScope  int
+	replayHeaders   map[string]bool // nil: everything but Set-Cookie and hop-by-hop
+	scope           func(*http.Request) (string, error)
+	extractor       KeyExtractor
+	errorHandler    func(http.ResponseWriter, *http.Request, error)
+	logger          *slog.Logger
+	failOpen        bool
+	releaseOn5xx    bool
+	retryAbandoned  bool
+	sessionCookie   string
+	formField       string
+	secureCookieSet bool
+	secureCookie    bool
+}
+
+// WithKeyPrefix sets the prefix of every Redis key the middleware writes.
+// Default "idem". It must not contain '{' or '}', which Redis Cluster reads
+// as a hash tag.
+func WithKeyPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
+
+// WithTokenTTL sets how long an issued token stays valid. Default 1 hour.
+func WithTokenTTL(d time.Duration) Option { return func(c *config) { c.tokenTTL = d } }
+
+// WithRecordTTL sets how long a stored response is replayed. Default 24 hours.
+func WithRecordTTL(d time.Duration) Option { return func(c *config) { c.recordTTL = d } }
+
+// WithLockLease sets the lease of the per-key lock. A watchdog renews it every
+// third of the lease while the handler runs, so the lease only bounds how long
+// a crashed instance keeps a key blocked. Default 3 seconds, at least 100 ms.
+func WithLockLease(d time.Duration) Option { return func(c *config) { c.lease = d } }
+
+// WithWaitTimeout bounds how long a duplicate waits for the original request
+// to finish before it is answered 409 Conflict with Retry-After. Default 5
+// seconds.
+func WithWaitTimeout(d time.Duration) Option { return func(c *config) { c.wait = d } }
+
+// WithStoreTimeout bounds each Redis step. When Redis does not answer in time
+// the request fails closed with 503 (see WithFailOpen). Default 1 second.
+func WithStoreTimeout(d time.Duration) Option { return func(c *config) { c.storeTimeout = d } }
+
+// WithExecutionTimeout bounds the handler's context once the key is claimed.
+// That context does not end when the client disconnects, so that the retry
+// finds a finished result. Default 30 seconds.
+func WithExecutionTimeout(d time.Duration) Option { return func(c *config) { c.execTimeout = d } }
+
+// WithMaxResponseBytes caps the response body recorded for replay. A larger
+// response still reaches the client in full, but duplicates get a
+// not-replayable problem instead of a partial body. Default 1 MiB.
+func WithMaxResponseBytes(n int) Option { return func(c *config) { c.maxResponse = n } }
+
+// WithMaxRequestBytes caps the request body of a protected route, which the
+// middleware reads to fingerprint it. A larger body is answered 413. Default
+// 1 MiB.
+func WithMaxRequestBytes(n int64) Option { return func(c *config) { c.maxRequest = n } }
+
+// WithMaxKeyLength caps the length of a client-supplied key. Longer keys are
+// answered 400 before Redis is touched. Default 255.
+func WithMaxKeyLength(n int) Option { return func(c *config) { c.maxKeyLen = n } }
+
+// WithTokensPerScope caps how many issued tokens one scope may hold at once;
+// issuing one more drops the oldest. Default 32.
+func WithTokensPerScope(n int) Option { return func(c *config) { c.tokensPerScope = n } }
+
+// WithReplayHeaders replaces the default header policy with an allowlist:
+// only the named response headers are stored and replayed. Naming Set-Cookie
+// here is the only way to replay it. Default: every header except Set-Cookie
+// and the hop-by-hop headers.
+func WithReplayHeaders(names ...string) Option {
+	return func(c *config) {
+		c.replayHeaders = make(map[string]bool, len(names))
+		for _, n := range names {
+			c.replayHeaders[http.CanonicalHeaderKey(n)] = true
+		}
+	}
+}
+
+// WithScope sets the function that names the caller's scope (a user, API
+// client or tenant id). Tokens and keys never cross scopes. A non-nil error
+// answers 401 with the no-scope problem. Default: in token mode the session
+// cookie set by the token endpoint, in key mode the request path.
+func WithScope(fn func(*http.Request) (string, error)) Option {
+	return func(c *config) { c.scope = fn }
+}
+
+// WithKeyExtractor sets where the key (or issued token) is read from.
+// Default: in token mode the Idempotency-Key header, then the form field set by
+// WithFormField; in key mode the Idempotency-Key header.
+func WithKeyExtractor(e KeyExtractor) Option { return func(c *config) { c.extractor = e } }
+
+// WithErrorHandler sets the function that answers a request the middleware
+// rejects. err matches one of the package's sentinel errors with errors.Is.
+// Default DefaultErrorHandler, which writes a problem+json body.
+func WithErrorHandler(fn func(http.ResponseWriter, *http.Request, error)) Option {
+	return func(c *config) { c.errorHandler = fn }
+}
+
+// WithLogger sets where failures that no response can report are logged: a
+// response that could not be stored, a lease lost mid-handler. Default
+// slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithFailOpen runs the handler unprotected when Redis is unreachable instead
+// of answering 503. Default off: without Redis nothing can stop a second
+// execution.
+func WithFailOpen() Option { return func(c *config) { c.failOpen = true } }
+
+// WithReleaseOnServerError releases the key when the handler answers 5xx, so
+// a retry runs the handler again. Use it only for handlers that fail before
+// any side effect. Default off: a 5xx is stored and replayed like any answer.
+func WithReleaseOnServerError() Option { return func(c *config) { c.releaseOn5xx = true } }
+
+// WithRetryAbandoned lets a retry run the handler again when the instance
+// that claimed the key vanished (its lease expired) before it stored a
+// response. Pair it with fencing in the handler's storage. Default off: the
+// vanished execution may have had side effects, so such a retry is answered
+// 409 with the interrupted problem.
+func WithRetryAbandoned() Option { return func(c *config) { c.retryAbandoned = true } }
+
+// WithSessionCookie names the cookie that carries the default token scope.
+// Default "idempotency_session".
+func WithSessionCookie(name string) Option { return func(c *config) { c.sessionCookie = name } }
+
+// WithSecureCookie forces the Secure attribute of the session cookie on or
+// off. Default: set when the request arrived over TLS.
+func WithSecureCookie(secure bool) Option {
+	return func(c *config) { c.secureCookieSet, c.secureCookie = true, secure }
+}
+
+// WithFormField names the hidden form field that carries an issued token.
+// Default "idempotency_token".
+func WithFormField(name string) Option { return func(c *config) { c.formField = name } }
+
+func newConfig(opts []Option) config {
+	var c config
+	for _, o := range opts {
+		o(&c)
+	}
+	setDefault(&c.prefix, "idem")
+	setDefault(&c.tokenTTL, time.Hour)
+	setDefault(&c.recordTTL, 24*time.Hour)
+	setDefault(&c.lease, 3*time.Second)
+	setDefault(&c.wait, 5*time.Second)
+	setDefault(&c.storeTimeout, time.Second)
+	setDefault(&c.execTimeout, 30*time.Second)
+	setDefault(&c.maxResponse, 1<<20)
+	setDefault(&c.maxRequest, 1<<20)
+	setDefault(&c.maxKeyLen, 255)
+	setDefault(&c.tokensPerScope, 32)
+	setDefault(&c.sessionCookie, "idempotency_session")
+	setDefault(&c.formField, "idempotency_token")
+	if c.errorHandler == nil {
+		c.errorHandler = DefaultErrorHandler
+	}
+	if c.logger == nil {
+		c.logger = slog.Default()
+	}
+	if err := c.validate(); err != nil {
+		panic("idempotency: " + err.Error())
+	}
+	return c
+}
+
+// setDefault fills a zero value; negative values stay and fail validation.
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+func (c *config) validate() error {
+	switch {
+	case strings.ContainsAny(c.prefix, "{}"):
+		return fmt.Errorf("key prefix %q contains a hash tag brace", c.prefix)
+	case c.lease < 100*time.Millisecond:
+		return fmt.Errorf("lock lease %v is shorter than 100ms", c.lease)
+	case c.tokenTTL < time.Millisecond, c.recordTTL < time.Millisecond:
+		return fmt.Errorf("token TTL %v and record TTL %v must be at least 1ms", c.tokenTTL, c.recordTTL)
+	case c.wait < 0, c.storeTimeout < 0, c.execTimeout < 0:
+		return fmt.Errorf("timeouts must be positive")
+	case c.maxResponse < 0, c.maxRequest < 0:
+		return fmt.Errorf("size limits must be positive")
+	case c.maxKeyLen < 1 || c.maxKeyLen > 4096:
+		return fmt.Errorf("max key length %d is outside 1..4096", c.maxKeyLen)
+	case c.tokensPerScope < 1:
+		return fmt.Errorf("tokens per scope %d is below 1", c.tokensPerScope)
+	case c.sessionCookie == "" || c.formField == "":
+		return fmt.Errorf("session cookie and form field names must not be empty")
+	}
+	return nil
+}

@@ -1,0 +1,177 @@
+package idempotency
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/bsm/redislock"
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed lua/issue.lua
+	issueSource string
+	//go:embed lua/claim.lua
+	claimSource string
+	//go:embed lua/complete.lua
+	completeSource string
+	//go:embed lua/release.lua
+	releaseSource string
+
+	issueScript    = redis.NewScript(issueSource)
+	claimScript    = redis.NewScript(claimSource)
+	completeScript = redis.NewScript(completeSource)
+	releaseScript  = redis.NewScript(releaseSource)
+)
+
+// store is the Redis side of the middleware. Each method is one round trip
+// (two the first time a script meets a server that lacks it) and is safe to
+// repeat: go-redis resends a command whose reply was lost, so every script
+// answers a repeat the way it answered the original.
+type store struct {
+	client redis.UniversalClient
+	locks  *redislock.Client
+	cfg    *config
+}
+
+func newStore(client redis.UniversalClient, cfg *config) *store {
+	return &store{client: client, locks: redislock.New(client), cfg: cfg}
+}
+
+// claimOutcome is what claim decided.
+type claimOutcome int
+
+const (
+	outcomeClaimed   claimOutcome = iota // run the handler
+	outcomeDone                          // replay rec
+	outcomeUnknown                       // token unknown, expired or another scope's
+	outcomeMismatch                      // key used before for a different request
+	outcomeBig                           // executed, response not replayable
+	outcomeAbandoned                     // claimed by an executor that vanished
+	outcomeLost                          // our lock expired before the claim ran
+)
+
+type claim struct {
+	outcome claimOutcome
+	rec     *record // outcomeDone only
+}
+
+// issue adds token to the scope's token set. An error means the token may
+// or may not have been stored; the caller must not hand it out.
+func (s *store) issue(ctx context.Context, scope, token string) error {
+	return issueScript.Run(ctx, s.client, []string{tokenSetKey(s.cfg.prefix, scope)},
+		token, s.cfg.tokenTTL.Milliseconds(), s.cfg.tokensPerScope).Err()
+}
+
+// obtain takes the key's lock with a fresh random value, or returns
+// redislock.ErrNotObtained while another request holds it.
+func (s *store) obtain(ctx context.Context, k keys) (*redislock.Lock, error) {
+	return s.locks.Obtain(ctx, k.lock, s.cfg.lease, nil)
+}
+
+// claim runs claim.lua under the lock held with lockValue. Any outcome but
+// outcomeClaimed has released the lock.
+func (s *store) claim(ctx context.Context, k keys, lockValue, fingerprint string) (claim, error) {
+	retry := "0"
+	if s.cfg.retryAbandoned {
+		retry = "1"
+	}
+	reply, err := claimScript.Run(ctx, s.client, k.redisKeys(),
+		lockValue, fingerprint, s.cfg.recordTTL.Milliseconds(), k.token, retry).Slice()
+	if err != nil {
+		return claim{}, err
+	}
+	word, _ := reply[0].(string)
+	switch word {
+	case "claimed":
+		return claim{outcome: outcomeClaimed}, nil
+	case "done":
+		rec, err := decodeReply(reply[1:])
+		if err != nil {
+			return claim{}, err
+		}
+		return claim{outcome: outcomeDone, rec: rec}, nil
+	case "unknown":
+		return claim{outcome: outcomeUnknown}, nil
+	case "mismatch":
+		return claim{outcome: outcomeMismatch}, nil
+	case "big":
+		return claim{outcome: outcomeBig}, nil
+	case "abandoned":
+		return claim{outcome: outcomeAbandoned}, nil
+	case "lost":
+		return claim{outcome: outcomeLost}, nil
+	}
+	return claim{}, fmt.Errorf("idempotency: unexpected claim reply %q", word)
+}
+
+func decodeReply(fields []any) (*record, error) {
+	if len(fields) != 3 {
+		return nil, errCorruptRecord
+	}
+	code, _ := fields[0].(string)
+	head, _ := fields[1].(string)
+	body, _ := fields[2].(string)
+	status, err := strconv.Atoi(code)
+	if err != nil {
+		return nil, errCorruptRecord
+	}
+	header, err := decodeHeader(head)
+	if err != nil {
+		return nil, err
+	}
+	return &record{status: status, header: header, body: []byte(body)}, nil
+}
+
+// complete stores rec as the key's answer and releases the lock; rec == nil
+// stores "executed, not replayable". It returns ErrLockLost when another
+// executor owns the key now, and then writes nothing.
+func (s *store) complete(ctx context.Context, k keys, lockValue string, rec *record) error {
+	state, status, head, body := "big", "0", "", []byte(nil)
+	if rec != nil {
+		state, status, head, body = "done", strconv.Itoa(rec.status), encodeHeader(rec.header), rec.body
+	}
+	stored, err := completeScript.Run(ctx, s.client, []string{k.record, k.lock},
+		lockValue, state, status, head, body, s.cfg.recordTTL.Milliseconds()).Int()
+	if err != nil {
+		return err
+	}
+	if stored == 0 {
+		return ErrLockLost
+	}
+	return nil
+}
+
+// release undoes a claim: the record goes, an issued token returns to its
+// scope, and the lock is freed. It does nothing to a record another executor
+// owns.
+func (s *store) release(ctx context.Context, k keys, lockValue string) error {
+	return releaseScript.Run(ctx, s.client, k.redisKeys(),
+		lockValue, k.token, s.cfg.tokensPerScope).Err()
+}
+
+// stepContext bounds one Redis step. It outlives the request's own context:
+// a step that started must finish even when the client has gone.
+func (s *store) stepContext(parent context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(parent), s.cfg.storeTimeout)
+}
+
+var errCorruptRecord = errors.New("idempotency: corrupt stored record")
+
+// unavailable wraps a Redis failure so that errors.Is finds both the sentinel
+// and the cause.
+func unavailable(err error) error {
+	return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+}
+
+// backoff doubles a wait up to a ceiling.
+func backoff(d, ceiling time.Duration) time.Duration {
+	if d *= 2; d > ceiling {
+		return ceiling
+	}
+	return d
+}

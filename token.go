@@ -1,0 +1,138 @@
+package idempotency
+
+import (
+	"encoding/json"
+	"html/template"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// A Token is an issued one-time token and how long it stays valid.
+type Token struct {
+	Value     string
+	ExpiresIn time.Duration
+}
+
+// IssueToken issues a token bound to the caller's scope. With the default
+// scope it starts a session first when the caller has none: the session
+// cookie is set on w, and r is updated so that later calls in the same
+// request (a page with two forms) join the same session.
+func (m *Middleware) IssueToken(w http.ResponseWriter, r *http.Request) (Token, error) {
+	scope, err := m.issuingScope(w, r)
+	if err != nil {
+		return Token{}, err
+	}
+	return m.IssueTokenFor(r, scope)
+}
+
+// IssueTokenFor issues a token bound to an explicit scope, for callers that
+// know it (a background job, a test). The token is only accepted from
+// requests whose scope function returns the same scope.
+func (m *Middleware) IssueTokenFor(r *http.Request, scope string) (Token, error) {
+	id, err := uuid.NewRandom()
+	if err != nil {
+		return Token{}, err
+	}
+	token := id.String()
+	ctx, cancel := m.store.stepContext(r.Context())
+	defer cancel()
+	if err := m.store.issue(ctx, scope, token); err != nil {
+		return Token{}, unavailable(err)
+	}
+	return Token{Value: token, ExpiresIn: m.cfg.tokenTTL}, nil
+}
+
+// FormField issues a token and returns the hidden input that carries it, for
+// a server-rendered form: {{ .IdempotencyField }}.
+func (m *Middleware) FormField(w http.ResponseWriter, r *http.Request) (template.HTML, error) {
+	t, err := m.IssueToken(w, r)
+	if err != nil {
+		return "", err
+	}
+	return template.HTML(`<input type="hidden" name="` + template.HTMLEscapeString(m.cfg.formField) +
+		`" value="` + t.Value + `">`), nil
+}
+
+// TokenHandler answers GET (or POST) with a fresh token as JSON:
+//
+//	{"token": "…", "expires_in": 3600}
+//
+// setting the session cookie when the caller has none.
+func (m *Middleware) TokenHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodPost {
+			w.Header().Set("Allow", "GET, POST")
+			http.Error(w, http.StatusText(http.StatusMethodNotAllowed), http.StatusMethodNotAllowed)
+			return
+		}
+		t, err := m.IssueToken(w, r)
+		if err != nil {
+			m.cfg.errorHandler(w, r, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		json.NewEncoder(w).Encode(struct {
+			Token     string `json:"token"`
+			ExpiresIn int64  `json:"expires_in"`
+		}{t.Value, int64(t.ExpiresIn / time.Second)})
+	})
+}
+
+// issuingScope is the scope a new token is bound to, starting a session when
+// the default scope is in use and the caller has none.
+func (m *Middleware) issuingScope(w http.ResponseWriter, r *http.Request) (string, error) {
+	if m.cfg.scope != nil {
+		return m.customScope(r)
+	}
+	if session, ok := m.session(r); ok {
+		return session, nil
+	}
+	session := uuid.NewString()
+	http.SetCookie(w, &http.Cookie{
+		Name:     m.cfg.sessionCookie,
+		Value:    session,
+		Path:     "/",
+		HttpOnly: true,
+		Secure:   m.secureCookie(r),
+		SameSite: http.SameSiteLaxMode,
+	})
+	r.AddCookie(&http.Cookie{Name: m.cfg.sessionCookie, Value: session})
+	return session, nil
+}
+
+// session returns the caller's session id when it carries a well-formed one.
+func (m *Middleware) session(r *http.Request) (string, bool) {
+	c, err := r.Cookie(m.cfg.sessionCookie)
+	if err != nil || !isToken(c.Value) {
+		return "", false
+	}
+	return c.Value, true
+}
+
+func (m *Middleware) customScope(r *http.Request) (string, error) {
+	scope, err := m.cfg.scope(r)
+	if err != nil || scope == "" {
+		return "", ErrNoScope
+	}
+	return scope, nil
+}
+
+func (m *Middleware) secureCookie(r *http.Request) bool {
+	if m.cfg.secureCookieSet {
+		return m.cfg.secureCookie
+	}
+	return r.TLS != nil
+}
+
+// isToken accepts exactly the canonical form that IssueToken hands out, so a
+// forged value is refused without a Redis round trip.
+func isToken(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	id, err := uuid.Parse(s)
+	return err == nil && id.String() == s
+}

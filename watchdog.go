@@ -1,0 +1,51 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/bsm/redislock"
+)
+
+// watchdog renews a lock's lease while a handler runs, so a slow handler
+// never loses its key while a crashed instance frees it within one lease.
+// It lives exactly as long as the handler: stop ends it and waits for it.
+type watchdog struct {
+	quit chan struct{}
+	done chan struct{}
+}
+
+// startWatchdog renews lock every third of the lease. When the lock turns
+// out to be gone (another instance took the key over), it calls lost once
+// and stops.
+func startWatchdog(lock *redislock.Lock, lease, stepTimeout time.Duration, lost func()) *watchdog {
+	wd := &watchdog{quit: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(wd.done)
+		tick := time.NewTicker(lease / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-wd.quit:
+				return
+			case <-tick.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), min(stepTimeout, lease/3))
+			err := lock.Refresh(ctx, lease, nil)
+			cancel()
+			if errors.Is(err, redislock.ErrNotObtained) {
+				lost()
+				return
+			}
+			// Any other error is transient: the next tick tries again while
+			// the lease still has two thirds to run.
+		}
+	}()
+	return wd
+}
+
+func (wd *watchdog) stop() {
+	close(wd.quit)
+	<-wd.done
+}

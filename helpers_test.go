@@ -59,7 +59,7 @@ func newShopOn(t *testing.T, rdb redis.UniversalClient, opts ...Option) *shop {
 		s.handler(w, r)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /idempotency/token", s.idem.TokenHandler())
+	mux.Handle("/idempotency/token", s.idem.TokenHandler())
 	mux.Handle("POST /orders", s.idem.Protect(http.HandlerFunc(count)))
 	mux.Handle("POST /payments", s.idem.ProtectKey(http.HandlerFunc(count)))
 	s.srv = httptest.NewServer(mux)

@@ -8,50 +8,67 @@
 --
 -- Replies: {'claimed', n} run the handler; {'done', c, h, b} replay;
 -- {'unknown'}, {'mismatch'}, {'big'}, {'abandoned'}, {'lost'}.
--- Every reply but 'claimed' releases the lock. Running twice with the same
--- ARGV gives the same reply, so a resent command cannot claim twice.
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then
-  return {'lost'}
+-- Every reply but 'claimed' releases our lock. Running the script again with
+-- the same ARGV (go-redis resends when a reply is lost) never claims twice:
+-- a repeated claim answers 'claimed' to the same executor, and answers that
+-- only read are given again without the lock.
+local function unlock()
+  if redis.call('GET', KEYS[2]) == ARGV[1] then
+    redis.call('DEL', KEYS[2])
+  end
 end
+
 local rec = redis.call('HMGET', KEYS[1], 'st', 'o', 'fp', 'c', 'h', 'b', 'n')
 local st = rec[1]
 if st then
-  if rec[2] == ARGV[1] and st == 'run' then
+  if st == 'run' and rec[2] == ARGV[1] then
     return {'claimed', rec[7]}
   end
   if rec[3] ~= ARGV[2] then
-    redis.call('DEL', KEYS[2])
+    unlock()
     return {'mismatch'}
   end
   if st == 'done' then
-    redis.call('DEL', KEYS[2])
+    unlock()
     return {'done', rec[4], rec[5], rec[6]}
   end
   if st == 'big' then
-    redis.call('DEL', KEYS[2])
+    unlock()
     return {'big'}
   end
-  -- st == 'run' under another lock value: we hold the lock now, so that
-  -- executor's lease ran out before it stored a response.
+end
+
+local exp = ''
+if #KEYS == 3 and not st then
+  local score = redis.call('ZSCORE', KEYS[3], ARGV[4])
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not score or tonumber(score) <= now then
+    unlock()
+    return {'unknown'}
+  end
+  exp = score
+end
+
+-- Everything below writes, so it needs the lock.
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+  return {'lost'}
+end
+
+if st then
+  -- A run under another lock value while we hold the lock: that executor's
+  -- lease ran out before it stored a response.
   if ARGV[5] ~= '1' then
-    redis.call('DEL', KEYS[2])
+    unlock()
     return {'abandoned'}
   end
   local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
   redis.call('HSET', KEYS[1], 'o', ARGV[1])
   return {'claimed', tostring(n)}
 end
-local exp = ''
+
 if #KEYS == 3 then
-  local score = redis.call('ZSCORE', KEYS[3], ARGV[4])
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  if not score or tonumber(score) <= now then
-    redis.call('DEL', KEYS[2])
-    return {'unknown'}
-  end
   redis.call('ZREM', KEYS[3], ARGV[4])
-  exp = score
 end
 redis.call('HSET', KEYS[1], 'st', 'run', 'o', ARGV[1], 'fp', ARGV[2], 'n', 1, 'x', exp)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])

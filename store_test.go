@@ -1,0 +1,234 @@
+package idempotency
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRoundTripBudget(t *testing.T) {
+	srv := redistest.Private(t)
+	rdb := srv.Client(t)
+	a := newShopOn(t, rdb)
+	b := newShopOn(t, rdb) // a second instance: nothing of a's in its memory
+	c := a.client()
+	a.post(c, "/orders", a.token(c), `{}`) // loads the scripts into the server
+
+	mon := redistest.StartMonitor(t, srv.Addr())
+	measure := func(step func()) int {
+		cmds := mon.Count(t, rdb, step)
+		t.Logf("%v", cmds)
+		return len(cmds)
+	}
+	var tok string
+	issuance := measure(func() { tok = a.token(c) })
+	first := measure(func() { require.Equal(t, 201, a.post(c, "/orders", tok, `{}`).status) })
+	dupOther := measure(func() { require.Equal(t, "true", b.post(c, "/orders", tok, `{}`).header.Get(ReplayedHeader)) })
+	keyFirst := measure(func() { require.Equal(t, 201, a.post(c, "/payments", "k-1", `{}`).status) })
+	keyDup := measure(func() { require.Equal(t, "true", b.post(c, "/payments", "k-1", `{}`).header.Get(ReplayedHeader)) })
+	rejected := measure(func() { a.post(c, "/orders", "", `{}`) })
+
+	// Ten duplicates that arrive on the same instance while the first runs
+	// wait in memory: the whole burst costs what the first costs.
+	release := make(chan struct{})
+	a.handler = func(w http.ResponseWriter, r *http.Request) { <-release; a.defaultHandler(w, r) }
+	burst := measure(func() {
+		var wg sync.WaitGroup
+		for range 11 {
+			wg.Go(func() { require.Equal(t, 201, a.post(c, "/payments", "burst", `{}`).status) })
+		}
+		require.Eventually(t, func() bool { return a.execs.Load() == 4 }, 5*time.Second, time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // let the duplicates queue up
+		close(release)
+		wg.Wait()
+	})
+	require.EqualValues(t, 4, a.execs.Load()+b.execs.Load())
+
+	t.Logf("Redis round trips: issuance %d, first execution %d (key mode %d), duplicate on another instance %d (key mode %d), rejected %d, first + 10 concurrent duplicates on one instance %d",
+		issuance, first, keyFirst, dupOther, keyDup, rejected, burst)
+	require.EqualValues(t, 1, issuance)
+	require.LessOrEqual(t, first, 3)
+	require.LessOrEqual(t, keyFirst, 3)
+	require.LessOrEqual(t, dupOther, 2)
+	require.LessOrEqual(t, keyDup, 2)
+	require.Zero(t, rejected)
+	require.LessOrEqual(t, burst, 3)
+}
+
+// resendHook runs every script twice and returns the second reply, as
+// go-redis does when the reply to the first was lost on the way back.
+type resendHook struct{}
+
+func (resendHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (resendHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (resendHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			if err := next(ctx, cmd); err != nil {
+				return err
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func TestResentScriptsNeverRunTwice(t *testing.T) {
+	prefix := "test-" + t.Name()
+	rdb := redistest.Client(t, prefix).(*redis.Client)
+	rdb.AddHook(resendHook{})
+	s := newShopOn(t, rdb, WithKeyPrefix(prefix))
+	c := s.client()
+
+	tok := s.token(c)
+	first := s.post(c, "/orders", tok, `{}`)
+	require.Equal(t, http.StatusCreated, first.status)
+	dup := s.post(c, "/orders", tok, `{}`)
+	require.Equal(t, first.body, dup.body)
+	require.Equal(t, "true", dup.header.Get(ReplayedHeader))
+	require.EqualValues(t, 1, s.execs.Load())
+
+	// A released claim, resent, still gives the token back exactly once.
+	tok = s.token(c)
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		if s.execs.Load() == 2 {
+			panic("boom")
+		}
+		s.defaultHandler(w, r)
+	}
+	h := s.idem.Protect(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.execs.Add(1)
+		s.handler(w, r)
+	}))
+	require.Panics(t, func() { h.ServeHTTP(discard{}, httpRequest(t, s, c, tok)) })
+	require.Equal(t, http.StatusCreated, s.post(c, "/orders", tok, `{}`).status)
+	require.Equal(t, "true", s.post(c, "/orders", tok, `{}`).header.Get(ReplayedHeader))
+	require.EqualValues(t, 3, s.execs.Load())
+}
+
+func TestWatchdogKeepsLockForSlowHandler(t *testing.T) {
+	prefix := "test-" + t.Name()
+	rdb := redistest.Client(t, prefix)
+	// WithRetryAbandoned makes a lost lease visible as a second execution.
+	opts := []Option{WithKeyPrefix(prefix), WithLockLease(150 * time.Millisecond), WithRetryAbandoned()}
+	a := newShopOn(t, rdb, opts...)
+	b := newShopOn(t, rdb, opts...)
+	slow := func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(600 * time.Millisecond) // four leases
+		a.defaultHandler(w, r)
+	}
+	a.handler, b.handler = slow, slow
+	c := a.client()
+	done := make(chan answer)
+	go func() { done <- a.post(c, "/payments", "slow", `{}`) }()
+	require.Eventually(t, func() bool { return a.execs.Load() == 1 }, 5*time.Second, time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // past two leases
+	dup := b.post(c, "/payments", "slow", `{}`)
+	first := <-done
+	require.Equal(t, first.body, dup.body)
+	require.Equal(t, "true", dup.header.Get(ReplayedHeader))
+	require.EqualValues(t, 1, a.execs.Load()+b.execs.Load())
+}
+
+// crashAfterClaim leaves a claimed key behind as an instance that died
+// mid-handler would: the lock's lease runs out and no response is stored.
+func crashAfterClaim(t *testing.T, s *shop, k keys, fp string) {
+	ctx := context.Background()
+	lock, err := s.idem.store.obtain(ctx, k)
+	require.NoError(t, err)
+	c, err := s.idem.store.claim(ctx, k, lock.Token(), fp)
+	require.NoError(t, err)
+	require.Equal(t, outcomeClaimed, c.outcome)
+}
+
+func TestAbandonedExecution(t *testing.T) {
+	for _, retry := range []bool{false, true} {
+		t.Run(map[bool]string{false: "default", true: "retry abandoned"}[retry], func(t *testing.T) {
+			opts := []Option{WithLockLease(100 * time.Millisecond)}
+			if retry {
+				opts = append(opts, WithRetryAbandoned())
+			}
+			s := newShop(t, opts...)
+			req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
+			crashAfterClaim(t, s, clientKeys(s.idem.cfg.prefix, "/payments", "k"), fingerprint(req, []byte(`{}`)))
+			time.Sleep(150 * time.Millisecond)
+			a := s.post(s.client(), "/payments", "k", `{}`)
+			if retry {
+				require.Equal(t, http.StatusCreated, a.status)
+				require.EqualValues(t, 1, s.execs.Load())
+			} else {
+				requireProblem(t, a, http.StatusConflict, "interrupted")
+				require.Zero(t, s.execs.Load())
+			}
+		})
+	}
+}
+
+func TestStaleExecutorCannotOverwrite(t *testing.T) {
+	s := newShop(t, WithLockLease(100*time.Millisecond), WithRetryAbandoned())
+	ctx := context.Background()
+	k := clientKeys(s.idem.cfg.prefix, "/payments", "k")
+	stale, err := s.idem.store.obtain(ctx, k)
+	require.NoError(t, err)
+	_, err = s.idem.store.claim(ctx, k, stale.Token(), "fp")
+	require.NoError(t, err)
+	time.Sleep(150 * time.Millisecond) // the stale executor pauses past its lease
+
+	fresh, err := s.idem.store.obtain(ctx, k)
+	require.NoError(t, err)
+	c, err := s.idem.store.claim(ctx, k, fresh.Token(), "fp")
+	require.NoError(t, err)
+	require.Equal(t, outcomeClaimed, c.outcome, "the new executor took over")
+	require.NoError(t, s.idem.store.complete(ctx, k, fresh.Token(), &record{status: 201, body: []byte("fresh")}))
+
+	err = s.idem.store.complete(ctx, k, stale.Token(), &record{status: 500, body: []byte("stale")})
+	require.ErrorIs(t, err, ErrLockLost)
+	a := s.post(s.client(), "/payments", "k", ``)
+	require.Equal(t, 422, a.status, "fingerprint differs from the test's claim")
+	body, err := s.rdb.HGet(ctx, k.record, "b").Result()
+	require.NoError(t, err)
+	require.Equal(t, "fresh", body)
+}
+
+func TestRedisCluster(t *testing.T) {
+	prefix := "test-cluster"
+	rdb := redistest.Cluster(t, prefix)
+	a := newShopOn(t, rdb, WithKeyPrefix(prefix))
+	b := newShopOn(t, rdb, WithKeyPrefix(prefix))
+	c := a.client()
+	// Many scopes and keys, so that every shard serves some of them.
+	for i := range 20 {
+		tok := a.token(c)
+		first := a.post(c, "/orders", tok, `{}`)
+		require.Equal(t, http.StatusCreated, first.status, first.body)
+		require.Equal(t, first.body, b.post(c, "/orders", tok, `{}`).body)
+		key := "pay-" + strconv.Itoa(i)
+		require.Equal(t, http.StatusCreated, a.post(c, "/payments", key, `{}`).status)
+		require.Equal(t, "true", b.post(c, "/payments", key, `{}`).header.Get(ReplayedHeader))
+		c = a.client() // a new session: a new hash tag
+	}
+	require.EqualValues(t, 40, a.execs.Load()+b.execs.Load())
+
+	// Concurrent duplicates across both instances.
+	tok := a.token(c)
+	var wg sync.WaitGroup
+	for i := range 40 {
+		s := []*shop{a, b}[i%2]
+		wg.Go(func() { s.post(c, "/orders", tok, `{}`) })
+	}
+	wg.Wait()
+	require.EqualValues(t, 41, a.execs.Load()+b.execs.Load())
+
+	nodes, err := rdb.ClusterNodes(context.Background()).Result()
+	require.NoError(t, err)
+	require.Equal(t, 3, strings.Count(nodes, "master"), "a 3-master cluster")
+}

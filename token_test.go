@@ -1,0 +1,126 @@
+package idempotency
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestTokenEndpointStartsSession(t *testing.T) {
+	s := newShop(t)
+	resp, err := http.Get(s.srv.URL + "/idempotency/token")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, "no-store", resp.Header.Get("Cache-Control"))
+	cookies := resp.Cookies()
+	require.Len(t, cookies, 1)
+	ck := cookies[0]
+	require.Equal(t, "idempotency_session", ck.Name)
+	require.True(t, ck.HttpOnly)
+	require.Equal(t, http.SameSiteLaxMode, ck.SameSite)
+	require.False(t, ck.Secure, "plain HTTP")
+	require.True(t, isToken(ck.Value))
+
+	// Under TLS the cookie is Secure; a caller with a session keeps it.
+	r := httptest.NewRequest(http.MethodGet, "/idempotency/token", nil)
+	r.TLS = &tls.ConnectionState{}
+	w := httptest.NewRecorder()
+	s.idem.TokenHandler().ServeHTTP(w, r)
+	require.True(t, w.Result().Cookies()[0].Secure)
+
+	c := s.client()
+	s.token(c)
+	resp, err = c.Get(s.srv.URL + "/idempotency/token")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Empty(t, resp.Cookies(), "an existing session is reused")
+
+	resp, err = http.Post(s.srv.URL+"/idempotency/token", "", nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+func TestFormFieldSharesOneSessionPerRequest(t *testing.T) {
+	s := newShop(t)
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	w := httptest.NewRecorder()
+	first, err := s.idem.FormField(w, r)
+	require.NoError(t, err)
+	second, err := s.idem.FormField(w, r)
+	require.NoError(t, err)
+	require.Len(t, w.Result().Cookies(), 1, "two forms on one page, one new session")
+	require.Regexp(t, `^<input type="hidden" name="idempotency_token" value="[0-9a-f-]{36}">$`, string(first))
+	require.NotEqual(t, first, second)
+
+	// Both tokens work from the browser that got the page.
+	c := s.client()
+	u := s.srv.URL + "/"
+	req := httptest.NewRequest(http.MethodGet, u, nil)
+	c.Jar.SetCookies(req.URL, w.Result().Cookies())
+	for _, field := range []string{string(first), string(second)} {
+		tok := field[strings.Index(field, `value="`)+7 : len(field)-2]
+		require.Equal(t, http.StatusCreated, s.post(c, "/orders", tok, `{}`).status)
+	}
+	require.EqualValues(t, 2, s.execs.Load())
+}
+
+func TestTokensPerScopeAreCapped(t *testing.T) {
+	const capacity = 4
+	s := newShop(t, WithTokensPerScope(capacity))
+	c := s.client()
+	var tokens []string
+	for range capacity + 3 {
+		tokens = append(tokens, s.token(c))
+	}
+	n, err := s.rdb.ZCard(context.Background(), tokenSetKey("test-"+t.Name(), sessionOf(t, s, c))).Result()
+	require.NoError(t, err)
+	require.EqualValues(t, capacity, n)
+	// The oldest were dropped; the newest still work.
+	requireProblem(t, s.post(c, "/orders", tokens[0], `{}`), 422, "token-not-found")
+	require.Equal(t, http.StatusCreated, s.post(c, "/orders", tokens[len(tokens)-1], `{}`).status)
+}
+
+func sessionOf(t *testing.T, s *shop, c *http.Client) string {
+	req := httptest.NewRequest(http.MethodGet, s.srv.URL, nil)
+	for _, ck := range c.Jar.Cookies(req.URL) {
+		if ck.Name == "idempotency_session" {
+			return ck.Value
+		}
+	}
+	t.Fatal("no session cookie")
+	return ""
+}
+
+func TestIssuedTokensAreUnique(t *testing.T) {
+	s := newShop(t)
+	seen := make(map[string]bool)
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	for i := range 2000 {
+		tok, err := s.idem.IssueTokenFor(r, fmt.Sprint("scope-", i%50))
+		require.NoError(t, err)
+		require.True(t, isToken(tok.Value))
+		require.False(t, seen[tok.Value])
+		seen[tok.Value] = true
+	}
+}
+
+func TestInvalidConfigurationPanicsAtConstruction(t *testing.T) {
+	rdb := newShop(t).rdb
+	for name, opt := range map[string]Option{
+		"brace in prefix": WithKeyPrefix("a{b}"),
+		"tiny lease":      WithLockLease(10),
+		"negative wait":   WithWaitTimeout(-1),
+		"zero cap":        WithTokensPerScope(-1),
+		"huge keys":       WithMaxKeyLength(1 << 20),
+	} {
+		require.Panics(t, func() { New(rdb, opt) }, name)
+	}
+	require.Panics(t, func() { New(nil) })
+}

@@ -39,9 +39,8 @@ var (
 // distinct prefixes; prefix then names everything the test writes.
 func Client(t testing.TB, prefix string) redis.UniversalClient {
 	t.Helper()
-	sharedOnce.Do(func() { shared, sharedErr = startShared() })
-	if sharedErr != nil {
-		t.Fatalf("redistest: %v", sharedErr)
+	if _, err := SharedOptions(); err != nil {
+		t.Fatalf("redistest: %v", err)
 	}
 	if shared.embedded != nil {
 		t.Log("redistest: WARNING: no redis-server on PATH and no REDIS_URL; using the embedded miniredis")
@@ -105,6 +104,13 @@ func startShared() (*Server, error) {
 // DeletePrefix deletes every key under prefix; it never flushes a database,
 // since the server may not be ours.
 func DeletePrefix(t testing.TB, rdb redis.UniversalClient, prefix string) {
+	if err := DeleteKeys(rdb, prefix); err != nil {
+		t.Logf("redistest: cleaning %q: %v", prefix, err)
+	}
+}
+
+// DeleteKeys deletes every key under prefix, on every master of a cluster.
+func DeleteKeys(rdb redis.UniversalClient, prefix string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	del := func(ctx context.Context, c *redis.Client) error {
@@ -116,16 +122,23 @@ func DeletePrefix(t testing.TB, rdb redis.UniversalClient, prefix string) {
 		}
 		return iter.Err()
 	}
-	var err error
 	switch c := rdb.(type) {
 	case *redis.ClusterClient:
-		err = c.ForEachMaster(ctx, del)
+		return c.ForEachMaster(ctx, del)
 	case *redis.Client:
-		err = del(ctx, c)
+		return del(ctx, c)
 	}
-	if err != nil {
-		t.Logf("redistest: cleaning %q: %v", prefix, err)
+	return fmt.Errorf("redistest: unsupported client %T", rdb)
+}
+
+// SharedOptions returns client options for the package's shared Redis, for
+// code that has no testing.TB (Example functions).
+func SharedOptions() (*redis.Options, error) {
+	sharedOnce.Do(func() { shared, sharedErr = startShared() })
+	if sharedErr != nil {
+		return nil, sharedErr
 	}
+	return shared.Options(), nil
 }
 
 // URL renders a client's address as a redis:// URL.

@@ -1,0 +1,218 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"html/template"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+	"github.com/onceonly/idempotency"
+	"github.com/redis/go-redis/v9"
+)
+
+type app struct {
+	idem  *idempotency.Middleware
+	store shopStore
+	cfg   config
+}
+
+// newApp wires the shop's routes: token mode for orders, key mode for
+// payments.
+func newApp(rdb redis.UniversalClient, cfg config) http.Handler {
+	a := &app{idem: idempotency.New(rdb), store: shopStore{rdb: rdb}, cfg: cfg}
+	r := chi.NewRouter()
+	r.Use(middleware.Recoverer)
+	r.Get("/", a.home)
+	r.Get("/idempotency/token", a.idem.TokenHandler().ServeHTTP)
+	r.With(a.idem.Protect).Post("/orders", a.createOrder)
+	r.Get("/orders", a.listOrders)
+	r.Get("/orders/{id}", a.showOrder)
+	r.With(a.idem.ProtectKey).Post("/payments", a.createPayment)
+	r.Get("/payments", a.listPayments)
+	return r
+}
+
+func (a *app) home(w http.ResponseWriter, r *http.Request) {
+	field, err := a.idem.FormField(w, r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	orders, err := a.store.orders(r.Context())
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	homePage.Execute(w, struct {
+		Field  template.HTML
+		Orders []Order
+	}{field, orders})
+}
+
+// orderInput is the body of POST /orders, as JSON or as a form.
+type orderInput struct {
+	Item     string `json:"item"`
+	Quantity int    `json:"quantity"`
+}
+
+func (a *app) createOrder(w http.ResponseWriter, r *http.Request) {
+	in, isForm, err := decodeOrder(r)
+	if err != nil {
+		writeProblem(w, http.StatusBadRequest, "invalid-order", err.Error())
+		return
+	}
+	if err := sleep(r.Context(), a.cfg.orderLatency); err != nil {
+		return
+	}
+	o := &Order{Item: in.Item, Quantity: in.Quantity, Status: "placed", CreatedAt: time.Now().UTC()}
+	if err := a.store.add(r.Context(), ordersKey, o); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	location := "/orders/" + strconv.FormatInt(o.ID, 10)
+	w.Header().Set("Location", location)
+	if isForm {
+		w.WriteHeader(http.StatusSeeOther) // Post/Redirect/Get
+		return
+	}
+	writeJSON(w, http.StatusCreated, o)
+}
+
+func decodeOrder(r *http.Request) (orderInput, bool, error) {
+	var in orderInput
+	mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	isForm := mediaType == "application/x-www-form-urlencoded" || mediaType == "multipart/form-data"
+	if isForm {
+		in.Item = r.FormValue("item")
+		q, err := strconv.Atoi(r.FormValue("quantity"))
+		if err != nil {
+			return in, true, errors.New("quantity must be a whole number")
+		}
+		in.Quantity = q
+	} else if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
+		return in, false, errors.New("body must be a JSON object with item and quantity")
+	}
+	in.Item = strings.TrimSpace(in.Item)
+	switch {
+	case in.Item == "" || len(in.Item) > 100:
+		return in, isForm, errors.New("item must have 1 to 100 characters")
+	case in.Quantity < 1 || in.Quantity > 100:
+		return in, isForm, errors.New("quantity must be between 1 and 100")
+	}
+	return in, isForm, nil
+}
+
+func (a *app) listOrders(w http.ResponseWriter, r *http.Request) {
+	orders, err := a.store.orders(r.Context())
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, orders)
+}
+
+func (a *app) showOrder(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(chi.URLParam(r, "id"), 10, 64)
+	if err != nil {
+		http.NotFound(w, r)
+		return
+	}
+	o, err := a.store.order(r.Context(), id)
+	if errors.Is(err, redis.Nil) {
+		http.NotFound(w, r)
+		return
+	}
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if strings.Contains(r.Header.Get("Accept"), "text/html") {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		orderPage.Execute(w, o)
+		return
+	}
+	writeJSON(w, http.StatusOK, o)
+}
+
+type paymentInput struct {
+	Amount   int64  `json:"amount"`
+	Currency string `json:"currency"`
+}
+
+func (a *app) createPayment(w http.ResponseWriter, r *http.Request) {
+	var in paymentInput
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Amount <= 0 || len(in.Currency) != 3 {
+		writeProblem(w, http.StatusBadRequest, "invalid-payment",
+			"body must be a JSON object with a positive amount (in cents) and a 3-letter currency")
+		return
+	}
+	// The payment provider's call: slow, and not to be made twice.
+	if err := sleep(r.Context(), a.cfg.paymentLatency); err != nil {
+		return
+	}
+	p := &Payment{Amount: in.Amount, Currency: strings.ToUpper(in.Currency), Status: "captured", CreatedAt: time.Now().UTC()}
+	if err := a.store.add(r.Context(), paymentsKey, p); err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	w.Header().Set("Location", "/payments/"+strconv.FormatInt(p.ID, 10))
+	writeJSON(w, http.StatusCreated, p)
+}
+
+func (a *app) listPayments(w http.ResponseWriter, r *http.Request) {
+	payments, err := a.store.payments(r.Context())
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, payments)
+}
+
+// fail answers an internal error without showing it to the client.
+func (a *app) fail(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, idempotency.ErrStoreUnavailable) {
+		idempotency.DefaultErrorHandler(w, r, err)
+		return
+	}
+	slog.Error("example: request failed", "path", r.URL.Path, "error", err)
+	writeProblem(w, http.StatusInternalServerError, "internal", "the shop could not complete the request")
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func writeProblem(w http.ResponseWriter, status int, slug, detail string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{
+		"type": "/problems/" + slug, "title": http.StatusText(status), "status": status, "detail": detail,
+	})
+}
+
+// sleep waits like a slow back end; it ends early only if the context does.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

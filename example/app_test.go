@@ -1,0 +1,193 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// startShop serves the example app on rdb, as `go run ./example` would.
+func startShop(t *testing.T, rdb redis.UniversalClient, cfg config) *httptest.Server {
+	srv := httptest.NewServer(newApp(rdb, cfg))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func browser(t *testing.T) *http.Client {
+	jar, err := cookiejar.New(nil)
+	require.NoError(t, err)
+	return &http.Client{Jar: jar, Timeout: 30 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+var hiddenToken = regexp.MustCompile(`name="idempotency_token" value="([0-9a-f-]{36})"`)
+
+// formToken loads the home page and returns the token of its order form.
+func formToken(t *testing.T, c *http.Client, base string) string {
+	resp, err := c.Get(base + "/")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	page, _ := io.ReadAll(resp.Body)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	m := hiddenToken.FindSubmatch(page)
+	require.NotNil(t, m, "the form carries a hidden token")
+	return string(m[1])
+}
+
+func countOf[T any](t *testing.T, base, path string) int {
+	resp, err := http.Get(base + path)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var items []T
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&items))
+	return len(items)
+}
+
+func TestDoubleClickedFormPlacesOneOrder(t *testing.T) {
+	rdb := redistest.Client(t, "shop:")
+	redistest.DeletePrefix(t, rdb, "shop:")
+	srv := startShop(t, rdb, config{orderLatency: 200 * time.Millisecond})
+	c := browser(t)
+	tok := formToken(t, c, srv.URL)
+	form := url.Values{"item": {"Green tea"}, "quantity": {"2"}, "idempotency_token": {tok}}
+
+	// Two submissions 50 ms apart while the back end takes 200 ms.
+	var wg sync.WaitGroup
+	locations := make([]string, 2)
+	for i := range 2 {
+		wg.Go(func() {
+			time.Sleep(time.Duration(i) * 50 * time.Millisecond)
+			resp, err := c.PostForm(srv.URL+"/orders", form)
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+			locations[i] = resp.Header.Get("Location")
+		})
+	}
+	wg.Wait()
+	require.Equal(t, locations[0], locations[1])
+	require.Equal(t, 1, countOf[Order](t, srv.URL, "/orders"))
+
+	// Back, then submit the same page again: still the same order.
+	resp, err := c.PostForm(srv.URL+"/orders", form)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, locations[0], resp.Header.Get("Location"))
+	require.Equal(t, "true", resp.Header.Get("Idempotent-Replayed"))
+
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+locations[0], nil)
+	req.Header.Set("Accept", "text/html")
+	resp, err = c.Do(req)
+	require.NoError(t, err)
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Contains(t, string(page), "2 × Green tea")
+}
+
+func TestJSONOrdersAndPayments(t *testing.T) {
+	rdb := redistest.Client(t, "shop:")
+	redistest.DeletePrefix(t, rdb, "shop:")
+	srv := startShop(t, rdb, config{paymentLatency: 50 * time.Millisecond})
+	// A second instance behind the same Redis is the same shop.
+	other := startShop(t, rdb, config{paymentLatency: 50 * time.Millisecond})
+	c := browser(t)
+
+	tokResp, err := c.Get(srv.URL + "/idempotency/token")
+	require.NoError(t, err)
+	var tok struct {
+		Token     string `json:"token"`
+		ExpiresIn int    `json:"expires_in"`
+	}
+	require.NoError(t, json.NewDecoder(tokResp.Body).Decode(&tok))
+	tokResp.Body.Close()
+	require.Equal(t, 3600, tok.ExpiresIn)
+
+	post := func(base, path, key, body string) *http.Response {
+		req, _ := http.NewRequest(http.MethodPost, base+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp
+	}
+	first := post(srv.URL, "/orders", tok.Token, `{"item":"tea","quantity":1}`)
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+	require.Equal(t, "/orders/1", first.Header.Get("Location"))
+	again := post(other.URL, "/orders", tok.Token, `{"item":"tea","quantity":1}`)
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	require.Equal(t, http.StatusBadRequest, post(srv.URL, "/orders", "", `{}`).StatusCode)
+
+	// Ten concurrent retries of one payment, spread over both instances.
+	var wg sync.WaitGroup
+	for i := range 10 {
+		base := []string{srv.URL, other.URL}[i%2]
+		wg.Go(func() {
+			require.Equal(t, http.StatusCreated, post(base, "/payments", "pay-1", `{"amount":500,"currency":"eur"}`).StatusCode)
+		})
+	}
+	wg.Wait()
+	require.Equal(t, http.StatusCreated, post(srv.URL, "/payments", "pay-2", `{"amount":700,"currency":"eur"}`).StatusCode)
+	require.Equal(t, 2, countOf[Payment](t, other.URL, "/payments"))
+	require.Equal(t, 1, countOf[Order](t, other.URL, "/orders"))
+}
+
+func TestEmbeddedRedisNeedsNoSetUp(t *testing.T) {
+	t.Setenv("REDIS_URL", "")
+	t.Setenv("REDIS_CLUSTER_ADDRS", "")
+	rdb, closeRedis, err := connect()
+	require.NoError(t, err)
+	defer closeRedis()
+	srv := startShop(t, rdb, config{})
+	submitTwice(t, browser(t), srv.URL)
+	require.Equal(t, 1, countOf[Order](t, srv.URL, "/orders"))
+}
+
+// submitTwice loads the order form and posts it twice in a row, as a user
+// resubmitting it does.
+func submitTwice(t *testing.T, c *http.Client, base string) {
+	form := url.Values{"item": {"tea"}, "quantity": {"1"}, "idempotency_token": {formToken(t, c, base)}}
+	for range 2 {
+		resp, err := c.PostForm(base+"/orders", form)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	}
+}
+
+func TestShopOnRedisCluster(t *testing.T) {
+	rdb := redistest.Cluster(t, "shop:")
+	redistest.DeletePrefix(t, rdb, "shop:")
+	srv := startShop(t, rdb, config{})
+	for range 5 {
+		submitTwice(t, browser(t), srv.URL) // a session each: spread over shards
+	}
+	require.Equal(t, 5, countOf[Order](t, srv.URL, "/orders"))
+}
+
+func TestConfigFromEnv(t *testing.T) {
+	t.Setenv("ORDER_LATENCY", "250ms")
+	t.Setenv("ADDR", "127.0.0.1:9999")
+	cfg, err := configFromEnv()
+	require.NoError(t, err)
+	require.Equal(t, 250*time.Millisecond, cfg.orderLatency)
+	require.Equal(t, 300*time.Millisecond, cfg.paymentLatency)
+	require.Equal(t, "127.0.0.1:9999", cfg.addr)
+	t.Setenv("PAYMENT_LATENCY", "soon")
+	_, err = configFromEnv()
+	require.ErrorContains(t, err, "PAYMENT_LATENCY")
+}

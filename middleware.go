@@ -222,7 +222,7 @@ func (m *Middleware) lead(w http.ResponseWriter, r *http.Request, next http.Hand
 	}
 	switch c.outcome {
 	case outcomeClaimed:
-		return m.execute(w, r, next, k, lock)
+		return m.execute(w, r, next, k, lock, c.fence)
 	case outcomeDone:
 		c.rec.write(w)
 		return c.rec
@@ -272,11 +272,11 @@ func (m *Middleware) acquire(r *http.Request, k keys, deadline time.Time) (*redi
 }
 
 // execute runs the handler once under the claimed key and stores its answer.
-func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, k keys, lock *redislock.Lock) *record {
+func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, k keys, lock *redislock.Lock, fence uint64) *record {
 	// Once the key is claimed the handler must finish: a client that gives
 	// up (a double-clicking browser aborts its first POST) retries and must
 	// find this execution's result, not a half-done one.
-	ctx, cancelTimeout := context.WithTimeout(context.WithoutCancel(r.Context()), m.cfg.execTimeout)
+	ctx, cancelTimeout := context.WithTimeout(withFence(context.WithoutCancel(r.Context()), fence), m.cfg.execTimeout)
 	defer cancelTimeout()
 	ctx, cancelLost := context.WithCancelCause(ctx)
 	defer cancelLost(nil)

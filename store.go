@@ -57,6 +57,7 @@ const (
 
 type claim struct {
 	outcome claimOutcome
+	fence   uint64  // outcomeClaimed only
 	rec     *record // outcomeDone only
 }
 
@@ -88,7 +89,12 @@ func (s *store) claim(ctx context.Context, k keys, lockValue, fingerprint string
 	word, _ := reply[0].(string)
 	switch word {
 	case "claimed":
-		return claim{outcome: outcomeClaimed}, nil
+		text, _ := reply[1].(string)
+		fence, err := strconv.ParseUint(text, 10, 64)
+		if err != nil || fence == 0 {
+			return claim{}, fmt.Errorf("idempotency: bad fencing token %q", text)
+		}
+		return claim{outcome: outcomeClaimed, fence: fence}, nil
 	case "done":
 		rec, err := decodeReply(reply[1:])
 		if err != nil {

@@ -232,3 +232,30 @@ func TestRedisCluster(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 3, strings.Count(nodes, "master"), "a 3-master cluster")
 }
+
+func TestFencingTokensGrowWithEveryExecution(t *testing.T) {
+	s := newShop(t, WithLockLease(100*time.Millisecond), WithRetryAbandoned())
+	require.Zero(t, FencingToken(context.Background()), "no token outside a protected execution")
+	var seen []uint64
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		seen = append(seen, FencingToken(r.Context()))
+		w.WriteHeader(http.StatusCreated)
+	}
+	c := s.client()
+	s.post(c, "/payments", "a", `{}`)
+	s.post(c, "/payments", "b", `{}`)
+
+	// A key whose first executor vanished: the retry's token is higher.
+	k := clientKeys(s.idem.cfg.prefix, "/payments", "c")
+	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
+	lock, err := s.idem.store.obtain(t.Context(), k)
+	require.NoError(t, err)
+	crashed, err := s.idem.store.claim(t.Context(), k, lock.Token(), fingerprint(req, []byte(`{}`)))
+	require.NoError(t, err)
+	time.Sleep(150 * time.Millisecond)
+	s.post(c, "/payments", "c", `{}`)
+
+	require.Len(t, seen, 3)
+	require.Less(t, seen[0], seen[1], "later claims carry higher tokens")
+	require.Less(t, crashed.fence, seen[2], "a takeover outranks the vanished executor")
+}

@@ -4,9 +4,15 @@
 -- ARGV[4] token (token mode), ARGV[5] '1' to retry abandoned executions
 --
 -- Record fields: st state (run, done, big), o lock value of the executor,
--- fp fingerprint, c status, h headers, b body, n executions, x token expiry.
+-- fp fingerprint, c status, h headers, b body, n executions, f fencing token,
+-- x token expiry.
 --
--- Replies: {'claimed', n} run the handler; {'done', c, h, b} replay;
+-- The fencing token is Redis's clock in microseconds at the claim, and
+-- always above the key's previous one: storage that remembers the highest
+-- token it accepted can refuse a write from an executor whose lease ran out
+-- and whose key was taken over.
+--
+-- Replies: {'claimed', f} run the handler; {'done', c, h, b} replay;
 -- {'unknown'}, {'mismatch'}, {'big'}, {'abandoned'}, {'lost'}.
 -- Every reply but 'claimed' releases our lock. Running the script again with
 -- the same ARGV (go-redis resends when a reply is lost) never claims twice:
@@ -18,7 +24,7 @@ local function unlock()
   end
 end
 
-local rec = redis.call('HMGET', KEYS[1], 'st', 'o', 'fp', 'c', 'h', 'b', 'n')
+local rec = redis.call('HMGET', KEYS[1], 'st', 'o', 'fp', 'c', 'h', 'b', 'f')
 local st = rec[1]
 if st then
   if st == 'run' and rec[2] == ARGV[1] then
@@ -38,12 +44,12 @@ if st then
   end
 end
 
+local t = redis.call('TIME')
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local exp = ''
 if #KEYS == 3 and not st then
   local score = redis.call('ZSCORE', KEYS[3], ARGV[4])
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  if not score or tonumber(score) <= now then
+  if not score or tonumber(score) <= math.floor(now_us / 1000) then
     unlock()
     return {'unknown'}
   end
@@ -62,14 +68,16 @@ if st then
     unlock()
     return {'abandoned'}
   end
-  local n = redis.call('HINCRBY', KEYS[1], 'n', 1)
-  redis.call('HSET', KEYS[1], 'o', ARGV[1])
-  return {'claimed', tostring(n)}
+  local fence = math.max(tonumber(rec[7]) + 1, now_us)
+  redis.call('HINCRBY', KEYS[1], 'n', 1)
+  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'f', string.format('%.0f', fence))
+  return {'claimed', string.format('%.0f', fence)}
 end
 
 if #KEYS == 3 then
   redis.call('ZREM', KEYS[3], ARGV[4])
 end
-redis.call('HSET', KEYS[1], 'st', 'run', 'o', ARGV[1], 'fp', ARGV[2], 'n', 1, 'x', exp)
+local fence = string.format('%.0f', now_us)
+redis.call('HSET', KEYS[1], 'st', 'run', 'o', ARGV[1], 'fp', ARGV[2], 'n', 1, 'f', fence, 'x', exp)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {'claimed', '1'}
+return {'claimed', fence}

@@ -1,0 +1,24 @@
+package idempotency
+
+import "context"
+
+// contextKey is a private pointer type, so no other package can read or
+// overwrite the values stored under it.
+type contextKey struct{ name string }
+
+var fenceKey = &contextKey{"fencing token"}
+
+func withFence(ctx context.Context, fence uint64) context.Context {
+	return context.WithValue(ctx, fenceKey, fence)
+}
+
+// FencingToken returns the fencing token of the protected execution that
+// ctx belongs to, or 0 outside one. Tokens grow with every execution of a
+// key (Redis's clock in microseconds at the claim, and always above the
+// key's previous token), so storage that keeps the highest token it has
+// accepted and refuses lower ones rejects a write from an executor whose
+// lease ran out while another took its key over.
+func FencingToken(ctx context.Context) uint64 {
+	fence, _ := ctx.Value(fenceKey).(uint64)
+	return fence
+}

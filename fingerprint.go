@@ -2,22 +2,28 @@ package idempotency
 
 import (
 	"crypto/sha256"
-	"encoding/base64"
 	"net/http"
 )
 
-// fingerprint identifies what a request asks for: its method, path, query
-// and body. A key presented again with another fingerprint is a client bug
-// (or an attack), never a retry, so it is refused rather than replayed.
-func fingerprint(r *http.Request, body []byte) string {
-	h := sha256.New()
-	h.Write([]byte(r.Method))
-	h.Write([]byte{0})
-	h.Write([]byte(r.URL.EscapedPath()))
-	h.Write([]byte{0})
-	h.Write([]byte(r.URL.RawQuery))
-	h.Write([]byte{0})
-	h.Write(body)
-	var sum [sha256.Size]byte
-	return base64.RawURLEncoding.EncodeToString(h.Sum(sum[:0]))
+// fingerprintSum identifies what a request asks for: its method, path,
+// query and body. A key presented again with another fingerprint is a client
+// bug (or an attack), never a retry, so it is refused rather than replayed.
+type fingerprintSum [sha256.Size]byte
+
+// fingerprint hashes the body on its own first so that a large body is read
+// once and never copied.
+func fingerprint(r *http.Request, body []byte) fingerprintSum {
+	bodySum := sha256.Sum256(body)
+	bp := scratch.Get().(*[]byte)
+	b := append((*bp)[:0], r.Method...)
+	b = append(b, 0)
+	b = append(b, r.URL.EscapedPath()...)
+	b = append(b, 0)
+	b = append(b, r.URL.RawQuery...)
+	b = append(b, 0)
+	b = append(b, bodySum[:]...)
+	sum := sha256.Sum256(b)
+	*bp = b
+	scratch.Put(bp)
+	return sum
 }

@@ -7,36 +7,55 @@ import "sync"
 // answer instead of polling Redis for the lock.
 type flights struct {
 	mu sync.Mutex
-	m  map[string]*flight
+	m  map[identity]*flight
 }
 
 type flight struct {
-	done        chan struct{}
-	fingerprint string
-	rec         *record // the replayable answer, when the leader got one
+	done   chan struct{} // made by the first follower: most flights have none
+	fp     fingerprintSum
+	rec    *record // the replayable answer, when the leader got one
+	owner  *flights
+	landed bool
+}
+
+// wait returns a channel closed when the flight lands.
+func (fl *flight) wait() <-chan struct{} {
+	f := fl.owner
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fl.done == nil {
+		fl.done = make(chan struct{})
+		if fl.landed {
+			close(fl.done)
+		}
+	}
+	return fl.done
 }
 
 // join returns the flight for key, and whether the caller leads it.
-func (f *flights) join(key, fingerprint string) (*flight, bool) {
+func (f *flights) join(key identity, fp fingerprintSum) (*flight, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if fl, ok := f.m[key]; ok {
 		return fl, false
 	}
 	if f.m == nil {
-		f.m = make(map[string]*flight)
+		f.m = make(map[identity]*flight)
 	}
-	fl := &flight{done: make(chan struct{}), fingerprint: fingerprint}
+	fl := &flight{fp: fp, owner: f}
 	f.m[key] = fl
 	return fl, true
 }
 
 // land ends the leader's flight. rec is the stored answer that followers
 // may replay, or nil when they must ask Redis themselves.
-func (f *flights) land(key string, fl *flight, rec *record) {
+func (f *flights) land(key identity, fl *flight, rec *record) {
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	delete(f.m, key)
-	f.mu.Unlock()
 	fl.rec = rec
-	close(fl.done)
+	fl.landed = true
+	if fl.done != nil {
+		close(fl.done)
+	}
 }

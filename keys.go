@@ -3,6 +3,7 @@ package idempotency
 import (
 	"crypto/sha256"
 	"encoding/base64"
+	"sync"
 )
 
 // keys names the Redis keys one protected request touches. They share one
@@ -29,20 +30,52 @@ func tokenSetKey(prefix, scope string) string {
 	return prefix + ":{t" + digest(scope) + "}:tokens"
 }
 
+// tokenKeys names a token's keys after its scope, so that the token set and
+// the token's record and lock share a hash tag.
 func tokenKeys(prefix, scope, token string) keys {
-	tag := prefix + ":{t" + digest(scope) + "}:"
-	return keys{tokens: tag + "tokens", record: tag + "r:" + token, lock: tag + "l:" + token, token: token}
+	var tag [48]byte
+	t := appendTag(tag[:0], prefix, 't', scopeDigest(scope))
+	// One statement per name: each append reuses t's array, and Go does not
+	// order conversions inside one expression.
+	k := keys{token: token}
+	k.tokens = string(append(t, "tokens"...))
+	k.record = string(append(append(t, "r:"...), token...))
+	k.lock = string(append(append(t, "l:"...), token...))
+	return k
 }
 
-func clientKeys(prefix, scope, key string) keys {
-	tag := prefix + ":{k" + digest(scope+"\x00"+key) + "}:"
-	return keys{record: tag + "r", lock: tag + "l"}
+// clientKeys names a client key's keys after its identity, which already
+// digests scope and key.
+func clientKeys(prefix string, id identity) keys {
+	var tag [48]byte
+	t := appendTag(tag[:0], prefix, 'k', id)
+	var k keys
+	k.record = string(append(t, 'r'))
+	k.lock = string(append(t, 'l'))
+	return k
+}
+
+// appendTag appends "PREFIX:{<kind><digest>}:" to b.
+func appendTag(b []byte, prefix string, kind byte, d [16]byte) []byte {
+	b = append(b, prefix...)
+	b = append(b, ':', '{', kind)
+	b = base64.RawURLEncoding.AppendEncode(b, d[:])
+	return append(b, '}', ':')
 }
 
 // digest shortens an arbitrary string to 128 bits, URL-safe and brace-free.
 func digest(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return base64.RawURLEncoding.EncodeToString(sum[:16])
+	d := scopeDigest(s)
+	return base64.RawURLEncoding.EncodeToString(d[:])
+}
+
+func scopeDigest(s string) [16]byte {
+	bp := scratch.Get().(*[]byte)
+	b := append((*bp)[:0], s...)
+	sum := sha256.Sum256(b)
+	*bp = b
+	scratch.Put(bp)
+	return [16]byte(sum[:16])
 }
 
 func (k keys) redisKeys() []string {
@@ -50,4 +83,27 @@ func (k keys) redisKeys() []string {
 		return []string{k.record, k.lock}
 	}
 	return []string{k.record, k.lock, k.tokens}
+}
+
+// identity names a token or key inside this process (the in-flight table
+// and the response cache) without building the Redis key strings, which a
+// request answered from memory never needs.
+type identity [16]byte
+
+// scratch buffers let the hot path hash several strings without allocating.
+var scratch = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
+
+func identify(tokenMode bool, scope, key string) identity {
+	bp := scratch.Get().(*[]byte)
+	b := append((*bp)[:0], 'k')
+	if tokenMode {
+		b[0] = 't'
+	}
+	b = append(b, scope...)
+	b = append(b, 0)
+	b = append(b, key...)
+	sum := sha256.Sum256(b)
+	*bp = b
+	scratch.Put(bp)
+	return identity(sum[:16])
 }

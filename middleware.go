@@ -1,15 +1,11 @@
 package idempotency
 
 import (
-	"bytes"
-	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"time"
 
-	"github.com/bsm/redislock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -23,6 +19,7 @@ type Middleware struct {
 	cfg     config
 	store   *store
 	flights flights
+	cache   *responseCache
 }
 
 // New returns a Middleware that keeps its state in client, which may be a
@@ -34,6 +31,7 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 	}
 	m := &Middleware{cfg: newConfig(opts)}
 	m.store = newStore(client, &m.cfg)
+	m.cache = newResponseCache(m.cfg.cacheEntries, m.cfg.cacheBytes)
 	return m
 }
 
@@ -52,7 +50,7 @@ func (m *Middleware) Protect(next http.Handler) http.Handler {
 	if extract == nil {
 		extract = FirstKey(HeaderKey(KeyHeader), FormKey(m.cfg.formField))
 	}
-	return m.wrap(next, extract, m.tokenModeKeys)
+	return m.wrap(next, extract, true)
 }
 
 // ProtectKey wraps next in key mode: the client chooses the key (a Stripe
@@ -62,277 +60,82 @@ func (m *Middleware) ProtectKey(next http.Handler) http.Handler {
 	if extract == nil {
 		extract = HeaderKey(KeyHeader)
 	}
-	return m.wrap(next, extract, m.keyModeKeys)
+	return m.wrap(next, extract, false)
 }
 
-type keyResolver func(r *http.Request, key string) (keys, error)
+// call is one protected request on its way through the middleware.
+type call struct {
+	w         http.ResponseWriter
+	r         *http.Request
+	next      http.Handler
+	tokenMode bool
+	scope     string
+	key       string
+	id        identity
+	fp        fingerprintSum
+	deadline  time.Time  // for waiting on another request with the same key
+	body      bodyReader // what the handler reads as r.Body
+}
 
-func (m *Middleware) wrap(next http.Handler, extract KeyExtractor, resolve keyResolver) http.Handler {
+func (m *Middleware) wrap(next http.Handler, extract KeyExtractor, tokenMode bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		deadline := time.Now().Add(m.cfg.wait)
-		body, err := readBody(r, m.cfg.maxRequest)
-		if err != nil {
+		c := &call{w: w, r: r, next: next, tokenMode: tokenMode, deadline: time.Now().Add(m.cfg.wait)}
+		if err := m.identify(c, extract); err != nil {
 			m.cfg.errorHandler(w, r, err)
 			return
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		key, err := extract(r, body)
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		switch {
-		case err != nil:
-			err = fmt.Errorf("%w: %w", ErrInvalidKey, err)
-		case key == "":
-			err = ErrMissingKey
-		case !validKey(key, m.cfg.maxKeyLen):
-			err = ErrInvalidKey
-		}
-		if err != nil {
-			m.cfg.errorHandler(w, r, err)
-			return
-		}
-		k, err := resolve(r, key)
-		if err != nil {
-			m.cfg.errorHandler(w, r, err)
-			return
-		}
-		m.protect(w, r, next, k, fingerprint(r, body), deadline)
+		m.protect(c)
 	})
 }
 
-func (m *Middleware) tokenModeKeys(r *http.Request, token string) (keys, error) {
-	var scope string
-	if m.cfg.scope != nil {
-		s, err := m.customScope(r)
-		if err != nil {
-			return keys{}, err
-		}
-		scope = s
-	} else if s, ok := m.session(r); ok {
-		scope = s
-	} else {
-		return keys{}, ErrTokenNotFound
-	}
-	if !isToken(token) {
-		return keys{}, ErrTokenNotFound
-	}
-	return tokenKeys(m.cfg.prefix, scope, token), nil
-}
-
-func (m *Middleware) keyModeKeys(r *http.Request, key string) (keys, error) {
-	scope := r.URL.Path
-	if m.cfg.scope != nil {
-		s, err := m.customScope(r)
-		if err != nil {
-			return keys{}, err
-		}
-		scope = s
-	}
-	return clientKeys(m.cfg.prefix, scope, key), nil
-}
-
-// readBody reads the whole request body, which the fingerprint needs before
-// anything runs.
-func readBody(r *http.Request, limit int64) ([]byte, error) {
-	if r.ContentLength > limit {
-		return nil, ErrRequestTooLarge
-	}
-	if r.Body == nil || r.Body == http.NoBody {
-		return nil, nil
-	}
-	var buf bytes.Buffer
-	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength))
-	}
-	n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
+// identify reads the body, the key and the scope, all before Redis is asked,
+// so that malformed requests cost nothing.
+func (m *Middleware) identify(c *call, extract KeyExtractor) error {
+	body, err := readBody(c.r, m.cfg.maxRequest, &c.body)
 	if err != nil {
-		return nil, ErrUnreadableBody
+		return err
 	}
-	if n > limit {
-		return nil, ErrRequestTooLarge
-	}
-	return buf.Bytes(), nil
-}
-
-// protect answers one request for k. Concurrent requests for k in this
-// process queue behind the first in memory; only that one talks to Redis.
-func (m *Middleware) protect(w http.ResponseWriter, r *http.Request, next http.Handler, k keys, fp string, deadline time.Time) {
-	for {
-		fl, leader := m.flights.join(k.record, fp)
-		if leader {
-			var shared *record
-			defer func() { m.flights.land(k.record, fl, shared) }()
-			shared = m.lead(w, r, next, k, fp, deadline)
-			return
-		}
-		if !m.await(w, r, fl, fp, deadline) {
-			return
-		}
-	}
-}
-
-// await waits for another request's flight. It answers r and returns false,
-// or returns true when r must ask Redis itself.
-func (m *Middleware) await(w http.ResponseWriter, r *http.Request, fl *flight, fp string, deadline time.Time) bool {
-	timer := time.NewTimer(time.Until(deadline))
-	defer timer.Stop()
-	select {
-	case <-fl.done:
-	case <-timer.C:
-		m.cfg.errorHandler(w, r, ErrInProgress)
-		return false
-	case <-r.Context().Done():
-		return false // nobody is listening, and nothing ran for this request
-	}
+	key, err := extract(c.r, body)
+	c.body.Seek(0, io.SeekStart) // undo whatever reading the extractor did
 	switch {
-	case fl.rec == nil:
-		return true
-	case fl.fingerprint != fp:
-		m.cfg.errorHandler(w, r, ErrKeyReused)
-	default:
-		fl.rec.write(w)
-	}
-	return false
-}
-
-// lead takes the lock, claims the key and acts on the claim. It returns the
-// stored answer when there is one for waiting requests to replay.
-func (m *Middleware) lead(w http.ResponseWriter, r *http.Request, next http.Handler, k keys, fp string, deadline time.Time) *record {
-	lock, err := m.acquire(r, k, deadline)
-	switch {
-	case errors.Is(err, context.Canceled):
-		return nil
-	case errors.Is(err, ErrStoreUnavailable) && m.cfg.failOpen:
-		m.cfg.logger.Warn("idempotency: Redis unavailable, running the handler unprotected", "error", err)
-		next.ServeHTTP(w, r)
-		return nil
 	case err != nil:
-		m.cfg.errorHandler(w, r, err)
-		return nil
+		return fmt.Errorf("%w: %w", ErrInvalidKey, err)
+	case key == "":
+		return ErrMissingKey
+	case !validKey(key, m.cfg.maxKeyLen):
+		return ErrInvalidKey
 	}
-	ctx, cancel := m.store.stepContext(r.Context())
-	c, err := m.store.claim(ctx, k, lock.Token(), fp)
-	cancel()
-	if err != nil {
-		// The claim may have run without us hearing back. Undo it if so;
-		// when Redis cannot hear that either, the lease runs out and a
-		// retry finds the claim abandoned, with the handler never run.
-		m.releaseQuietly(r, k, lock.Token())
-		m.cfg.errorHandler(w, r, unavailable(err))
-		return nil
+	if c.scope, err = m.scopeOf(c.r, c.tokenMode); err != nil {
+		return err
 	}
-	switch c.outcome {
-	case outcomeClaimed:
-		return m.execute(w, r, next, k, lock, c.fence)
-	case outcomeDone:
-		c.rec.write(w)
-		return c.rec
-	case outcomeUnknown:
-		err = ErrTokenNotFound
-	case outcomeMismatch:
-		err = ErrKeyReused
-	case outcomeBig:
-		err = ErrNotReplayable
-	case outcomeAbandoned:
-		err = ErrInterrupted
-	default: // outcomeLost: Redis was slower than the whole lease
-		err = unavailable(errors.New("lock lease ran out before the claim"))
+	if c.tokenMode && !isToken(key) {
+		return ErrTokenNotFound
 	}
-	m.cfg.errorHandler(w, r, err)
+	c.key = key
+	c.id = identify(c.tokenMode, c.scope, key)
+	c.fp = fingerprint(c.r, body)
 	return nil
 }
 
-// acquire takes k's lock, waiting with back-off while another instance holds
-// it, until the deadline (ErrInProgress) or the client leaves
-// (context.Canceled).
-func (m *Middleware) acquire(r *http.Request, k keys, deadline time.Time) (*redislock.Lock, error) {
-	wait := 2 * time.Millisecond
-	for {
-		ctx, cancel := m.store.stepContext(r.Context())
-		lock, err := m.store.obtain(ctx, k)
-		cancel()
-		if err == nil {
-			return lock, nil
-		}
-		if !errors.Is(err, redislock.ErrNotObtained) {
-			return nil, unavailable(err)
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			return nil, ErrInProgress
-		}
-		timer := time.NewTimer(min(wait, left))
-		select {
-		case <-timer.C:
-		case <-r.Context().Done():
-			timer.Stop()
-			return nil, context.Canceled
-		}
-		wait = backoff(wait, 50*time.Millisecond)
+// scopeOf names who a token or key belongs to. Without a session a token
+// cannot be anyone's, which is answered like any unknown token.
+func (m *Middleware) scopeOf(r *http.Request, tokenMode bool) (string, error) {
+	switch {
+	case m.cfg.scope != nil:
+		return m.customScope(r)
+	case !tokenMode:
+		return r.URL.Path, nil
 	}
+	if session, ok := m.session(r); ok {
+		return session, nil
+	}
+	return "", ErrTokenNotFound
 }
 
-// execute runs the handler once under the claimed key and stores its answer.
-func (m *Middleware) execute(w http.ResponseWriter, r *http.Request, next http.Handler, k keys, lock *redislock.Lock, fence uint64) *record {
-	// Once the key is claimed the handler must finish: a client that gives
-	// up (a double-clicking browser aborts its first POST) retries and must
-	// find this execution's result, not a half-done one.
-	ctx, cancelTimeout := context.WithTimeout(withFence(context.WithoutCancel(r.Context()), fence), m.cfg.execTimeout)
-	defer cancelTimeout()
-	ctx, cancelLost := context.WithCancelCause(ctx)
-	defer cancelLost(nil)
-	wd := startWatchdog(lock, m.cfg.lease, m.cfg.storeTimeout, func() { cancelLost(ErrLockLost) })
-
-	rw := newRecorder(w, &m.cfg)
-	returned := false
-	defer func() {
-		if !returned {
-			// The handler panicked. Nothing is stored as its answer; the key
-			// is released so that a retry runs, and the panic carries on to
-			// the server's recoverer.
-			wd.stop()
-			m.releaseQuietly(r, k, lock.Token())
-		}
-	}()
-	next.ServeHTTP(rw, r.WithContext(ctx))
-	returned = true
-	defer wd.stop()
-
-	rec := rw.result()
-	if rec != nil && rec.status >= 500 && m.cfg.releaseOn5xx {
-		m.releaseQuietly(r, k, lock.Token())
-		return nil
+// redisKeys builds the Redis key names, which only the Redis path needs.
+func (m *Middleware) redisKeys(c *call) keys {
+	if c.tokenMode {
+		return tokenKeys(m.cfg.prefix, c.scope, c.key)
 	}
-	if err := m.complete(r, k, lock.Token(), rec); err != nil {
-		m.cfg.logger.Error("idempotency: handler ran but its response was not stored",
-			"key", k.record, "error", err)
-		return nil
-	}
-	return rec
-}
-
-// complete stores the answer, trying again briefly: the handler has run, and
-// a lost store turns every retry into an interrupted-execution answer.
-func (m *Middleware) complete(r *http.Request, k keys, lockValue string, rec *record) error {
-	var err error
-	for attempt, pause := 0, 10*time.Millisecond; attempt < 3; attempt, pause = attempt+1, pause*2 {
-		if attempt > 0 {
-			time.Sleep(pause)
-		}
-		ctx, cancel := m.store.stepContext(r.Context())
-		err = m.store.complete(ctx, k, lockValue, rec)
-		cancel()
-		if err == nil || errors.Is(err, ErrLockLost) {
-			return err
-		}
-	}
-	return err
-}
-
-func (m *Middleware) releaseQuietly(r *http.Request, k keys, lockValue string) {
-	ctx, cancel := m.store.stepContext(r.Context())
-	defer cancel()
-	if err := m.store.release(ctx, k, lockValue); err != nil {
-		m.cfg.logger.Warn("idempotency: could not release a claim; it ends with its lease",
-			"key", k.record, "error", err)
-	}
+	return clientKeys(m.cfg.prefix, c.id)
 }

@@ -37,6 +37,9 @@ type config struct {
 	formField       string
 	secureCookieSet bool
 	secureCookie    bool
+	cacheSet        bool
+	cacheEntries    int
+	cacheBytes      int64
 }
 
 // WithKeyPrefix sets the prefix of every Redis key the middleware writes.
@@ -60,8 +63,9 @@ func WithLockLease(d time.Duration) Option { return func(c *config) { c.lease = 
 // seconds.
 func WithWaitTimeout(d time.Duration) Option { return func(c *config) { c.wait = d } }
 
-// WithStoreTimeout bounds each Redis step. When Redis does not answer in time
-// the request fails closed with 503 (see WithFailOpen). Default 1 second.
+// WithStoreTimeout bounds each exchange with Redis (taking the lock and
+// claiming the key count as one). When Redis does not answer in time the
+// request fails closed with 503 (see WithFailOpen). Default 1 second.
 func WithStoreTimeout(d time.Duration) Option { return func(c *config) { c.storeTimeout = d } }
 
 // WithExecutionTimeout bounds the handler's context once the key is claimed.
@@ -156,6 +160,14 @@ func WithSecureCookie(secure bool) Option {
 // Default "idempotency_token".
 func WithFormField(name string) Option { return func(c *config) { c.formField = name } }
 
+// WithResponseCache bounds the in-process cache of completed responses, by
+// entries and by bytes; a response larger than an eighth of the bytes is
+// not cached. WithResponseCache(0, 0) turns the cache off. Default 10,000
+// entries and 32 MiB.
+func WithResponseCache(maxEntries int, maxBytes int64) Option {
+	return func(c *config) { c.cacheSet, c.cacheEntries, c.cacheBytes = true, maxEntries, maxBytes }
+}
+
 func newConfig(opts []Option) config {
 	var c config
 	for _, o := range opts {
@@ -174,6 +186,9 @@ func newConfig(opts []Option) config {
 	setDefault(&c.tokensPerScope, 32)
 	setDefault(&c.sessionCookie, "idempotency_session")
 	setDefault(&c.formField, "idempotency_token")
+	if !c.cacheSet {
+		c.cacheEntries, c.cacheBytes = 10_000, 32<<20
+	}
 	if c.errorHandler == nil {
 		c.errorHandler = DefaultErrorHandler
 	}
@@ -204,7 +219,7 @@ func (c *config) validate() error {
 		return fmt.Errorf("token TTL %v and record TTL %v must be at least 1ms", c.tokenTTL, c.recordTTL)
 	case c.wait < 0, c.storeTimeout < 0, c.execTimeout < 0:
 		return fmt.Errorf("timeouts must be positive")
-	case c.maxResponse < 0, c.maxRequest < 0:
+	case c.maxResponse < 0, c.maxRequest < 0, c.cacheEntries < 0, c.cacheBytes < 0:
 		return fmt.Errorf("size limits must be positive")
 	case c.maxKeyLen < 1 || c.maxKeyLen > 4096:
 		return fmt.Errorf("max key length %d is outside 1..4096", c.maxKeyLen)

@@ -1,10 +1,7 @@
 package idempotency
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -14,21 +11,46 @@ import (
 const ReplayedHeader = "Idempotent-Replayed"
 
 // A record is a completed response as stored for replay. It never changes
-// once stored.
+// once built, so one record serves every duplicate, concurrently.
 type record struct {
 	status int
-	header http.Header
-	body   []byte
+	// header holds name, value, name, value, …, with the values of one name
+	// next to each other: a flat slice decodes in one allocation.
+	header        []string
+	body          []byte
+	contentLength string
 }
 
-// write replays rec to w.
+func newRecord(status int, header []string, body []byte) *record {
+	return &record{status: status, header: header, body: body, contentLength: strconv.Itoa(len(body))}
+}
+
+// size estimates the memory a record holds.
+func (rec *record) size() int64 {
+	n := int64(len(rec.body)) + 128
+	for _, s := range rec.header {
+		n += int64(len(s)) + 16
+	}
+	return n
+}
+
+// write replays rec to w. Header values are copied, in one allocation, so
+// that code after us that edits a header in place cannot change the record
+// for the next duplicate.
 func (rec *record) write(w http.ResponseWriter) {
 	h := w.Header()
-	for name, values := range rec.header {
-		h[name] = append([]string(nil), values...)
+	block := make([]string, 0, len(rec.header)/2+2)
+	for i := 0; i < len(rec.header); {
+		name, start := rec.header[i], len(block)
+		for ; i < len(rec.header) && rec.header[i] == name; i += 2 {
+			block = append(block, rec.header[i+1])
+		}
+		h[name] = block[start:len(block):len(block)]
 	}
-	h.Set(ReplayedHeader, "true")
-	h.Set("Content-Length", strconv.Itoa(len(rec.body)))
+	block = append(block, "true", rec.contentLength)
+	n := len(block)
+	h[ReplayedHeader] = block[n-2 : n-1 : n-1]
+	h["Content-Length"] = block[n-1 : n : n]
 	w.WriteHeader(rec.status)
 	w.Write(rec.body)
 }
@@ -50,122 +72,27 @@ func (c *config) storable(name string) bool {
 	return name != "Set-Cookie" && !hopByHop[name]
 }
 
-// recorder passes a handler's response through to the client while keeping
-// a copy for replay. A handler that streams (Flush, Hijack) or writes more
-// than the limit still reaches its client in full; the copy is then dropped
-// and the response marked not replayable, so no duplicate ever sees part of
-// a body.
-type recorder struct {
-	w           http.ResponseWriter
-	cfg         *config
-	status      int
-	header      http.Header
-	body        bytes.Buffer
-	wroteHeader bool
-	partial     bool // streamed, hijacked or over the limit
-}
-
-func newRecorder(w http.ResponseWriter, cfg *config) *recorder {
-	return &recorder{w: w, cfg: cfg}
-}
-
-func (rw *recorder) Header() http.Header { return rw.w.Header() }
-
-func (rw *recorder) WriteHeader(code int) {
-	if rw.wroteHeader || (code >= 100 && code < 200 && code != http.StatusSwitchingProtocols) {
-		// Informational answers and superfluous calls pass through untouched;
-		// net/http logs the latter.
-		rw.w.WriteHeader(code)
-		return
-	}
-	rw.wroteHeader = true
-	rw.status = code
-	rw.header = make(http.Header, len(rw.w.Header()))
-	for name, values := range rw.w.Header() {
-		if rw.cfg.storable(name) {
-			rw.header[name] = append([]string(nil), values...)
-		}
-	}
-	rw.w.WriteHeader(code)
-}
-
-func (rw *recorder) Write(p []byte) (int, error) {
-	if !rw.wroteHeader {
-		rw.WriteHeader(http.StatusOK)
-	}
-	if !rw.partial {
-		if rw.body.Len()+len(p) > rw.cfg.maxResponse {
-			rw.markPartial()
-		} else {
-			rw.body.Write(p)
-		}
-	}
-	return rw.w.Write(p)
-}
-
-func (rw *recorder) markPartial() {
-	rw.partial = true
-	rw.body = bytes.Buffer{}
-}
-
-// Flush streams what was written so far; the response stops being
-// replayable.
-func (rw *recorder) Flush() {
-	rw.FlushError()
-}
-
-// FlushError is what http.ResponseController calls; see Flush.
-func (rw *recorder) FlushError() error {
-	if !rw.wroteHeader {
-		rw.WriteHeader(http.StatusOK)
-	}
-	rw.markPartial()
-	return http.NewResponseController(rw.w).Flush()
-}
-
-// Hijack hands the connection to the handler; the response stops being
-// replayable.
-func (rw *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	rw.markPartial()
-	rw.wroteHeader = true
-	return http.NewResponseController(rw.w).Hijack()
-}
-
-// Unwrap lets http.ResponseController reach the underlying writer for
-// deadlines and other extensions.
-func (rw *recorder) Unwrap() http.ResponseWriter { return rw.w }
-
-// result is the response to store, or nil when it cannot be replayed.
-func (rw *recorder) result() *record {
-	if rw.partial {
-		return nil
-	}
-	status := rw.status
-	if !rw.wroteHeader {
-		status = http.StatusOK // net/http's answer to a handler that wrote nothing
-	}
-	return &record{status: status, header: rw.header, body: rw.body.Bytes()}
-}
-
-// encodeHeader writes a header as "Name: value" lines. HTTP forbids CR and
-// LF in names and values, so a newline never occurs inside one.
-func encodeHeader(h http.Header) string {
+// encodeHeader writes header pairs as "Name: value" lines. HTTP forbids CR
+// and LF in names and values, so a newline never occurs inside one.
+func encodeHeader(pairs []string) string {
 	var b strings.Builder
-	for name, values := range h {
-		for _, v := range values {
-			b.WriteString(name)
-			b.WriteString(": ")
-			b.WriteString(v)
-			b.WriteByte('\n')
-		}
+	for i := 0; i+1 < len(pairs); i += 2 {
+		b.WriteString(pairs[i])
+		b.WriteString(": ")
+		b.WriteString(pairs[i+1])
+		b.WriteByte('\n')
 	}
 	return b.String()
 }
 
 var errCorruptHeader = errors.New("idempotency: corrupt stored header")
 
-func decodeHeader(s string) (http.Header, error) {
-	h := make(http.Header)
+// decodeHeader reads what encodeHeader wrote. The pairs are substrings of s.
+func decodeHeader(s string) ([]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	pairs := make([]string, 0, 2*strings.Count(s, "\n"))
 	for s != "" {
 		line, rest, ok := strings.Cut(s, "\n")
 		if !ok {
@@ -175,8 +102,8 @@ func decodeHeader(s string) (http.Header, error) {
 		if !ok || name == "" {
 			return nil, errCorruptHeader
 		}
-		h[name] = append(h[name], value)
+		pairs = append(pairs, name, value)
 		s = rest
 	}
-	return h, nil
+	return pairs, nil
 }

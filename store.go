@@ -36,10 +36,20 @@ type store struct {
 	client redis.UniversalClient
 	locks  *redislock.Client
 	cfg    *config
+	// Script arguments that never change, boxed once instead of per call.
+	recordTTL, tokenTTL, tokenCap, retryAbandoned any
 }
 
 func newStore(client redis.UniversalClient, cfg *config) *store {
-	return &store{client: client, locks: redislock.New(client), cfg: cfg}
+	retry := "0"
+	if cfg.retryAbandoned {
+		retry = "1"
+	}
+	return &store{
+		client: client, locks: redislock.New(client), cfg: cfg,
+		recordTTL: cfg.recordTTL.Milliseconds(), tokenTTL: cfg.tokenTTL.Milliseconds(),
+		tokenCap: cfg.tokensPerScope, retryAbandoned: retry,
+	}
 }
 
 // claimOutcome is what claim decided.
@@ -57,15 +67,16 @@ const (
 
 type claim struct {
 	outcome claimOutcome
-	fence   uint64  // outcomeClaimed only
-	rec     *record // outcomeDone only
+	fence   uint64        // outcomeClaimed only
+	rec     *record       // outcomeDone only
+	ttl     time.Duration // outcomeDone only: how long the record lives on
 }
 
 // issue adds token to the scope's token set. An error means the token may
 // or may not have been stored; the caller must not hand it out.
 func (s *store) issue(ctx context.Context, scope, token string) error {
 	return issueScript.Run(ctx, s.client, []string{tokenSetKey(s.cfg.prefix, scope)},
-		token, s.cfg.tokenTTL.Milliseconds(), s.cfg.tokensPerScope).Err()
+		token, s.tokenTTL, s.tokenCap).Err()
 }
 
 // obtain takes the key's lock with a fresh random value, or returns
@@ -77,12 +88,8 @@ func (s *store) obtain(ctx context.Context, k keys) (*redislock.Lock, error) {
 // claim runs claim.lua under the lock held with lockValue. Any outcome but
 // outcomeClaimed has released the lock.
 func (s *store) claim(ctx context.Context, k keys, lockValue, fingerprint string) (claim, error) {
-	retry := "0"
-	if s.cfg.retryAbandoned {
-		retry = "1"
-	}
 	reply, err := claimScript.Run(ctx, s.client, k.redisKeys(),
-		lockValue, fingerprint, s.cfg.recordTTL.Milliseconds(), k.token, retry).Slice()
+		lockValue, fingerprint, s.recordTTL, k.token, s.retryAbandoned).Slice()
 	if err != nil {
 		return claim{}, err
 	}
@@ -96,11 +103,11 @@ func (s *store) claim(ctx context.Context, k keys, lockValue, fingerprint string
 		}
 		return claim{outcome: outcomeClaimed, fence: fence}, nil
 	case "done":
-		rec, err := decodeReply(reply[1:])
+		rec, ttl, err := decodeReply(reply[1:])
 		if err != nil {
 			return claim{}, err
 		}
-		return claim{outcome: outcomeDone, rec: rec}, nil
+		return claim{outcome: outcomeDone, rec: rec, ttl: ttl}, nil
 	case "unknown":
 		return claim{outcome: outcomeUnknown}, nil
 	case "mismatch":
@@ -115,22 +122,24 @@ func (s *store) claim(ctx context.Context, k keys, lockValue, fingerprint string
 	return claim{}, fmt.Errorf("idempotency: unexpected claim reply %q", word)
 }
 
-func decodeReply(fields []any) (*record, error) {
-	if len(fields) != 3 {
-		return nil, errCorruptRecord
+// decodeReply reads a stored record: status, header, body, remaining TTL.
+func decodeReply(fields []any) (*record, time.Duration, error) {
+	if len(fields) != 4 {
+		return nil, 0, errCorruptRecord
 	}
 	code, _ := fields[0].(string)
 	head, _ := fields[1].(string)
 	body, _ := fields[2].(string)
+	ttl, _ := fields[3].(int64)
 	status, err := strconv.Atoi(code)
-	if err != nil {
-		return nil, errCorruptRecord
+	if err != nil || status < 100 || status > 999 {
+		return nil, 0, errCorruptRecord
 	}
 	header, err := decodeHeader(head)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return &record{status: status, header: header, body: []byte(body)}, nil
+	return newRecord(status, header, []byte(body)), time.Duration(ttl) * time.Millisecond, nil
 }
 
 // complete stores rec as the key's answer and releases the lock; rec == nil
@@ -142,7 +151,7 @@ func (s *store) complete(ctx context.Context, k keys, lockValue string, rec *rec
 		state, status, head, body = "done", strconv.Itoa(rec.status), encodeHeader(rec.header), rec.body
 	}
 	stored, err := completeScript.Run(ctx, s.client, []string{k.record, k.lock},
-		lockValue, state, status, head, body, s.cfg.recordTTL.Milliseconds()).Int()
+		lockValue, state, status, head, body, s.recordTTL).Int()
 	if err != nil {
 		return err
 	}
@@ -157,7 +166,7 @@ func (s *store) complete(ctx context.Context, k keys, lockValue string, rec *rec
 // owns.
 func (s *store) release(ctx context.Context, k keys, lockValue string) error {
 	return releaseScript.Run(ctx, s.client, k.redisKeys(),
-		lockValue, k.token, s.cfg.tokensPerScope).Err()
+		lockValue, k.token, s.tokenCap).Err()
 }
 
 // stepContext bounds one Redis step. It outlives the request's own context:

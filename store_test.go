@@ -32,6 +32,7 @@ func TestRoundTripBudget(t *testing.T) {
 	issuance := measure(func() { tok = a.token(c) })
 	first := measure(func() { require.Equal(t, 201, a.post(c, "/orders", tok, `{}`).status) })
 	dupOther := measure(func() { require.Equal(t, "true", b.post(c, "/orders", tok, `{}`).header.Get(ReplayedHeader)) })
+	dupSame := measure(func() { require.Equal(t, "true", a.post(c, "/orders", tok, `{}`).header.Get(ReplayedHeader)) })
 	keyFirst := measure(func() { require.Equal(t, 201, a.post(c, "/payments", "k-1", `{}`).status) })
 	keyDup := measure(func() { require.Equal(t, "true", b.post(c, "/payments", "k-1", `{}`).header.Get(ReplayedHeader)) })
 	rejected := measure(func() { a.post(c, "/orders", "", `{}`) })
@@ -52,14 +53,15 @@ func TestRoundTripBudget(t *testing.T) {
 	})
 	require.EqualValues(t, 4, a.execs.Load()+b.execs.Load())
 
-	t.Logf("Redis round trips: issuance %d, first execution %d (key mode %d), duplicate on another instance %d (key mode %d), rejected %d, first + 10 concurrent duplicates on one instance %d",
-		issuance, first, keyFirst, dupOther, keyDup, rejected, burst)
+	t.Logf("Redis round trips: issuance %d, first execution %d (key mode %d), duplicate on another instance %d (key mode %d), on the same instance %d, rejected %d, first + 10 concurrent duplicates on one instance %d",
+		issuance, first, keyFirst, dupOther, keyDup, dupSame, rejected, burst)
 	require.EqualValues(t, 1, issuance)
 	require.LessOrEqual(t, first, 3)
 	require.LessOrEqual(t, keyFirst, 3)
 	require.LessOrEqual(t, dupOther, 2)
 	require.LessOrEqual(t, keyDup, 2)
 	require.Zero(t, rejected)
+	require.Zero(t, dupSame, "answered from the in-process cache")
 	require.LessOrEqual(t, burst, 3)
 }
 
@@ -159,7 +161,8 @@ func TestAbandonedExecution(t *testing.T) {
 			}
 			s := newShop(t, opts...)
 			req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
-			crashAfterClaim(t, s, clientKeys(s.idem.cfg.prefix, "/payments", "k"), fingerprint(req, []byte(`{}`)))
+			fp := fingerprint(req, []byte(`{}`))
+			crashAfterClaim(t, s, clientKeys(s.idem.cfg.prefix, identify(false, "/payments", "k")), string(fp[:]))
 			time.Sleep(150 * time.Millisecond)
 			a := s.post(s.client(), "/payments", "k", `{}`)
 			if retry {
@@ -176,7 +179,7 @@ func TestAbandonedExecution(t *testing.T) {
 func TestStaleExecutorCannotOverwrite(t *testing.T) {
 	s := newShop(t, WithLockLease(100*time.Millisecond), WithRetryAbandoned())
 	ctx := context.Background()
-	k := clientKeys(s.idem.cfg.prefix, "/payments", "k")
+	k := clientKeys(s.idem.cfg.prefix, identify(false, "/payments", "k"))
 	stale, err := s.idem.store.obtain(ctx, k)
 	require.NoError(t, err)
 	_, err = s.idem.store.claim(ctx, k, stale.Token(), "fp")
@@ -246,11 +249,12 @@ func TestFencingTokensGrowWithEveryExecution(t *testing.T) {
 	s.post(c, "/payments", "b", `{}`)
 
 	// A key whose first executor vanished: the retry's token is higher.
-	k := clientKeys(s.idem.cfg.prefix, "/payments", "c")
+	k := clientKeys(s.idem.cfg.prefix, identify(false, "/payments", "c"))
 	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
 	lock, err := s.idem.store.obtain(t.Context(), k)
 	require.NoError(t, err)
-	crashed, err := s.idem.store.claim(t.Context(), k, lock.Token(), fingerprint(req, []byte(`{}`)))
+	fp := fingerprint(req, []byte(`{}`))
+	crashed, err := s.idem.store.claim(t.Context(), k, lock.Token(), string(fp[:]))
 	require.NoError(t, err)
 	time.Sleep(150 * time.Millisecond)
 	s.post(c, "/payments", "c", `{}`)

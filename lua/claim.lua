@@ -12,7 +12,8 @@
 -- token it accepted can refuse a write from an executor whose lease ran out
 -- and whose key was taken over.
 --
--- Replies: {'claimed', f} run the handler; {'done', c, h, b} replay;
+-- Replies: {'claimed', f} run the handler; {'done', c, h, b, ttl} replay
+-- (ttl: the record's remaining milliseconds);
 -- {'unknown'}, {'mismatch'}, {'big'}, {'abandoned'}, {'lost'}.
 -- Every reply but 'claimed' releases our lock. Running the script again with
 -- the same ARGV (go-redis resends when a reply is lost) never claims twice:
@@ -36,7 +37,7 @@ if st then
   end
   if st == 'done' then
     unlock()
-    return {'done', rec[4], rec[5], rec[6]}
+    return {'done', rec[4], rec[5], rec[6], redis.call('PTTL', KEYS[1])}
   end
   if st == 'big' then
     unlock()

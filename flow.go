@@ -1,0 +1,215 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/bsm/redislock"
+)
+
+// protect answers one identified request: from the response cache, behind
+// a concurrent request for the same key in this process, or through Redis.
+func (m *Middleware) protect(c *call) {
+	for {
+		if e := m.cache.get(c.id, time.Now()); e != nil {
+			m.replay(c, e.fp, e.rec)
+			return
+		}
+		fl, leader := m.flights.join(c.id, c.fp)
+		if leader {
+			m.leadFlight(c, fl)
+			return
+		}
+		if !m.await(c, fl) {
+			return
+		}
+	}
+}
+
+// leadFlight answers c for every request waiting in fl, and lands fl even
+// when the handler panics.
+func (m *Middleware) leadFlight(c *call, fl *flight) {
+	var shared *record
+	defer func() { m.flights.land(c.id, fl, shared) }()
+	shared = m.lead(c)
+}
+
+// replay answers with a stored response, unless it belongs to a different
+// request.
+func (m *Middleware) replay(c *call, fp fingerprintSum, rec *record) {
+	if fp != c.fp {
+		m.cfg.errorHandler(c.w, c.r, ErrKeyReused)
+		return
+	}
+	rec.write(c.w)
+}
+
+// await waits for another request's flight. It answers the request and
+// returns false, or returns true when the request must go on by itself.
+func (m *Middleware) await(c *call, fl *flight) bool {
+	timer := time.NewTimer(time.Until(c.deadline))
+	defer timer.Stop()
+	select {
+	case <-fl.wait():
+	case <-timer.C:
+		m.cfg.errorHandler(c.w, c.r, ErrInProgress)
+		return false
+	case <-c.r.Context().Done():
+		return false // nobody is listening, and nothing ran for this request
+	}
+	if fl.rec == nil {
+		return true
+	}
+	m.replay(c, fl.fp, fl.rec)
+	return false
+}
+
+// lead takes the lock, claims the key and acts on the claim. It returns the
+// stored answer when there is one for waiting requests to replay.
+func (m *Middleware) lead(c *call) *record {
+	k := m.redisKeys(c)
+	lock, ctx, cancel, err := m.acquire(c, k)
+	switch {
+	case errors.Is(err, context.Canceled):
+		return nil
+	case errors.Is(err, ErrStoreUnavailable) && m.cfg.failOpen:
+		m.cfg.logger.Warn("idempotency: Redis unavailable, running the handler unprotected", "error", err)
+		c.next.ServeHTTP(c.w, c.r)
+		return nil
+	case err != nil:
+		m.cfg.errorHandler(c.w, c.r, err)
+		return nil
+	}
+	cl, err := m.store.claim(ctx, k, lock.Token(), string(c.fp[:]))
+	cancel()
+	if err != nil {
+		// The claim may have run without us hearing back. Undo it if so;
+		// when Redis cannot hear that either, the lease runs out and a
+		// retry finds the claim abandoned, with the handler never run.
+		m.releaseQuietly(c.r, k, lock.Token())
+		m.cfg.errorHandler(c.w, c.r, unavailable(err))
+		return nil
+	}
+	switch cl.outcome {
+	case outcomeClaimed:
+		return m.execute(c, k, lock, cl.fence)
+	case outcomeDone:
+		m.cache.put(c.id, c.fp, cl.rec, time.Now().Add(cl.ttl))
+		cl.rec.write(c.w)
+		return cl.rec
+	case outcomeUnknown:
+		err = ErrTokenNotFound
+	case outcomeMismatch:
+		err = ErrKeyReused
+	case outcomeBig:
+		err = ErrNotReplayable
+	case outcomeAbandoned:
+		err = ErrInterrupted
+	default: // outcomeLost: Redis was slower than the whole lease
+		err = unavailable(errors.New("lock lease ran out before the claim"))
+	}
+	m.cfg.errorHandler(c.w, c.r, err)
+	return nil
+}
+
+// acquire takes the key's lock, waiting with back-off while another
+// instance holds it, until the deadline (ErrInProgress) or the client leaves
+// (context.Canceled). With the lock it returns the step context that took
+// it, for the claim: the store timeout bounds the two together.
+func (m *Middleware) acquire(c *call, k keys) (*redislock.Lock, context.Context, context.CancelFunc, error) {
+	wait := 2 * time.Millisecond
+	for {
+		ctx, cancel := m.store.stepContext(c.r.Context())
+		lock, err := m.store.obtain(ctx, k)
+		if err == nil {
+			return lock, ctx, cancel, nil
+		}
+		cancel()
+		if !errors.Is(err, redislock.ErrNotObtained) {
+			return nil, nil, nil, unavailable(err)
+		}
+		left := time.Until(c.deadline)
+		if left <= 0 {
+			return nil, nil, nil, ErrInProgress
+		}
+		timer := time.NewTimer(min(wait, left))
+		select {
+		case <-timer.C:
+		case <-c.r.Context().Done():
+			timer.Stop()
+			return nil, nil, nil, context.Canceled
+		}
+		wait = backoff(wait, 50*time.Millisecond)
+	}
+}
+
+// execute runs the handler once under the claimed key and stores its answer.
+func (m *Middleware) execute(c *call, k keys, lock *redislock.Lock, fence uint64) *record {
+	// Once the key is claimed the handler must finish: a client that gives
+	// up (a double-clicking browser aborts its first POST) retries and must
+	// find this execution's result, not a half-done one.
+	ctx, cancelTimeout := context.WithTimeout(withFence(context.WithoutCancel(c.r.Context()), fence), m.cfg.execTimeout)
+	defer cancelTimeout()
+	ctx, cancelLost := context.WithCancelCause(ctx)
+	defer cancelLost(nil)
+	wd := startWatchdog(lock, m.cfg.lease, m.cfg.storeTimeout, func() { cancelLost(ErrLockLost) })
+
+	rw := newRecorder(c.w, &m.cfg)
+	returned := false
+	defer func() {
+		if !returned {
+			// The handler panicked. Nothing is stored as its answer; the key
+			// is released so that a retry runs, and the panic carries on to
+			// the server's recoverer.
+			wd.stop()
+			m.releaseQuietly(c.r, k, lock.Token())
+		}
+	}()
+	c.next.ServeHTTP(rw, c.r.WithContext(ctx))
+	returned = true
+	defer wd.stop()
+
+	rec := rw.result()
+	if rec != nil && rec.status >= 500 && m.cfg.releaseOn5xx {
+		m.releaseQuietly(c.r, k, lock.Token())
+		return nil
+	}
+	if err := m.complete(c.r, k, lock.Token(), rec); err != nil {
+		m.cfg.logger.Error("idempotency: handler ran but its response was not stored",
+			"key", k.record, "error", err)
+		return nil
+	}
+	if rec != nil {
+		m.cache.put(c.id, c.fp, rec, time.Now().Add(m.cfg.recordTTL))
+	}
+	return rec
+}
+
+// complete stores the answer, trying again briefly: the handler has run, and
+// a lost store turns every retry into an interrupted-execution answer.
+func (m *Middleware) complete(r *http.Request, k keys, lockValue string, rec *record) error {
+	var err error
+	for attempt, pause := 0, 10*time.Millisecond; attempt < 3; attempt, pause = attempt+1, pause*2 {
+		if attempt > 0 {
+			time.Sleep(pause)
+		}
+		ctx, cancel := m.store.stepContext(r.Context())
+		err = m.store.complete(ctx, k, lockValue, rec)
+		cancel()
+		if err == nil || errors.Is(err, ErrLockLost) {
+			return err
+		}
+	}
+	return err
+}
+
+func (m *Middleware) releaseQuietly(r *http.Request, k keys, lockValue string) {
+	ctx, cancel := m.store.stepContext(r.Context())
+	defer cancel()
+	if err := m.store.release(ctx, k, lockValue); err != nil {
+		m.cfg.logger.Warn("idempotency: could not release a claim; it ends with its lease",
+			"key", k.record, "error", err)
+	}
+}

@@ -1,0 +1,28 @@
+package idempotency
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestKeyNamesShareOneHashTag(t *testing.T) {
+	tk := tokenKeys("idem", "session-1", "3f1e2d4c-5b6a-4789-8abc-def012345678")
+	ck := clientKeys("idem", identify(false, "/payments", "order-42"))
+	for _, k := range []keys{tk, ck} {
+		names := k.redisKeys()
+		tag := names[0][strings.Index(names[0], "{"):strings.Index(names[0], "}")]
+		for _, name := range names {
+			require.Contains(t, name, tag+"}:", "every key of one request in one slot")
+		}
+	}
+	require.Equal(t, "idem:"+tk.record[5:strings.Index(tk.record, "}")+2]+"r:3f1e2d4c-5b6a-4789-8abc-def012345678", tk.record)
+	require.True(t, strings.HasSuffix(tk.lock, "}:l:3f1e2d4c-5b6a-4789-8abc-def012345678"))
+	require.True(t, strings.HasSuffix(tk.tokens, "}:tokens"))
+	require.Equal(t, tokenSetKey("idem", "session-1"), tk.tokens)
+	require.True(t, strings.HasSuffix(ck.record, "}:r"))
+	require.True(t, strings.HasSuffix(ck.lock, "}:l"))
+	require.NotEqual(t, ck.record, clientKeys("idem", identify(false, "/payments", "order-43")).record)
+	require.NotEqual(t, ck.record, clientKeys("idem", identify(false, "/refunds", "order-42")).record)
+}

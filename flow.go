@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/bsm/redislock"
+	"github.com/redis/go-redis/v9"
 )
 
 // protect answers one identified request: from the response cache, behind
@@ -114,12 +115,22 @@ func (m *Middleware) lead(c *call) *record {
 	return nil
 }
 
-// acquire takes the key's lock, waiting with back-off while another
-// instance holds it, until the deadline (ErrInProgress) or the client leaves
-// (context.Canceled). With the lock it returns the step context that took
-// it, for the claim: the store timeout bounds the two together.
+// acquire takes the key's lock, waiting while another instance holds it,
+// until the deadline (ErrInProgress) or the client leaves (context.Canceled).
+// With the lock it returns the step context that took it, for the claim:
+// the store timeout bounds the two together.
+//
+// A waiter subscribes to the key's release and tries again when the holder
+// publishes, or after a growing pause (50 ms up to 500 ms) in case a message
+// is lost; without a subscription it falls back to the pauses alone.
 func (m *Middleware) acquire(c *call, k keys) (*redislock.Lock, context.Context, context.CancelFunc, error) {
-	wait := 2 * time.Millisecond
+	var sub *redis.PubSub
+	defer func() {
+		if sub != nil {
+			sub.Close()
+		}
+	}()
+	pause, subscribed := 50*time.Millisecond, false
 	for {
 		ctx, cancel := m.store.stepContext(c.r.Context())
 		lock, err := m.store.obtain(ctx, k)
@@ -134,15 +145,39 @@ func (m *Middleware) acquire(c *call, k keys) (*redislock.Lock, context.Context,
 		if left <= 0 {
 			return nil, nil, nil, ErrInProgress
 		}
-		timer := time.NewTimer(min(wait, left))
+		if !subscribed {
+			// Subscribe, then try the lock once more at once: the holder may
+			// have let go before the flag was up, and then nobody publishes.
+			subscribed = true
+			ctx, cancel := m.store.stepContext(c.r.Context())
+			sub, _ = m.store.watch(ctx, k, left)
+			cancel()
+			continue
+		}
+		if err := m.pause(c.r.Context(), sub, min(pause, left)); err != nil {
+			return nil, nil, nil, err
+		}
+		pause = min(2*pause, 500*time.Millisecond)
+	}
+}
+
+// pause waits for a release message on sub (or plain time without one), or
+// for the client to leave.
+func (m *Middleware) pause(ctx context.Context, sub *redis.PubSub, d time.Duration) error {
+	if sub != nil {
+		released(ctx, sub, d)
+	} else {
+		timer := time.NewTimer(d)
 		select {
 		case <-timer.C:
-		case <-c.r.Context().Done():
+		case <-ctx.Done():
 			timer.Stop()
-			return nil, nil, nil, context.Canceled
 		}
-		wait = backoff(wait, 50*time.Millisecond)
 	}
+	if ctx.Err() != nil {
+		return context.Canceled
+	}
+	return nil
 }
 
 // execute runs the handler once under the claimed key and stores its answer.

@@ -78,6 +78,10 @@ func scopeDigest(s string) [16]byte {
 	return [16]byte(sum[:16])
 }
 
+// waiters names the flag that says another instance waits for the key's
+// lock, and the channel it waits on.
+func (k keys) waiters() string { return k.record + ":w" }
+
 func (k keys) redisKeys() []string {
 	if k.tokens == "" {
 		return []string{k.record, k.lock}

@@ -150,7 +150,7 @@ func (s *store) complete(ctx context.Context, k keys, lockValue string, rec *rec
 	if rec != nil {
 		state, status, head, body = "done", strconv.Itoa(rec.status), encodeHeader(rec.header), rec.body
 	}
-	stored, err := completeScript.Run(ctx, s.client, []string{k.record, k.lock},
+	stored, err := completeScript.Run(ctx, s.client, []string{k.record, k.lock, k.waiters()},
 		lockValue, state, status, head, body, s.recordTTL).Int()
 	if err != nil {
 		return err
@@ -165,8 +165,11 @@ func (s *store) complete(ctx context.Context, k keys, lockValue string, rec *rec
 // scope, and the lock is freed. It does nothing to a record another executor
 // owns.
 func (s *store) release(ctx context.Context, k keys, lockValue string) error {
-	return releaseScript.Run(ctx, s.client, k.redisKeys(),
-		lockValue, k.token, s.tokenCap).Err()
+	names := []string{k.record, k.lock, k.waiters()}
+	if k.tokens != "" {
+		names = append(names, k.tokens)
+	}
+	return releaseScript.Run(ctx, s.client, names, lockValue, k.token, s.tokenCap).Err()
 }
 
 // stepContext bounds one Redis step. It outlives the request's own context:
@@ -181,12 +184,4 @@ var errCorruptRecord = errors.New("idempotency: corrupt stored record")
 // and the cause.
 func unavailable(err error) error {
 	return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
-}
-
-// backoff doubles a wait up to a ceiling.
-func backoff(d, ceiling time.Duration) time.Duration {
-	if d *= 2; d > ceiling {
-		return ceiling
-	}
-	return d
 }

@@ -263,3 +263,43 @@ func TestFencingTokensGrowWithEveryExecution(t *testing.T) {
 	require.Less(t, seen[0], seen[1], "later claims carry higher tokens")
 	require.Less(t, crashed.fence, seen[2], "a takeover outranks the vanished executor")
 }
+
+func TestCrossInstanceWaiterWakesOnReleaseWithoutPolling(t *testing.T) {
+	srv := redistest.Private(t)
+	rdb := srv.Client(t)
+	a, b := newShopOn(t, rdb), newShopOn(t, rdb)
+	release := make(chan struct{})
+	c := a.client()
+	a.post(c, "/payments", "warm-up", `{}`) // loads the scripts
+	a.handler = func(w http.ResponseWriter, r *http.Request) { <-release; a.defaultHandler(w, r) }
+
+	firstDone := make(chan answer)
+	go func() { firstDone <- a.post(c, "/payments", "slow", `{}`) }()
+	require.Eventually(t, func() bool { return a.execs.Load() == 2 }, 5*time.Second, time.Millisecond)
+
+	mon := redistest.StartMonitor(t, srv.Addr())
+	var dup answer
+	var woke time.Duration
+	cmds := mon.Count(t, rdb, func() {
+		dupDone := make(chan answer)
+		go func() { dupDone <- b.post(c, "/payments", "slow", `{}`) }()
+		time.Sleep(time.Second) // b waits on a's lock all this time
+		released := time.Now()
+		close(release)
+		dup = <-dupDone
+		woke = time.Since(released)
+	})
+	<-firstDone
+	require.Equal(t, "true", dup.header.Get(ReplayedHeader))
+	require.EqualValues(t, 2, a.execs.Load()+b.execs.Load())
+	evals := 0
+	for _, cmd := range cmds {
+		if cmd == "evalsha" || cmd == "eval" {
+			evals++
+		}
+	}
+	t.Logf("a 1 s wait on another instance cost %d commands (%d scripts: %v); the waiter answered %v after the release",
+		len(cmds), evals, cmds, woke)
+	// A 2 ms..50 ms poll would have sent over 20 lock attempts in that second.
+	require.LessOrEqual(t, evals, 15)
+}

@@ -1,5 +1,5 @@
 -- complete.lua: store the executor's response and release its lock.
--- KEYS[1] record hash, KEYS[2] lock
+-- KEYS[1] record hash, KEYS[2] lock, KEYS[3] waiters flag (also the channel)
 -- ARGV[1] our lock value, ARGV[2] state (done or big), ARGV[3] status,
 -- ARGV[4] headers, ARGV[5] body, ARGV[6] record TTL ms
 -- Returns 1 when the record is ours and stored, 0 when another executor took
@@ -15,5 +15,9 @@ if rec[1] == 'run' then
 end
 if redis.call('GET', KEYS[2]) == ARGV[1] then
   redis.call('DEL', KEYS[2])
+end
+-- Only a key that another instance is waiting for costs a message.
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('PUBLISH', KEYS[3], 'done')
 end
 return 1

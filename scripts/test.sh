@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test against real Redis servers: installs redis-server when it
-# is missing, then runs gofmt, go vet and go test -race. The tests start
+# Runs every test against real servers: installs redis-server when it is
+# missing, points the SQL tests at PostgreSQL and MariaDB when they answer on
+# loopback, then runs gofmt, go vet and go test -race. The tests start
 # their own private redis-server processes (one per test package, plus a
 # 3-master Redis Cluster) on free loopback ports and stop them when they
 # finish; IDEMPOTENCY_REQUIRE_REDIS=1 makes them fail instead of falling
@@ -19,6 +20,18 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
 	RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
 fi
 echo "test.sh: $(redis-server --version)"
+
+# SQL helpers run on SQLite always, and on PostgreSQL and MariaDB/MySQL when
+# they answer on loopback (or when POSTGRES_DSN / MYSQL_DSN are already set).
+listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+if [ -z "${POSTGRES_DSN:-}" ] && listening 5432; then
+	export POSTGRES_DSN="postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+fi
+if [ -z "${MYSQL_DSN:-}" ] && listening 3306; then
+	export MYSQL_DSN="root@tcp(127.0.0.1:3306)/test"
+fi
+echo "test.sh: SQL databases: SQLite${POSTGRES_DSN:+, PostgreSQL}${MYSQL_DSN:+, MariaDB/MySQL}" \
+	"(${POSTGRES_DSN:-PostgreSQL skipped: nothing on 127.0.0.1:5432}; ${MYSQL_DSN:-MySQL skipped: nothing on 127.0.0.1:3306})"
 
 unformatted=$(gofmt -l .)
 if [ -n "$unformatted" ]; then

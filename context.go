@@ -18,6 +18,12 @@ func withFence(ctx context.Context, fence uint64) context.Context {
 // key's previous token), so storage that keeps the highest token it has
 // accepted and refuses lower ones rejects a write from an executor whose
 // lease ran out while another took its key over.
+//
+// Across different keys the tokens are only ordered by Redis's clock: fence
+// data that one key owns (the payment row of that key). A row written under
+// many keys would refuse a late write from an older claim, and after a
+// failover to a replica whose clock runs behind, a new key's token can be
+// lower than tokens already seen.
 func FencingToken(ctx context.Context) uint64 {
 	fence, _ := ctx.Value(fenceKey).(uint64)
 	return fence

@@ -225,7 +225,7 @@ func TestDuplicatePastWaitBoundGets409(t *testing.T) {
 }
 
 func TestRedisUnavailableFailsClosed(t *testing.T) {
-	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { dead.Close() })
 	s := newShopOn(t, dead, WithStoreTimeout(200*time.Millisecond))
 	c := s.client()
@@ -247,7 +247,7 @@ func TestRedisUnavailableFailsClosed(t *testing.T) {
 }
 
 func TestFailOpenRunsHandlerWithoutRedis(t *testing.T) {
-	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { dead.Close() })
 	s := newShopOn(t, dead, WithFailOpen(), WithStoreTimeout(200*time.Millisecond))
 	require.Equal(t, http.StatusCreated, s.post(s.client(), "/payments", "k", `{}`).status)

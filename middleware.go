@@ -32,7 +32,25 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 	m := &Middleware{cfg: newConfig(opts)}
 	m.store = newStore(client, &m.cfg)
 	m.cache = newResponseCache(m.cfg.cacheEntries, m.cfg.cacheBytes)
+	if known, enabled := contextTimeouts(client); known && !enabled {
+		m.cfg.logger.Warn("idempotency: the Redis client has ContextTimeoutEnabled off, so a stalled " +
+			"Redis is cut short by go-redis's ReadTimeout (3 s by default), not by WithStoreTimeout; " +
+			"set ContextTimeoutEnabled: true in its options")
+	}
 	return m
+}
+
+// contextTimeouts reports whether go-redis will honour our step deadlines:
+// unless ContextTimeoutEnabled is set, it ignores a context's deadline on
+// the socket.
+func contextTimeouts(client redis.UniversalClient) (known, enabled bool) {
+	switch c := client.(type) {
+	case *redis.Client:
+		return true, c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return true, c.Options().ContextTimeoutEnabled
+	}
+	return false, false
 }
 
 // ProtectKey is a one-liner for key mode, for use in chi's r.With:

@@ -65,7 +65,9 @@ func WithWaitTimeout(d time.Duration) Option { return func(c *config) { c.wait =
 
 // WithStoreTimeout bounds each exchange with Redis (taking the lock and
 // claiming the key count as one). When Redis does not answer in time the
-// request fails closed with 503 (see WithFailOpen). Default 1 second.
+// request fails closed with 503 (see WithFailOpen). go-redis honours the
+// bound only when the client's options set ContextTimeoutEnabled; New logs
+// a warning when they do not. Default 1 second.
 func WithStoreTimeout(d time.Duration) Option { return func(c *config) { c.storeTimeout = d } }
 
 // WithExecutionTimeout bounds the handler's context once the key is claimed.

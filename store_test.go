@@ -303,3 +303,41 @@ func TestCrossInstanceWaiterWakesOnReleaseWithoutPolling(t *testing.T) {
 	// A 2 ms..50 ms poll would have sent over 20 lock attempts in that second.
 	require.LessOrEqual(t, evals, 15)
 }
+
+// TestRedisMemoryPerEntry measures, with MEMORY USAGE, what outstanding
+// tokens and one stored record (1 KiB body) occupy in Redis, for the
+// README's sizing.
+func TestRedisMemoryPerEntry(t *testing.T) {
+	srv := redistest.Private(t)
+	rdb := srv.Client(t)
+	s := newShopOn(t, rdb)
+	body := strings.Repeat("x", 1024)
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/orders/1")
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte(body))
+	}
+	ctx := t.Context()
+	usage := func(key string) int64 {
+		n, err := rdb.MemoryUsage(ctx, key).Result()
+		require.NoError(t, err)
+		return n
+	}
+	r, _ := http.NewRequest(http.MethodGet, "/", nil)
+	for range 32 {
+		_, err := s.idem.IssueTokenFor(r, "full-session")
+		require.NoError(t, err)
+	}
+	_, err := s.idem.IssueTokenFor(r, "one-token")
+	require.NoError(t, err)
+	fullSet := usage(tokenSetKey("idem", "full-session"))
+	oneSet := usage(tokenSetKey("idem", "one-token"))
+
+	require.Equal(t, http.StatusCreated, s.post(s.client(), "/payments", "mem", `{"amount":1}`).status)
+	rec := usage(clientKeys("idem", identify(false, "/payments", "mem")).record)
+
+	t.Logf("Redis memory (MEMORY USAGE): a session with 1 token %d B, with 32 tokens %d B (%d B a token); a stored record with a 1 KiB body %d B",
+		oneSet, fullSet, fullSet/32, rec)
+	require.Less(t, rec, int64(1024+1024), "the body is stored as it is: no base64, no JSON")
+}

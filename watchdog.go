@@ -17,14 +17,16 @@ type watchdog struct {
 }
 
 // startWatchdog renews lock every third of the lease. When the lock turns
-// out to be gone (another instance took the key over), it calls lost once
-// and stops.
+// out to be gone (another instance took the key over), or when no renewal
+// has succeeded for a whole lease (Redis unreachable: the lease has lapsed
+// and another instance may take the key), it calls lost once and stops.
 func startWatchdog(lock *redislock.Lock, lease, stepTimeout time.Duration, lost func()) *watchdog {
 	wd := &watchdog{quit: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(wd.done)
 		tick := time.NewTicker(lease / 3)
 		defer tick.Stop()
+		renewed := time.Now()
 		for {
 			select {
 			case <-wd.quit:
@@ -32,14 +34,18 @@ func startWatchdog(lock *redislock.Lock, lease, stepTimeout time.Duration, lost 
 			case <-tick.C:
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), min(stepTimeout, lease/3))
+			attempt := time.Now()
 			err := lock.Refresh(ctx, lease, nil)
 			cancel()
-			if errors.Is(err, redislock.ErrNotObtained) {
+			switch {
+			case err == nil:
+				renewed = attempt
+			case errors.Is(err, redislock.ErrNotObtained), time.Since(renewed) >= lease:
 				lost()
 				return
 			}
 			// Any other error is transient: the next tick tries again while
-			// the lease still has two thirds to run.
+			// the lease still runs.
 		}
 	}()
 	return wd

@@ -89,7 +89,9 @@ func configFromEnv() (config, error) {
 // one so that the example needs no set-up.
 func connect() (redis.UniversalClient, func(), error) {
 	if addrs := os.Getenv("REDIS_CLUSTER_ADDRS"); addrs != "" {
-		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ",")})
+		rdb := redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: strings.Split(addrs, ","), ContextTimeoutEnabled: true,
+		})
 		slog.Info("example: using Redis Cluster", "addrs", addrs)
 		return rdb, func() { rdb.Close() }, ping(rdb)
 	}
@@ -98,6 +100,8 @@ func connect() (redis.UniversalClient, func(), error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("REDIS_URL: %w", err)
 		}
+		// Let the middleware's store timeout cut a stalled Redis short.
+		opts.ContextTimeoutEnabled = true
 		rdb := redis.NewClient(opts)
 		slog.Info("example: using Redis", "addr", opts.Addr)
 		return rdb, func() { rdb.Close() }, ping(rdb)
@@ -108,7 +112,7 @@ func connect() (redis.UniversalClient, func(), error) {
 	}
 	slog.Warn("example: REDIS_URL is not set; using an embedded in-process Redis (miniredis). " +
 		"Its data is lost on exit and it cannot be shared by several instances.")
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	return rdb, func() { rdb.Close(); mr.Close() }, nil
 }
 

@@ -44,7 +44,7 @@ func Cluster(t testing.TB, prefix string) *redis.ClusterClient {
 	if clusterAddrs == nil {
 		requireOrSkip(t, "redis-server is not on PATH, so no cluster")
 	}
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: clusterAddrs})
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: clusterAddrs, ContextTimeoutEnabled: true})
 	t.Cleanup(func() {
 		DeletePrefix(t, c, prefix)
 		c.Close()

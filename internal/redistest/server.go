@@ -25,9 +25,11 @@ type Server struct {
 	stopOnce sync.Once
 }
 
-// Options returns client options for the server.
+// Options returns client options for the server, with context deadlines
+// honoured as the middleware's documentation asks.
 func (s *Server) Options() *redis.Options {
 	o := *s.opts
+	o.ContextTimeoutEnabled = true
 	return &o
 }
 

@@ -66,6 +66,11 @@ func TestFencingStopsAPausedExecutor(t *testing.T) {
 				if pause {
 					started <- token
 					<-wake
+					// The middleware's watchdog may have cancelled ctx by now
+					// (no renewal for a lease); a real pause can strike after
+					// the handler's last look at ctx, so the write goes out
+					// regardless, and only the fence can stop it.
+					ctx = context.WithoutCancel(ctx)
 				}
 				wr := write{instance: instance, token: token}
 				wr.fenced = orders.FencedUpdate(ctx, d.db, 1, token, Set("owner", instance))
@@ -106,8 +111,7 @@ func TestFencingStopsAPausedExecutor(t *testing.T) {
 		require.NoError(t, wb.hash)
 		require.NoError(t, wb.plain)
 
-		// A wakes and writes at once: the network is still stalled, so
-		// nothing has told it that it lost the key (its context is live).
+		// A wakes and writes at once, its network still stalled.
 		wakeA()
 		wa := receive(t, writes)
 		px.resume()

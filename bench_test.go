@@ -148,3 +148,17 @@ func BenchmarkFingerprint(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRedisRoundTrip is one loopback round trip (PING), the unit in
+// which the middleware's overhead is budgeted: a first execution should cost
+// about three of these, a replay from Redis two.
+func BenchmarkRedisRoundTrip(b *testing.B) {
+	rdb := benchRedis(b)
+	ctx := b.Context()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/optimistic"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -35,6 +36,7 @@ func newApp(rdb redis.UniversalClient, cfg config) http.Handler {
 	r.With(a.idem.Protect).Post("/orders", a.createOrder)
 	r.Get("/orders", a.listOrders)
 	r.Get("/orders/{id}", a.showOrder)
+	r.Post("/orders/{id}/cancel", a.cancelOrder)
 	r.With(a.idem.ProtectKey).Post("/payments", a.createPayment)
 	r.Get("/payments", a.listPayments)
 	return r
@@ -75,7 +77,7 @@ func (a *app) createOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o := &Order{Item: in.Item, Quantity: in.Quantity, Status: "placed", CreatedAt: time.Now().UTC()}
-	if err := a.store.add(r.Context(), ordersKey, o); err != nil {
+	if err := a.store.addOrder(r.Context(), o); err != nil {
 		a.fail(w, r, err)
 		return
 	}
@@ -128,7 +130,7 @@ func (a *app) showOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o, err := a.store.order(r.Context(), id)
-	if errors.Is(err, redis.Nil) {
+	if errors.Is(err, errNoOrder) {
 		http.NotFound(w, r)
 		return
 	}
@@ -142,6 +144,28 @@ func (a *app) showOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, o)
+}
+
+// cancelOrder cancels a placed order. It needs no idempotency key: the
+// status change is a compare-and-set, so a repeated or concurrent cancel
+// finds the order cancelled and is answered 409.
+func (a *app) cancelOrder(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(chi.URLParam(r, "id"), 10, 64)
+	if err != nil {
+		http.NotFound(w, r)
+		return
+	}
+	o, err := a.store.cancelOrder(r.Context(), id)
+	switch {
+	case errors.Is(err, errNoOrder):
+		http.NotFound(w, r)
+	case errors.Is(err, errNotCancelable):
+		writeProblem(w, http.StatusConflict, "not-cancelable", "only a placed order can be cancelled")
+	case err != nil:
+		a.fail(w, r, err)
+	default:
+		writeJSON(w, http.StatusOK, o)
+	}
 }
 
 type paymentInput struct {
@@ -160,12 +184,22 @@ func (a *app) createPayment(w http.ResponseWriter, r *http.Request) {
 	if err := sleep(r.Context(), a.cfg.paymentLatency); err != nil {
 		return
 	}
-	p := &Payment{Amount: in.Amount, Currency: strings.ToUpper(in.Currency), Status: "captured", CreatedAt: time.Now().UTC()}
-	if err := a.store.add(r.Context(), paymentsKey, p); err != nil {
+	p := &Payment{
+		ID:     paymentID(r.Header.Get(idempotency.KeyHeader)),
+		Amount: in.Amount, Currency: strings.ToUpper(in.Currency), Status: "captured", CreatedAt: time.Now().UTC(),
+	}
+	err := a.store.capturePayment(r.Context(), p, idempotency.FencingToken(r.Context()))
+	if errors.Is(err, optimistic.ErrStaleFence) {
+		// Another instance took this key over while we were stalled; its
+		// write stands, and our answer is never stored.
+		writeProblem(w, http.StatusConflict, "superseded", "this payment was completed by another attempt")
+		return
+	}
+	if err != nil {
 		a.fail(w, r, err)
 		return
 	}
-	w.Header().Set("Location", "/payments/"+strconv.FormatInt(p.ID, 10))
+	w.Header().Set("Location", "/payments/"+p.ID)
 	writeJSON(w, http.StatusCreated, p)
 }
 

@@ -191,3 +191,43 @@ func TestConfigFromEnv(t *testing.T) {
 	_, err = configFromEnv()
 	require.ErrorContains(t, err, "PAYMENT_LATENCY")
 }
+
+func TestConcurrentCancelsChangeTheOrderOnce(t *testing.T) {
+	rdb := redistest.Client(t, "shop:")
+	redistest.DeletePrefix(t, rdb, "shop:")
+	srv := startShop(t, rdb, config{})
+	other := startShop(t, rdb, config{})
+	submitTwice(t, browser(t), srv.URL)
+
+	statuses := make(chan int, 10)
+	var wg sync.WaitGroup
+	for i := range 10 {
+		base := []string{srv.URL, other.URL}[i%2]
+		wg.Go(func() {
+			resp, err := http.Post(base+"/orders/1/cancel", "application/json", nil)
+			require.NoError(t, err)
+			resp.Body.Close()
+			statuses <- resp.StatusCode
+		})
+	}
+	wg.Wait()
+	close(statuses)
+	counts := map[int]int{}
+	for s := range statuses {
+		counts[s]++
+	}
+	require.Equal(t, map[int]int{http.StatusOK: 1, http.StatusConflict: 9}, counts)
+
+	resp, err := http.Get(srv.URL + "/orders/1")
+	require.NoError(t, err)
+	var o Order
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&o))
+	resp.Body.Close()
+	require.Equal(t, "cancelled", o.Status)
+	require.EqualValues(t, 2, o.Version, "created at 1, cancelled once")
+
+	resp, err = http.Post(srv.URL+"/orders/99/cancel", "application/json", nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+}

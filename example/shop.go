@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"sort"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"strconv"
 	"time"
 
+	"github.com/onceonly/idempotency/optimistic"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -16,12 +18,13 @@ type Order struct {
 	Item      string    `json:"item"`
 	Quantity  int       `json:"quantity"`
 	Status    string    `json:"status"`
+	Version   int64     `json:"version"`
 	CreatedAt time.Time `json:"created_at"`
 }
 
 // Payment is what POST /payments creates.
 type Payment struct {
-	ID        int64     `json:"id"`
+	ID        string    `json:"id"`
 	Amount    int64     `json:"amount"`
 	Currency  string    `json:"currency"`
 	Status    string    `json:"status"`
@@ -29,65 +32,138 @@ type Payment struct {
 }
 
 // shopStore keeps orders and payments in Redis under "shop:", so every
-// instance pointed at one Redis is one shop. Each collection is one hash
-// with its own hash tag, which keeps it listable on a cluster.
+// instance pointed at one Redis is one shop. Each order and payment is a
+// hash of its own, guarded by the optimistic helpers: orders by a version
+// (status changes are compare-and-set), payments by the fencing token of
+// the request that captured them. Sorted sets index them for listing.
 type shopStore struct {
-	rdb redis.UniversalClient
+	rdb  redis.UniversalClient
+	hash optimistic.Hash
 }
 
 const (
-	ordersKey   = "shop:{orders}"
-	paymentsKey = "shop:{payments}"
+	ordersIndex   = "shop:orders"
+	ordersSeq     = "shop:orders:seq"
+	paymentsIndex = "shop:payments"
 )
 
-// add stores v under a new id from the collection's sequence.
-func (s shopStore) add(ctx context.Context, collection string, v interface{ setID(int64) }) error {
-	id, err := s.rdb.HIncrBy(ctx, collection+":seq", "next", 1).Result()
+func orderKey(id int64) string    { return "shop:order:" + strconv.FormatInt(id, 10) }
+func paymentKey(id string) string { return "shop:payment:" + id }
+
+var (
+	errNoOrder       = errors.New("no such order")
+	errNotCancelable = errors.New("order is not placed")
+)
+
+// addOrder creates an order at version 1: a compare-and-set from version 0
+// cannot overwrite anything.
+func (s shopStore) addOrder(ctx context.Context, o *Order) error {
+	id, err := s.rdb.Incr(ctx, ordersSeq).Result()
 	if err != nil {
 		return err
 	}
-	v.setID(id)
-	data, err := json.Marshal(v)
+	o.ID = id
+	o.Version, err = s.hash.CompareAndSet(ctx, s.rdb, orderKey(id), 0, map[string]any{
+		"item": o.Item, "quantity": o.Quantity, "status": o.Status,
+		"created_at": o.CreatedAt.Format(time.RFC3339Nano),
+	})
 	if err != nil {
 		return err
 	}
-	return s.rdb.HSet(ctx, collection, strconv.FormatInt(id, 10), data).Err()
+	return s.rdb.ZAdd(ctx, ordersIndex, redis.Z{Score: float64(id), Member: id}).Err()
 }
 
-func (o *Order) setID(id int64)   { o.ID = id }
-func (p *Payment) setID(id int64) { p.ID = id }
-
-func list[T any](ctx context.Context, s shopStore, collection string, id func(T) int64) ([]T, error) {
-	all, err := s.rdb.HGetAll(ctx, collection).Result()
-	if err != nil {
-		return nil, err
-	}
-	out := make([]T, 0, len(all))
-	for _, data := range all {
-		var v T
-		if err := json.Unmarshal([]byte(data), &v); err != nil {
-			return nil, err
+// cancelOrder moves a placed order to cancelled, re-reading and retrying
+// when another request changed it in between.
+func (s shopStore) cancelOrder(ctx context.Context, id int64) (Order, error) {
+	var o Order
+	err := optimistic.Retry(ctx, optimistic.Policy{}, func(ctx context.Context) error {
+		fields, version, err := s.hash.Read(ctx, s.rdb, orderKey(id))
+		if err != nil {
+			return err
 		}
-		out = append(out, v)
+		if version == 0 {
+			return errNoOrder
+		}
+		o = orderFrom(id, fields, version)
+		if o.Status != "placed" {
+			return errNotCancelable
+		}
+		o.Version, err = s.hash.CompareAndSet(ctx, s.rdb, orderKey(id), version, map[string]any{"status": "cancelled"})
+		o.Status = "cancelled"
+		return err
+	})
+	return o, err
+}
+
+func (s shopStore) order(ctx context.Context, id int64) (Order, error) {
+	fields, version, err := s.hash.Read(ctx, s.rdb, orderKey(id))
+	if err != nil {
+		return Order{}, err
 	}
-	sort.Slice(out, func(i, j int) bool { return id(out[i]) < id(out[j]) })
-	return out, nil
+	if version == 0 {
+		return Order{}, errNoOrder
+	}
+	return orderFrom(id, fields, version), nil
+}
+
+func orderFrom(id int64, f map[string]string, version int64) Order {
+	quantity, _ := strconv.Atoi(f["quantity"])
+	created, _ := time.Parse(time.RFC3339Nano, f["created_at"])
+	return Order{ID: id, Item: f["item"], Quantity: quantity, Status: f["status"], Version: version, CreatedAt: created}
 }
 
 func (s shopStore) orders(ctx context.Context) ([]Order, error) {
-	return list(ctx, s, ordersKey, func(o Order) int64 { return o.ID })
+	ids, err := s.rdb.ZRange(ctx, ordersIndex, 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Order, 0, len(ids))
+	for _, raw := range ids {
+		id, _ := strconv.ParseInt(raw, 10, 64)
+		o, err := s.order(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, o)
+	}
+	return out, nil
+}
+
+// paymentID names the payment a client's idempotency key pays for: the
+// payment belongs to the key, so an execution that takes an abandoned key
+// over writes the same payment, and its fence refuses the stale one's write.
+func paymentID(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:8])
+}
+
+// capturePayment records p as captured under the execution's fencing token.
+func (s shopStore) capturePayment(ctx context.Context, p *Payment, fence uint64) error {
+	err := s.hash.FencedSet(ctx, s.rdb, paymentKey(p.ID), fence, map[string]any{
+		"amount": p.Amount, "currency": p.Currency, "status": p.Status,
+		"created_at": p.CreatedAt.Format(time.RFC3339Nano),
+	})
+	if err != nil {
+		return err
+	}
+	return s.rdb.ZAdd(ctx, paymentsIndex, redis.Z{Score: float64(p.CreatedAt.UnixNano()), Member: p.ID}).Err()
 }
 
 func (s shopStore) payments(ctx context.Context) ([]Payment, error) {
-	return list(ctx, s, paymentsKey, func(p Payment) int64 { return p.ID })
-}
-
-// order returns one order, or redis.Nil.
-func (s shopStore) order(ctx context.Context, id int64) (Order, error) {
-	var o Order
-	data, err := s.rdb.HGet(ctx, ordersKey, strconv.FormatInt(id, 10)).Bytes()
+	ids, err := s.rdb.ZRange(ctx, paymentsIndex, 0, -1).Result()
 	if err != nil {
-		return o, err
+		return nil, err
 	}
-	return o, json.Unmarshal(data, &o)
+	out := make([]Payment, 0, len(ids))
+	for _, id := range ids {
+		f, err := s.rdb.HGetAll(ctx, paymentKey(id)).Result()
+		if err != nil {
+			return nil, err
+		}
+		amount, _ := strconv.ParseInt(f["amount"], 10, 64)
+		created, _ := time.Parse(time.RFC3339Nano, f["created_at"])
+		out = append(out, Payment{ID: id, Amount: amount, Currency: f["currency"], Status: f["status"], CreatedAt: created})
+	}
+	return out, nil
 }

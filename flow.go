@@ -95,6 +95,11 @@ func (m *Middleware) lead(c *call) *record {
 	}
 	switch cl.outcome {
 	case outcomeClaimed:
+		if err := m.awaitReplicas(c, k); err != nil {
+			m.releaseQuietly(c.r, k, lock.Token())
+			m.cfg.errorHandler(c.w, c.r, err)
+			return nil
+		}
 		return m.execute(c, k, lock, cl.fence)
 	case outcomeDone:
 		m.cache.put(c.id, c.fp, cl.rec, time.Now().Add(cl.ttl))

@@ -33,6 +33,8 @@ type config struct {
 	failOpen        bool
 	releaseOn5xx    bool
 	retryAbandoned  bool
+	replicaAcks     int
+	replicaWait     time.Duration
 	sessionCookie   string
 	formField       string
 	secureCookieSet bool
@@ -148,6 +150,16 @@ func WithReleaseOnServerError() Option { return func(c *config) { c.releaseOn5xx
 // 409 with the interrupted problem.
 func WithRetryAbandoned() Option { return func(c *config) { c.retryAbandoned = true } }
 
+// WithReplicaAcks makes a claim wait until n replicas acknowledged it
+// (Redis WAIT, at most timeout) before the handler runs, and fail closed with
+// 503 when fewer do. Without it, a primary that dies before replicating a
+// claim leaves a promoted replica that never saw it, and a retry can run the
+// handler again. It costs one more round trip per first execution. Default
+// off (0).
+func WithReplicaAcks(n int, timeout time.Duration) Option {
+	return func(c *config) { c.replicaAcks, c.replicaWait = n, timeout }
+}
+
 // WithSessionCookie names the cookie that carries the default token scope.
 // Default "idempotency_session".
 func WithSessionCookie(name string) Option { return func(c *config) { c.sessionCookie = name } }
@@ -225,6 +237,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("size limits must be positive")
 	case c.maxKeyLen < 1 || c.maxKeyLen > 4096:
 		return fmt.Errorf("max key length %d is outside 1..4096", c.maxKeyLen)
+	case c.replicaAcks < 0 || (c.replicaAcks > 0 && c.replicaWait <= 0):
+		return fmt.Errorf("replica acks %d need a positive timeout, got %v", c.replicaAcks, c.replicaWait)
 	case c.tokensPerScope < 1:
 		return fmt.Errorf("tokens per scope %d is below 1", c.tokensPerScope)
 	case c.sessionCookie == "" || c.formField == "":

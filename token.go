@@ -31,11 +31,10 @@ func (m *Middleware) IssueToken(w http.ResponseWriter, r *http.Request) (Token, 
 // know it (a background job, a test). The token is only accepted from
 // requests whose scope function returns the same scope.
 func (m *Middleware) IssueTokenFor(r *http.Request, scope string) (Token, error) {
-	id, err := uuid.NewRandom()
+	token, err := newToken()
 	if err != nil {
 		return Token{}, err
 	}
-	token := id.String()
 	ctx, cancel := m.store.stepContext(r.Context())
 	defer cancel()
 	if err := m.store.issue(ctx, scope, token); err != nil {
@@ -125,6 +124,15 @@ func (m *Middleware) secureCookie(r *http.Request) bool {
 		return m.cfg.secureCookie
 	}
 	return r.TLS != nil
+}
+
+// newToken draws a version 4 UUID: 122 bits from crypto/rand.
+func newToken() (string, error) {
+	id, err := uuid.NewRandom()
+	if err != nil {
+		return "", err
+	}
+	return id.String(), nil
 }
 
 // isToken accepts exactly the canonical form that IssueToken hands out, so a

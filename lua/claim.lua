@@ -75,10 +75,12 @@ if st then
   return {'claimed', string.format('%.0f', fence)}
 end
 
-if #KEYS == 3 then
-  redis.call('ZREM', KEYS[3], ARGV[4])
-end
+-- The record first: under maxmemory HSET is refused before anything else
+-- ran, so a full Redis fails the claim and the handler never starts.
 local fence = string.format('%.0f', now_us)
 redis.call('HSET', KEYS[1], 'st', 'run', 'o', ARGV[1], 'fp', ARGV[2], 'n', 1, 'f', fence, 'x', exp)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+if #KEYS == 3 then
+  redis.call('ZREM', KEYS[3], ARGV[4])
+end
 return {'claimed', fence}

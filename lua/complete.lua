@@ -9,8 +9,12 @@ if rec[2] ~= ARGV[1] then
   return 0
 end
 if rec[1] == 'run' then
-  redis.call('HSET', KEYS[1], 'st', ARGV[2], 'c', ARGV[3], 'h', ARGV[4], 'b', ARGV[5])
+  -- The handler has run: its answer must be kept even if Redis reached
+  -- maxmemory meanwhile. Redis refuses a memory-growing command only in a
+  -- script that has not written yet, so a small write that frees memory
+  -- goes first.
   redis.call('HDEL', KEYS[1], 'x')
+  redis.call('HSET', KEYS[1], 'st', ARGV[2], 'c', ARGV[3], 'h', ARGV[4], 'b', ARGV[5])
   redis.call('PEXPIRE', KEYS[1], ARGV[6])
 end
 if redis.call('GET', KEYS[2]) == ARGV[1] then

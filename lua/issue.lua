@@ -5,8 +5,10 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl = tonumber(ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+-- ZADD first: under maxmemory it is refused before anything else ran, so a
+-- full Redis issues nothing (a script that already wrote may write on).
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local over = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[3])
 if over > 0 then
   redis.call('ZPOPMIN', KEYS[1], over)

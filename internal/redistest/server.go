@@ -150,3 +150,26 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
+
+// Restart starts a new server on the port of s, which must have stopped
+// (killed, say): what a supervisor does after a crash. It is stopped when t
+// ends.
+func Restart(t interface {
+	Cleanup(func())
+	Fatalf(string, ...any)
+}, s *Server) *Server {
+	_, port, _ := net.SplitHostPort(s.Addr())
+	p, _ := strconv.Atoi(port)
+	s.Stop()
+	var again *Server
+	var err error
+	for range 50 { // the old process may hold the port for a moment
+		if again, err = startOnPort(p); err == nil {
+			t.Cleanup(again.Stop)
+			return again
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("redistest: restarting on port %d: %v", p, err)
+	return nil
+}

@@ -18,7 +18,10 @@ type replyDropper struct {
 	target  string
 	match   atomic.Pointer[[]byte] // drop the reply to the next command containing this
 	dropped atomic.Int64
-	wg      sync.WaitGroup
+	// blackhole, while set, discards every byte in both directions: a
+	// network partition that keeps the connections open.
+	blackhole atomic.Bool
+	wg        sync.WaitGroup
 }
 
 func newReplyDropper(t *testing.T, target string) *replyDropper {
@@ -59,6 +62,9 @@ func (p *replyDropper) accept() {
 						p.match.CompareAndSwap(m, nil) {
 						doomed.Store(true)
 					}
+					if p.blackhole.Load() {
+						continue
+					}
 					if _, werr := server.Write(buf[:n]); werr != nil {
 						break
 					}
@@ -77,7 +83,7 @@ func (p *replyDropper) accept() {
 					p.dropped.Add(1)
 					break
 				}
-				if n > 0 {
+				if n > 0 && !p.blackhole.Load() {
 					if _, werr := client.Write(buf[:n]); werr != nil {
 						break
 					}

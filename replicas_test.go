@@ -14,7 +14,7 @@ import (
 )
 
 func TestReplicaAcksFailClosedWithoutReplica(t *testing.T) {
-	primary := redistest.Private(t)
+	primary := redistest.Private(t, "--repl-diskless-sync-delay", "0") // sync the replica at once
 	_, port, _ := strings.Cut(primary.Addr(), ":")
 	replica := redistest.Private(t, "--replicaof", "127.0.0.1", port)
 	rdb := primary.Client(t)
@@ -40,4 +40,51 @@ func TestReplicaAcksFailClosedWithoutReplica(t *testing.T) {
 		return s.post(c, "/orders", tok, `{"try":9}`).status == http.StatusCreated
 	}, 10*time.Second, 50*time.Millisecond, "the released token works once the replica is back")
 	require.EqualValues(t, 2, s.execs.Load())
+}
+
+// The failover window, reproduced: a claim that the replica never received
+// is lost when the primary dies, and the promoted replica lets a retry run
+// the handler again. WithReplicaAcks closes the window by refusing to run
+// on an unreplicated claim.
+func TestFailoverWindow(t *testing.T) {
+	for _, acks := range []bool{false, true} {
+		t.Run(map[bool]string{false: "asynchronous", true: "with replica acks"}[acks], func(t *testing.T) {
+			primary := redistest.Private(t, "--repl-diskless-sync-delay", "0") // sync the replica at once
+			// The replica follows the primary through a proxy that can
+			// partition them.
+			link := newReplyDropper(t, primary.Addr())
+			host, port, _ := strings.Cut(link.addr(), ":")
+			replica := redistest.Private(t, "--replicaof", host, port)
+			rdb := primary.Client(t)
+			require.Eventually(t, func() bool {
+				return strings.Contains(rdb.Info(context.Background(), "replication").Val(), "state=online")
+			}, 10*time.Second, 20*time.Millisecond)
+			var opts []Option
+			if acks {
+				opts = append(opts, WithReplicaAcks(1, 100*time.Millisecond))
+			}
+			before := newShopOn(t, rdb, opts...)
+			c := before.client()
+
+			link.blackhole.Store(true) // the claim reaches only the primary
+			first := before.post(c, "/payments", "pay-1", `{}`)
+			// The primary dies, and the replica is promoted.
+			require.NoError(t, primary.Signal(syscall.SIGKILL))
+			promoted := replica.Client(t)
+			require.NoError(t, promoted.SlaveOf(context.Background(), "NO", "ONE").Err())
+
+			after := newShopOn(t, promoted, opts[:0]...)
+			retry := after.post(c, "/payments", "pay-1", `{}`)
+			require.Equal(t, http.StatusCreated, retry.status)
+			runs := before.execs.Load() + after.execs.Load()
+			if acks {
+				requireProblem(t, first, http.StatusServiceUnavailable, "store-unavailable")
+				require.EqualValues(t, 1, runs, "the unreplicated claim never ran")
+			} else {
+				require.Equal(t, http.StatusCreated, first.status)
+				require.EqualValues(t, 2, runs, "the promoted replica never saw the claim")
+			}
+			t.Logf("replica partitioned, primary killed, replica promoted: %d executions of one key", runs)
+		})
+	}
 }

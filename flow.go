@@ -86,11 +86,13 @@ func (m *Middleware) lead(c *call) *record {
 	cl, err := m.store.claim(ctx, k, lock.Token(), string(c.fp[:]))
 	cancel()
 	if err != nil {
-		// The claim may have run without us hearing back. Undo it if so;
-		// when Redis cannot hear that either, the lease runs out and a
-		// retry finds the claim abandoned, with the handler never run.
-		m.releaseQuietly(c.r, k, lock.Token())
+		// The claim may have run without us hearing back. Undo it if so,
+		// after answering: the client's 503 must not wait for a Redis that
+		// just failed us. When Redis cannot hear the undo either, the lease
+		// runs out and a retry finds the claim abandoned, the handler never
+		// run.
 		m.cfg.errorHandler(c.w, c.r, unavailable(err))
+		go m.releaseQuietly(c.r, k, lock.Token())
 		return nil
 	}
 	switch cl.outcome {

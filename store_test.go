@@ -121,11 +121,11 @@ func TestWatchdogKeepsLockForSlowHandler(t *testing.T) {
 	prefix := "test-" + t.Name()
 	rdb := redistest.Client(t, prefix)
 	// WithRetryAbandoned makes a lost lease visible as a second execution.
-	opts := []Option{WithKeyPrefix(prefix), WithLockLease(150 * time.Millisecond), WithRetryAbandoned()}
+	opts := []Option{WithKeyPrefix(prefix), WithLockLease(300 * time.Millisecond), WithRetryAbandoned()}
 	a := newShopOn(t, rdb, opts...)
 	b := newShopOn(t, rdb, opts...)
 	slow := func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(600 * time.Millisecond) // four leases
+		time.Sleep(1200 * time.Millisecond) // four leases
 		a.defaultHandler(w, r)
 	}
 	a.handler, b.handler = slow, slow
@@ -133,7 +133,7 @@ func TestWatchdogKeepsLockForSlowHandler(t *testing.T) {
 	done := make(chan answer)
 	go func() { done <- a.post(c, "/payments", "slow", `{}`) }()
 	require.Eventually(t, func() bool { return a.execs.Load() == 1 }, 5*time.Second, time.Millisecond)
-	time.Sleep(300 * time.Millisecond) // past two leases
+	time.Sleep(700 * time.Millisecond) // past two leases
 	dup := b.post(c, "/payments", "slow", `{}`)
 	first := <-done
 	require.Equal(t, first.body, dup.body)

@@ -2,9 +2,11 @@ package idempotency
 
 import (
 	"bytes"
+	"io"
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -127,4 +129,16 @@ func FuzzExtractors(f *testing.F) {
 		require.Equal(t, key1, key2)
 		require.Equal(t, err1 == nil, err2 == nil)
 	})
+}
+
+// A scope function may read the body too; the handler still gets all of it.
+func TestScopeFunctionReadingBodyLeavesItIntact(t *testing.T) {
+	s := newShop(t, WithScope(func(r *http.Request) (string, error) {
+		b, err := io.ReadAll(r.Body)
+		return "tenant-" + strconv.Itoa(len(b)), err
+	}))
+	c := s.client()
+	a := s.post(c, "/payments", "k", `{"amount":5}`)
+	require.Equal(t, http.StatusCreated, a.status)
+	require.Equal(t, `{"amount":5}`, a.header.Get("X-Request-Body"))
 }

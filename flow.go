@@ -92,7 +92,7 @@ func (m *Middleware) lead(c *call) *record {
 		// runs out and a retry finds the claim abandoned, the handler never
 		// run.
 		m.cfg.errorHandler(c.w, c.r, unavailable(err))
-		go m.releaseQuietly(c.r, k, lock.Token())
+		go m.undoClaim(c.r, k, lock.Token())
 		return nil
 	}
 	switch cl.outcome {
@@ -245,6 +245,27 @@ func (m *Middleware) complete(r *http.Request, k keys, lockValue string, rec *re
 		}
 	}
 	return err
+}
+
+// undoClaim releases a claim whose reply never came, trying again for as
+// long as the lease runs: a claim left behind reads as an interrupted
+// execution for the whole record TTL, although its handler never ran.
+func (m *Middleware) undoClaim(r *http.Request, k keys, lockValue string) {
+	deadline := time.Now().Add(m.cfg.lease)
+	for pause := 50 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
+		ctx, cancel := m.store.stepContext(r.Context())
+		err := m.store.release(ctx, k, lockValue)
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().Add(pause).After(deadline) {
+			m.cfg.logger.Warn("idempotency: could not undo an unconfirmed claim; retries will find it interrupted",
+				"key", k.record, "error", err)
+			return
+		}
+		time.Sleep(pause)
+	}
 }
 
 func (m *Middleware) releaseQuietly(r *http.Request, k keys, lockValue string) {

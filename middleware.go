@@ -123,7 +123,9 @@ func (m *Middleware) identify(c *call, extract KeyExtractor) error {
 	case !validKey(key, m.cfg.maxKeyLen):
 		return ErrInvalidKey
 	}
-	if c.scope, err = m.scopeOf(c.r, c.tokenMode); err != nil {
+	c.scope, err = m.scopeOf(c.r, c.tokenMode)
+	c.body.Seek(0, io.SeekStart) // a scope function may read the body too
+	if err != nil {
 		return err
 	}
 	if c.tokenMode && !isToken(key) {

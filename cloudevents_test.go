@@ -1,0 +1,224 @@
+package idempotency
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+const structuredEvent = `{"specversion":"1.0","id":"evt-1","source":"https://shop.example/orders","type":"order.paid","data":{"id":"not-this-one","source":"nor-this"}}`
+
+func TestCloudEventKey(t *testing.T) {
+	binary := func(pairs ...string) http.Header {
+		h := http.Header{"Content-Type": {"application/json"}}
+		for i := 0; i < len(pairs); i += 2 {
+			h.Add(pairs[i], pairs[i+1])
+		}
+		return h
+	}
+	structured := http.Header{"Content-Type": {"application/cloudevents+json; charset=utf-8"}}
+	tests := []struct {
+		name    string
+		header  http.Header
+		body    string
+		want    string
+		wantErr bool
+	}{
+		{"binary", binary("ce-id", "evt-1", "ce-source", "/orders"), `{"id":"data"}`, "evt-1", false},
+		{"binary percent-encoded", binary("ce-id", "evt%201%25"), ``, "evt 1%", false},
+		{"binary without id", binary("ce-source", "/orders"), `{"id":"data"}`, "", false},
+		{"binary id repeated", binary("ce-id", "a", "ce-id", "b"), ``, "", true},
+		{"binary bad escape", binary("ce-id", "evt%zz"), ``, "", true},
+		{"binary without content type", http.Header{"Ce-Id": {"evt-1"}}, ``, "evt-1", false},
+		{"structured", structured, structuredEvent, "evt-1", false},
+		{"structured ignores ce-id", http.Header{"Content-Type": {"application/cloudevents+json"}, "Ce-Id": {"hdr"}}, structuredEvent, "evt-1", false},
+		{"structured id last", structured, `{"data":{"id":"x"},"source":"/s","id":"evt-2"}`, "evt-2", false},
+		{"structured without id", structured, `{"source":"/s"}`, "", false},
+		{"structured null id", structured, `{"id":null}`, "", false},
+		{"structured upper-case ID is not id", structured, `{"ID":"evt-1"}`, "", false},
+		{"structured numeric id", structured, `{"id":17}`, "", true},
+		{"structured id repeated", structured, `{"id":"a","id":"b"}`, "", true},
+		{"structured not an object", structured, `["evt-1"]`, "", true},
+		{"structured empty body", structured, ``, "", true},
+		{"structured truncated", structured, `{"id":"evt-1",`, "", true},
+		{"structured trailing data", structured, `{"id":"evt-1"}{"id":"evt-2"}`, "", true},
+		{"batch", http.Header{"Content-Type": {"application/cloudevents-batch+json"}}, `[` + structuredEvent + `]`, "", true},
+		{"other structured format", http.Header{"Content-Type": {"application/cloudevents+avro"}}, `x`, "", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodPost, "/callbacks", strings.NewReader(tc.body))
+			r.Header = tc.header
+			got, err := CloudEventKey(r, []byte(tc.body))
+			if tc.wantErr {
+				require.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestCloudEventScope(t *testing.T) {
+	tests := []struct {
+		name    string
+		path    string
+		header  http.Header
+		body    string
+		want    string
+		wantErr bool
+	}{
+		{"binary", "/cb", http.Header{"Ce-Source": {"https://shop.example/orders"}}, `{}`, "3:/cbhttps://shop.example/orders", false},
+		{"binary percent-encoded", "/cb", http.Header{"Ce-Source": {"urn:shop%3Aeu"}}, ``, "3:/cburn:shop:eu", false},
+		{"binary without source", "/cb", http.Header{"Ce-Id": {"evt-1"}}, ``, "", true},
+		{"binary source repeated", "/cb", http.Header{"Ce-Source": {"a", "b"}}, ``, "", true},
+		{"structured", "/cb", http.Header{"Content-Type": {"application/cloudevents+json"}}, structuredEvent, "3:/cbhttps://shop.example/orders", false},
+		{"structured without source", "/cb", http.Header{"Content-Type": {"application/cloudevents+json"}}, `{"id":"evt-1"}`, "", true},
+		{"structured broken", "/cb", http.Header{"Content-Type": {"application/cloudevents+json"}}, `{"source":`, "", true},
+		{"another route", "/cb/audit", http.Header{"Ce-Source": {"https://shop.example/orders"}}, ``, "9:/cb/audithttps://shop.example/orders", false},
+		// The length prefix keeps a path/source split from reading as another.
+		{"ambiguous split", "/cbhttps:", http.Header{"Ce-Source": {"//shop.example/orders"}}, ``, "9:/cbhttps://shop.example/orders", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodPost, tc.path, strings.NewReader(tc.body))
+			r.Header = tc.header
+			got, err := CloudEventScope(r)
+			if tc.wantErr {
+				require.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+			// Whatever the scope read, the handler still gets the whole body.
+			rest, err := io.ReadAll(r.Body)
+			require.NoError(t, err)
+			require.Equal(t, tc.body, string(rest))
+		})
+	}
+}
+
+// Under the middleware the body is a seekable copy: the scope reads it from
+// the start and leaves it where it found it.
+func TestCloudEventScopeRestoresTheBodyPosition(t *testing.T) {
+	r := httptest.NewRequest(http.MethodPost, "/cb", nil)
+	r.Header.Set("Content-Type", "application/cloudevents+json")
+	var br bodyReader
+	br.Reset([]byte(structuredEvent))
+	r.Body = &br
+	head := make([]byte, 5)
+	_, err := io.ReadFull(r.Body, head)
+	require.NoError(t, err)
+
+	scope, err := CloudEventScope(r)
+	require.NoError(t, err)
+	require.Equal(t, "3:/cbhttps://shop.example/orders", scope)
+	rest, err := io.ReadAll(r.Body)
+	require.NoError(t, err)
+	require.Equal(t, structuredEvent, string(head)+string(rest))
+}
+
+func TestCloudEventScopeBodyLimitOutsideTheMiddleware(t *testing.T) {
+	big := `{"source":"/s","data":"` + strings.Repeat("x", cloudEventScopeBodyLimit) + `"}`
+	r := httptest.NewRequest(http.MethodPost, "/cb", strings.NewReader(big))
+	r.Header.Set("Content-Type", "application/cloudevents+json")
+	_, err := CloudEventScope(r)
+	require.ErrorIs(t, err, ErrRequestTooLarge)
+	rest, err := io.ReadAll(r.Body)
+	require.NoError(t, err)
+	require.Equal(t, big, string(rest), "nothing of the body is lost")
+}
+
+// The extractors through the real middleware and Redis: structured and
+// binary events, scoped by source, replayed, and refused as the contract says.
+func TestCloudEventsThroughTheMiddleware(t *testing.T) {
+	s := newShop(t, WithKeyExtractor(CloudEventKey), WithScope(CloudEventScope), WithMaxRequestBytes(4096))
+	c := s.client()
+	send := func(header http.Header, body string) answer {
+		req, err := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header = header
+		return do(t, c, req)
+	}
+	structured := http.Header{"Content-Type": {"application/cloudevents+json"}}
+	binary := func(id, source string) http.Header {
+		return http.Header{"Content-Type": {"application/json"}, "Ce-Id": {id}, "Ce-Source": {source}, "Ce-Specversion": {"1.0"}}
+	}
+	event := func(id, source, data string) string {
+		b, err := json.Marshal(map[string]any{"specversion": "1.0", "id": id, "source": source, "type": "t", "data": json.RawMessage(data)})
+		require.NoError(t, err)
+		return string(b)
+	}
+
+	first := send(structured, event("e1", "/a", `{"n":1}`))
+	require.Equal(t, http.StatusCreated, first.status, first.body)
+	require.Equal(t, `{"execution":1}`, first.body)
+	require.Equal(t, event("e1", "/a", `{"n":1}`), first.header.Get("X-Request-Body"), "the handler reads the whole event")
+
+	again := send(structured, event("e1", "/a", `{"n":1}`))
+	require.Equal(t, "true", again.header.Get(ReplayedHeader))
+	require.Equal(t, first.body, again.body)
+
+	// The same id from another source is another event.
+	require.Equal(t, `{"execution":2}`, send(structured, event("e1", "/b", `{"n":1}`)).body)
+	// Binary mode: the data is the body, the attributes are headers.
+	require.Equal(t, `{"execution":3}`, send(binary("e2", "/a"), `{"n":2}`).body)
+	require.Equal(t, `{"execution":3}`, send(binary("e2", "/a"), `{"n":2}`).body)
+	require.Equal(t, `{"execution":3}`, send(binary("e2", "/a"), `{"n":2}`).body)
+	// Same source and id, different event: a sender bug, never a replay.
+	requireProblem(t, send(structured, event("e1", "/a", `{"n":9}`)), 422, "key-reused")
+	requireProblem(t, send(binary("e3", ""), `{}`), 401, "no-scope")
+	requireProblem(t, send(structured, `{"source":"/a"}`), 400, "missing-key")
+	requireProblem(t, send(http.Header{"Content-Type": {"application/cloudevents-batch+json"}}, "["+event("e4", "/a", "1")+"]"), 400, "invalid-key")
+	requireProblem(t, send(structured, event("e5", "/a", `"`+strings.Repeat("x", 4096)+`"`)), 413, "request-too-large")
+	require.EqualValues(t, 3, s.execs.Load())
+}
+
+func FuzzCloudEventKey(f *testing.F) {
+	f.Add("application/cloudevents+json", "", "", []byte(structuredEvent))
+	f.Add("application/json", "evt-1", "/orders", []byte(`{"id":1}`))
+	f.Add("application/cloudevents+json; charset=utf-8", "", "", []byte(`{"id":"a","source":"s","ID":"b"}`))
+	f.Add("application/cloudevents-batch+json", "", "", []byte(`[]`))
+	f.Add("text/plain", "%41%", "%zz", []byte(``))
+	f.Fuzz(func(t *testing.T, contentType, ceID, ceSource string, body []byte) {
+		request := func() *http.Request {
+			r := httptest.NewRequest(http.MethodPost, "/cb", bytes.NewReader(body))
+			r.Header.Set("Content-Type", contentType)
+			if ceID != "" {
+				r.Header.Set("Ce-Id", ceID)
+			}
+			if ceSource != "" {
+				r.Header.Set("Ce-Source", ceSource)
+			}
+			return r
+		}
+		// Extraction never panics and always finds the same key: a
+		// redelivery is recognised.
+		key, err := CloudEventKey(request(), body)
+		key2, err2 := CloudEventKey(request(), body)
+		require.Equal(t, key, key2)
+		require.Equal(t, err == nil, err2 == nil)
+
+		structured, _ := cloudEventStructured(request().Header)
+		if err == nil && key != "" && structured {
+			// The key is the event's id as any JSON reader sees it.
+			var event map[string]any
+			require.NoError(t, json.Unmarshal(body, &event))
+			require.Equal(t, key, event["id"])
+		}
+
+		// The scope leaves the body whole for the handler.
+		r := request()
+		CloudEventScope(r)
+		rest, err := io.ReadAll(r.Body)
+		require.NoError(t, err)
+		require.Equal(t, body, rest)
+	})
+}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -32,15 +33,38 @@ func newApp(rdb redis.UniversalClient, cfg config) http.Handler {
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
 	r.Get("/", a.home)
+	routeStatic(r)
 	r.Get("/idempotency/token", a.idem.TokenHandler().ServeHTTP)
-	r.With(a.idem.Protect).Post("/orders", a.createOrder)
+	r.With(ordersGuard(a.idem)).Post("/orders", a.createOrder)
 	r.Get("/orders", a.listOrders)
 	r.Get("/orders/{id}", a.showOrder)
 	r.Post("/orders/{id}/cancel", a.cancelOrder)
 	r.With(a.idem.ProtectKey).Post("/payments", a.createPayment)
 	r.Get("/payments", a.listPayments)
+	registerCallbacks(r, rdb)
 	return r
 }
+
+// ordersGuard is the order form's protection: the middleware, unless the
+// demo switch IDEMPOTENCY_DISABLED=1 turns it off to show what a double
+// click does without it. Never a production setting. Unprotected, the
+// handler still runs on a context the client's disconnect does not cancel,
+// as under Protect: a double click aborts the first POST, and a real back
+// end that has started an order does not stop half-way, so the token check
+// is the only difference.
+func ordersGuard(idem *idempotency.Middleware) func(http.Handler) http.Handler {
+	if !protectionDisabled() {
+		return idem.Protect
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			next.ServeHTTP(w, r.WithContext(context.WithoutCancel(r.Context())))
+		})
+	}
+}
+
+// protectionDisabled reports the demo switch IDEMPOTENCY_DISABLED=1.
+func protectionDisabled() bool { return os.Getenv("IDEMPOTENCY_DISABLED") == "1" }
 
 func (a *app) home(w http.ResponseWriter, r *http.Request) {
 	field, err := a.idem.FormField(w, r)
@@ -54,7 +78,11 @@ func (a *app) home(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
+	// Not no-store: a browser may keep the page for Back, so going back shows
+	// the form that was submitted, with its token, and submitting it again is
+	// recognised as a duplicate. no-cache still fetches a fresh form (a new
+	// token) on every other visit, and private keeps shared caches out.
+	w.Header().Set("Cache-Control", "private, no-cache")
 	homePage.Execute(w, struct {
 		Field  template.HTML
 		Orders []Order

@@ -1,0 +1,363 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+)
+
+// The end-to-end tests run the example shop as the separate program it is
+// (built once, started per test on a free loopback port, several instances
+// behind one private redis-server), an embedded JetStream server per test,
+// and relays in-process.
+
+const (
+	stream        = "ORDERS"
+	subject       = "orders.events"
+	durable       = "callbacks"
+	deadLetterSub = "dlq.orders.events"
+)
+
+var (
+	buildDir      string
+	buildOnce     sync.Once
+	shopBinary    string
+	shopBuildErr  error
+	shopBuildTook time.Duration
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	if buildDir, err = os.MkdirTemp("", "relay-e2e-"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(buildDir)
+	os.Exit(code)
+}
+
+// buildShop builds the example once per test binary, under the race
+// detector when the tests run under it.
+func buildShop(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		start := time.Now()
+		shopBinary = filepath.Join(buildDir, "shop")
+		args := []string{"build", "-o", shopBinary}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command("go", append(args, "github.com/onceonly/idempotency/example")...).CombinedOutput()
+		if err != nil {
+			shopBuildErr = fmt.Errorf("building the example: %w\n%s", err, out)
+		}
+		shopBuildTook = time.Since(start)
+	})
+	require.NoError(t, shopBuildErr)
+	return shopBinary
+}
+
+// shop is one running instance of the example.
+type shop struct {
+	url string
+	cmd *exec.Cmd
+	out *syncBuffer
+}
+
+// startShop starts an instance of the example on redisAddr; env adds
+// variables such as CALLBACK_LATENCY.
+func startShop(t *testing.T, redisAddr string, env ...string) *shop {
+	t.Helper()
+	bin := buildShop(t)
+	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	s := &shop{url: "http://" + addr, out: &syncBuffer{}}
+	s.cmd = exec.Command(bin)
+	s.cmd.Env = append(os.Environ(), "ADDR="+addr, "REDIS_URL=redis://"+redisAddr, "REDIS_CLUSTER_ADDRS=")
+	s.cmd.Env = append(s.cmd.Env, env...)
+	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
+	s.cmd.SysProcAttr = childAttr()
+	require.NoError(t, s.cmd.Start())
+	exited := make(chan struct{})
+	go func() { s.cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		s.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			s.cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("shop %s log:\n%s", addr, s.out.String())
+		}
+	})
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := http.Get(s.url + "/callbacks/orders")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return s
+			}
+		}
+		select {
+		case <-exited:
+			t.Fatalf("the shop exited at start-up:\n%s", s.out.String())
+		default:
+		}
+		require.True(t, time.Now().Before(deadline), "the shop did not start within 15s:\n%s", s.out.String())
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// effect is what the shop lists per execution of its callback.
+type effect struct {
+	Key      string `json:"key"`
+	Order    int64  `json:"order"`
+	Status   string `json:"status"`
+	Instance string `json:"instance"`
+}
+
+func (s *shop) effects(t *testing.T) []effect {
+	t.Helper()
+	resp, err := http.Get(s.url + "/callbacks/orders")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var effects []effect
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&effects))
+	return effects
+}
+
+// requireOncePerMessage checks that every one of n messages had its side
+// effect exactly once.
+func requireOncePerMessage(t *testing.T, effects []effect, n int) map[string]int {
+	t.Helper()
+	perKey := map[string]int{}
+	perInstance := map[string]int{}
+	for _, e := range effects {
+		perKey[e.Key]++
+		perInstance[e.Instance]++
+	}
+	for key, count := range perKey {
+		require.Equal(t, 1, count, "message %s ran %d times", key, count)
+	}
+	require.Len(t, perKey, n, "distinct messages with a side effect")
+	require.Len(t, effects, n, "side effects")
+	return perInstance
+}
+
+// broker is an embedded JetStream server with the order stream and its
+// dead-letter stream.
+type broker struct {
+	url string
+	js  jetstream.JetStream
+}
+
+func startBroker(t *testing.T, streamCfg jetstream.StreamConfig) *broker {
+	t.Helper()
+	ns, err := startEmbeddedNATS(t.TempDir())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	})
+	b := &broker{url: ns.ClientURL()}
+	b.js = b.connect(t)
+	streamCfg.Name, streamCfg.Subjects = stream, []string{subject}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = b.js.CreateStream(ctx, streamCfg)
+	require.NoError(t, err)
+	_, err = b.js.CreateStream(ctx, jetstream.StreamConfig{Name: stream + "_DLQ", Subjects: []string{deadLetterSub}})
+	require.NoError(t, err)
+	return b
+}
+
+// connect opens a connection of its own, as a separate relay process has.
+func (b *broker) connect(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(b.url, nats.Name(t.Name()))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	return js
+}
+
+func (b *broker) createConsumer(t *testing.T, ackWait time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := b.js.CreateOrUpdateConsumer(ctx, stream, consumerConfig(durable, subject, ackWait))
+	require.NoError(t, err)
+}
+
+// runningRelay is a relay on a connection of its own, running until stop.
+type runningRelay struct {
+	*Relay
+	conn   *nats.Conn
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// stop cancels the relay and closes its connection, as a crash would: what
+// it had in flight is never acked.
+func (r *runningRelay) stop() {
+	r.cancel()
+	<-r.done
+	r.conn.Close()
+}
+
+func (b *broker) startRelay(t *testing.T, target string, concurrency int) *runningRelay {
+	t.Helper()
+	js := b.connect(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	lookup, cancelLookup := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelLookup()
+	cons, err := js.Consumer(lookup, stream, durable)
+	require.NoError(t, err)
+	r := &runningRelay{
+		Relay: &Relay{
+			Consumer: cons, Publisher: js, Target: target, DeadLetterSubject: deadLetterSub,
+			Concurrency: concurrency, RetryDelay: 100 * time.Millisecond, MaxRetryDelay: 2 * time.Second,
+			Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		},
+		conn: js.Conn(), cancel: cancel, done: make(chan struct{}),
+	}
+	go func() {
+		defer close(r.done)
+		r.Run(ctx)
+	}()
+	t.Cleanup(r.stop)
+	return r
+}
+
+// publish publishes n order events; msgID, when not nil, names each with a
+// Nats-Msg-Id.
+func (b *broker) publish(t *testing.T, n int, event func(i int) map[string]any, msgID func(i int) string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := 1; i <= n; i++ {
+		body, err := json.Marshal(event(i))
+		require.NoError(t, err)
+		var opts []jetstream.PublishOpt
+		if msgID != nil {
+			opts = append(opts, jetstream.WithMsgID(msgID(i)))
+		}
+		_, err = b.js.Publish(ctx, subject, body, opts...)
+		require.NoError(t, err)
+	}
+}
+
+// waitSettled waits until the consumer has every message of the stream
+// acked or terminated: nothing pending, nothing awaiting an ack.
+func (b *broker) waitSettled(t *testing.T, limit time.Duration) *jetstream.ConsumerInfo {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		info, err := b.js.Consumer(ctx, stream, durable)
+		var ci *jetstream.ConsumerInfo
+		var si *jetstream.StreamInfo
+		if err == nil {
+			ci, err = info.Info(ctx)
+		}
+		if err == nil {
+			var s jetstream.Stream
+			if s, err = b.js.Stream(ctx, stream); err == nil {
+				si, err = s.Info(ctx)
+			}
+		}
+		cancel()
+		require.NoError(t, err)
+		if ci.NumPending == 0 && ci.NumAckPending == 0 && ci.AckFloor.Stream == si.State.LastSeq {
+			return ci
+		}
+		require.True(t, time.Now().Before(deadline),
+			"not settled within %v: %d pending, %d awaiting ack, ack floor %d of %d",
+			limit, ci.NumPending, ci.NumAckPending, ci.AckFloor.Stream, si.State.LastSeq)
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// deadLetters reads every message of the dead-letter stream.
+func (b *broker) deadLetters(t *testing.T) []*jetstream.RawStreamMsg {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := b.js.Stream(ctx, stream+"_DLQ")
+	require.NoError(t, err)
+	info, err := s.Info(ctx)
+	require.NoError(t, err)
+	var msgs []*jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; seq > 0 && seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		require.NoError(t, err)
+		msgs = append(msgs, m)
+	}
+	return msgs
+}
+
+func orderEvent(i int) map[string]any { return map[string]any{"order": i, "status": "paid"} }
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// syncBuffer collects a child's output from two pipes at once.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// testWriter sends the relay's log lines to the test's log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(bytes.TrimRight(p, "\n")))
+	return len(p), nil
+}
+
+// total adds up a figure over several relays.
+func total(relays []*runningRelay, figure func(*Stats) int64) int64 {
+	var n int64
+	for _, r := range relays {
+		n += figure(&r.Stats)
+	}
+	return n
+}

@@ -21,6 +21,18 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
 fi
 echo "test.sh: $(redis-server --version)"
 
+# The browser tests (e2e/) drive Debian's chromium, headless; with
+# IDEMPOTENCY_REQUIRE_BROWSER=1 they fail instead of skipping without it.
+if ! command -v chromium >/dev/null; then
+	echo "test.sh: chromium not found; installing it with apt-get"
+	sudo=""
+	[ "$(id -u)" -eq 0 ] || sudo="sudo"
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+fi
+echo "test.sh: $(chromium --version 2>/dev/null)"
+export IDEMPOTENCY_REQUIRE_BROWSER=1
+
 # SQL helpers run on SQLite always, and on PostgreSQL and MariaDB/MySQL when
 # they answer on loopback (or when POSTGRES_DSN / MYSQL_DSN are already set).
 listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }

@@ -44,7 +44,10 @@ func (m *Middleware) IssueTokenFor(r *http.Request, scope string) (Token, error)
 }
 
 // FormField issues a token and returns the hidden input that carries it, for
-// a server-rendered form: {{ .IdempotencyField }}.
+// a server-rendered form: {{ .IdempotencyField }}. Serve such pages with
+// Cache-Control: private, no-cache rather than no-store: a browser then
+// shows the submitted form again on Back, token included, and submitting it
+// again is recognised as a duplicate instead of placing a second order.
 func (m *Middleware) FormField(w http.ResponseWriter, r *http.Request) (template.HTML, error) {
 	t, err := m.IssueToken(w, r)
 	if err != nil {

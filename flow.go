@@ -15,6 +15,7 @@ import (
 func (m *Middleware) protect(c *call) {
 	for {
 		if e := m.cache.get(c.id, time.Now()); e != nil {
+			c.fromCache = true
 			m.replay(c, e.fp, e.rec)
 			return
 		}
@@ -41,9 +42,10 @@ func (m *Middleware) leadFlight(c *call, fl *flight) {
 // request.
 func (m *Middleware) replay(c *call, fp fingerprintSum, rec *record) {
 	if fp != c.fp {
-		m.cfg.errorHandler(c.w, c.r, ErrKeyReused)
+		m.reject(c, ErrKeyReused)
 		return
 	}
+	c.noteReplay()
 	rec.write(c.w)
 }
 
@@ -52,12 +54,16 @@ func (m *Middleware) replay(c *call, fp fingerprintSum, rec *record) {
 func (m *Middleware) await(c *call, fl *flight) bool {
 	timer := time.NewTimer(time.Until(c.deadline))
 	defer timer.Stop()
+	began := time.Now()
 	select {
 	case <-fl.wait():
+		c.waited += time.Since(began)
 	case <-timer.C:
-		m.cfg.errorHandler(c.w, c.r, ErrInProgress)
+		c.waited += time.Since(began)
+		m.reject(c, ErrInProgress)
 		return false
 	case <-c.r.Context().Done():
+		c.outcome = ClientGone
 		return false // nobody is listening, and nothing ran for this request
 	}
 	if fl.rec == nil {
@@ -74,13 +80,15 @@ func (m *Middleware) lead(c *call) *record {
 	lock, ctx, cancel, err := m.acquire(c, k)
 	switch {
 	case errors.Is(err, context.Canceled):
+		c.outcome = ClientGone
 		return nil
 	case errors.Is(err, ErrStoreUnavailable) && m.cfg.failOpen:
 		m.cfg.logger.Warn("idempotency: Redis unavailable, running the handler unprotected", "error", err)
 		c.next.ServeHTTP(c.w, c.r)
+		c.outcome, c.err = Executed, err
 		return nil
 	case err != nil:
-		m.cfg.errorHandler(c.w, c.r, err)
+		m.reject(c, err)
 		return nil
 	}
 	cl, err := m.store.claim(ctx, k, lock.Token(), string(c.fp[:]))
@@ -91,7 +99,7 @@ func (m *Middleware) lead(c *call) *record {
 		// just failed us. When Redis cannot hear the undo either, the lease
 		// runs out and a retry finds the claim abandoned, the handler never
 		// run.
-		m.cfg.errorHandler(c.w, c.r, unavailable(err))
+		m.reject(c, unavailable(err))
 		go m.undoClaim(c.r, k, lock.Token())
 		return nil
 	}
@@ -99,12 +107,13 @@ func (m *Middleware) lead(c *call) *record {
 	case outcomeClaimed:
 		if err := m.awaitReplicas(c, k); err != nil {
 			m.releaseQuietly(c.r, k, lock.Token())
-			m.cfg.errorHandler(c.w, c.r, err)
+			m.reject(c, err)
 			return nil
 		}
 		return m.execute(c, k, lock, cl.fence)
 	case outcomeDone:
 		m.cache.put(c.id, c.fp, cl.rec, time.Now().Add(cl.ttl))
+		c.noteReplay()
 		cl.rec.write(c.w)
 		return cl.rec
 	case outcomeUnknown:
@@ -118,7 +127,7 @@ func (m *Middleware) lead(c *call) *record {
 	default: // outcomeLost: Redis was slower than the whole lease
 		err = unavailable(errors.New("lock lease ran out before the claim"))
 	}
-	m.cfg.errorHandler(c.w, c.r, err)
+	m.reject(c, err)
 	return nil
 }
 
@@ -138,6 +147,12 @@ func (m *Middleware) acquire(c *call, k keys) (*redislock.Lock, context.Context,
 		}
 	}()
 	pause, subscribed := 50*time.Millisecond, false
+	var waitStart time.Time // set once the lock turns out to be held
+	defer func() {
+		if !waitStart.IsZero() {
+			c.waited += time.Since(waitStart)
+		}
+	}()
 	for {
 		ctx, cancel := m.store.stepContext(c.r.Context())
 		lock, err := m.store.obtain(ctx, k)
@@ -147,6 +162,9 @@ func (m *Middleware) acquire(c *call, k keys) (*redislock.Lock, context.Context,
 		cancel()
 		if !errors.Is(err, redislock.ErrNotObtained) {
 			return nil, nil, nil, unavailable(err)
+		}
+		if waitStart.IsZero() {
+			waitStart = time.Now()
 		}
 		left := time.Until(c.deadline)
 		if left <= 0 {
@@ -209,8 +227,10 @@ func (m *Middleware) execute(c *call, k keys, lock *redislock.Lock, fence uint64
 			m.releaseQuietly(c.r, k, lock.Token())
 		}
 	}()
+	c.fence = fence
 	c.next.ServeHTTP(rw, c.r.WithContext(ctx))
 	returned = true
+	c.outcome = Executed
 	defer wd.stop()
 
 	rec := rw.result()
@@ -221,6 +241,7 @@ func (m *Middleware) execute(c *call, k keys, lock *redislock.Lock, fence uint64
 	if err := m.complete(c.r, k, lock.Token(), rec); err != nil {
 		m.cfg.logger.Error("idempotency: handler ran but its response was not stored",
 			"key", k.record, "error", err)
+		c.err = err
 		return nil
 	}
 	if rec != nil {

@@ -224,10 +224,23 @@ func TestDuplicatePastWaitBoundGets409(t *testing.T) {
 	}
 }
 
-func TestRedisUnavailableFailsClosed(t *testing.T) {
+// deadRedis is a client for an address where nothing listens.
+func deadRedis(t *testing.T) *redis.Client {
 	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { dead.Close() })
-	s := newShopOn(t, dead, WithStoreTimeout(200*time.Millisecond))
+	return dead
+}
+
+// httpRequestKey is a key-mode request for the test shop's /payments.
+func httpRequestKey(t *testing.T, key string) *http.Request {
+	req, err := http.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{}`))
+	require.NoError(t, err)
+	req.Header.Set(KeyHeader, key)
+	return req
+}
+
+func TestRedisUnavailableFailsClosed(t *testing.T) {
+	s := newShopOn(t, deadRedis(t), WithStoreTimeout(200*time.Millisecond))
 	c := s.client()
 	a := s.post(c, "/payments", "k", `{}`)
 	requireProblem(t, a, http.StatusServiceUnavailable, "store-unavailable")
@@ -247,9 +260,7 @@ func TestRedisUnavailableFailsClosed(t *testing.T) {
 }
 
 func TestFailOpenRunsHandlerWithoutRedis(t *testing.T) {
-	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { dead.Close() })
-	s := newShopOn(t, dead, WithFailOpen(), WithStoreTimeout(200*time.Millisecond))
+	s := newShopOn(t, deadRedis(t), WithFailOpen(), WithStoreTimeout(200*time.Millisecond))
 	require.Equal(t, http.StatusCreated, s.post(s.client(), "/payments", "k", `{}`).status)
 	require.EqualValues(t, 1, s.execs.Load())
 }

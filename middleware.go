@@ -91,15 +91,25 @@ type call struct {
 	key       string
 	id        identity
 	fp        fingerprintSum
+	start     time.Time
 	deadline  time.Time  // for waiting on another request with the same key
 	body      bodyReader // what the handler reads as r.Body
+
+	// What happened, for the observer.
+	outcome   Outcome
+	err       error
+	fromCache bool
+	waited    time.Duration
+	fence     uint64
 }
 
 func (m *Middleware) wrap(next http.Handler, extract KeyExtractor, tokenMode bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c := &call{w: w, r: r, next: next, tokenMode: tokenMode, deadline: time.Now().Add(m.cfg.wait)}
+		now := time.Now()
+		c := &call{w: w, r: r, next: next, tokenMode: tokenMode, start: now, deadline: now.Add(m.cfg.wait)}
+		defer m.observe(c)
 		if err := m.identify(c, extract); err != nil {
-			m.cfg.errorHandler(w, r, err)
+			m.reject(c, err)
 			return
 		}
 		m.protect(c)

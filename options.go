@@ -39,6 +39,7 @@ type config struct {
 	formField       string
 	secureCookieSet bool
 	secureCookie    bool
+	observer        func(Event)
 	cacheSet        bool
 	cacheEntries    int
 	cacheBytes      int64

@@ -1,0 +1,139 @@
+package idempotency
+
+import (
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+)
+
+// An Outcome is what the middleware did with one protected request.
+type Outcome int
+
+const (
+	// Executed: the handler ran. Event.Err is set when its answer could
+	// not be stored, when it ran unprotected under WithFailOpen, or when it
+	// panicked (ErrHandlerPanicked).
+	Executed Outcome = iota + 1
+	// Replayed: a stored answer was replayed, from Redis or from this
+	// process's memory (Event.FromCache).
+	Replayed
+	// Waited: the request waited for another with the same key and then
+	// replayed its answer.
+	Waited
+	// Conflict: answered 409 (still in progress past the wait bound, not
+	// replayable, or interrupted).
+	Conflict
+	// Rejected: answered 4xx before anything ran (no key, malformed key,
+	// unknown token, reused key, body too large, no scope).
+	Rejected
+	// StoreError: Redis failed or was too slow; answered 503 and nothing
+	// ran.
+	StoreError
+	// ClientGone: the client left while the request waited; nothing ran and
+	// nothing was answered.
+	ClientGone
+)
+
+var outcomeNames = [...]string{"", "executed", "replayed", "waited", "conflict", "rejected", "store_error", "client_gone"}
+
+func (o Outcome) String() string {
+	if o > 0 && int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return "unknown"
+}
+
+// ErrHandlerPanicked is the Event.Err of an execution whose handler panicked.
+var ErrHandlerPanicked = errors.New("idempotency: handler panicked")
+
+// An Event describes one protected request once the middleware is done with
+// it, for WithObserver.
+type Event struct {
+	Request      *http.Request
+	TokenMode    bool
+	Outcome      Outcome
+	FromCache    bool          // Replayed from this process's memory
+	Err          error         // see the Outcome constants
+	Start        time.Time     // when the middleware received the request
+	Duration     time.Duration // time in the middleware, the handler included
+	Wait         time.Duration // time spent waiting for another request with the same key
+	FencingToken uint64        // of the execution, when Executed
+}
+
+// WithObserver calls fn once for every protected request, after it was
+// answered, from the request's goroutine: keep it fast. LogObserver and the
+// otelidem package provide ready ones. Default none, which costs nothing.
+func WithObserver(fn func(Event)) Option { return func(c *config) { c.observer = fn } }
+
+// LogObserver logs every event to l: executions, replays and waits at
+// debug level, conflicts and rejections at info, store errors (and
+// executions whose answer was lost) at error.
+func LogObserver(l *slog.Logger) func(Event) {
+	return func(e Event) {
+		level := slog.LevelDebug
+		switch {
+		case e.Outcome == StoreError, e.Outcome == Executed && e.Err != nil:
+			level = slog.LevelError
+		case e.Outcome == Conflict, e.Outcome == Rejected:
+			level = slog.LevelInfo
+		}
+		attrs := []slog.Attr{
+			slog.String("outcome", e.Outcome.String()),
+			slog.String("method", e.Request.Method),
+			slog.String("path", e.Request.URL.Path),
+			slog.Duration("duration", e.Duration),
+		}
+		if e.TokenMode {
+			attrs = append(attrs, slog.String("mode", "token"))
+		} else {
+			attrs = append(attrs, slog.String("mode", "key"))
+		}
+		if e.Wait > 0 {
+			attrs = append(attrs, slog.Duration("wait", e.Wait))
+		}
+		if e.FromCache {
+			attrs = append(attrs, slog.Bool("from_cache", true))
+		}
+		if e.Err != nil {
+			attrs = append(attrs, slog.String("error", e.Err.Error()))
+		}
+		l.LogAttrs(e.Request.Context(), level, "idempotency", attrs...)
+	}
+}
+
+// reject answers the request with the error handler and notes the outcome.
+func (m *Middleware) reject(c *call, err error) {
+	c.err = err
+	switch {
+	case errors.Is(err, ErrStoreUnavailable):
+		c.outcome = StoreError
+	case errors.Is(err, ErrInProgress), errors.Is(err, ErrNotReplayable), errors.Is(err, ErrInterrupted):
+		c.outcome = Conflict
+	default:
+		c.outcome = Rejected
+	}
+	m.cfg.errorHandler(c.w, c.r, err)
+}
+
+// observe reports c to the observer, if there is one.
+func (m *Middleware) observe(c *call) {
+	if m.cfg.observer == nil {
+		return
+	}
+	if c.outcome == 0 { // the handler panicked out of execute
+		c.outcome, c.err = Executed, ErrHandlerPanicked
+	}
+	m.cfg.observer(Event{
+		Request: c.r, TokenMode: c.tokenMode, Outcome: c.outcome, FromCache: c.fromCache, Err: c.err,
+		Start: c.start, Duration: time.Since(c.start), Wait: c.waited, FencingToken: c.fence,
+	})
+}
+
+// noteReplay records a replay, or a replay after waiting.
+func (c *call) noteReplay() {
+	c.outcome = Replayed
+	if c.waited > 0 {
+		c.outcome = Waited
+	}
+}

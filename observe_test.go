@@ -1,0 +1,110 @@
+package idempotency
+
+import (
+	"bytes"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+type eventLog struct {
+	mu     sync.Mutex
+	events []Event
+}
+
+func (l *eventLog) observe(e Event) {
+	l.mu.Lock()
+	l.events = append(l.events, e)
+	l.mu.Unlock()
+}
+
+func (l *eventLog) last(t *testing.T) Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	require.NotEmpty(t, l.events)
+	return l.events[len(l.events)-1]
+}
+
+func TestObserverSeesEveryOutcome(t *testing.T) {
+	var log eventLog
+	s := newShop(t, WithObserver(log.observe), WithWaitTimeout(100*time.Millisecond))
+	other := newShopOn(t, s.rdb, WithObserver(log.observe), WithKeyPrefix("test-"+t.Name()))
+	c := s.client()
+
+	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "a", `{}`).status)
+	e := log.last(t)
+	require.Equal(t, Executed, e.Outcome)
+	require.NoError(t, e.Err)
+	require.NotZero(t, e.FencingToken)
+	require.False(t, e.TokenMode)
+	require.Positive(t, e.Duration)
+
+	s.post(c, "/payments", "a", `{}`)
+	require.Equal(t, Replayed, log.last(t).Outcome)
+	require.True(t, log.last(t).FromCache)
+	other.post(c, "/payments", "a", `{}`)
+	require.Equal(t, Replayed, log.last(t).Outcome)
+	require.False(t, log.last(t).FromCache, "another instance replays from Redis")
+
+	s.post(c, "/payments", "", `{}`)
+	require.Equal(t, Rejected, log.last(t).Outcome)
+	require.ErrorIs(t, log.last(t).Err, ErrMissingKey)
+	s.post(c, "/orders", s.token(c), `{}`)
+	require.True(t, log.last(t).TokenMode)
+
+	// A duplicate that waits on the same instance, then one past the bound.
+	release := make(chan struct{})
+	s.handler = func(w http.ResponseWriter, r *http.Request) { <-release; s.defaultHandler(w, r) }
+	done := make(chan struct{})
+	go func() { defer close(done); s.post(c, "/payments", "slow", `{}`) }()
+	require.Eventually(t, func() bool { return s.execs.Load() == 3 }, 5*time.Second, time.Millisecond)
+	s.post(c, "/payments", "slow", `{}`)
+	require.Equal(t, Conflict, log.last(t).Outcome)
+	require.ErrorIs(t, log.last(t).Err, ErrInProgress)
+	require.GreaterOrEqual(t, log.last(t).Wait, 90*time.Millisecond)
+	waiter := make(chan struct{})
+	go func() { defer close(waiter); s.post(c, "/payments", "slow", `{}`) }()
+	time.Sleep(50 * time.Millisecond) // the duplicate is waiting (bound: 100 ms)
+	close(release)
+	<-done
+	<-waiter
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	waited := slices.IndexFunc(log.events, func(e Event) bool { return e.Outcome == Waited })
+	require.NotEqual(t, -1, waited, "the duplicate waited, then replayed")
+	require.Positive(t, log.events[waited].Wait)
+}
+
+func TestObserverSeesPanicsAndStoreErrors(t *testing.T) {
+	var log eventLog
+	s := newShop(t, WithObserver(log.observe))
+	h := s.idem.ProtectKey(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
+	require.Panics(t, func() { h.ServeHTTP(discard{}, httpRequestKey(t, "p")) })
+	require.Equal(t, Executed, log.last(t).Outcome)
+	require.ErrorIs(t, log.last(t).Err, ErrHandlerPanicked)
+
+	var deadLog eventLog
+	dead := newShopOn(t, deadRedis(t), WithObserver(deadLog.observe), WithStoreTimeout(100*time.Millisecond))
+	dead.post(dead.client(), "/payments", "k", `{}`)
+	require.Equal(t, StoreError, deadLog.last(t).Outcome)
+	require.ErrorIs(t, deadLog.last(t).Err, ErrStoreUnavailable)
+}
+
+func TestLogObserver(t *testing.T) {
+	var buf bytes.Buffer
+	s := newShop(t, WithObserver(LogObserver(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))))
+	c := s.client()
+	s.post(c, "/payments", "k", `{}`)
+	s.post(c, "/payments", "", `{}`)
+	out := buf.String()
+	require.Contains(t, out, "level=DEBUG msg=idempotency outcome=executed method=POST path=/payments")
+	require.Contains(t, out, "level=INFO msg=idempotency outcome=rejected")
+	require.Contains(t, out, `error="idempotency: missing idempotency key"`)
+	require.Equal(t, 2, strings.Count(out, "\n"))
+}

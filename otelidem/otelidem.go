@@ -1,0 +1,107 @@
+// Package otelidem reports the idempotency middleware's work to
+// OpenTelemetry: a counter and two histograms, and one span per protected
+// request. It lives apart from the core so that only those who use
+// OpenTelemetry import it.
+//
+//	obs, err := otelidem.NewObserver()
+//	idem := idempotency.New(rdb, idempotency.WithObserver(obs))
+package otelidem
+
+import (
+	"context"
+
+	"github.com/onceonly/idempotency"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// ScopeName names the instrumentation scope of the meter and the tracer.
+const ScopeName = "github.com/onceonly/idempotency/otelidem"
+
+// An Option configures NewObserver.
+type Option func(*config)
+
+type config struct {
+	meters  metric.MeterProvider
+	tracers trace.TracerProvider
+}
+
+// WithMeterProvider sets where the metrics go. Default otel.GetMeterProvider().
+func WithMeterProvider(p metric.MeterProvider) Option { return func(c *config) { c.meters = p } }
+
+// WithTracerProvider sets where the spans go. Default otel.GetTracerProvider().
+func WithTracerProvider(p trace.TracerProvider) Option { return func(c *config) { c.tracers = p } }
+
+// NewObserver returns an observer for idempotency.WithObserver that records:
+//
+//   - idempotency.requests (counter): protected requests, by outcome, mode
+//     (token or key) and whether a replay came from memory;
+//   - idempotency.duration (histogram, seconds): time in the middleware,
+//     the handler included, by outcome and mode;
+//   - idempotency.wait (histogram, seconds): time spent waiting for another
+//     request with the same key, when there was any;
+//   - a span "idempotency" per request, a child of the request's own span,
+//     covering the middleware's time, with the outcome and fencing token as
+//     attributes and an error status for store errors and lost answers.
+func NewObserver(opts ...Option) (func(idempotency.Event), error) {
+	c := config{meters: otel.GetMeterProvider(), tracers: otel.GetTracerProvider()}
+	for _, o := range opts {
+		o(&c)
+	}
+	meter := c.meters.Meter(ScopeName)
+	requests, err := meter.Int64Counter("idempotency.requests",
+		metric.WithDescription("Protected requests, by what the middleware did with them."),
+		metric.WithUnit("{request}"))
+	if err != nil {
+		return nil, err
+	}
+	duration, err := meter.Float64Histogram("idempotency.duration",
+		metric.WithDescription("Time spent in the middleware, the handler included."), metric.WithUnit("s"))
+	if err != nil {
+		return nil, err
+	}
+	wait, err := meter.Float64Histogram("idempotency.wait",
+		metric.WithDescription("Time spent waiting for another request with the same key."), metric.WithUnit("s"))
+	if err != nil {
+		return nil, err
+	}
+	tracer := c.tracers.Tracer(ScopeName)
+
+	return func(e idempotency.Event) {
+		ctx := context.Background()
+		if e.Request != nil {
+			ctx = e.Request.Context()
+		}
+		mode := "key"
+		if e.TokenMode {
+			mode = "token"
+		}
+		attrs := attribute.NewSet(
+			attribute.String("idempotency.outcome", e.Outcome.String()),
+			attribute.String("idempotency.mode", mode),
+			attribute.Bool("idempotency.from_cache", e.FromCache),
+		)
+		requests.Add(ctx, 1, metric.WithAttributeSet(attrs))
+		duration.Record(ctx, e.Duration.Seconds(), metric.WithAttributeSet(attrs))
+		if e.Wait > 0 {
+			wait.Record(ctx, e.Wait.Seconds(), metric.WithAttributeSet(attrs))
+		}
+
+		_, span := tracer.Start(ctx, "idempotency", trace.WithTimestamp(e.Start),
+			trace.WithAttributes(attrs.ToSlice()...))
+		if e.FencingToken != 0 {
+			span.SetAttributes(attribute.Int64("idempotency.fencing_token", int64(e.FencingToken)))
+		}
+		if e.Wait > 0 {
+			span.SetAttributes(attribute.Float64("idempotency.wait_seconds", e.Wait.Seconds()))
+		}
+		if e.Err != nil && (e.Outcome == idempotency.StoreError || e.Outcome == idempotency.Executed) {
+			span.RecordError(e.Err)
+			span.SetStatus(codes.Error, e.Outcome.String())
+		}
+		span.End(trace.WithTimestamp(e.Start.Add(e.Duration)))
+	}, nil
+}

@@ -1,15 +1,14 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/onceonly/idempotency/internal/syncbuf"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,7 +26,7 @@ func buildShop(t *testing.T) string {
 // A shop is one running example process.
 type shop struct {
 	url string
-	out *lockedBuffer
+	out *syncbuf.Buffer
 }
 
 // startShop runs the shop binary with the Redis at redisURL and extra
@@ -35,7 +34,7 @@ type shop struct {
 // t ends.
 func startShop(t *testing.T, bin, redisURL string, environ ...string) *shop {
 	addr := freeAddr(t)
-	s := &shop{url: "http://" + addr, out: &lockedBuffer{}}
+	s := &shop{url: "http://" + addr, out: &syncbuf.Buffer{}}
 	cmd := exec.Command(bin)
 	// Later entries win, so the caller's environment cannot point the shop
 	// at another Redis or switch its protection off by accident.
@@ -126,21 +125,3 @@ func freeAddr(t *testing.T) string {
 // redisURL names database db of the server at addr: each scenario's shop
 // gets a database of its own, so counts start at zero.
 func redisURL(addr string, db int) string { return fmt.Sprintf("redis://%s/%d", addr, db) }
-
-// lockedBuffer collects a process's output, written and read concurrently.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}

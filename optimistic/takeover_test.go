@@ -1,8 +1,8 @@
 package optimistic
 
 import (
-	"bytes"
 	"context"
+	"github.com/onceonly/idempotency/internal/syncbuf"
 	"io"
 	"log/slog"
 	"net"
@@ -81,7 +81,7 @@ func TestFencingStopsAPausedExecutor(t *testing.T) {
 				io.WriteString(w, instance)
 			})
 		}
-		var logs syncBuffer
+		var logs syncbuf.Buffer
 		opts := []idempotency.Option{
 			idempotency.WithKeyPrefix(prefix),
 			idempotency.WithLockLease(100 * time.Millisecond),
@@ -169,21 +169,4 @@ func receive[T any](t *testing.T, ch <-chan T) T {
 		t.Fatal("timed out")
 		panic("unreachable")
 	}
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

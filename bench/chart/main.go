@@ -11,26 +11,14 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/onceonly/idempotency/bench/report"
 	"log"
 	"os"
 	"strings"
 )
 
-// Report mirrors bench/load's output.
-type Report struct {
-	Machine  string `json:"machine"`
-	Duration string `json:"duration"`
-	Conns    int    `json:"conns"`
-	Results  []struct {
-		Name       string  `json:"name"`
-		What       string  `json:"what"`
-		Requests   int     `json:"requests"`
-		Unexpected int     `json:"unexpected"`
-		RPS        float64 `json:"rps"`
-		P50ms      float64 `json:"p50_ms"`
-		P99ms      float64 `json:"p99_ms"`
-	} `json:"results"`
-}
+// Report is the load driver's output.
+type Report = report.Report
 
 const (
 	beginMarker = "<!-- bench:begin -->"

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/onceonly/idempotency/bench/report"
 	"io"
 	"net/http"
 	"slices"
@@ -9,30 +10,11 @@ import (
 	"time"
 )
 
-// Report is what one run of the driver measured.
-type Report struct {
-	Machine  string   `json:"machine"`
-	Duration string   `json:"duration"`
-	Conns    int      `json:"conns"`
-	Results  []Result `json:"results"`
-}
-
-// Result is one workload's figures.
-type Result struct {
-	Name       string  `json:"name"`
-	What       string  `json:"what"`
-	Requests   int     `json:"requests"`
-	Unexpected int     `json:"unexpected"`
-	RPS        float64 `json:"rps"`
-	P50ms      float64 `json:"p50_ms"`
-	P99ms      float64 `json:"p99_ms"`
-}
-
 var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, MaxConnsPerHost: 1024}}
 
 // drive runs conns workers against target until d passes or limit requests
 // were sent. target names the base URL and the key of worker w's request i.
-func drive(conns int, d time.Duration, limit int, target func(w, i int) (string, string)) Result {
+func drive(conns int, d time.Duration, limit int, target func(w, i int) (string, string)) report.Result {
 	var (
 		mu         sync.Mutex
 		latencies  []time.Duration
@@ -77,7 +59,7 @@ func drive(conns int, d time.Duration, limit int, target func(w, i int) (string,
 		}
 		return float64(latencies[int(p*float64(len(latencies)-1))].Microseconds()) / 1000
 	}
-	return Result{
+	return report.Result{
 		Requests: len(latencies), Unexpected: unexpected,
 		RPS:   float64(len(latencies)) / elapsed.Seconds(),
 		P50ms: pct(0.50), P99ms: pct(0.99),

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/onceonly/idempotency/bench/report"
 	"log"
 	"net"
 	"net/http"
@@ -55,7 +56,7 @@ func main() {
 		log.Fatalf("load: warm-up answered %d", status)
 	}
 
-	report := Report{
+	rep := report.Report{
 		Machine:  machine(),
 		Duration: duration.String(),
 		Conns:    *conns,
@@ -71,7 +72,7 @@ func main() {
 		})
 		r := drive(*conns, *duration, *maxRequests, target)
 		r.Name, r.What = name, what
-		report.Results = append(report.Results, r)
+		rep.Results = append(rep.Results, r)
 		fmt.Printf("%-18s %9.0f req/s  p50 %7.3f ms  p99 %7.3f ms  %d requests, %d unexpected  (%s)\n",
 			r.Name, r.RPS, r.P50ms, r.P99ms, r.Requests, r.Unexpected, r.What)
 	}
@@ -94,7 +95,7 @@ func main() {
 	})
 
 	if *out != "" {
-		data, _ := json.MarshalIndent(report, "", "  ")
+		data, _ := json.MarshalIndent(rep, "", "  ")
 		if err := os.WriteFile(*out, append(data, '\n'), 0o644); err != nil {
 			log.Fatalf("load: %v", err)
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/onceonly/idempotency/internal/syncbuf"
 	"log/slog"
 	"net"
 	"net/http"
@@ -78,7 +79,7 @@ func buildShop(t *testing.T) string {
 type shop struct {
 	url string
 	cmd *exec.Cmd
-	out *syncBuffer
+	out *syncbuf.Buffer
 }
 
 // startShop starts an instance of the example on redisAddr; env adds
@@ -87,7 +88,7 @@ func startShop(t *testing.T, redisAddr string, env ...string) *shop {
 	t.Helper()
 	bin := buildShop(t)
 	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	s := &shop{url: "http://" + addr, out: &syncBuffer{}}
+	s := &shop{url: "http://" + addr, out: &syncbuf.Buffer{}}
 	s.cmd = exec.Command(bin)
 	s.cmd.Env = append(os.Environ(), "ADDR="+addr, "REDIS_URL=redis://"+redisAddr, "REDIS_CLUSTER_ADDRS=")
 	s.cmd.Env = append(s.cmd.Env, env...)
@@ -325,24 +326,6 @@ func freePort(t *testing.T) int {
 	require.NoError(t, err)
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
-}
-
-// syncBuffer collects a child's output from two pipes at once.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // testWriter sends the relay's log lines to the test's log.

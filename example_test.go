@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"fmt"
+	"html/template"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -96,4 +97,25 @@ func ExampleProtectKey() {
 	}
 	// Output:
 	// handling delivery 72d3162e-cc78-11e3-81ab-4c9367dc0958
+}
+
+// A server-rendered form: FormField issues a token for the visitor's
+// session (starting one when needed) and renders it as a hidden input.
+func ExampleMiddleware_FormField() {
+	idem := idempotency.New(exampleRedis(), idempotency.WithKeyPrefix("example-form"))
+	page := template.Must(template.New("order").Parse(
+		`<form method="post" action="/orders">{{.Token}}<button>Order</button></form>`))
+
+	w := httptest.NewRecorder()
+	field, err := idem.FormField(w, httptest.NewRequest(http.MethodGet, "/", nil))
+	if err != nil {
+		panic(err)
+	}
+	page.Execute(w, map[string]any{"Token": field})
+	html := w.Body.String()
+	fmt.Println(strings.Contains(html, `<input type="hidden" name="idempotency_token" value="`))
+	fmt.Println(w.Result().Cookies()[0].Name)
+	// Output:
+	// true
+	// idempotency_session
 }

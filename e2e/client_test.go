@@ -32,7 +32,7 @@ const (
 func (e *env) testFetchClient(t *testing.T) {
 	s := e.shop(t, "PAYMENT_LATENCY=100ms")
 	tab := newTab(t, e.browser)
-	require.NoError(t, chromedp.Do(tab, chromedp.Navigate(s.url+"/"), onHomePage))
+	require.NoError(t, chromedp.Do(tab, chromedp.Navigate(s.URL+"/"), onHomePage))
 	flaky := interceptPosts(t, tab, "/payments", "/orders")
 
 	const (

@@ -18,7 +18,7 @@ func (e *env) testDemoPage(t *testing.T) {
 	s := e.shop(t, "ORDER_LATENCY="+orderLatency.String())
 	tab := newTab(t, e.browser)
 
-	require.NoError(t, chromedp.Do(tab, chromedp.Navigate(s.url+"/"), onHomePage))
+	require.NoError(t, chromedp.Do(tab, chromedp.Navigate(s.URL+"/"), onHomePage))
 	for i, item := range []string{"Green tea", "Oolong"} {
 		require.NoError(t, chromedp.Do(tab,
 			chromedp.Evaluate[chromedp.Void](`document.getElementById('item').value = `+quote(item))))

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/onceonly/idempotency/internal/shopproc"
 )
 
 // TestBrowser runs every scenario on one shop binary, one redis-server and
@@ -14,7 +15,7 @@ import (
 // crosses from one scenario to the next.
 func TestBrowser(t *testing.T) {
 	browser := startBrowser(t)
-	e := &env{bin: buildShop(t), redis: redistest.Private(t).Addr(), browser: browser}
+	e := &env{bin: shopproc.Build(t, t.TempDir(), false), redis: redistest.Private(t).Addr(), browser: browser}
 	t.Run("clicks", e.testClicks)
 	t.Run("back and resubmit", e.testBackAndResubmit)
 	t.Run("two tabs", e.testTwoTabs)

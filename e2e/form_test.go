@@ -59,7 +59,7 @@ func (e *env) testClicks(t *testing.T) {
 			}
 			s := e.shop(t, environ...)
 			tab := newTab(t, e.browser)
-			require.NoError(t, chromedp.Do(tab, chromedp.Navigate(s.url+"/"), onHomePage))
+			require.NoError(t, chromedp.Do(tab, chromedp.Navigate(s.URL+"/"), onHomePage))
 			banner, err := chromedp.Run(tab, chromedp.Evaluate[bool](`!!document.getElementById('unprotected')`))
 			require.NoError(t, err)
 			require.Equal(t, tc.protectionOff, banner, "the page warns when protection is off")
@@ -100,7 +100,7 @@ func (e *env) testBackAndResubmit(t *testing.T) {
 			tab := newTab(t, tc.browser(t))
 			log := logRequests(t, tab)
 
-			require.NoError(t, chromedp.Do(tab, chromedp.Navigate(s.url+"/")))
+			require.NoError(t, chromedp.Do(tab, chromedp.Navigate(s.URL+"/")))
 			var landed []string
 			for i := range 2 {
 				if i > 0 {
@@ -111,7 +111,7 @@ func (e *env) testBackAndResubmit(t *testing.T) {
 				require.NoError(t, err)
 				landed = append(landed, location)
 			}
-			require.Equal(t, s.url+"/orders/1", landed[0])
+			require.Equal(t, s.URL+"/orders/1", landed[0])
 			require.Equal(t, landed[0], landed[1], "the resubmission lands on the first order")
 
 			sent := log.sent("POST", "/orders")
@@ -139,7 +139,7 @@ func (e *env) testTwoTabs(t *testing.T) {
 	tabs := []context.Context{first, second}
 	tokens := make([]string, len(tabs))
 	for i, tab := range tabs {
-		require.NoError(t, chromedp.Do(tab, chromedp.Navigate(s.url+"/"), onHomePage))
+		require.NoError(t, chromedp.Do(tab, chromedp.Navigate(s.URL+"/"), onHomePage))
 		token, err := chromedp.Run(tab, chromedp.Evaluate[string](
 			`document.querySelector('input[name=idempotency_token]').value`))
 		require.NoError(t, err)

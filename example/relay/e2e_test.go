@@ -32,7 +32,7 @@ func TestRedeliveredMessagesRunOnce(t *testing.T) {
 		}
 		return ev
 	}, nil)
-	r := b.startRelay(t, s.url+"/callbacks/orders", 32)
+	r := b.startRelay(t, s.URL+"/callbacks/orders", 32)
 	b.waitSettled(t, 40*time.Second)
 	took := time.Since(start)
 
@@ -61,8 +61,8 @@ func TestRelayCrashLosesNothingAndRunsNothingTwice(t *testing.T) {
 	start := time.Now()
 	b.publish(t, messages, orderEvent, nil)
 	relays := []*runningRelay{
-		b.startRelay(t, shops[0].url+"/callbacks/orders", 8),
-		b.startRelay(t, shops[1].url+"/callbacks/orders", 8),
+		b.startRelay(t, shops[0].URL+"/callbacks/orders", 8),
+		b.startRelay(t, shops[1].URL+"/callbacks/orders", 8),
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for relays[0].Stats.Acked.Load() < 200 {
@@ -96,7 +96,7 @@ func TestChangedBodyUnderTheSameIDIsDeadLettered(t *testing.T) {
 	// second publish of the id.
 	b := startBroker(t, jetstream.StreamConfig{Duplicates: 100 * time.Millisecond})
 	b.createConsumer(t, 5*time.Second)
-	r := b.startRelay(t, s.url+"/callbacks/orders", 4)
+	r := b.startRelay(t, s.URL+"/callbacks/orders", 4)
 
 	sameID := func(int) string { return "order-7-paid" }
 	b.publish(t, 1, func(int) map[string]any { return map[string]any{"order": 7, "status": "paid"} }, sameID)
@@ -145,7 +145,7 @@ func TestRedisOutageIsRetriedNotLost(t *testing.T) {
 
 	start := time.Now()
 	b.publish(t, messages, orderEvent, nil)
-	r := b.startRelay(t, s.url+"/callbacks/orders", 8)
+	r := b.startRelay(t, s.URL+"/callbacks/orders", 8)
 	deadline := time.Now().Add(20 * time.Second)
 	for r.Stats.Acked.Load() < 100 {
 		require.True(t, time.Now().Before(deadline), "acked only %d", r.Stats.Acked.Load())
@@ -179,7 +179,7 @@ func TestCloudEventsCallback(t *testing.T) {
 	s := startShop(t, rdb.Addr(), "CALLBACK_LATENCY=1ms")
 	post := func(header http.Header, body string) int {
 		req, err := http.NewRequestWithContext(context.Background(), http.MethodPost,
-			s.url+"/callbacks/cloudevents/orders", strings.NewReader(body))
+			s.URL+"/callbacks/cloudevents/orders", strings.NewReader(body))
 		require.NoError(t, err)
 		req.Header = header
 		resp, err := http.DefaultClient.Do(req)

@@ -5,21 +5,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/onceonly/idempotency/internal/syncbuf"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/onceonly/idempotency/internal/shopproc"
 	"github.com/stretchr/testify/require"
 )
 
@@ -36,11 +31,9 @@ const (
 )
 
 var (
-	buildDir      string
-	buildOnce     sync.Once
-	shopBinary    string
-	shopBuildErr  error
-	shopBuildTook time.Duration
+	buildDir   string
+	buildOnce  sync.Once
+	shopBinary string
 )
 
 func TestMain(m *testing.M) {
@@ -54,78 +47,20 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// buildShop builds the example once per test binary, under the race
-// detector when the tests run under it.
-func buildShop(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		start := time.Now()
-		shopBinary = filepath.Join(buildDir, "shop")
-		args := []string{"build", "-o", shopBinary}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		out, err := exec.Command("go", append(args, "github.com/onceonly/idempotency/example")...).CombinedOutput()
-		if err != nil {
-			shopBuildErr = fmt.Errorf("building the example: %w\n%s", err, out)
-		}
-		shopBuildTook = time.Since(start)
-	})
-	require.NoError(t, shopBuildErr)
-	return shopBinary
-}
-
 // shop is one running instance of the example.
-type shop struct {
-	url string
-	cmd *exec.Cmd
-	out *syncbuf.Buffer
-}
+type shop struct{ *shopproc.Shop }
 
 // startShop starts an instance of the example on redisAddr; env adds
-// variables such as CALLBACK_LATENCY.
+// variables such as CALLBACK_LATENCY. The example is built once per test
+// binary, under the race detector when the tests run under it.
 func startShop(t *testing.T, redisAddr string, env ...string) *shop {
 	t.Helper()
-	bin := buildShop(t)
-	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
-	s := &shop{url: "http://" + addr, out: &syncbuf.Buffer{}}
-	s.cmd = exec.Command(bin)
-	s.cmd.Env = append(os.Environ(), "ADDR="+addr, "REDIS_URL=redis://"+redisAddr, "REDIS_CLUSTER_ADDRS=")
-	s.cmd.Env = append(s.cmd.Env, env...)
-	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
-	s.cmd.SysProcAttr = childAttr()
-	require.NoError(t, s.cmd.Start())
-	exited := make(chan struct{})
-	go func() { s.cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		s.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			s.cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("shop %s log:\n%s", addr, s.out.String())
-		}
-	})
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		resp, err := http.Get(s.url + "/callbacks/orders")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return s
-			}
-		}
-		select {
-		case <-exited:
-			t.Fatalf("the shop exited at start-up:\n%s", s.out.String())
-		default:
-		}
-		require.True(t, time.Now().Before(deadline), "the shop did not start within 15s:\n%s", s.out.String())
-		time.Sleep(20 * time.Millisecond)
+	buildOnce.Do(func() { shopBinary = shopproc.Build(t, buildDir, raceEnabled) })
+	if shopBinary == "" {
+		t.Fatal("building the example failed in an earlier test")
 	}
+	env = append([]string{"REDIS_URL=redis://" + redisAddr}, env...)
+	return &shop{shopproc.Start(t, shopBinary, "/callbacks/orders", 15*time.Second, env...)}
 }
 
 // effect is what the shop lists per execution of its callback.
@@ -138,7 +73,7 @@ type effect struct {
 
 func (s *shop) effects(t *testing.T) []effect {
 	t.Helper()
-	resp, err := http.Get(s.url + "/callbacks/orders")
+	resp, err := http.Get(s.URL + "/callbacks/orders")
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
@@ -319,14 +254,6 @@ func (b *broker) deadLetters(t *testing.T) []*jetstream.RawStreamMsg {
 }
 
 func orderEvent(i int) map[string]any { return map[string]any{"order": i, "status": "paid"} }
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // testWriter sends the relay's log lines to the test's log.
 type testWriter struct{ t *testing.T }

@@ -1,9 +1,0 @@
-package main
-
-import "syscall"
-
-// childAttr makes a shop die with the test binary, even when the binary is
-// killed before its cleanups run.
-func childAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-}

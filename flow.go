@@ -113,8 +113,7 @@ func (m *Middleware) lead(c *call) *record {
 		return m.execute(c, k, lock, cl.fence)
 	case outcomeDone:
 		m.cache.put(c.id, c.fp, cl.rec, time.Now().Add(cl.ttl))
-		c.noteReplay()
-		cl.rec.write(c.w)
+		m.replay(c, c.fp, cl.rec) // the claim already matched the fingerprint
 		return cl.rec
 	case outcomeUnknown:
 		err = ErrTokenNotFound

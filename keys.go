@@ -26,8 +26,10 @@ type keys struct {
 	token  string // the issued token, token mode only
 }
 
+// tokenSetKey names a scope's token set, the one key issuing touches.
 func tokenSetKey(prefix, scope string) string {
-	return prefix + ":{t" + digest(scope) + "}:tokens"
+	var tag [48]byte
+	return string(append(appendTag(tag[:0], prefix, 't', scopeDigest(scope)), "tokens"...))
 }
 
 // tokenKeys names a token's keys after its scope, so that the token set and
@@ -63,12 +65,8 @@ func appendTag(b []byte, prefix string, kind byte, d [16]byte) []byte {
 	return append(b, '}', ':')
 }
 
-// digest shortens an arbitrary string to 128 bits, URL-safe and brace-free.
-func digest(s string) string {
-	d := scopeDigest(s)
-	return base64.RawURLEncoding.EncodeToString(d[:])
-}
-
+// scopeDigest shortens an arbitrary scope to 128 bits; appendTag writes it
+// URL-safe and brace-free.
 func scopeDigest(s string) [16]byte {
 	bp := scratch.Get().(*[]byte)
 	b := append((*bp)[:0], s...)

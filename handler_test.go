@@ -307,10 +307,7 @@ func TestPanicReleasesKeyAndPropagates(t *testing.T) {
 		s.defaultHandler(w, r)
 	}
 	// Call the protected handler directly so the panic reaches the test.
-	h := s.idem.Protect(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.execs.Add(1)
-		s.handler(w, r)
-	}))
+	h := s.idem.Protect(http.HandlerFunc(s.count))
 	req := httpRequest(t, s, c, tok)
 	require.PanicsWithValue(t, "boom", func() { h.ServeHTTP(discard{}, req) })
 

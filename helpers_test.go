@@ -41,6 +41,13 @@ func (s *shop) defaultHandler(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(w, `{"execution":`+itoa(s.execs.Load())+`}`)
 }
 
+// count is the shop's protected handler: it counts the execution and runs
+// whatever s.handler is now.
+func (s *shop) count(w http.ResponseWriter, r *http.Request) {
+	s.execs.Add(1)
+	s.handler(w, r)
+}
+
 func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
 
 func newShop(t *testing.T, opts ...Option) *shop {
@@ -54,14 +61,10 @@ func newShopOn(t *testing.T, rdb redis.UniversalClient, opts ...Option) *shop {
 	t.Helper()
 	s := &shop{t: t, rdb: rdb, idem: New(rdb, opts...)}
 	s.handler = s.defaultHandler
-	count := func(w http.ResponseWriter, r *http.Request) {
-		s.execs.Add(1)
-		s.handler(w, r)
-	}
 	mux := http.NewServeMux()
 	mux.Handle("/idempotency/token", s.idem.TokenHandler())
-	mux.Handle("POST /orders", s.idem.Protect(http.HandlerFunc(count)))
-	mux.Handle("POST /payments", s.idem.ProtectKey(http.HandlerFunc(count)))
+	mux.Handle("POST /orders", s.idem.Protect(http.HandlerFunc(s.count)))
+	mux.Handle("POST /payments", s.idem.ProtectKey(http.HandlerFunc(s.count)))
 	s.srv = httptest.NewServer(mux)
 	t.Cleanup(s.srv.Close)
 	return s

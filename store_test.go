@@ -107,10 +107,7 @@ func TestResentScriptsNeverRunTwice(t *testing.T) {
 		}
 		s.defaultHandler(w, r)
 	}
-	h := s.idem.Protect(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.execs.Add(1)
-		s.handler(w, r)
-	}))
+	h := s.idem.Protect(http.HandlerFunc(s.count))
 	require.Panics(t, func() { h.ServeHTTP(discard{}, httpRequest(t, s, c, tok)) })
 	require.Equal(t, http.StatusCreated, s.post(c, "/orders", tok, `{}`).status)
 	require.Equal(t, "true", s.post(c, "/orders", tok, `{}`).header.Get(ReplayedHeader))

@@ -41,7 +41,7 @@ func newApp(rdb redis.UniversalClient, cfg config) http.Handler {
 	r.Post("/orders/{id}/cancel", a.cancelOrder)
 	r.With(a.idem.ProtectKey).Post("/payments", a.createPayment)
 	r.Get("/payments", a.listPayments)
-	registerCallbacks(r, rdb)
+	registerCallbacks(r, rdb, cfg.callbackLatency)
 	return r
 }
 

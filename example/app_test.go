@@ -186,6 +186,7 @@ func TestConfigFromEnv(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 250*time.Millisecond, cfg.orderLatency)
 	require.Equal(t, 300*time.Millisecond, cfg.paymentLatency)
+	require.Equal(t, 10*time.Millisecond, cfg.callbackLatency)
 	require.Equal(t, "127.0.0.1:9999", cfg.addr)
 	t.Setenv("PAYMENT_LATENCY", "soon")
 	_, err = configFromEnv()

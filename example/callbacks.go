@@ -1,11 +1,8 @@
 package main
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"mime"
 	"net/http"
@@ -35,11 +32,7 @@ import (
 // takeover safe: an executor that lost its key cannot write the state after
 // the execution that took it over.
 
-// callbackLatencyEnv names the simulated work of every callback. Default
-// defaultCallbackLatency.
 const (
-	callbackLatencyEnv     = "CALLBACK_LATENCY"
-	defaultCallbackLatency = 10 * time.Millisecond
 	// maxEventWork caps the extra work an event may ask for (work_ms), so a
 	// demo event cannot hold a handler for long.
 	maxEventWork = 10 * time.Second
@@ -48,10 +41,7 @@ const (
 
 // callbackStateKey names the hash that holds an event's state, after its
 // idempotency key.
-func callbackStateKey(key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return "shop:callback:" + hex.EncodeToString(sum[:8])
-}
+func callbackStateKey(key string) string { return "shop:callback:" + keyDigest(key) }
 
 // OrderEvent is what an order callback carries: the body the relay posts,
 // or the data of a CloudEvent.
@@ -87,13 +77,8 @@ type callbacks struct {
 //	POST /callbacks/cloudevents/orders  a CloudEvent, binary or structured, keyed by its id within its source
 //	GET  /callbacks/orders              every execution so far
 //
-// It panics when CALLBACK_LATENCY is not a duration, so that a typo stops
-// the example at start-up.
-func registerCallbacks(r chi.Router, rdb redis.UniversalClient) {
-	latency, err := callbackLatency(os.Getenv(callbackLatencyEnv))
-	if err != nil {
-		panic("example: " + err.Error())
-	}
+// latency is the simulated work of every callback (CALLBACK_LATENCY).
+func registerCallbacks(r chi.Router, rdb redis.UniversalClient, latency time.Duration) {
 	cb := &callbacks{rdb: rdb, latency: latency, instance: "pid-" + strconv.Itoa(os.Getpid())}
 	byKey := idempotency.New(rdb, idempotency.WithRetryAbandoned())
 	byEvent := idempotency.New(rdb, idempotency.WithRetryAbandoned(),
@@ -102,17 +87,6 @@ func registerCallbacks(r chi.Router, rdb redis.UniversalClient) {
 	r.With(byKey.ProtectKey).Post("/callbacks/orders", cb.handle(relayedEvent))
 	r.With(byEvent.ProtectKey).Post("/callbacks/cloudevents/orders", cb.handle(cloudEvent))
 	r.Get("/callbacks/orders", cb.list)
-}
-
-func callbackLatency(v string) (time.Duration, error) {
-	if v == "" {
-		return defaultCallbackLatency, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d < 0 {
-		return 0, fmt.Errorf("%s=%q is not a duration such as 20ms", callbackLatencyEnv, v)
-	}
-	return d, nil
 }
 
 // An eventDecoder finds the key a callback was protected by and its order

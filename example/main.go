@@ -61,18 +61,20 @@ func run() error {
 }
 
 type config struct {
-	addr           string
-	orderLatency   time.Duration
-	paymentLatency time.Duration
+	addr            string
+	orderLatency    time.Duration
+	paymentLatency  time.Duration
+	callbackLatency time.Duration
 }
 
 func configFromEnv() (config, error) {
-	cfg := config{addr: ":8080", paymentLatency: 300 * time.Millisecond}
+	cfg := config{addr: ":8080", paymentLatency: 300 * time.Millisecond, callbackLatency: 10 * time.Millisecond}
 	if v := os.Getenv("ADDR"); v != "" {
 		cfg.addr = v
 	}
 	for name, dst := range map[string]*time.Duration{
 		"ORDER_LATENCY": &cfg.orderLatency, "PAYMENT_LATENCY": &cfg.paymentLatency,
+		"CALLBACK_LATENCY": &cfg.callbackLatency,
 	} {
 		if v := os.Getenv(name); v != "" {
 			d, err := time.ParseDuration(v)

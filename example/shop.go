@@ -133,7 +133,11 @@ func (s shopStore) orders(ctx context.Context) ([]Order, error) {
 // paymentID names the payment a client's idempotency key pays for: the
 // payment belongs to the key, so an execution that takes an abandoned key
 // over writes the same payment, and its fence refuses the stale one's write.
-func paymentID(key string) string {
+func paymentID(key string) string { return keyDigest(key) }
+
+// keyDigest names what belongs to an idempotency key in a Redis key: 64 bits
+// of its SHA-256 in hex, whatever bytes the key holds.
+func keyDigest(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:8])
 }

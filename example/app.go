@@ -151,9 +151,15 @@ func (a *app) listOrders(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, orders)
 }
 
-func (a *app) showOrder(w http.ResponseWriter, r *http.Request) {
+// orderID reads the {id} of an order route.
+func orderID(r *http.Request) (int64, bool) {
 	id, err := strconv.ParseInt(chi.URLParam(r, "id"), 10, 64)
-	if err != nil {
+	return id, err == nil
+}
+
+func (a *app) showOrder(w http.ResponseWriter, r *http.Request) {
+	id, ok := orderID(r)
+	if !ok {
 		http.NotFound(w, r)
 		return
 	}
@@ -178,8 +184,8 @@ func (a *app) showOrder(w http.ResponseWriter, r *http.Request) {
 // status change is a compare-and-set, so a repeated or concurrent cancel
 // finds the order cancelled and is answered 409.
 func (a *app) cancelOrder(w http.ResponseWriter, r *http.Request) {
-	id, err := strconv.ParseInt(chi.URLParam(r, "id"), 10, 64)
-	if err != nil {
+	id, ok := orderID(r)
+	if !ok {
 		http.NotFound(w, r)
 		return
 	}

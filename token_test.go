@@ -124,3 +124,15 @@ func TestInvalidConfigurationPanicsAtConstruction(t *testing.T) {
 	}
 	require.Panics(t, func() { New(nil) })
 }
+
+func TestIsTokenAcceptsOnlyTheCanonicalForm(t *testing.T) {
+	tok, err := newToken()
+	require.NoError(t, err)
+	require.True(t, isToken(tok))
+	for _, bad := range []string{
+		strings.ToUpper(tok), "{" + tok + "}", "urn:uuid:" + tok, strings.ReplaceAll(tok, "-", ""),
+		tok[:35] + "g", tok[:8] + "x" + tok[9:], "",
+	} {
+		require.False(t, isToken(bad), bad)
+	}
+}

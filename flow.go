@@ -91,25 +91,25 @@ func (m *Middleware) lead(c *call) *record {
 		m.reject(c, err)
 		return nil
 	}
-	cl, err := m.store.claim(ctx, k, lock.Token(), string(c.fp[:]))
+	var cl claim
+	if m.cfg.replicaAcks > 0 {
+		cl, err = m.claimReplicated(ctx, c, k, lock.Token())
+	} else {
+		cl, err = m.store.claim(ctx, k, lock.Token(), string(c.fp[:]))
+	}
 	cancel()
 	if err != nil {
-		// The claim may have run without us hearing back. Undo it if so,
-		// after answering: the client's 503 must not wait for a Redis that
-		// just failed us. When Redis cannot hear the undo either, the lease
-		// runs out and a retry finds the claim abandoned, the handler never
-		// run.
+		// The claim may have run without us hearing back, or run without
+		// reaching enough replicas. Undo it, after answering: the client's
+		// 503 must not wait for a Redis that just failed us. When Redis
+		// cannot hear the undo either, the lease runs out and a retry finds
+		// the claim abandoned, the handler never run.
 		m.reject(c, unavailable(err))
 		go m.undoClaim(c.r, k, lock.Token())
 		return nil
 	}
 	switch cl.outcome {
 	case outcomeClaimed:
-		if err := m.awaitReplicas(c, k); err != nil {
-			m.releaseQuietly(c.r, k, lock.Token())
-			m.reject(c, err)
-			return nil
-		}
 		return m.execute(c, k, lock, cl.fence)
 	case outcomeDone:
 		m.cache.put(c.id, c.fp, cl.rec, time.Now().Add(cl.ttl))

@@ -3,49 +3,49 @@ package idempotency
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// awaitReplicas holds a fresh claim until enough replicas have it
-// (WithReplicaAcks). A claim that only the primary holds is lost when the
-// primary dies before replicating it, and the promoted replica would let a
-// retry run the handler again; so too few acknowledgements fail closed.
-func (m *Middleware) awaitReplicas(c *call, k keys) error {
-	if m.cfg.replicaAcks == 0 {
-		return nil
+// claimReplicated claims the key and, when the claim succeeds, holds it
+// until enough replicas have it (WithReplicaAcks). A claim that only the
+// primary holds is lost when the primary dies before replicating it, and
+// the promoted replica would let a retry run the handler again; so too few
+// acknowledgements are an error, and the caller undoes the claim.
+//
+// WAIT counts acknowledgements of the writes made on its own connection,
+// so the claim and the WAIT share one connection to the key's primary.
+func (m *Middleware) claimReplicated(ctx context.Context, c *call, k keys, lockValue string) (claim, error) {
+	primary, err := m.store.primaryFor(ctx, k.record)
+	if err != nil {
+		return claim{}, err
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.r.Context()), m.cfg.replicaWait+m.cfg.storeTimeout)
+	conn := primary.Conn()
+	defer conn.Close()
+	cl, err := m.store.claimOn(ctx, conn, k, lockValue, string(c.fp[:]))
+	if err != nil || cl.outcome != outcomeClaimed {
+		return cl, err
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(c.r.Context()), m.cfg.replicaWait+m.cfg.storeTimeout)
 	defer cancel()
-	node, err := m.store.nodeFor(ctx, k.record)
+	acked, err := conn.Wait(wctx, m.cfg.replicaAcks, m.cfg.replicaWait).Result()
 	if err != nil {
-		return unavailable(err)
-	}
-	acked, err := node.Wait(ctx, m.cfg.replicaAcks, m.cfg.replicaWait).Result()
-	if err != nil {
-		return unavailable(err)
+		return claim{}, err
 	}
 	if acked < int64(m.cfg.replicaAcks) {
-		return unavailable(fmt.Errorf("%d of %d replicas acknowledged the claim", acked, m.cfg.replicaAcks))
+		return claim{}, fmt.Errorf("%d of %d replicas acknowledged the claim", acked, m.cfg.replicaAcks)
 	}
-	return nil
+	return cl, nil
 }
 
-// waitCmder is the client method behind Redis WAIT, which go-redis leaves
-// out of its Cmdable interface.
-type waitCmder interface {
-	Wait(ctx context.Context, numReplicas int, timeout time.Duration) *redis.IntCmd
-}
-
-// nodeFor returns a client for the primary that holds key: WAIT has no key,
-// so a cluster client would send it to any node.
-func (s *store) nodeFor(ctx context.Context, key string) (waitCmder, error) {
-	if cluster, ok := s.client.(*redis.ClusterClient); ok {
-		return cluster.MasterForKey(ctx, key)
+// primaryFor returns a client for the primary that holds key, whose
+// connections the claim and its WAIT can share.
+func (s *store) primaryFor(ctx context.Context, key string) (*redis.Client, error) {
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		return c.MasterForKey(ctx, key)
+	case *redis.Client:
+		return c, nil
 	}
-	if w, ok := s.client.(waitCmder); ok {
-		return w, nil
-	}
-	return nil, fmt.Errorf("%T cannot send WAIT", s.client)
+	return nil, fmt.Errorf("WithReplicaAcks needs a *redis.Client or *redis.ClusterClient, not %T", s.client)
 }

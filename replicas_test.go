@@ -14,16 +14,18 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// awaitReplica waits until the primary's replica has synced and answers
-// WAIT: "online" alone can precede its first acknowledgement, which a busy
-// machine delays past a short WAIT timeout.
+// awaitReplica waits until the primary's replica has synced and
+// acknowledges writes: "online" alone can precede its first acknowledgement.
+// WAIT counts acknowledgements of its own connection's writes, so the probe
+// writes and waits on one connection.
 func awaitReplica(t *testing.T, primary *redis.Client) {
 	t.Helper()
 	ctx := context.Background()
+	conn := primary.Conn()
+	defer conn.Close()
 	require.Eventually(t, func() bool {
-		info := primary.Info(ctx, "replication").Val()
-		return strings.Contains(info, "connected_slaves:1") && strings.Contains(info, "state=online") &&
-			primary.Wait(ctx, 1, 100*time.Millisecond).Val() == 1
+		return conn.Set(ctx, "replica-probe", "1", time.Minute).Err() == nil &&
+			conn.Wait(ctx, 1, 100*time.Millisecond).Val() == 1
 	}, 10*time.Second, 20*time.Millisecond, "the replica syncs and acknowledges")
 }
 

@@ -88,7 +88,13 @@ func (s *store) obtain(ctx context.Context, k keys) (*redislock.Lock, error) {
 // claim runs claim.lua under the lock held with lockValue. Any outcome but
 // outcomeClaimed has released the lock.
 func (s *store) claim(ctx context.Context, k keys, lockValue, fingerprint string) (claim, error) {
-	reply, err := claimScript.Run(ctx, s.client, k.redisKeys(),
+	return s.claimOn(ctx, s.client, k, lockValue, fingerprint)
+}
+
+// claimOn runs the claim through via: a dedicated connection when the claim
+// must be followed by WAIT on the same connection.
+func (s *store) claimOn(ctx context.Context, via redis.Scripter, k keys, lockValue, fingerprint string) (claim, error) {
+	reply, err := claimScript.Run(ctx, via, k.redisKeys(),
 		lockValue, fingerprint, s.recordTTL, k.token, s.retryAbandoned).Slice()
 	if err != nil {
 		return claim{}, err

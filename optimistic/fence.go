@@ -65,6 +65,10 @@ func (t Table) FencedUpdate(ctx context.Context, db Querier, id any, token uint6
 		return fmt.Errorf("optimistic: fenced update of %s changed nothing, and reading its fence failed: %w", q.resource(id), err)
 	case !found:
 		return fmt.Errorf("%w: %s", ErrNotFound, q.resource(id))
+	case current == int64(token):
+		// The row matched and already held these values: MySQL counts
+		// changed rows, not matched ones, unless the DSN asks for found rows.
+		return nil
 	}
 	return &StaleFenceError{Resource: q.resource(id), Token: token, Current: uint64(max(current, 0))}
 }

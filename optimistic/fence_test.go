@@ -23,6 +23,10 @@ var fenceSteps = []struct {
 	{"same execution writes again", 5, "a2", false, 0},
 	{"lower token", 4, "old", true, 5},
 	{"higher token", 1_700_000_000_000_001, "b", false, 0},
+	// A retry after a lost commit acknowledgement writes the same values
+	// with the same token: MySQL reports 0 changed rows, and it is no stale
+	// write.
+	{"same values, same token", 1_700_000_000_000_001, "b", false, 0},
 	{"token a microsecond below", 1_700_000_000_000_000, "old", true, 1_700_000_000_000_001},
 }
 

@@ -20,6 +20,7 @@ var (
 	ErrInProgress       = errors.New("idempotency: original request still in progress")
 	ErrNotReplayable    = errors.New("idempotency: original response cannot be replayed")
 	ErrInterrupted      = errors.New("idempotency: original execution was interrupted")
+	ErrUnreadableRecord = errors.New("idempotency: stored response cannot be read")
 	ErrStoreUnavailable = errors.New("idempotency: store unavailable")
 	// ErrLockLost is logged, never answered: it means the handler ran but its
 	// response could not be stored because another instance owns the key now.
@@ -62,6 +63,8 @@ var problems = []*problem{
 		title: "Response not replayable", detail: "The request was executed, but its response was streamed or too large to store."},
 	{err: ErrInterrupted, status: http.StatusConflict, slug: "interrupted",
 		title: "Original execution interrupted", detail: "The request was claimed by a server that stopped before storing a response; its outcome is unknown."},
+	{err: ErrUnreadableRecord, status: http.StatusConflict, slug: "unreadable-record",
+		title: "Stored response unreadable", detail: "The request was executed, but its stored response cannot be read; it cannot be replayed, and retrying will not change that."},
 	{err: ErrStoreUnavailable, status: http.StatusServiceUnavailable, slug: "store-unavailable", retryAfter: true,
 		title: "Idempotency store unavailable", detail: "The request was not executed; retry later."},
 }

@@ -34,9 +34,14 @@ func HeaderKey(name string) KeyExtractor {
 	}
 }
 
-// FormKey reads the key from a field of a URL-encoded or multipart form body.
+// FormKey reads the key from a field of a URL-encoded or multipart form body,
+// or from the parsed form when middleware outside the protection parsed it
+// already.
 func FormKey(field string) KeyExtractor {
 	return func(r *http.Request, body []byte) (string, error) {
+		if formParsed(r) {
+			return r.PostForm.Get(field), nil
+		}
 		mediaType, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 		if err != nil {
 			return "", nil

@@ -95,7 +95,7 @@ type identity [16]byte
 // scratch buffers let the hot path hash several strings without allocating.
 var scratch = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
 
-func identify(tokenMode bool, scope, key string) identity {
+func identityOf(tokenMode bool, scope, key string) identity {
 	bp := scratch.Get().(*[]byte)
 	b := append((*bp)[:0], 'k')
 	if tokenMode {

@@ -1,8 +1,7 @@
 package idempotency
 
 import (
-	"fmt"
-	"io"
+	"context"
 	"net/http"
 	"time"
 
@@ -37,7 +36,24 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 			"Redis is cut short by go-redis's ReadTimeout (3 s by default), not by WithStoreTimeout; " +
 			"set ContextTimeoutEnabled: true in its options")
 	}
+	m.warnIfEvictable(client)
 	return m
+}
+
+// warnIfEvictable logs when Redis may evict the middleware's keys before
+// they expire: every one of them has a TTL, so any policy but noeviction
+// can drop a record (and a retry then runs its handler again) or a lock.
+// Redis that refuses CONFIG (many managed services) is taken on trust.
+func (m *Middleware) warnIfEvictable(client redis.UniversalClient) {
+	ctx, cancel := context.WithTimeout(context.Background(), min(m.cfg.storeTimeout, 500*time.Millisecond))
+	defer cancel()
+	config, err := client.ConfigGet(ctx, "maxmemory-policy").Result()
+	if policy := config["maxmemory-policy"]; err == nil && policy != "" && policy != "noeviction" {
+		m.cfg.logger.Warn("idempotency: Redis may evict keys under memory pressure (maxmemory-policy "+
+			policy+"); an evicted record lets a retry run its handler again. Use noeviction: "+
+			"a full Redis then refuses new claims (503) and keeps every stored answer",
+			"maxmemory-policy", policy)
+	}
 }
 
 // contextTimeouts reports whether go-redis will honour our step deadlines:
@@ -81,23 +97,22 @@ func (m *Middleware) ProtectKey(next http.Handler) http.Handler {
 	return m.wrap(next, extract, false)
 }
 
-// call is one protected request on its way through the middleware.
+// call is one protected request on its way through the middleware, and
+// what the steps learned about it that the observer reports.
 type call struct {
 	w         http.ResponseWriter
 	r         *http.Request
 	next      http.Handler
 	tokenMode bool
-	scope     string
-	key       string
-	id        identity
-	fp        fingerprintSum
 	start     time.Time
-	deadline  time.Time  // for waiting on another request with the same key
-	body      bodyReader // what the handler reads as r.Body
+	deadline  time.Time // for waiting on another request with the same key
 
-	// What happened, for the observer.
-	outcome   Outcome
-	err       error
+	scope string
+	key   string
+	id    identity
+	fp    fingerprintSum
+	body  bodyReader // what the handler reads as r.Body
+
 	fromCache bool
 	waited    time.Duration
 	fence     uint64
@@ -107,65 +122,6 @@ func (m *Middleware) wrap(next http.Handler, extract KeyExtractor, tokenMode boo
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		now := time.Now()
 		c := &call{w: w, r: r, next: next, tokenMode: tokenMode, start: now, deadline: now.Add(m.cfg.wait)}
-		defer m.observe(c)
-		if err := m.identify(c, extract); err != nil {
-			m.reject(c, err)
-			return
-		}
-		m.protect(c)
+		m.serve(c, extract)
 	})
-}
-
-// identify reads the body, the key and the scope, all before Redis is asked,
-// so that malformed requests cost nothing.
-func (m *Middleware) identify(c *call, extract KeyExtractor) error {
-	body, err := readBody(c.r, m.cfg.maxRequest, &c.body)
-	if err != nil {
-		return err
-	}
-	key, err := extract(c.r, body)
-	c.body.Seek(0, io.SeekStart) // undo whatever reading the extractor did
-	switch {
-	case err != nil:
-		return fmt.Errorf("%w: %w", ErrInvalidKey, err)
-	case key == "":
-		return ErrMissingKey
-	case !validKey(key, m.cfg.maxKeyLen):
-		return ErrInvalidKey
-	}
-	c.scope, err = m.scopeOf(c.r, c.tokenMode)
-	c.body.Seek(0, io.SeekStart) // a scope function may read the body too
-	if err != nil {
-		return err
-	}
-	if c.tokenMode && !isToken(key) {
-		return ErrTokenNotFound
-	}
-	c.key = key
-	c.id = identify(c.tokenMode, c.scope, key)
-	c.fp = fingerprint(c.r, body)
-	return nil
-}
-
-// scopeOf names who a token or key belongs to. Without a session a token
-// cannot be anyone's, which is answered like any unknown token.
-func (m *Middleware) scopeOf(r *http.Request, tokenMode bool) (string, error) {
-	switch {
-	case m.cfg.scope != nil:
-		return m.customScope(r)
-	case !tokenMode:
-		return r.URL.Path, nil
-	}
-	if session, ok := m.session(r); ok {
-		return session, nil
-	}
-	return "", ErrTokenNotFound
-}
-
-// redisKeys builds the Redis key names, which only the Redis path needs.
-func (m *Middleware) redisKeys(c *call) keys {
-	if c.tokenMode {
-		return tokenKeys(m.cfg.prefix, c.scope, c.key)
-	}
-	return clientKeys(m.cfg.prefix, c.id)
 }

@@ -102,38 +102,13 @@ func LogObserver(l *slog.Logger) func(Event) {
 	}
 }
 
-// reject answers the request with the error handler and notes the outcome.
-func (m *Middleware) reject(c *call, err error) {
-	c.err = err
-	switch {
-	case errors.Is(err, ErrStoreUnavailable):
-		c.outcome = StoreError
-	case errors.Is(err, ErrInProgress), errors.Is(err, ErrNotReplayable), errors.Is(err, ErrInterrupted):
-		c.outcome = Conflict
-	default:
-		c.outcome = Rejected
-	}
-	m.cfg.errorHandler(c.w, c.r, err)
-}
-
-// observe reports c to the observer, if there is one.
-func (m *Middleware) observe(c *call) {
+// observe reports c, answered as v, to the observer, if there is one.
+func (m *Middleware) observe(c *call, v verdict) {
 	if m.cfg.observer == nil {
 		return
 	}
-	if c.outcome == 0 { // the handler panicked out of execute
-		c.outcome, c.err = Executed, ErrHandlerPanicked
-	}
 	m.cfg.observer(Event{
-		Request: c.r, TokenMode: c.tokenMode, Outcome: c.outcome, FromCache: c.fromCache, Err: c.err,
+		Request: c.r, TokenMode: c.tokenMode, Outcome: v.outcome, FromCache: c.fromCache, Err: v.err,
 		Start: c.start, Duration: time.Since(c.start), Wait: c.waited, FencingToken: c.fence,
 	})
-}
-
-// noteReplay records a replay, or a replay after waiting.
-func (c *call) noteReplay() {
-	c.outcome = Replayed
-	if c.waited > 0 {
-		c.outcome = Waited
-	}
 }

@@ -43,6 +43,7 @@ type config struct {
 	cacheSet        bool
 	cacheEntries    int
 	cacheBytes      int64
+	cacheTTL        time.Duration
 }
 
 // WithKeyPrefix sets the prefix of every Redis key the middleware writes.
@@ -53,7 +54,9 @@ func WithKeyPrefix(prefix string) Option { return func(c *config) { c.prefix = p
 // WithTokenTTL sets how long an issued token stays valid. Default 1 hour.
 func WithTokenTTL(d time.Duration) Option { return func(c *config) { c.tokenTTL = d } }
 
-// WithRecordTTL sets how long a stored response is replayed. Default 24 hours.
+// WithRecordTTL sets how long a stored response is replayed. It must exceed
+// the lock lease plus the execution timeout, so that a record outlives every
+// execution it describes; New panics otherwise. Default 24 hours.
 func WithRecordTTL(d time.Duration) Option { return func(c *config) { c.recordTTL = d } }
 
 // WithLockLease sets the lease of the per-key lock. A watchdog renews it every
@@ -112,7 +115,10 @@ func WithReplayHeaders(names ...string) Option {
 // WithScope sets the function that names the caller's scope (a user, API
 // client or tenant id). Tokens and keys never cross scopes. A non-nil error
 // answers 401 with the no-scope problem. Default: in token mode the session
-// cookie set by the token endpoint, in key mode the request path.
+// cookie set by the token endpoint; in key mode the caller whenever the
+// request names one (that session cookie, else a digest of the
+// Authorization header), and the request path only for anonymous requests,
+// so that two callers never see each other's stored answer.
 func WithScope(fn func(*http.Request) (string, error)) Option {
 	return func(c *config) { c.scope = fn }
 }
@@ -155,8 +161,10 @@ func WithRetryAbandoned() Option { return func(c *config) { c.retryAbandoned = t
 // (Redis WAIT, at most timeout) before the handler runs, and fail closed with
 // 503 when fewer do. Without it, a primary that dies before replicating a
 // claim leaves a promoted replica that never saw it, and a retry can run the
-// handler again. It costs one more round trip per first execution. Default
-// off (0).
+// handler again. It costs one more round trip per first execution. The
+// timeout must be shorter than the lock lease (the lease is renewed during
+// the wait, but a wait longer than a lease means a renewal that could not
+// happen); New panics otherwise. Default off (0).
 func WithReplicaAcks(n int, timeout time.Duration) Option {
 	return func(c *config) { c.replicaAcks, c.replicaWait = n, timeout }
 }
@@ -183,6 +191,15 @@ func WithResponseCache(maxEntries int, maxBytes int64) Option {
 	return func(c *config) { c.cacheSet, c.cacheEntries, c.cacheBytes = true, maxEntries, maxBytes }
 }
 
+// WithResponseCacheTTL bounds how long an entry of the in-process response
+// cache answers duplicates without asking Redis, whatever the record's own
+// lifetime. Redis is the truth: when it loses a record (a restart without
+// persistence, a failover to a replica that never saw it), an instance that
+// cached the answer would go on replaying it while another instance runs
+// the key again, and this bound is how long two instances can disagree.
+// Default 10 seconds, which covers double clicks and prompt retries.
+func WithResponseCacheTTL(d time.Duration) Option { return func(c *config) { c.cacheTTL = d } }
+
 func newConfig(opts []Option) config {
 	var c config
 	for _, o := range opts {
@@ -201,6 +218,7 @@ func newConfig(opts []Option) config {
 	setDefault(&c.tokensPerScope, 32)
 	setDefault(&c.sessionCookie, "idempotency_session")
 	setDefault(&c.formField, "idempotency_token")
+	setDefault(&c.cacheTTL, 10*time.Second)
 	if !c.cacheSet {
 		c.cacheEntries, c.cacheBytes = 10_000, 32<<20
 	}
@@ -232,8 +250,15 @@ func (c *config) validate() error {
 		return fmt.Errorf("lock lease %v is shorter than 100ms", c.lease)
 	case c.tokenTTL < time.Millisecond, c.recordTTL < time.Millisecond:
 		return fmt.Errorf("token TTL %v and record TTL %v must be at least 1ms", c.tokenTTL, c.recordTTL)
-	case c.wait < 0, c.storeTimeout < 0, c.execTimeout < 0:
+	case c.wait < 0, c.storeTimeout < 0, c.execTimeout < 0, c.cacheTTL < 0:
 		return fmt.Errorf("timeouts must be positive")
+	case c.recordTTL <= c.lease+c.execTimeout:
+		return fmt.Errorf("WithRecordTTL(%v) must exceed the lock lease (%v) plus the execution timeout (%v): "+
+			"a record that expires while its handler may still run lets a retry run it again",
+			c.recordTTL, c.lease, c.execTimeout)
+	case c.replicaAcks > 0 && c.replicaWait >= c.lease:
+		return fmt.Errorf("WithReplicaAcks timeout %v must be shorter than the lock lease %v (WithLockLease)",
+			c.replicaWait, c.lease)
 	case c.maxResponse < 0, c.maxRequest < 0, c.cacheEntries < 0, c.cacheBytes < 0:
 		return fmt.Errorf("size limits must be positive")
 	case c.maxKeyLen < 1 || c.maxKeyLen > 4096:

@@ -185,7 +185,7 @@ func TestStaleExecutorTrials(t *testing.T) {
 	var refused atomic.Int64
 	for trial := range n {
 		wg.Go(func() {
-			k := clientKeys(prefix, identify(false, "/payments", fmt.Sprint("stale-", trial)))
+			k := clientKeys(prefix, identityOf(false, "/payments", fmt.Sprint("stale-", trial)))
 			stale, err := m.store.obtain(ctx, k)
 			require.NoError(t, err)
 			_, err = m.store.claim(ctx, k, stale.Token(), "fp")
@@ -196,8 +196,9 @@ func TestStaleExecutorTrials(t *testing.T) {
 			c, err := m.store.claim(ctx, k, fresh.Token(), "fp")
 			require.NoError(t, err)
 			require.Equal(t, outcomeClaimed, c.outcome)
-			require.NoError(t, m.store.complete(ctx, k, fresh.Token(), newRecord(201, nil, []byte("fresh"))))
-			if errors := m.store.complete(ctx, k, stale.Token(), newRecord(500, nil, []byte("stale"))); errors == ErrLockLost {
+			_, err = m.store.complete(ctx, k, fresh.Token(), fingerprintSum{}, 1, newRecord(201, nil, []byte("fresh")))
+			require.NoError(t, err)
+			if _, err := m.store.complete(ctx, k, stale.Token(), fingerprintSum{}, 1, newRecord(500, nil, []byte("stale"))); err == ErrLockLost {
 				refused.Add(1)
 			}
 			require.Equal(t, "fresh", rdb.HGet(ctx, k.record, "b").Val())

@@ -1,10 +1,8 @@
 package idempotency
 
 import (
-	"errors"
 	"net/http"
 	"strconv"
-	"strings"
 )
 
 // ReplayedHeader marks a response that was replayed from a stored record.
@@ -16,13 +14,12 @@ type record struct {
 	status int
 	// header holds name, value, name, value, …, with the values of one name
 	// next to each other: a flat slice decodes in one allocation.
-	header        []string
-	body          []byte
-	contentLength string
+	header []string
+	body   []byte
 }
 
 func newRecord(status int, header []string, body []byte) *record {
-	return &record{status: status, header: header, body: body, contentLength: strconv.Itoa(len(body))}
+	return &record{status: status, header: header, body: body}
 }
 
 // size estimates the memory a record holds.
@@ -34,23 +31,34 @@ func (rec *record) size() int64 {
 	return n
 }
 
-// write replays rec to w. Header values are copied, in one allocation, so
-// that code after us that edits a header in place cannot change the record
-// for the next duplicate.
-func (rec *record) write(w http.ResponseWriter) {
+// replayedValue is shared by every replay; write copies it into place.
+var replayedValue = []string{"true"}
+
+// write replays rec to w, keeping only the headers that storable allows
+// (the record was filtered when it was made, but one read from Redis may
+// come from another configuration or version). Header values are copied,
+// in one allocation, so that code after us that edits a header in place
+// cannot change the record for the next duplicate. No Content-Length is
+// forced: net/http computes it for what is actually sent, and a transform
+// outside us (compression) would contradict one computed here.
+func (rec *record) write(w http.ResponseWriter, storable func(string) bool) {
 	h := w.Header()
-	block := make([]string, 0, len(rec.header)/2+2)
+	block := make([]string, 0, len(rec.header)/2+1)
 	for i := 0; i < len(rec.header); {
 		name, start := rec.header[i], len(block)
+		keep := storable(name)
 		for ; i < len(rec.header) && rec.header[i] == name; i += 2 {
-			block = append(block, rec.header[i+1])
+			if keep {
+				block = append(block, rec.header[i+1])
+			}
 		}
-		h[name] = block[start:len(block):len(block)]
+		if keep {
+			h[name] = block[start:len(block):len(block)]
+		}
 	}
-	block = append(block, "true", rec.contentLength)
+	block = append(block, replayedValue[0])
 	n := len(block)
-	h[ReplayedHeader] = block[n-2 : n-1 : n-1]
-	h["Content-Length"] = block[n-1 : n : n]
+	h[ReplayedHeader] = block[n-1 : n : n]
 	w.WriteHeader(rec.status)
 	w.Write(rec.body)
 }
@@ -62,48 +70,17 @@ var hopByHop = map[string]bool{
 	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
 	// Recomputed for every response.
 	"Content-Length": true, "Date": true,
+	// Ours: a replay marks itself.
+	ReplayedHeader: true,
 }
 
 // storable reports whether a response header is kept for replay.
 func (c *config) storable(name string) bool {
 	if c.replayHeaders != nil {
-		return c.replayHeaders[name]
+		return c.replayHeaders[name] && !hopByHop[name]
 	}
 	return name != "Set-Cookie" && !hopByHop[name]
 }
 
-// encodeHeader writes header pairs as "Name: value" lines. HTTP forbids CR
-// and LF in names and values, so a newline never occurs inside one.
-func encodeHeader(pairs []string) string {
-	var b strings.Builder
-	for i := 0; i+1 < len(pairs); i += 2 {
-		b.WriteString(pairs[i])
-		b.WriteString(": ")
-		b.WriteString(pairs[i+1])
-		b.WriteByte('\n')
-	}
-	return b.String()
-}
-
-var errCorruptHeader = errors.New("idempotency: corrupt stored header")
-
-// decodeHeader reads what encodeHeader wrote. The pairs are substrings of s.
-func decodeHeader(s string) ([]string, error) {
-	if s == "" {
-		return nil, nil
-	}
-	pairs := make([]string, 0, 2*strings.Count(s, "\n"))
-	for s != "" {
-		line, rest, ok := strings.Cut(s, "\n")
-		if !ok {
-			return nil, errCorruptHeader
-		}
-		name, value, ok := strings.Cut(line, ": ")
-		if !ok || name == "" {
-			return nil, errCorruptHeader
-		}
-		pairs = append(pairs, name, value)
-		s = rest
-	}
-	return pairs, nil
-}
+// statusText is the stored form of a status code.
+func statusText(code int) string { return strconv.Itoa(code) }

@@ -15,18 +15,22 @@ import (
 //
 // WAIT counts acknowledgements of the writes made on its own connection,
 // so the claim and the WAIT share one connection to the key's primary.
-func (m *Middleware) claimReplicated(ctx context.Context, c *call, k keys, lockValue string) (claim, error) {
-	primary, err := m.store.primaryFor(ctx, k.record)
+//
+// The lease is renewed during the wait, and the wait is shorter than a lease
+// (New refuses it otherwise), so the original still owns the key when its
+// handler starts.
+func (m *Middleware) claimReplicated(ctx context.Context, c *call, l *lease) (claim, error) {
+	primary, err := m.store.primaryFor(ctx, l.k.record)
 	if err != nil {
 		return claim{}, err
 	}
 	conn := primary.Conn()
 	defer conn.Close()
-	cl, err := m.store.claimOn(ctx, conn, k, lockValue, string(c.fp[:]))
+	cl, err := m.store.claimOn(ctx, conn, l.k, l.value(), string(c.fp[:]))
 	if err != nil || cl.outcome != outcomeClaimed {
 		return cl, err
 	}
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(c.r.Context()), m.cfg.replicaWait+m.cfg.storeTimeout)
+	wctx, cancel := context.WithTimeout(l.ctx, m.cfg.replicaWait+m.cfg.storeTimeout)
 	defer cancel()
 	acked, err := conn.Wait(wctx, m.cfg.replicaAcks, m.cfg.replicaWait).Result()
 	if err != nil {

@@ -56,13 +56,14 @@ func newStore(client redis.UniversalClient, cfg *config) *store {
 type claimOutcome int
 
 const (
-	outcomeClaimed   claimOutcome = iota // run the handler
-	outcomeDone                          // replay rec
-	outcomeUnknown                       // token unknown, expired or another scope's
-	outcomeMismatch                      // key used before for a different request
-	outcomeBig                           // executed, response not replayable
-	outcomeAbandoned                     // claimed by an executor that vanished
-	outcomeLost                          // our lock expired before the claim ran
+	outcomeClaimed    claimOutcome = iota // run the handler
+	outcomeDone                           // replay rec
+	outcomeUnknown                        // token unknown, expired or another scope's
+	outcomeMismatch                       // key used before for a different request
+	outcomeBig                            // executed, response not replayable
+	outcomeAbandoned                      // claimed by an executor that vanished
+	outcomeLost                           // our lock expired before the claim ran
+	outcomeUnreadable                     // executed, stored answer cannot be decoded
 )
 
 type claim struct {
@@ -111,7 +112,11 @@ func (s *store) claimOn(ctx context.Context, via redis.Scripter, k keys, lockVal
 	case "done":
 		rec, ttl, err := decodeReply(reply[1:])
 		if err != nil {
-			return claim{}, err
+			// The handler ran; what it answered is lost to us. Retrying
+			// cannot help, so this is no store failure.
+			s.cfg.logger.Error("idempotency: stored answer cannot be decoded; duplicates get the "+
+				"unreadable-record problem until the record expires", "key", k.record, "error", err)
+			return claim{outcome: outcomeUnreadable}, nil
 		}
 		return claim{outcome: outcomeDone, rec: rec, ttl: ttl}, nil
 	case "unknown":
@@ -148,23 +153,43 @@ func decodeReply(fields []any) (*record, time.Duration, error) {
 	return newRecord(status, header, []byte(body)), time.Duration(ttl) * time.Millisecond, nil
 }
 
+// completion is what complete found when it stored an answer.
+type completion int
+
+const (
+	completed completion = iota // stored
+	rewritten                   // stored again: the record had vanished mid-run
+)
+
 // complete stores rec as the key's answer and releases the lock; rec == nil
 // stores "executed, not replayable". It returns ErrLockLost when another
-// executor owns the key now, and then writes nothing.
-func (s *store) complete(ctx context.Context, k keys, lockValue string, rec *record) error {
+// executor owns the key now, and then writes nothing but the lock's release.
+func (s *store) complete(ctx context.Context, k keys, lockValue string, fp fingerprintSum, fence uint64, rec *record) (completion, error) {
 	state, status, head, body := "big", "0", "", []byte(nil)
 	if rec != nil {
 		state, status, head, body = "done", strconv.Itoa(rec.status), encodeHeader(rec.header), rec.body
 	}
 	stored, err := completeScript.Run(ctx, s.client, []string{k.record, k.lock, k.waiters()},
-		lockValue, state, status, head, body, s.recordTTL).Int()
-	if err != nil {
-		return err
+		lockValue, state, status, head, body, s.recordTTL, string(fp[:]), strconv.FormatUint(fence, 10)).Int()
+	switch {
+	case err != nil:
+		return 0, err
+	case stored == 0:
+		return 0, ErrLockLost
+	case stored == 2:
+		return rewritten, nil
 	}
-	if stored == 0 {
-		return ErrLockLost
+	return completed, nil
+}
+
+// fingerprintOf returns the fingerprint of the request that claimed the
+// key, or "" when nobody has.
+func (s *store) fingerprintOf(ctx context.Context, k keys) (string, error) {
+	fp, err := s.client.HGet(ctx, k.record, "fp").Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
 	}
-	return nil
+	return fp, err
 }
 
 // release undoes a claim: the record goes, an issued token returns to its

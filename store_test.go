@@ -159,7 +159,7 @@ func TestAbandonedExecution(t *testing.T) {
 			s := newShop(t, opts...)
 			req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
 			fp := fingerprint(req, []byte(`{}`))
-			crashAfterClaim(t, s, clientKeys(s.idem.cfg.prefix, identify(false, "/payments", "k")), string(fp[:]))
+			crashAfterClaim(t, s, clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "k")), string(fp[:]))
 			time.Sleep(150 * time.Millisecond)
 			a := s.post(s.client(), "/payments", "k", `{}`)
 			if retry {
@@ -176,7 +176,7 @@ func TestAbandonedExecution(t *testing.T) {
 func TestStaleExecutorCannotOverwrite(t *testing.T) {
 	s := newShop(t, WithLockLease(100*time.Millisecond), WithRetryAbandoned())
 	ctx := context.Background()
-	k := clientKeys(s.idem.cfg.prefix, identify(false, "/payments", "k"))
+	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "k"))
 	stale, err := s.idem.store.obtain(ctx, k)
 	require.NoError(t, err)
 	_, err = s.idem.store.claim(ctx, k, stale.Token(), "fp")
@@ -188,9 +188,10 @@ func TestStaleExecutorCannotOverwrite(t *testing.T) {
 	c, err := s.idem.store.claim(ctx, k, fresh.Token(), "fp")
 	require.NoError(t, err)
 	require.Equal(t, outcomeClaimed, c.outcome, "the new executor took over")
-	require.NoError(t, s.idem.store.complete(ctx, k, fresh.Token(), &record{status: 201, body: []byte("fresh")}))
+	_, err = s.idem.store.complete(ctx, k, fresh.Token(), fingerprintSum{}, 1, &record{status: 201, body: []byte("fresh")})
+	require.NoError(t, err)
 
-	err = s.idem.store.complete(ctx, k, stale.Token(), &record{status: 500, body: []byte("stale")})
+	_, err = s.idem.store.complete(ctx, k, stale.Token(), fingerprintSum{}, 1, &record{status: 500, body: []byte("stale")})
 	require.ErrorIs(t, err, ErrLockLost)
 	a := s.post(s.client(), "/payments", "k", ``)
 	require.Equal(t, 422, a.status, "fingerprint differs from the test's claim")
@@ -246,7 +247,7 @@ func TestFencingTokensGrowWithEveryExecution(t *testing.T) {
 	s.post(c, "/payments", "b", `{}`)
 
 	// A key whose first executor vanished: the retry's token is higher.
-	k := clientKeys(s.idem.cfg.prefix, identify(false, "/payments", "c"))
+	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "c"))
 	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
 	lock, err := s.idem.store.obtain(t.Context(), k)
 	require.NoError(t, err)
@@ -332,7 +333,7 @@ func TestRedisMemoryPerEntry(t *testing.T) {
 	oneSet := usage(tokenSetKey("idem", "one-token"))
 
 	require.Equal(t, http.StatusCreated, s.post(s.client(), "/payments", "mem", `{"amount":1}`).status)
-	rec := usage(clientKeys("idem", identify(false, "/payments", "mem")).record)
+	rec := usage(clientKeys("idem", identityOf(false, "/payments", "mem")).record)
 
 	t.Logf("Redis memory (MEMORY USAGE): a session with 1 token %d B, with 32 tokens %d B (%d B a token); a stored record with a 1 KiB body %d B",
 		oneSet, fullSet, fullSet/32, rec)

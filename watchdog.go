@@ -8,9 +8,8 @@ import (
 	"github.com/bsm/redislock"
 )
 
-// watchdog renews a lock's lease while a handler runs, so a slow handler
-// never loses its key while a crashed instance frees it within one lease.
-// It lives exactly as long as the handler: stop ends it and waits for it.
+// watchdog renews a lease's lock. It lives exactly as long as the lease:
+// stop ends it and waits for it.
 type watchdog struct {
 	quit chan struct{}
 	done chan struct{}

@@ -16,9 +16,10 @@
 -- (ttl: the record's remaining milliseconds);
 -- {'unknown'}, {'mismatch'}, {'big'}, {'abandoned'}, {'lost'}.
 -- Every reply but 'claimed' releases our lock. Running the script again with
--- the same ARGV (go-redis resends when a reply is lost) never claims twice:
--- a repeated claim answers 'claimed' to the same executor, and answers that
--- only read are given again without the lock.
+-- the same ARGV (go-redis resends when a reply is lost) gives the same reply:
+-- a repeated claim answers 'claimed' to the same executor, and every other
+-- answer is decided from what the record and the lock say, without needing
+-- our lock a second time.
 local function unlock()
   if redis.call('GET', KEYS[2]) == ARGV[1] then
     redis.call('DEL', KEYS[2])
@@ -43,12 +44,32 @@ if st then
     unlock()
     return {'big'}
   end
+  -- A run under another lock value. Its executor lives exactly as long as
+  -- it holds the lock; once nobody holds it under that value, the
+  -- execution was abandoned: its lease ran out before it stored an answer.
+  local holder = redis.call('GET', KEYS[2])
+  if holder == rec[2] then
+    return {'lost'} -- our lease ran out and that executor holds the key
+  end
+  if ARGV[5] ~= '1' then
+    unlock()
+    return {'abandoned'}
+  end
+  if holder ~= ARGV[1] then
+    return {'lost'} -- taking over writes, and writes need our lock
+  end
+  local t = redis.call('TIME')
+  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local fence = math.max(tonumber(rec[7]) + 1, now_us)
+  redis.call('HINCRBY', KEYS[1], 'n', 1)
+  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'f', string.format('%.0f', fence))
+  return {'claimed', string.format('%.0f', fence)}
 end
 
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local exp = ''
-if #KEYS == 3 and not st then
+if #KEYS == 3 then
   local score = redis.call('ZSCORE', KEYS[3], ARGV[4])
   if not score or tonumber(score) <= math.floor(now_us / 1000) then
     unlock()
@@ -60,19 +81,6 @@ end
 -- Everything below writes, so it needs the lock.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return {'lost'}
-end
-
-if st then
-  -- A run under another lock value while we hold the lock: that executor's
-  -- lease ran out before it stored a response.
-  if ARGV[5] ~= '1' then
-    unlock()
-    return {'abandoned'}
-  end
-  local fence = math.max(tonumber(rec[7]) + 1, now_us)
-  redis.call('HINCRBY', KEYS[1], 'n', 1)
-  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'f', string.format('%.0f', fence))
-  return {'claimed', string.format('%.0f', fence)}
 end
 
 -- The record first: under maxmemory HSET is refused before anything else

@@ -21,10 +21,13 @@ import (
 )
 
 // Main runs a test package's tests and then stops every server this package
-// started. Call it from TestMain.
-func Main(m *testing.M) {
+// started, and runs after. Call it from TestMain.
+func Main(m *testing.M, after ...func()) {
 	code := m.Run()
 	stopAll()
+	for _, f := range after {
+		f()
+	}
 	os.Exit(code)
 }
 

@@ -1,0 +1,61 @@
+package idempotency
+
+import "errors"
+
+// A verdict is what a step decided about a request. The zero verdict means
+// "go on to the next step".
+type verdict struct {
+	outcome Outcome
+	// rec is the answer to replay (Replayed, Waited), or the answer the
+	// handler gave and that was stored (Executed), for followers to share.
+	rec *record
+	err error // the problem to answer, or a failure to report
+}
+
+func (v verdict) decided() bool { return v.outcome != 0 }
+
+// shared is the stored answer that requests following this one in the
+// process may replay.
+func (v verdict) shared() *record {
+	if v.outcome == Executed || v.outcome == Replayed || v.outcome == Waited {
+		return v.rec
+	}
+	return nil
+}
+
+// refuse is the verdict that answers err with the error handler.
+func refuse(err error) verdict {
+	switch {
+	case errors.Is(err, ErrStoreUnavailable):
+		return verdict{outcome: StoreError, err: err}
+	case errors.Is(err, ErrInProgress), errors.Is(err, ErrNotReplayable),
+		errors.Is(err, ErrInterrupted), errors.Is(err, ErrUnreadableRecord):
+		return verdict{outcome: Conflict, err: err}
+	}
+	return verdict{outcome: Rejected, err: err}
+}
+
+// replay is the verdict that replays rec, unless it answered a different
+// request: every path to a stored answer comes through here.
+func (m *Middleware) replay(c *call, fp fingerprintSum, rec *record) verdict {
+	switch {
+	case fp != c.fp:
+		return refuse(ErrKeyReused)
+	case c.waited > 0:
+		return verdict{outcome: Waited, rec: rec}
+	}
+	return verdict{outcome: Replayed, rec: rec}
+}
+
+// answer writes v, unless the handler already answered or nobody listens,
+// and reports it to the observer.
+func (m *Middleware) answer(c *call, v verdict) {
+	switch v.outcome {
+	case Replayed, Waited:
+		v.rec.write(c.w, m.cfg.storable)
+	case Executed, ClientGone:
+	default:
+		m.cfg.errorHandler(c.w, c.r, v.err)
+	}
+	m.observe(c, v)
+}

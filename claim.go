@@ -1,0 +1,166 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/bsm/redislock"
+	"github.com/redis/go-redis/v9"
+)
+
+// claim takes the key's lease and claims the key in Redis. It returns the
+// lease when the handler is to run under it; otherwise the verdict answers.
+func (m *Middleware) claim(c *call) (*lease, verdict) {
+	k := m.redisKeys(c)
+	l, err := m.acquire(c, k)
+	switch {
+	case errors.Is(err, context.Canceled):
+		return nil, verdict{outcome: ClientGone}
+	case errors.Is(err, ErrStoreUnavailable) && m.cfg.failOpen:
+		return nil, m.runUnprotected(c, err)
+	case err != nil:
+		return nil, refuse(err)
+	}
+	cl, err := m.claimKey(c, l)
+	if err != nil {
+		// The claim may have run without us hearing back, or run without
+		// reaching enough replicas. Undo it in the background: the client's
+		// 503 must not wait for a Redis that just failed us. When Redis
+		// cannot hear the undo either, the lease runs out and a retry finds
+		// the claim abandoned, the handler never run.
+		l.end()
+		go m.release(c, l, m.cfg.lease)
+		return nil, refuse(unavailable(err))
+	}
+	if cl.outcome != outcomeClaimed {
+		l.end() // every other reply let the lock go
+	}
+	switch cl.outcome {
+	case outcomeClaimed:
+		l.fence, c.fence = cl.fence, cl.fence
+		return l, verdict{}
+	case outcomeDone:
+		m.cache.put(c.id, c.fp, cl.rec, m.cacheExpiry(cl.ttl))
+		return nil, m.replay(c, c.fp, cl.rec) // the claim matched the fingerprint
+	case outcomeUnknown:
+		err = ErrTokenNotFound
+	case outcomeMismatch:
+		err = ErrKeyReused
+	case outcomeBig:
+		err = ErrNotReplayable
+	case outcomeAbandoned:
+		err = ErrInterrupted
+	case outcomeUnreadable:
+		err = ErrUnreadableRecord
+	default: // outcomeLost: Redis was slower than the whole lease
+		err = unavailable(errors.New("lock lease ran out before the claim"))
+	}
+	return nil, refuse(err)
+}
+
+// claimKey runs the claim under l, within the store timeout of the attempt
+// that obtained the lock; with WithReplicaAcks it then waits for replicas.
+func (m *Middleware) claimKey(c *call, l *lease) (claim, error) {
+	ctx, cancel := context.WithDeadline(l.ctx, l.began.Add(m.cfg.storeTimeout))
+	defer cancel()
+	if m.cfg.replicaAcks > 0 {
+		return m.claimReplicated(ctx, c, l)
+	}
+	return m.store.claim(ctx, l.k, l.value(), string(c.fp[:]))
+}
+
+// acquire takes the key's lock and starts its lease, waiting while another
+// instance holds it, until the deadline (ErrInProgress) or the client leaves
+// (context.Canceled).
+//
+// A waiter subscribes to the key's release and tries again when the holder
+// publishes, or after a growing pause (50 ms up to 500 ms) in case a message
+// is lost; without a subscription it falls back to the pauses alone.
+func (m *Middleware) acquire(c *call, k keys) (*lease, error) {
+	var sub *redis.PubSub
+	defer func() {
+		if sub != nil {
+			sub.Close()
+		}
+	}()
+	pause, subscribed := 50*time.Millisecond, false
+	var waitStart time.Time // set once the lock turns out to be held
+	defer func() {
+		if !waitStart.IsZero() {
+			c.waited += time.Since(waitStart)
+		}
+	}()
+	for {
+		began := time.Now()
+		ctx, cancel := m.store.stepContext(c.r.Context())
+		lock, err := m.store.obtain(ctx, k)
+		cancel()
+		if err == nil {
+			return m.startLease(c.r, k, lock, began), nil
+		}
+		if !errors.Is(err, redislock.ErrNotObtained) {
+			return nil, unavailable(err)
+		}
+		if waitStart.IsZero() {
+			waitStart = began
+			// A request that differs from the one running is refused at
+			// once: waiting could not make it the same.
+			if m.differsFromRecord(c, k) {
+				return nil, ErrKeyReused
+			}
+		}
+		left := time.Until(c.deadline)
+		if left <= 0 {
+			return nil, ErrInProgress
+		}
+		if !subscribed {
+			// Subscribe, then try the lock once more at once: the holder may
+			// have let go before the flag was up, and then nobody publishes.
+			subscribed = true
+			ctx, cancel := m.store.stepContext(c.r.Context())
+			sub, _ = m.store.watch(ctx, k, left)
+			cancel()
+			continue
+		}
+		if err := m.pause(c.r.Context(), sub, min(pause, left)); err != nil {
+			return nil, err
+		}
+		pause = min(2*pause, 500*time.Millisecond)
+	}
+}
+
+// differsFromRecord reports whether the key's record is for another
+// request. A failure to ask is no answer: the wait goes on and the claim
+// decides.
+func (m *Middleware) differsFromRecord(c *call, k keys) bool {
+	ctx, cancel := m.store.stepContext(c.r.Context())
+	defer cancel()
+	fp, err := m.store.fingerprintOf(ctx, k)
+	return err == nil && fp != "" && fp != string(c.fp[:])
+}
+
+// pause waits for a release message on sub (or plain time without one), or
+// for the client to leave.
+func (m *Middleware) pause(ctx context.Context, sub *redis.PubSub, d time.Duration) error {
+	if sub != nil {
+		released(ctx, sub, d)
+	} else {
+		timer := time.NewTimer(d)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+		}
+	}
+	if ctx.Err() != nil {
+		return context.Canceled
+	}
+	return nil
+}
+
+// cacheExpiry is when a cache entry of a record that Redis keeps for ttl
+// more stops answering without Redis.
+func (m *Middleware) cacheExpiry(ttl time.Duration) time.Time {
+	return time.Now().Add(min(ttl, m.cfg.cacheTTL))
+}

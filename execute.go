@@ -1,0 +1,105 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// execute runs the handler once under the lease and stores its answer.
+func (m *Middleware) execute(c *call, l *lease) verdict {
+	// Once the key is claimed the handler must finish: a client that gives
+	// up (a double-clicking browser aborts its first POST) retries and must
+	// find this execution's result, not a half-done one. l.ctx ignores the
+	// client and ends when the lease is lost.
+	ctx, cancel := context.WithTimeout(withFence(l.ctx, l.fence), m.cfg.execTimeout)
+	defer cancel()
+	rw := newRecorder(c.w, m.cfg.maxResponse)
+	returned := false
+	defer func() {
+		if !returned {
+			// The handler panicked. Nothing is stored as its answer; the key
+			// is released so that a retry runs, and the panic carries on to
+			// the server's recoverer.
+			m.release(c, l, 0)
+			l.end()
+		}
+	}()
+	c.next.ServeHTTP(rw, c.r.WithContext(ctx))
+	returned = true
+	return m.storeAnswer(c, l, rw.finish(m.cfg.storable))
+}
+
+// storeAnswer keeps the handler's answer for every duplicate (rec nil: executed,
+// not replayable) and ends the lease.
+func (m *Middleware) storeAnswer(c *call, l *lease, rec *record) verdict {
+	defer l.end()
+	if rec != nil && rec.status >= 500 && m.cfg.releaseOn5xx {
+		m.release(c, l, 0)
+		return verdict{outcome: Executed}
+	}
+	var (
+		how completion
+		err error
+	)
+	for attempt, pause := 0, 10*time.Millisecond; attempt < 3; attempt, pause = attempt+1, pause*2 {
+		// Tried again briefly: the handler has run, and a lost store turns
+		// every retry into an interrupted-execution answer.
+		if attempt > 0 {
+			time.Sleep(pause)
+		}
+		ctx, cancel := m.store.stepContext(c.r.Context())
+		how, err = m.store.complete(ctx, l.k, l.value(), c.fp, l.fence, rec)
+		cancel()
+		if err == nil || errors.Is(err, ErrLockLost) {
+			break
+		}
+	}
+	switch {
+	case errors.Is(err, ErrLockLost):
+		m.cfg.logger.Error("idempotency: lock lost: the handler ran, but its lease ended and another "+
+			"execution owns the key now; this answer was not stored", "key", l.k.record)
+		return verdict{outcome: Executed, err: err}
+	case err != nil:
+		m.cfg.logger.Error("idempotency: handler ran but its answer was not stored; retries will find it interrupted",
+			"key", l.k.record, "error", err)
+		return verdict{outcome: Executed, err: err}
+	case how == rewritten:
+		m.cfg.logger.Warn("idempotency: the key's record vanished while its handler ran (record TTL, eviction "+
+			"or a flush); the answer was stored again", "key", l.k.record)
+	}
+	if rec != nil {
+		m.cache.put(c.id, c.fp, rec, m.cacheExpiry(m.cfg.recordTTL))
+	}
+	return verdict{outcome: Executed, rec: rec}
+}
+
+// release gives a claimed key up, so that a retry runs: the record goes, an
+// issued token returns to its scope, and the lock is freed. It tries again
+// for up to retryFor, for a claim whose reply never came: one left behind
+// reads as an interrupted execution for the whole record TTL, although its
+// handler never ran.
+func (m *Middleware) release(c *call, l *lease, retryFor time.Duration) {
+	deadline := time.Now().Add(retryFor)
+	for pause := 50 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
+		ctx, cancel := m.store.stepContext(c.r.Context())
+		err := m.store.release(ctx, l.k, l.value())
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().Add(pause).After(deadline) {
+			m.cfg.logger.Warn("idempotency: could not release a claim; retries find it interrupted once its lease ends",
+				"key", l.k.record, "error", err)
+			return
+		}
+		time.Sleep(pause)
+	}
+}
+
+// runUnprotected runs the handler without Redis, under WithFailOpen.
+func (m *Middleware) runUnprotected(c *call, err error) verdict {
+	m.cfg.logger.Warn("idempotency: Redis unavailable, running the handler unprotected", "error", err)
+	c.next.ServeHTTP(c.w, c.r)
+	return verdict{outcome: Executed, err: err}
+}

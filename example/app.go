@@ -20,6 +20,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// readTimeout bounds a page's reads from Redis, so that a read while Redis
+// is down answers 503 at once instead of after go-redis's retries.
+const readTimeout = 500 * time.Millisecond
+
 type app struct {
 	idem  *idempotency.Middleware
 	store shopStore
@@ -42,7 +46,28 @@ func newApp(rdb redis.UniversalClient, cfg config) http.Handler {
 	r.With(a.idem.ProtectKey).Post("/payments", a.createPayment)
 	r.Get("/payments", a.listPayments)
 	registerCallbacks(r, rdb, cfg.callbackLatency)
+	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
+		writeProblem(w, http.StatusNotFound, "not-found", "there is nothing at this address")
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Allow", strings.Join(allowedMethods(r, req.URL.Path), ", "))
+		writeProblem(w, http.StatusMethodNotAllowed, "method-not-allowed",
+			"this address does not answer "+req.Method+"; Allow lists the methods it does")
+	})
 	return r
+}
+
+// allowedMethods lists the methods that r routes for path. chi names them
+// only for the methods it knows, and not for one it has never heard of.
+func allowedMethods(r chi.Routes, path string) []string {
+	var allowed []string
+	for _, method := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
+		http.MethodPatch, http.MethodDelete, http.MethodOptions} {
+		if r.Match(chi.NewRouteContext(), method, path) {
+			allowed = append(allowed, method)
+		}
+	}
+	return allowed
 }
 
 // ordersGuard is the order form's protection: the middleware, unless the
@@ -72,7 +97,9 @@ func (a *app) home(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	orders, err := a.store.orders(r.Context())
+	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	defer cancel()
+	orders, err := a.store.orders(ctx)
 	if err != nil {
 		a.fail(w, r, err)
 		return
@@ -143,7 +170,9 @@ func decodeOrder(r *http.Request) (orderInput, bool, error) {
 }
 
 func (a *app) listOrders(w http.ResponseWriter, r *http.Request) {
-	orders, err := a.store.orders(r.Context())
+	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	defer cancel()
+	orders, err := a.store.orders(ctx)
 	if err != nil {
 		a.fail(w, r, err)
 		return
@@ -163,7 +192,9 @@ func (a *app) showOrder(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	o, err := a.store.order(r.Context(), id)
+	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	defer cancel()
+	o, err := a.store.order(ctx, id)
 	if errors.Is(err, errNoOrder) {
 		http.NotFound(w, r)
 		return
@@ -238,7 +269,9 @@ func (a *app) createPayment(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *app) listPayments(w http.ResponseWriter, r *http.Request) {
-	payments, err := a.store.payments(r.Context())
+	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	defer cancel()
+	payments, err := a.store.payments(ctx)
 	if err != nil {
 		a.fail(w, r, err)
 		return
@@ -246,14 +279,14 @@ func (a *app) listPayments(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, payments)
 }
 
-// fail answers an internal error without showing it to the client.
+// fail answers a failure of the shop's Redis without showing it to the
+// client: 503 with Retry-After, as the protected routes answer, since
+// nothing was done and a retry may succeed.
 func (a *app) fail(w http.ResponseWriter, r *http.Request, err error) {
-	if errors.Is(err, idempotency.ErrStoreUnavailable) {
-		idempotency.DefaultErrorHandler(w, r, err)
-		return
+	if !errors.Is(err, idempotency.ErrStoreUnavailable) {
+		slog.Error("example: the shop's Redis failed", "path", r.URL.Path, "error", err)
 	}
-	slog.Error("example: request failed", "path", r.URL.Path, "error", err)
-	writeProblem(w, http.StatusInternalServerError, "internal", "the shop could not complete the request")
+	idempotency.DefaultErrorHandler(w, r, idempotency.ErrStoreUnavailable)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

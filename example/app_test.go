@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestMain(m *testing.M) { redistest.Main(m) }
+func TestMain(m *testing.M) { redistest.Main(m, func() { removeBinary() }) }
 
 // startShop serves the example app on rdb, as `go run ./example` would.
 func startShop(t *testing.T, rdb redis.UniversalClient, cfg config) *httptest.Server {
@@ -231,4 +231,47 @@ func TestConcurrentCancelsChangeTheOrderOnce(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusNotFound, resp.StatusCode)
+}
+
+// While Redis is down, pages that only read answer 503 with Retry-After at
+// once, as the protected routes do.
+func TestReadsFailFastWhileRedisIsDown(t *testing.T) {
+	dead := redistest.Private(t)
+	rdb := dead.Client(t)
+	srv := startShop(t, rdb, config{})
+	dead.Stop()
+	for _, path := range []string{"/orders", "/payments", "/orders/1"} {
+		began := time.Now()
+		resp, err := http.Get(srv.URL + path)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, path)
+		require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"))
+		require.NotEmpty(t, resp.Header.Get("Retry-After"))
+		require.Less(t, time.Since(began), 1500*time.Millisecond, path)
+	}
+}
+
+// The router's own answers are problems too, and a 405 names the methods
+// the address does answer, for unknown methods as well.
+func TestRouterAnswersProblems(t *testing.T) {
+	srv := startShop(t, redistest.Client(t, "shop:"), config{})
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		allow        string
+	}{
+		{http.MethodGet, "/nowhere", http.StatusNotFound, ""},
+		{http.MethodDelete, "/orders", http.StatusMethodNotAllowed, "GET, POST"},
+		{"BREW", "/orders", http.StatusMethodNotAllowed, "GET, POST"},
+		{http.MethodGet, "/orders/1/cancel", http.StatusMethodNotAllowed, "POST"},
+	} {
+		req, _ := http.NewRequest(tc.method, srv.URL+tc.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, tc.status, resp.StatusCode, "%s %s", tc.method, tc.path)
+		require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"))
+		require.Equal(t, tc.allow, resp.Header.Get("Allow"), "%s %s", tc.method, tc.path)
+	}
 }

@@ -12,9 +12,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -44,20 +44,57 @@ func run() error {
 	}
 	defer closeRedis()
 
-	srv := &http.Server{Addr: cfg.addr, Handler: newApp(rdb, cfg), ReadHeaderTimeout: 10 * time.Second}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	go func() {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		srv.Shutdown(shutdown) // protected handlers finish and store their answers
-	}()
-	slog.Info("example: shop listening", "addr", cfg.addr)
-	if err := srv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+	srv := &http.Server{
+		Handler: newApp(rdb, cfg),
+		// A client that sends its headers or body slowly (or never stops
+		// sending) must not hold a connection and a goroutine for ever;
+		// the middleware reads a protected request's whole body before the
+		// handler runs.
+		ReadHeaderTimeout: 2 * time.Second,
+		ReadTimeout:       3 * time.Second,
+		IdleTimeout:       time.Minute,
+		MaxHeaderBytes:    64 << 10,
+	}
+	ln, err := net.Listen("tcp", cfg.addr)
+	if err != nil {
 		return err
 	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	slog.Info("example: shop listening on " + browsable(ln.Addr()))
+
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	// In-flight requests finish and protected handlers store their answers
+	// before the process exits: a retry on another instance then replays
+	// them instead of finding them interrupted. The bound is the
+	// middleware's execution timeout, plus time to store.
+	slog.Info("example: shutting down; waiting for requests in flight")
+	shutdown, cancel := context.WithTimeout(context.Background(), 35*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdown); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	slog.Info("example: stopped")
 	return nil
+}
+
+// browsable is a clickable address for a listener: localhost for a
+// wildcard address.
+func browsable(addr net.Addr) string {
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return addr.String()
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/"
 }
 
 type config struct {

@@ -34,9 +34,17 @@ func Build(t testing.TB, dir string, race bool) string {
 
 // A Shop is one running instance of the example.
 type Shop struct {
-	URL string          // http://127.0.0.1:PORT
-	Out *syncbuf.Buffer // what it wrote to stdout and stderr
+	URL    string          // http://127.0.0.1:PORT
+	Out    *syncbuf.Buffer // what it wrote to stdout and stderr
+	proc   *os.Process
+	exited chan struct{}
 }
+
+// Signal sends sig to the shop's process.
+func (s *Shop) Signal(sig os.Signal) error { return s.proc.Signal(sig) }
+
+// Exited is closed when the shop's process has exited.
+func (s *Shop) Exited() <-chan struct{} { return s.exited }
 
 // Start runs bin on a free loopback port with env added to this process's
 // environment (later entries win: pass REDIS_URL and the like), and returns
@@ -56,6 +64,7 @@ func Start(t testing.TB, bin, ready string, within time.Duration, env ...string)
 		t.Fatalf("shopproc: %v", err)
 	}
 	exited := make(chan struct{})
+	s.proc, s.exited = cmd.Process, exited
 	go func() { cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
 		cmd.Process.Signal(syscall.SIGTERM)

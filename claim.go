@@ -59,15 +59,14 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 	return nil, refuse(err)
 }
 
-// claimKey runs the claim under l, within the store timeout of the attempt
+// claimKey runs the claim under l, within the store timeout of the exchange
 // that obtained the lock; with WithReplicaAcks it then waits for replicas.
 func (m *Middleware) claimKey(c *call, l *lease) (claim, error) {
-	ctx, cancel := context.WithDeadline(l.ctx, l.began.Add(m.cfg.storeTimeout))
-	defer cancel()
+	defer l.endStep()
 	if m.cfg.replicaAcks > 0 {
-		return m.claimReplicated(ctx, c, l)
+		return m.claimReplicated(l.step, c, l)
 	}
-	return m.store.claim(ctx, l.k, l.value(), string(c.fp[:]))
+	return m.store.claim(l.step, l.k, l.value(), string(c.fp[:]))
 }
 
 // acquire takes the key's lock and starts its lease, waiting while another
@@ -95,10 +94,10 @@ func (m *Middleware) acquire(c *call, k keys) (*lease, error) {
 		began := time.Now()
 		ctx, cancel := m.store.stepContext(c.r.Context())
 		lock, err := m.store.obtain(ctx, k)
-		cancel()
 		if err == nil {
-			return m.startLease(c.r, k, lock, began), nil
+			return m.startLease(k, lock, ctx, cancel), nil
 		}
+		cancel()
 		if !errors.Is(err, redislock.ErrNotObtained) {
 			return nil, unavailable(err)
 		}

@@ -10,9 +10,12 @@ import (
 func (m *Middleware) execute(c *call, l *lease) verdict {
 	// Once the key is claimed the handler must finish: a client that gives
 	// up (a double-clicking browser aborts its first POST) retries and must
-	// find this execution's result, not a half-done one. l.ctx ignores the
-	// client and ends when the lease is lost.
-	ctx, cancel := context.WithTimeout(withFence(l.ctx, l.fence), m.cfg.execTimeout)
+	// find this execution's result, not a half-done one. The context ends
+	// when the lease is lost: another instance may own the key by then.
+	ctx, lost := context.WithCancelCause(context.WithoutCancel(c.r.Context()))
+	defer lost(nil)
+	l.wd.notify(func() { lost(ErrLockLost) })
+	ctx, cancel := context.WithTimeout(withFence(ctx, l.fence), m.cfg.execTimeout)
 	defer cancel()
 	rw := newRecorder(c.w, m.cfg.maxResponse)
 	returned := false

@@ -2,8 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"net/http"
-	"time"
 
 	"github.com/bsm/redislock"
 )
@@ -17,22 +15,17 @@ import (
 type lease struct {
 	k    keys
 	lock *redislock.Lock
-	// began is when the attempt that obtained the lock started: the claim
-	// shares that attempt's store timeout.
-	began time.Time
-	// ctx is detached from the client, and cancelled with ErrLockLost when
-	// the watchdog finds the lock gone: work under the lease runs on it.
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	wd     *watchdog
-	fence  uint64 // the claim's fencing token, once claimed
+	wd   *watchdog
+	// step bounds the exchange that obtained the lock; the claim shares it,
+	// so the store timeout bounds the two together.
+	step    context.Context
+	endStep context.CancelFunc
+	fence   uint64 // the claim's fencing token, once claimed
 }
 
-func (m *Middleware) startLease(r *http.Request, k keys, lock *redislock.Lock, began time.Time) *lease {
-	ctx, cancel := context.WithCancelCause(context.WithoutCancel(r.Context()))
-	l := &lease{k: k, lock: lock, began: began, ctx: ctx, cancel: cancel}
-	l.wd = startWatchdog(lock, m.cfg.lease, m.cfg.storeTimeout, func() { cancel(ErrLockLost) })
-	return l
+func (m *Middleware) startLease(k keys, lock *redislock.Lock, step context.Context, endStep context.CancelFunc) *lease {
+	return &lease{k: k, lock: lock, step: step, endStep: endStep,
+		wd: startWatchdog(lock, m.cfg.lease, m.cfg.storeTimeout)}
 }
 
 // value is the lock's random value, which the scripts check to know that
@@ -42,5 +35,5 @@ func (l *lease) value() string { return l.lock.Token() }
 // end stops renewing. Call it once the lock is let go, or known lost.
 func (l *lease) end() {
 	l.wd.stop()
-	l.cancel(nil)
+	l.endStep()
 }

@@ -99,3 +99,47 @@ func TestFailoverWindow(t *testing.T) {
 		})
 	}
 }
+
+// slowWait delays every WAIT, as a lagging replica does.
+type slowWait time.Duration
+
+func (slowWait) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (slowWait) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (d slowWait) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "wait" {
+			time.Sleep(time.Duration(d))
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// The lease is renewed while the claim waits for replicas: a wait that
+// outlasts the first lease leaves the key with its owner, and a duplicate
+// on another instance waits for the answer instead of finding the claim
+// abandoned and running the handler again.
+func TestLeaseHoldsDuringReplicaWait(t *testing.T) {
+	primary := redistest.Private(t, "--repl-diskless-sync-delay", "0")
+	_, port, _ := strings.Cut(primary.Addr(), ":")
+	redistest.Private(t, "--replicaof", "127.0.0.1", port)
+	awaitReplica(t, primary.Client(t))
+	slow := primary.Client(t)
+	slow.AddHook(slowWait(500 * time.Millisecond))
+
+	opts := []Option{WithKeyPrefix("wait"), WithLockLease(300 * time.Millisecond),
+		WithReplicaAcks(1, 250*time.Millisecond), WithStoreTimeout(2 * time.Second), WithRetryAbandoned()}
+	a := newShopOn(t, slow, opts...)
+	b := newShopOn(t, primary.Client(t), opts...)
+	c := a.client()
+	done := make(chan answer)
+	go func() { done <- a.post(c, "/payments", "waited", `{}`) }()
+	time.Sleep(400 * time.Millisecond) // past the first lease, inside the WAIT
+	dup := b.post(c, "/payments", "waited", `{}`)
+	first := <-done
+	require.Equal(t, http.StatusCreated, first.status, first.body)
+	require.Equal(t, first.body, dup.body)
+	require.Equal(t, "true", dup.header.Get(ReplayedHeader))
+	require.EqualValues(t, 1, a.execs.Load()+b.execs.Load())
+}

@@ -38,6 +38,14 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 	}
 	switch cl.outcome {
 	case outcomeClaimed:
+		if l.wd.isLost() {
+			// The lease ran out during the claim or the replica wait:
+			// another instance may own the key by now, so the handler must
+			// not start. Nothing ran; the claim is undone if still ours.
+			l.end()
+			m.release(c, l, 0)
+			return nil, refuse(unavailable(ErrLockLost))
+		}
 		l.fence, c.fence = cl.fence, cl.fence
 		return l, verdict{}
 	case outcomeDone:
@@ -95,7 +103,7 @@ func (m *Middleware) acquire(c *call, k keys) (*lease, error) {
 		ctx, cancel := m.store.stepContext(c.r.Context())
 		lock, err := m.store.obtain(ctx, k)
 		if err == nil {
-			return m.startLease(k, lock, ctx, cancel), nil
+			return m.startLease(k, lock, began, ctx, cancel), nil
 		}
 		cancel()
 		if !errors.Is(err, redislock.ErrNotObtained) {

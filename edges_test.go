@@ -78,7 +78,11 @@ func TestClientGoneMidBodyStoresTheWholeAnswer(t *testing.T) {
 				}
 			}
 			abandonFirstPost(t, s.srv.URL, "/payments", "gone", `{}`)
-			<-finished
+			select {
+			case <-finished:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the handler did not finish")
+			}
 			require.Nil(t, handlerErr.Load(), "the handler's writes succeed while they are recorded")
 
 			retry := s.post(s.client(), "/payments", "gone", `{}`)
@@ -157,15 +161,17 @@ func TestFailedWritesStillRecordTheWholeAnswer(t *testing.T) {
 		})), 50*time.Millisecond, "timed out")
 		srv := httptest.NewServer(h)
 		defer srv.Close()
-		post := func() answer {
+		post := func() (answer, error) {
 			req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{}`))
 			req.Header.Set(KeyHeader, "timeout")
-			return do(t, srv.Client(), req)
+			return tryDo(srv.Client(), req)
 		}
-		require.Equal(t, http.StatusServiceUnavailable, post().status, "the timeout handler answered")
+		first, err := post()
+		require.NoError(t, err)
+		require.Equal(t, http.StatusServiceUnavailable, first.status, "the timeout handler answered")
 		require.Eventually(t, func() bool {
-			a := post()
-			return a.status == http.StatusCreated && len(a.body) == len(big)
+			a, err := post()
+			return err == nil && a.status == http.StatusCreated && len(a.body) == len(big)
 		}, 5*time.Second, 20*time.Millisecond)
 		require.EqualValues(t, 1, execs.Load())
 	})
@@ -359,7 +365,7 @@ func TestRecordVanishingMidRunNeverRunsTwice(t *testing.T) {
 	s := newShop(t, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), WithResponseCache(0, 0))
 	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "vanish"))
 	s.handler = func(w http.ResponseWriter, r *http.Request) {
-		require.NoError(t, s.rdb.Del(context.Background(), k.record).Err()) // evicted
+		s.rdb.Del(context.Background(), k.record) // evicted
 		s.defaultHandler(w, r)
 	}
 	c := s.client()
@@ -374,6 +380,32 @@ func TestRecordVanishingMidRunNeverRunsTwice(t *testing.T) {
 	require.EqualValues(t, 1, s.execs.Load())
 	require.Contains(t, logs.String(), "vanished while its handler ran")
 	require.Empty(t, keysWithoutTTL(t, s.rdb, s.idem.cfg.prefix))
+}
+
+// Even in a full Redis (maxmemory reached), a record that vanished is
+// written back with the answer: the retry replays.
+func TestRecordVanishingInAFullRedis(t *testing.T) {
+	srv := redistest.Private(t)
+	rdb := srv.Client(t)
+	s := newShopOn(t, rdb, WithResponseCache(0, 0))
+	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "full"))
+	ctx := context.Background()
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		rdb.Del(ctx, k.record)               // evicted
+		rdb.ConfigSet(ctx, "maxmemory", "1") // and Redis is full
+		s.defaultHandler(w, r)
+	}
+	c := s.client()
+	first := s.post(c, "/payments", "full", `{}`)
+	require.Equal(t, http.StatusCreated, first.status)
+	// A full Redis refuses new locks (503, nothing runs); once it has room,
+	// the retry finds the answer.
+	requireProblem(t, s.post(c, "/payments", "full", `{}`), http.StatusServiceUnavailable, "store-unavailable")
+	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory", "0").Err())
+	retry := s.post(c, "/payments", "full", `{}`)
+	require.Equal(t, "true", retry.header.Get(ReplayedHeader), retry.body)
+	require.Equal(t, first.body, retry.body)
+	require.EqualValues(t, 1, s.execs.Load())
 }
 
 // Options under which the lease cannot hold are refused at New, with a
@@ -403,8 +435,9 @@ func panicMessage(f func()) (msg any) {
 // slowScripts delays the scripts whose source contains marker, as a slow
 // Redis or a slow network would.
 type slowScripts struct {
-	sha   string
-	delay time.Duration
+	sha     string
+	delay   time.Duration
+	entered chan struct{} // told, without blocking, when a script is delayed
 }
 
 func (slowScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -414,6 +447,10 @@ func (slowScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 func (h slowScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if args := cmd.Args(); len(args) > 1 && (args[1] == h.sha || args[1] == claimSource) {
+			select {
+			case h.entered <- struct{}{}:
+			default:
+			}
 			time.Sleep(h.delay)
 		}
 		return next(ctx, cmd)
@@ -427,16 +464,17 @@ func (h slowScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func TestLeaseIsRenewedBeforeTheClaim(t *testing.T) {
 	prefix := "test-" + t.Name()
 	slow := redistest.Client(t, prefix).(*redis.Client)
-	slow.AddHook(slowScripts{sha: claimScript.Hash(), delay: 700 * time.Millisecond})
+	claiming := make(chan struct{}, 1)
+	slow.AddHook(slowScripts{sha: claimScript.Hash(), delay: 700 * time.Millisecond, entered: claiming})
 	opts := []Option{WithKeyPrefix(prefix), WithLockLease(300 * time.Millisecond), WithStoreTimeout(2 * time.Second)}
 	a := newShopOn(t, slow, append(opts, WithRetryAbandoned())...)
 	b := newShopOn(t, redistest.Client(t, prefix), append(opts, WithRetryAbandoned())...)
 	c := a.client()
-	done := make(chan answer)
-	go func() { done <- a.post(c, "/payments", "slow-claim", `{}`) }()
-	time.Sleep(500 * time.Millisecond) // past the first lease, inside the claim
+	done := a.postAsync(c, "/payments", "slow-claim", `{}`)
+	<-claiming
+	time.Sleep(400 * time.Millisecond) // past the first lease, inside the claim
 	dup := b.post(c, "/payments", "slow-claim", `{}`)
-	first := <-done
+	first := (<-done).must(t)
 	require.Equal(t, http.StatusCreated, first.status)
 	require.Equal(t, first.body, dup.body)
 	require.Equal(t, "true", dup.header.Get(ReplayedHeader))
@@ -573,7 +611,10 @@ func TestCacheAgreesWithRedisAfterDataLoss(t *testing.T) {
 	require.Empty(t, again.header.Get(ReplayedHeader), "the other instance ran the key again")
 	require.NotEqual(t, first.body, again.body)
 	require.Eventually(t, func() bool {
-		return a.post(c, "/payments", "lost", `{}`).body == again.body
+		req, _ := http.NewRequest(http.MethodPost, a.srv.URL+"/payments", strings.NewReader(`{}`))
+		req.Header.Set(KeyHeader, "lost")
+		got, err := tryDo(c, req)
+		return err == nil && got.body == again.body
 	}, 2*time.Second, 50*time.Millisecond, "the cached answer gives way to Redis's")
 }
 
@@ -600,14 +641,13 @@ func TestEveryReplayPathChecksTheFingerprint(t *testing.T) {
 		defer free() // also when an assertion fails, so the server can close
 		s.handler = func(w http.ResponseWriter, r *http.Request) { <-release; s.defaultHandler(w, r) }
 		c := s.client()
-		done := make(chan answer)
-		go func() { done <- s.post(c, "/payments", "fp", `{"a":1}`) }()
+		done := s.postAsync(c, "/payments", "fp", `{"a":1}`)
 		require.Eventually(t, func() bool { return s.execs.Load() == 1 }, 5*time.Second, time.Millisecond)
 		began := time.Now()
 		a := dup.post(c, "/payments", "fp", `{"a":2}`)
 		require.Less(t, time.Since(began), time.Second, "refused at once, not after the wait")
 		free()
-		require.Equal(t, http.StatusCreated, (<-done).status)
+		require.Equal(t, http.StatusCreated, (<-done).must(t).status)
 		return a
 	}
 	t.Run("waiting in process", func(t *testing.T) {

@@ -17,7 +17,7 @@ func (m *Middleware) execute(c *call, l *lease) verdict {
 	l.wd.notify(func() { lost(ErrLockLost) })
 	ctx, cancel := context.WithTimeout(withFence(ctx, l.fence), m.cfg.execTimeout)
 	defer cancel()
-	rw := newRecorder(c.w, m.cfg.maxResponse)
+	rw := newRecorder(c.w, m.cfg.maxResponse, m.cfg.storable)
 	returned := false
 	defer func() {
 		if !returned {
@@ -30,7 +30,7 @@ func (m *Middleware) execute(c *call, l *lease) verdict {
 	}()
 	c.next.ServeHTTP(rw, c.r.WithContext(ctx))
 	returned = true
-	return m.storeAnswer(c, l, rw.finish(m.cfg.storable))
+	return m.storeAnswer(c, l, rw.finish())
 }
 
 // storeAnswer keeps the handler's answer for every duplicate (rec nil: executed,

@@ -119,13 +119,13 @@ func TestSameTokenDifferentRequestIsRefused(t *testing.T) {
 	require.EqualValues(t, 2, s.execs.Load())
 }
 
-func TestKeyModeIsScopedToTheRouteByDefault(t *testing.T) {
+func TestKeyModeAnonymousCallersShareTheRoute(t *testing.T) {
 	s := newShop(t)
 	alice, bob := s.client(), s.client()
 	first := s.post(alice, "/payments", "order-42", `{"amount":5}`)
 	require.Equal(t, http.StatusCreated, first.status)
-	// Any caller presenting the same key gets the same answer, as with
-	// Stripe: the client owns the key's uniqueness.
+	// Callers that name nobody (no session, no Authorization) share the
+	// route's keys: the same key gets the same answer.
 	again := s.post(bob, "/payments", "order-42", `{"amount":5}`)
 	require.Equal(t, first.body, again.body)
 	require.Equal(t, "true", again.header.Get(ReplayedHeader))

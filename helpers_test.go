@@ -154,3 +154,44 @@ func keysWithoutTTL(t testing.TB, rdb redis.UniversalClient, prefix string) []st
 	}
 	return forever
 }
+
+// postAsync posts from another goroutine, which must not fail the test
+// itself: the answer (or the error) arrives on the channel, for the test's
+// own goroutine to check with (answer).must.
+func (s *shop) postAsync(c *http.Client, path, key, body string) <-chan asyncAnswer {
+	done := make(chan asyncAnswer, 1)
+	go func() {
+		req, err := http.NewRequest(http.MethodPost, s.srv.URL+path, strings.NewReader(body))
+		if err != nil {
+			done <- asyncAnswer{err: err}
+			return
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(KeyHeader, key)
+		a, err := tryDo(c, req)
+		done <- asyncAnswer{a, err}
+	}()
+	return done
+}
+
+type asyncAnswer struct {
+	answer
+	err error
+}
+
+func (a asyncAnswer) must(t testing.TB) answer {
+	t.Helper()
+	require.NoError(t, a.err)
+	return a.answer
+}
+
+// tryDo is do for goroutines that are not the test's.
+func tryDo(c *http.Client, req *http.Request) (answer, error) {
+	resp, err := c.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return answer{status: resp.StatusCode, header: resp.Header, body: string(body)}, err
+}

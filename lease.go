@@ -2,13 +2,15 @@ package idempotency
 
 import (
 	"context"
+	"time"
 
 	"github.com/bsm/redislock"
 )
 
 // A lease is one request's hold on a key, with one life: it begins when the
-// lock is obtained and ends when the script that lets the lock go has run
-// (a claim that did not claim, the store of the answer, a release). A
+// lock is obtained and ends when the lock is let go (by a claim that did
+// not claim, the store of the answer or a release) or when the claim failed
+// and the release goes on in the background. A
 // watchdog renews the lock for exactly that long, so neither a slow claim,
 // a replica wait nor a slow handler outlives it, while a crashed instance
 // frees the key within one lease.
@@ -23,9 +25,11 @@ type lease struct {
 	fence   uint64 // the claim's fencing token, once claimed
 }
 
-func (m *Middleware) startLease(k keys, lock *redislock.Lock, step context.Context, endStep context.CancelFunc) *lease {
+// startLease starts the lease of a lock obtained by an attempt that began
+// at began.
+func (m *Middleware) startLease(k keys, lock *redislock.Lock, began time.Time, step context.Context, endStep context.CancelFunc) *lease {
 	return &lease{k: k, lock: lock, step: step, endStep: endStep,
-		wd: startWatchdog(lock, m.cfg.lease, m.cfg.storeTimeout)}
+		wd: startWatchdog(lock, m.cfg.lease, m.cfg.storeTimeout, began)}
 }
 
 // value is the lock's random value, which the scripts check to know that

@@ -162,9 +162,11 @@ func WithRetryAbandoned() Option { return func(c *config) { c.retryAbandoned = t
 // 503 when fewer do. Without it, a primary that dies before replicating a
 // claim leaves a promoted replica that never saw it, and a retry can run the
 // handler again. It costs one more round trip per first execution. The
-// timeout must be shorter than the lock lease (the lease is renewed during
-// the wait, but a wait longer than a lease means a renewal that could not
-// happen); New panics otherwise. Default off (0).
+// lease is renewed during the wait, but the timeout must be shorter than
+// the lease all the same: a primary that cannot replicate a claim within
+// one lease is failing, and a request should learn it (503) before its
+// duplicates, which wait on the lock, give up. New panics otherwise.
+// Default off (0).
 func WithReplicaAcks(n int, timeout time.Duration) Option {
 	return func(c *config) { c.replicaAcks, c.replicaWait = n, timeout }
 }

@@ -3,8 +3,10 @@ package idempotency
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"net"
 	"net/http"
+	"strings"
 )
 
 // recorder passes a handler's response through to the client while keeping
@@ -25,16 +27,19 @@ import (
 type recorder struct {
 	w           http.ResponseWriter
 	header      http.Header // the handler's own
+	storable    func(string) bool
 	limit       int
 	status      int
+	pairs       []string // the storable headers as sent with the status
+	informed    []string // names sent with an informational answer
 	body        bytes.Buffer
 	wroteHeader bool
-	partial     bool  // streamed, hijacked or over the limit
+	partial     bool  // streamed, hijacked, switched protocols or over the limit
 	writeErr    error // the first failed write to the client
 }
 
-func newRecorder(w http.ResponseWriter, limit int) *recorder {
-	return &recorder{w: w, header: make(http.Header, 4), limit: limit}
+func newRecorder(w http.ResponseWriter, limit int, storable func(string) bool) *recorder {
+	return &recorder{w: w, header: make(http.Header, 4), limit: limit, storable: storable}
 }
 
 func (rw *recorder) Header() http.Header { return rw.header }
@@ -44,28 +49,48 @@ func (rw *recorder) WriteHeader(code int) {
 		rw.w.WriteHeader(code) // superfluous: net/http logs it
 		return
 	}
-	rw.mergeHeader()
-	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
-		rw.w.WriteHeader(code) // an informational answer; the final one follows
+	informational := code >= 100 && code < 200 && code != http.StatusSwitchingProtocols
+	rw.mergeHeader(informational)
+	if informational {
+		rw.w.WriteHeader(code) // 103 Early Hints and the like; the final answer follows
 		return
 	}
 	rw.wroteHeader = true
 	rw.status = code
+	// What is stored is what goes out now: headers set later never reach
+	// the client (trailers aside), so they are not replayed either.
+	rw.pairs = headerPairs(rw.header, rw.storable)
+	if code == http.StatusSwitchingProtocols {
+		rw.markPartial() // the connection is the handler's now
+	}
 	rw.w.WriteHeader(code)
 }
 
 // mergeHeader copies the handler's headers into the outer writer's, the
-// handler's values replacing an outer value of the same name.
-func (rw *recorder) mergeHeader() {
+// handler's values replacing an outer value of the same name. A header sent
+// with an informational answer and deleted since is deleted from the final
+// one too.
+func (rw *recorder) mergeHeader(informational bool) {
 	dst := rw.w.Header()
+	for _, name := range rw.informed {
+		if _, ok := rw.header[name]; !ok {
+			delete(dst, name)
+		}
+	}
 	for name, values := range rw.header {
 		dst[name] = values
+		if informational {
+			rw.informed = append(rw.informed, name)
+		}
 	}
 }
 
 func (rw *recorder) Write(p []byte) (int, error) {
 	if !rw.wroteHeader {
 		rw.WriteHeader(http.StatusOK)
+	}
+	if !bodyAllowed(rw.status) {
+		return rw.w.Write(p) // net/http refuses it (ErrBodyNotAllowed); nothing to record
 	}
 	if !rw.partial {
 		if rw.body.Len()+len(p) > rw.limit {
@@ -81,13 +106,25 @@ func (rw *recorder) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	n, err := rw.w.Write(p)
-	if err != nil {
+	switch {
+	case err == nil:
+	case errors.Is(err, http.ErrContentLength):
+		// The handler wrote past its own Content-Length: a handler bug,
+		// not a departed client. net/http sent nothing of p, so the
+		// record must not hold it either.
+		rw.body.Truncate(max(rw.body.Len()-len(p), 0))
+	default:
 		rw.writeErr = err
 		if !rw.partial {
 			return len(p), nil // recorded in full; the retry gets it all
 		}
 	}
 	return n, err
+}
+
+// bodyAllowed reports whether a status may carry a body (RFC 9110).
+func bodyAllowed(status int) bool {
+	return status != http.StatusNoContent && status != http.StatusNotModified && (status < 100 || status > 199)
 }
 
 func (rw *recorder) markPartial() {
@@ -113,9 +150,12 @@ func (rw *recorder) FlushError() error {
 // Hijack hands the connection to the handler; the response stops being
 // replayable.
 func (rw *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	rw.markPartial()
-	rw.wroteHeader = true
-	return http.NewResponseController(rw.w).Hijack()
+	conn, buf, err := http.NewResponseController(rw.w).Hijack()
+	if err == nil {
+		rw.markPartial()
+		rw.wroteHeader = true
+	}
+	return conn, buf, err
 }
 
 // Unwrap lets http.ResponseController reach the underlying writer for
@@ -123,16 +163,38 @@ func (rw *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 func (rw *recorder) Unwrap() http.ResponseWriter { return rw.w }
 
 // finish sends the headers of a handler that returned without writing, as
-// net/http would have sent them with an implicit 200, and returns the
-// response to store, or nil when it cannot be replayed.
-func (rw *recorder) finish(storable func(string) bool) *record {
+// net/http would have sent them with an implicit 200, passes on trailers,
+// and returns the response to store, or nil when it cannot be replayed.
+// Trailers are not stored: a replay is sent in one piece.
+func (rw *recorder) finish() *record {
 	if !rw.wroteHeader {
 		rw.WriteHeader(http.StatusOK)
 	}
+	rw.passTrailers()
 	if rw.partial {
 		return nil
 	}
-	return newRecord(rw.status, headerPairs(rw.header, storable), rw.body.Bytes())
+	return newRecord(rw.status, rw.pairs, rw.body.Bytes())
+}
+
+// passTrailers copies the trailers the handler set after the status into
+// the outer writer's headers, where net/http looks for them: those
+// declared in a Trailer header, and those named with http.TrailerPrefix.
+func (rw *recorder) passTrailers() {
+	dst := rw.w.Header()
+	for name, values := range rw.header {
+		if strings.HasPrefix(name, http.TrailerPrefix) {
+			dst[name] = values
+		}
+	}
+	for _, declared := range rw.header["Trailer"] {
+		for _, name := range strings.Split(declared, ",") {
+			name = http.CanonicalHeaderKey(strings.TrimSpace(name))
+			if values, ok := rw.header[name]; ok {
+				dst[name] = values
+			}
+		}
+	}
 }
 
 // headerPairs flattens the storable headers into name, value, … pairs.

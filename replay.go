@@ -1,9 +1,6 @@
 package idempotency
 
-import (
-	"net/http"
-	"strconv"
-)
+import "net/http"
 
 // ReplayedHeader marks a response that was replayed from a stored record.
 const ReplayedHeader = "Idempotent-Replayed"
@@ -81,6 +78,3 @@ func (c *config) storable(name string) bool {
 	}
 	return name != "Set-Cookie" && !hopByHop[name]
 }
-
-// statusText is the stored form of a status code.
-func statusText(code int) string { return strconv.Itoa(code) }

@@ -100,17 +100,25 @@ func TestFailoverWindow(t *testing.T) {
 	}
 }
 
-// slowWait delays every WAIT, as a lagging replica does.
-type slowWait time.Duration
+// slowWait delays every WAIT, as a lagging replica does, and says so on
+// entered without blocking.
+type slowWait struct {
+	delay   time.Duration
+	entered chan struct{}
+}
 
 func (slowWait) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (slowWait) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
-func (d slowWait) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h slowWait) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if cmd.Name() == "wait" {
-			time.Sleep(time.Duration(d))
+			select {
+			case h.entered <- struct{}{}:
+			default:
+			}
+			time.Sleep(h.delay)
 		}
 		return next(ctx, cmd)
 	}
@@ -126,20 +134,59 @@ func TestLeaseHoldsDuringReplicaWait(t *testing.T) {
 	redistest.Private(t, "--replicaof", "127.0.0.1", port)
 	awaitReplica(t, primary.Client(t))
 	slow := primary.Client(t)
-	slow.AddHook(slowWait(500 * time.Millisecond))
+	waiting := make(chan struct{}, 1)
+	slow.AddHook(slowWait{500 * time.Millisecond, waiting})
 
 	opts := []Option{WithKeyPrefix("wait"), WithLockLease(300 * time.Millisecond),
 		WithReplicaAcks(1, 250*time.Millisecond), WithStoreTimeout(2 * time.Second), WithRetryAbandoned()}
 	a := newShopOn(t, slow, opts...)
 	b := newShopOn(t, primary.Client(t), opts...)
 	c := a.client()
-	done := make(chan answer)
-	go func() { done <- a.post(c, "/payments", "waited", `{}`) }()
-	time.Sleep(400 * time.Millisecond) // past the first lease, inside the WAIT
+	done := a.postAsync(c, "/payments", "waited", `{}`)
+	<-waiting
+	time.Sleep(350 * time.Millisecond) // past the first lease, inside the WAIT
 	dup := b.post(c, "/payments", "waited", `{}`)
-	first := <-done
+	first := (<-done).must(t)
 	require.Equal(t, http.StatusCreated, first.status, first.body)
 	require.Equal(t, first.body, dup.body)
 	require.Equal(t, "true", dup.header.Get(ReplayedHeader))
 	require.EqualValues(t, 1, a.execs.Load()+b.execs.Load())
+}
+
+// stealDuringWait deletes a lock while the claim waits for replicas, as an
+// expired lease taken over by another instance would.
+type stealDuringWait struct {
+	rdb  *redis.Client
+	lock string
+}
+
+func (stealDuringWait) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (stealDuringWait) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h stealDuringWait) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "wait" {
+			h.rdb.Del(ctx, h.lock)
+			time.Sleep(250 * time.Millisecond) // the watchdog renews, and finds the lock gone
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A lease lost before the handler starts stops it from starting: another
+// instance may own the key by then.
+func TestLeaseLostBeforeTheHandlerStarts(t *testing.T) {
+	primary := redistest.Private(t, "--repl-diskless-sync-delay", "0")
+	_, port, _ := strings.Cut(primary.Addr(), ":")
+	redistest.Private(t, "--replicaof", "127.0.0.1", port)
+	awaitReplica(t, primary.Client(t))
+	rdb := primary.Client(t)
+	s := newShopOn(t, rdb, WithKeyPrefix("stolen"), WithLockLease(300*time.Millisecond),
+		WithReplicaAcks(1, 200*time.Millisecond))
+	k := clientKeys("stolen", identityOf(false, "/payments", "stolen"))
+	rdb.AddHook(stealDuringWait{rdb: primary.Client(t), lock: k.lock})
+	a := s.post(s.client(), "/payments", "stolen", `{}`)
+	requireProblem(t, a, http.StatusServiceUnavailable, "store-unavailable")
+	require.Zero(t, s.execs.Load(), "the handler never started without its lease")
 }

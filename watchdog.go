@@ -14,9 +14,11 @@ import (
 // timer rather than a goroutine: most leases end before their first
 // renewal, and then a watchdog costs one timer.
 type watchdog struct {
-	lock        *redislock.Lock
-	lease       time.Duration
-	stepTimeout time.Duration
+	lock  *redislock.Lock
+	lease time.Duration
+	// renewTimeout bounds one renewal: a renewal that lands later than
+	// that may land after the lock expired.
+	renewTimeout time.Duration
 
 	mu       sync.Mutex
 	timer    *time.Timer
@@ -25,21 +27,25 @@ type watchdog struct {
 	lost     bool
 	onLost   func()
 
-	renewed time.Time // touched by one renewal at a time
+	// expires is when the lock runs out unless renewed: a lease after the
+	// start of the last attempt that renewed it (or obtained it), since
+	// Redis may have started the TTL at any moment after that start.
+	expires time.Time // touched by one renewal at a time
 }
 
-func startWatchdog(lock *redislock.Lock, lease, stepTimeout time.Duration) *watchdog {
-	wd := &watchdog{lock: lock, lease: lease, stepTimeout: stepTimeout, renewed: time.Now()}
+func startWatchdog(lock *redislock.Lock, lease, stepTimeout time.Duration, obtainedSince time.Time) *watchdog {
+	wd := &watchdog{lock: lock, lease: lease, renewTimeout: min(stepTimeout, lease/3),
+		expires: obtainedSince.Add(lease)}
 	wd.mu.Lock() // renew reads the timer, and may run before AfterFunc returns
 	wd.timer = time.AfterFunc(lease/3, wd.renew)
 	wd.mu.Unlock()
 	return wd
 }
 
-// renew refreshes the lock. When the lock turns out to be gone (another
-// instance took the key over), or when no renewal has succeeded for a whole
-// lease (Redis unreachable: the lease has lapsed and another instance may
-// take the key), the lease is lost and renewing stops.
+// renew refreshes the lock. The lease is lost when the lock turns out to be
+// gone (another instance took the key over), or as soon as no renewal can
+// land before the lock expires (Redis unreachable or slow): from then on
+// another instance may take the key, so the handler must know at once.
 func (wd *watchdog) renew() {
 	wd.mu.Lock()
 	if wd.stopped {
@@ -50,22 +56,30 @@ func (wd *watchdog) renew() {
 	wd.mu.Unlock()
 	defer wd.renewing.Done()
 
-	ctx, cancel := context.WithTimeout(context.Background(), min(wd.stepTimeout, wd.lease/3))
+	ctx, cancel := context.WithTimeout(context.Background(), wd.renewTimeout)
 	attempt := time.Now()
 	err := wd.lock.Refresh(ctx, wd.lease, nil)
 	cancel()
+	next := wd.lease / 3
 	switch {
 	case err == nil:
-		wd.renewed = attempt
-	case errors.Is(err, redislock.ErrNotObtained), time.Since(wd.renewed) >= wd.lease:
+		wd.expires = attempt.Add(wd.lease)
+	case errors.Is(err, redislock.ErrNotObtained):
 		wd.fail()
 		return
+	default:
+		// A transient error: try again while a renewal can still land in
+		// time, sooner than usual.
+		left := time.Until(wd.expires) - wd.renewTimeout
+		if left <= 0 {
+			wd.fail()
+			return
+		}
+		next = min(next, left/2)
 	}
-	// Any other error is transient: the next renewal tries again while the
-	// lease still runs.
 	wd.mu.Lock()
 	if !wd.stopped {
-		wd.timer.Reset(wd.lease / 3)
+		wd.timer.Reset(next)
 	}
 	wd.mu.Unlock()
 }
@@ -78,6 +92,13 @@ func (wd *watchdog) fail() {
 	if f != nil {
 		f()
 	}
+}
+
+// isLost reports whether the lease was lost.
+func (wd *watchdog) isLost() bool {
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	return wd.lost
 }
 
 // notify calls f once the lease is lost, at once if it already is.

@@ -129,11 +129,12 @@ func (a *app) createOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := sleep(r.Context(), a.cfg.orderLatency); err != nil {
+		a.failExecuted(w, r, err)
 		return
 	}
 	o := &Order{Item: in.Item, Quantity: in.Quantity, Status: "placed", CreatedAt: time.Now().UTC()}
 	if err := a.store.addOrder(r.Context(), o); err != nil {
-		a.fail(w, r, err)
+		a.failExecuted(w, r, err)
 		return
 	}
 	location := "/orders/" + strconv.FormatInt(o.ID, 10)
@@ -247,6 +248,7 @@ func (a *app) createPayment(w http.ResponseWriter, r *http.Request) {
 	}
 	// The payment provider's call: slow, and not to be made twice.
 	if err := sleep(r.Context(), a.cfg.paymentLatency); err != nil {
+		a.failExecuted(w, r, err)
 		return
 	}
 	p := &Payment{
@@ -261,7 +263,7 @@ func (a *app) createPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		a.fail(w, r, err)
+		a.failExecuted(w, r, err)
 		return
 	}
 	w.Header().Set("Location", "/payments/"+p.ID)
@@ -277,6 +279,15 @@ func (a *app) listPayments(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, payments)
+}
+
+// failExecuted answers a failure inside a protected handler: the answer is
+// stored and replayed, so it must not say "nothing ran, retry" (a 503 with
+// Retry-After would send a retrying client round for the record's whole
+// lifetime), and for a payment something did run.
+func (a *app) failExecuted(w http.ResponseWriter, r *http.Request, err error) {
+	slog.Error("example: a protected request failed", "path", r.URL.Path, "error", err)
+	writeProblem(w, http.StatusInternalServerError, "internal", "the shop could not complete the request")
 }
 
 // fail answers a failure of the shop's Redis without showing it to the

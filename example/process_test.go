@@ -45,7 +45,7 @@ func pay(t *testing.T, base, key string) (int, string, error) {
 	req, _ := http.NewRequest(http.MethodPost, base+"/payments", strings.NewReader(`{"amount":500,"currency":"eur"}`))
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
 	if err != nil {
 		return 0, "", err
 	}
@@ -60,7 +60,8 @@ func TestSIGTERMFinishesRequestsInFlight(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the example")
 	}
-	redisURL := "redis://" + redistest.Private(t).Addr()
+	redis := redistest.Private(t)
+	redisURL := "redis://" + redis.Addr()
 	a := startProcess(t, "REDIS_URL="+redisURL, "PAYMENT_LATENCY=600ms")
 	b := startProcess(t, "REDIS_URL="+redisURL, "PAYMENT_LATENCY=600ms")
 
@@ -78,7 +79,12 @@ func TestSIGTERMFinishesRequestsInFlight(t *testing.T) {
 			results[i] = result{status, body, err}
 		})
 	}
-	time.Sleep(200 * time.Millisecond) // every payment is in its provider call
+	// Signal once every payment is claimed, and so in its provider call.
+	rdb := redis.Client(t)
+	require.Eventually(t, func() bool {
+		records, err := rdb.Keys(t.Context(), "idem:*:r").Result()
+		return err == nil && len(records) == n
+	}, 10*time.Second, 5*time.Millisecond)
 	require.NoError(t, a.Signal(syscall.SIGTERM))
 	wg.Wait()
 	select {

@@ -5,7 +5,7 @@
 --
 -- Record fields: st state (run, done, big), o lock value of the executor,
 -- fp fingerprint, c status, h headers, b body, n executions, f fencing token,
--- x token expiry.
+-- x token expiry, w set when the store wrote a vanished record back.
 --
 -- The fencing token is Redis's clock in microseconds at the claim, and
 -- always above the key's previous one: storage that remembers the highest

@@ -7,14 +7,22 @@
 -- record had vanished while the handler ran (evicted, expired, flushed), and
 -- 0 when another executor owns the key now (then nothing is written). Our
 -- lock is released whatever the answer. Safe to run twice.
-local rec = redis.call('HMGET', KEYS[1], 'st', 'o')
+local rec = redis.call('HMGET', KEYS[1], 'st', 'o', 'w')
 local stored = 0
 if not rec[1] then
-  -- Nobody claimed the key after us (a claim writes the record), so our
-  -- answer is the key's: writing it back keeps a retry from running the
-  -- handler a second time. HSET first, as below.
+  -- No record is claimed now (a claim writes one), so our answer is the
+  -- key's: writing it back keeps a retry from running the handler a second
+  -- time. Under maxmemory the HSET must not be the script's first write
+  -- (see below), so the lock goes first, and a PEXPIRE (a write that
+  -- cannot grow memory) when the lock is no longer ours. 'w' tells a
+  -- resend that the record was written back.
+  if redis.call('GET', KEYS[2]) == ARGV[1] then
+    redis.call('DEL', KEYS[2])
+  else
+    redis.call('PEXPIRE', KEYS[1], ARGV[6])
+  end
   redis.call('HSET', KEYS[1], 'st', ARGV[2], 'o', ARGV[1], 'fp', ARGV[7],
-    'c', ARGV[3], 'h', ARGV[4], 'b', ARGV[5], 'n', 1, 'f', ARGV[8])
+    'c', ARGV[3], 'h', ARGV[4], 'b', ARGV[5], 'n', 1, 'f', ARGV[8], 'w', 1)
   redis.call('PEXPIRE', KEYS[1], ARGV[6])
   stored = 2
 elseif rec[2] == ARGV[1] then
@@ -29,6 +37,9 @@ elseif rec[2] == ARGV[1] then
     redis.call('HDEL', KEYS[1], 'x')
   end
   stored = 1
+  if rec[3] then
+    stored = 2
+  end
 end
 if redis.call('GET', KEYS[2]) == ARGV[1] then
   redis.call('DEL', KEYS[2])

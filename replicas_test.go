@@ -100,25 +100,17 @@ func TestFailoverWindow(t *testing.T) {
 	}
 }
 
-// slowWait delays every WAIT, as a lagging replica does, and says so on
-// entered without blocking.
-type slowWait struct {
-	delay   time.Duration
-	entered chan struct{}
-}
+// onWait runs do before every WAIT: a lagging replica, a lock taken away.
+type onWait struct{ do func(ctx context.Context) }
 
-func (slowWait) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (slowWait) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (onWait) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (onWait) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
-func (h slowWait) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h onWait) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if cmd.Name() == "wait" {
-			select {
-			case h.entered <- struct{}{}:
-			default:
-			}
-			time.Sleep(h.delay)
+			h.do(ctx)
 		}
 		return next(ctx, cmd)
 	}
@@ -135,7 +127,13 @@ func TestLeaseHoldsDuringReplicaWait(t *testing.T) {
 	awaitReplica(t, primary.Client(t))
 	slow := primary.Client(t)
 	waiting := make(chan struct{}, 1)
-	slow.AddHook(slowWait{500 * time.Millisecond, waiting})
+	slow.AddHook(onWait{func(context.Context) {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
+		time.Sleep(500 * time.Millisecond)
+	}})
 
 	opts := []Option{WithKeyPrefix("wait"), WithLockLease(300 * time.Millisecond),
 		WithReplicaAcks(1, 250*time.Millisecond), WithStoreTimeout(2 * time.Second), WithRetryAbandoned()}
@@ -153,27 +151,6 @@ func TestLeaseHoldsDuringReplicaWait(t *testing.T) {
 	require.EqualValues(t, 1, a.execs.Load()+b.execs.Load())
 }
 
-// stealDuringWait deletes a lock while the claim waits for replicas, as an
-// expired lease taken over by another instance would.
-type stealDuringWait struct {
-	rdb  *redis.Client
-	lock string
-}
-
-func (stealDuringWait) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (stealDuringWait) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h stealDuringWait) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "wait" {
-			h.rdb.Del(ctx, h.lock)
-			time.Sleep(250 * time.Millisecond) // the watchdog renews, and finds the lock gone
-		}
-		return next(ctx, cmd)
-	}
-}
-
 // A lease lost before the handler starts stops it from starting: another
 // instance may own the key by then.
 func TestLeaseLostBeforeTheHandlerStarts(t *testing.T) {
@@ -185,7 +162,11 @@ func TestLeaseLostBeforeTheHandlerStarts(t *testing.T) {
 	s := newShopOn(t, rdb, WithKeyPrefix("stolen"), WithLockLease(300*time.Millisecond),
 		WithReplicaAcks(1, 200*time.Millisecond))
 	k := clientKeys("stolen", identityOf(false, "/payments", "stolen"))
-	rdb.AddHook(stealDuringWait{rdb: primary.Client(t), lock: k.lock})
+	thief := primary.Client(t)
+	rdb.AddHook(onWait{func(ctx context.Context) {
+		thief.Del(ctx, k.lock)             // the lease lapsed and another instance took the key
+		time.Sleep(250 * time.Millisecond) // the watchdog renews, and finds the lock gone
+	}})
 	a := s.post(s.client(), "/payments", "stolen", `{}`)
 	requireProblem(t, a, http.StatusServiceUnavailable, "store-unavailable")
 	require.Zero(t, s.execs.Load(), "the handler never started without its lease")

@@ -1,6 +1,9 @@
 package idempotency
 
-import "errors"
+import (
+	"errors"
+	"time"
+)
 
 // A verdict is what a step decided about a request. The zero verdict means
 // "go on to the next step".
@@ -10,6 +13,9 @@ type verdict struct {
 	// handler gave and that was stored (Executed), for followers to share.
 	rec *record
 	err error // the problem to answer, or a failure to report
+	// What became of an executed handler's answer, for the observer.
+	released  bool
+	storedFor time.Duration
 }
 
 func (v verdict) decided() bool { return v.outcome != 0 }
@@ -52,8 +58,8 @@ func (m *Middleware) replay(c *call, fp fingerprintSum, rec *record) verdict {
 func (m *Middleware) answer(c *call, v verdict) {
 	switch v.outcome {
 	case Replayed, Waited:
-		v.rec.write(c.w, m.cfg.storable)
-	case Executed, ClientGone:
+		v.rec.write(c.w, c.r, &m.cfg)
+	case Executed, ClientGone, Unprotected:
 	default:
 		m.cfg.errorHandler(c.w, c.r, v.err)
 	}

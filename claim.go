@@ -18,7 +18,10 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 	case errors.Is(err, context.Canceled):
 		return nil, verdict{outcome: ClientGone}
 	case errors.Is(err, ErrStoreUnavailable) && m.cfg.failOpen:
-		return nil, m.runUnprotected(c, err)
+		m.cfg.logger.Warn("idempotency: Redis unavailable, running the handler unprotected", "error", err)
+		v := m.runUnprotected(c, err)
+		v.outcome = Executed
+		return nil, v
 	case err != nil:
 		return nil, refuse(err)
 	}
@@ -49,7 +52,7 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 		l.fence, c.fence = cl.fence, cl.fence
 		return l, verdict{}
 	case outcomeDone:
-		m.cache.put(c.id, c.fp, cl.rec, m.cacheExpiry(cl.ttl))
+		m.cache.put(c.id, c.fp, cl.rec, m.cacheExpiry(cl.rec))
 		return nil, m.replay(c, c.fp, cl.rec) // the claim matched the fingerprint
 	case outcomeUnknown:
 		err = ErrTokenNotFound
@@ -119,7 +122,7 @@ func (m *Middleware) acquire(c *call, k keys) (*lease, error) {
 		}
 		left := time.Until(c.deadline)
 		if left <= 0 {
-			return nil, ErrInProgress
+			return nil, m.inProgress()
 		}
 		if !subscribed {
 			// Subscribe, then try the lock once more at once: the holder may
@@ -166,8 +169,10 @@ func (m *Middleware) pause(ctx context.Context, sub *redis.PubSub, d time.Durati
 	return nil
 }
 
-// cacheExpiry is when a cache entry of a record that Redis keeps for ttl
-// more stops answering without Redis.
-func (m *Middleware) cacheExpiry(ttl time.Duration) time.Time {
-	return time.Now().Add(min(ttl, m.cfg.cacheTTL))
+// cacheExpiry is when a cache entry of rec stops answering without Redis.
+func (m *Middleware) cacheExpiry(rec *record) time.Time {
+	if until := time.Now().Add(m.cfg.cacheTTL); until.Before(rec.expires) {
+		return until
+	}
+	return rec.expires
 }

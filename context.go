@@ -6,12 +6,6 @@ import "context"
 // overwrite the values stored under it.
 type contextKey struct{ name string }
 
-var fenceKey = &contextKey{"fencing token"}
-
-func withFence(ctx context.Context, fence uint64) context.Context {
-	return context.WithValue(ctx, fenceKey, fence)
-}
-
 // FencingToken returns the fencing token of the protected execution that
 // ctx belongs to, or 0 outside one. Tokens grow with every execution of a
 // key (Redis's clock in microseconds at the claim, and always above the
@@ -25,6 +19,8 @@ func withFence(ctx context.Context, fence uint64) context.Context {
 // failover to a replica whose clock runs behind, a new key's token can be
 // lower than tokens already seen.
 func FencingToken(ctx context.Context) uint64 {
-	fence, _ := ctx.Value(fenceKey).(uint64)
-	return fence
+	if e, ok := ctx.Value(executionKey).(*execution); ok {
+		return e.fence
+	}
+	return 0
 }

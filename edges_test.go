@@ -414,8 +414,10 @@ func TestNewRefusesLeasesThatCannotHold(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer rdb.Close()
 	for name, opts := range map[string][]Option{
-		"WithRecordTTL":   {WithRecordTTL(10 * time.Second)}, // below 3 s lease + 30 s execution
-		"WithReplicaAcks": {WithLockLease(300 * time.Millisecond), WithReplicaAcks(1, 2*time.Second)},
+		"WithRecordTTL":        {WithRecordTTL(10 * time.Second)}, // below 3 s lease + 30 s execution
+		"WithExpiryHeader":     {WithExpiryHeader("Expires In")},
+		"WithProtectedMethods": {WithProtectedMethods()},
+		"WithReplicaAcks":      {WithLockLease(300 * time.Millisecond), WithReplicaAcks(1, 2*time.Second)},
 	} {
 		msg, _ := panicMessage(func() { New(rdb, opts...) }).(string)
 		require.Contains(t, msg, name)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"time"
 )
 
 // Sentinel errors passed to the error handler. Match them with errors.Is: an
@@ -88,6 +89,35 @@ func problemFor(err error) *problem {
 	return internalProblem
 }
 
+// retryAfter is an error that says when a retry may succeed.
+type retryAfter struct {
+	error
+	after time.Duration
+}
+
+func (e retryAfter) Unwrap() error { return e.error }
+
+// RetryAfter reports how long a client should wait before it retries the
+// request that err answered: for ErrInProgress the lock lease (a crashed
+// owner frees the key within one), for ErrStoreUnavailable one second, and
+// 0 for errors that a retry cannot fix. DefaultErrorHandler sends it as
+// Retry-After; a custom error handler may do the same.
+func RetryAfter(err error) time.Duration {
+	var ra retryAfter
+	if errors.As(err, &ra) {
+		return ra.after
+	}
+	if problemFor(err).retryAfter {
+		return time.Second
+	}
+	return 0
+}
+
+// inProgress is ErrInProgress, to be retried after a lease.
+func (m *Middleware) inProgress() error {
+	return retryAfter{ErrInProgress, m.cfg.lease}
+}
+
 // DefaultErrorHandler answers err as an RFC 9457 application/problem+json
 // body with a stable type URI per sentinel error. The body is fixed per error
 // and never contains err's text, so a Redis failure leaks nothing.
@@ -96,8 +126,8 @@ func DefaultErrorHandler(w http.ResponseWriter, _ *http.Request, err error) {
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
-	if p.retryAfter {
-		h.Set("Retry-After", "1")
+	if after := RetryAfter(err); after > 0 {
+		h.Set("Retry-After", strconv.FormatInt(int64((after+time.Second-1)/time.Second), 10))
 	}
 	w.WriteHeader(p.status)
 	w.Write(p.body)

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"net/http"
 	"time"
 )
 
@@ -15,9 +16,17 @@ func (m *Middleware) execute(c *call, l *lease) verdict {
 	ctx, lost := context.WithCancelCause(context.WithoutCancel(c.r.Context()))
 	defer lost(nil)
 	l.wd.notify(func() { lost(ErrLockLost) })
-	ctx, cancel := context.WithTimeout(withFence(ctx, l.fence), m.cfg.execTimeout)
+	exec := &execution{fence: l.fence}
+	ctx, cancel := context.WithTimeout(withExecution(ctx, exec), m.cfg.execTimeout)
 	defer cancel()
 	rw := newRecorder(c.w, m.cfg.maxResponse, m.cfg.storable)
+	if m.cfg.expiryHeader != "" {
+		rw.stamp = func(status int, h http.Header) {
+			if d := m.cfg.decide(c.r, exec, &record{status: status}); !d.Release {
+				m.cfg.stampExpiry(h, d.TTL)
+			}
+		}
+	}
 	returned := false
 	defer func() {
 		if !returned {
@@ -30,16 +39,17 @@ func (m *Middleware) execute(c *call, l *lease) verdict {
 	}()
 	c.next.ServeHTTP(rw, c.r.WithContext(ctx))
 	returned = true
-	return m.storeAnswer(c, l, rw.finish())
+	rec := rw.finish()
+	return m.storeAnswer(c, l, rec, m.cfg.decide(c.r, exec, rec))
 }
 
 // storeAnswer keeps the handler's answer for every duplicate (rec nil: executed,
 // not replayable) and ends the lease.
-func (m *Middleware) storeAnswer(c *call, l *lease, rec *record) verdict {
+func (m *Middleware) storeAnswer(c *call, l *lease, rec *record, d StoreDecision) verdict {
 	defer l.end()
-	if rec != nil && rec.status >= 500 && m.cfg.releaseOn5xx {
+	if d.Release {
 		m.release(c, l, 0)
-		return verdict{outcome: Executed}
+		return verdict{outcome: Executed, released: true}
 	}
 	var (
 		how completion
@@ -52,7 +62,7 @@ func (m *Middleware) storeAnswer(c *call, l *lease, rec *record) verdict {
 			time.Sleep(pause)
 		}
 		ctx, cancel := m.store.stepContext(c.r.Context())
-		how, err = m.store.complete(ctx, l.k, l.value(), c.fp, l.fence, rec)
+		how, err = m.store.complete(ctx, l.k, l.value(), c.fp, l.fence, rec, d.TTL)
 		cancel()
 		if err == nil || errors.Is(err, ErrLockLost) {
 			break
@@ -72,9 +82,10 @@ func (m *Middleware) storeAnswer(c *call, l *lease, rec *record) verdict {
 			"or a flush); the answer was stored again", "key", l.k.record)
 	}
 	if rec != nil {
-		m.cache.put(c.id, c.fp, rec, m.cacheExpiry(m.cfg.recordTTL))
+		rec.expires = time.Now().Add(d.TTL)
+		m.cache.put(c.id, c.fp, rec, m.cacheExpiry(rec))
 	}
-	return verdict{outcome: Executed, rec: rec}
+	return verdict{outcome: Executed, rec: rec, storedFor: d.TTL}
 }
 
 // release gives a claimed key up, so that a retry runs: the record goes, an
@@ -100,9 +111,10 @@ func (m *Middleware) release(c *call, l *lease, retryFor time.Duration) {
 	}
 }
 
-// runUnprotected runs the handler without Redis, under WithFailOpen.
+// runUnprotected runs the handler without protection: a method or a
+// request without a key that the configuration lets through, or any request
+// under WithFailOpen while Redis is down (err).
 func (m *Middleware) runUnprotected(c *call, err error) verdict {
-	m.cfg.logger.Warn("idempotency: Redis unavailable, running the handler unprotected", "error", err)
 	c.next.ServeHTTP(c.w, c.r)
-	return verdict{outcome: Executed, err: err}
+	return verdict{outcome: Unprotected, err: err}
 }

@@ -19,7 +19,10 @@ import (
 type KeyExtractor func(r *http.Request, body []byte) (string, error)
 
 // HeaderKey reads the key from a request header, such as "Idempotency-Key"
-// or "X-GitHub-Delivery".
+// or "X-GitHub-Delivery". A value in double quotes is read as the IETF
+// draft defines Idempotency-Key, a Structured Field string ("abc", with \"
+// and \\ escapes, parameters after it ignored), so "abc" and abc are one
+// key; a malformed one is an error.
 func HeaderKey(name string) KeyExtractor {
 	name = http.CanonicalHeaderKey(name)
 	return func(r *http.Request, _ []byte) (string, error) {
@@ -30,8 +33,41 @@ func HeaderKey(name string) KeyExtractor {
 		if len(values) == 0 {
 			return "", nil
 		}
-		return values[0], nil
+		return structuredString(values[0])
 	}
+}
+
+var errMalformedString = errors.New("idempotency: malformed structured field string")
+
+// structuredString reads an RFC 8941 string when v is quoted, and returns v
+// as it is otherwise. github.com/dunglas/httpsfv parses every structured
+// field type; one type of twenty lines does not earn a dependency of the
+// root module.
+func structuredString(v string) (string, error) {
+	if !strings.HasPrefix(v, `"`) {
+		return v, nil
+	}
+	var b strings.Builder
+	for i := 1; i < len(v); i++ {
+		switch ch := v[i]; {
+		case ch == '\\':
+			i++
+			if i == len(v) || (v[i] != '"' && v[i] != '\\') {
+				return "", errMalformedString
+			}
+			b.WriteByte(v[i])
+		case ch == '"':
+			if rest := v[i+1:]; rest != "" && rest[0] != ';' {
+				return "", errMalformedString
+			}
+			return b.String(), nil
+		case ch < 0x20 || ch > 0x7e:
+			return "", errMalformedString
+		default:
+			b.WriteByte(ch)
+		}
+	}
+	return "", errMalformedString // no closing quote
 }
 
 // FormKey reads the key from a field of a URL-encoded or multipart form body,

@@ -2,28 +2,174 @@ package idempotency
 
 import (
 	"crypto/sha256"
+	"encoding/json"
 	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+
+	"github.com/gowebpki/jcs"
 )
 
-// fingerprintSum identifies what a request asks for: its method, path,
-// query and body. A key presented again with another fingerprint is a client
-// bug (or an attack), never a retry, so it is refused rather than replayed.
+// fingerprintSum identifies what a request asks for. A key presented again
+// with another fingerprint is a client bug (or an attack), never a retry, so
+// it is refused rather than replayed.
 type fingerprintSum [sha256.Size]byte
 
-// fingerprint hashes the body on its own first so that a large body is read
-// once and never copied.
-func fingerprint(r *http.Request, body []byte) fingerprintSum {
+// A Fingerprinter writes what makes a request the request it is, for the
+// fingerprint: two requests with one key are the same request when their
+// fingerprints are equal. body is the request body as read. The result is
+// hashed; separate the parts unambiguously (the ready-made ones do).
+// DefaultFingerprint, CanonicalJSON, JSONFields and CanonicalQuery are
+// ready-made, and WithHeaders adds headers to any of them.
+type Fingerprinter func(r *http.Request, body []byte) []byte
+
+// WithFingerprint sets what makes two requests with one key the same
+// request. Default DefaultFingerprint.
+func WithFingerprint(f Fingerprinter) Option { return func(c *config) { c.fingerprinter = f } }
+
+// DefaultFingerprint is the method, the path, the raw query and a digest of
+// the raw body: a retry must send the same bytes. It is what the middleware
+// uses without WithFingerprint (computed there without allocating).
+func DefaultFingerprint(r *http.Request, body []byte) []byte {
+	return appendDefault(nil, r, body)
+}
+
+// appendDefault appends the default fingerprint's material. Neither an
+// escaped path nor a method holds a NUL, and the body's digest has a fixed
+// length, so the parts cannot run into each other.
+func appendDefault(b []byte, r *http.Request, body []byte) []byte {
 	bodySum := sha256.Sum256(body)
-	bp := scratch.Get().(*[]byte)
-	b := append((*bp)[:0], r.Method...)
+	b = append(b, r.Method...)
 	b = append(b, 0)
 	b = append(b, r.URL.EscapedPath()...)
 	b = append(b, 0)
 	b = append(b, r.URL.RawQuery...)
 	b = append(b, 0)
-	b = append(b, bodySum[:]...)
+	return append(b, bodySum[:]...)
+}
+
+// CanonicalJSON is the method, the path, the query in canonical order and
+// the body in the JSON Canonicalization Scheme (RFC 8785), so that a retry
+// that serializes its JSON with other key order, spacing or number spelling
+// is the same request. A body that is not JSON counts as it is.
+func CanonicalJSON(r *http.Request, body []byte) []byte {
+	if canonical, err := jcs.Transform(body); err == nil {
+		body = canonical
+	}
+	return appendParts(nil, r.Method, r.URL.EscapedPath(), canonicalQuery(r.URL.RawQuery), string(body))
+}
+
+// CanonicalQuery is DefaultFingerprint with the query's parameters in
+// canonical order.
+func CanonicalQuery(r *http.Request, body []byte) []byte {
+	return appendParts(nil, r.Method, r.URL.EscapedPath(), canonicalQuery(r.URL.RawQuery), string(body))
+}
+
+// JSONFields is the method, the path, the canonical query and only the named
+// fields of a JSON object body (dotted paths name nested fields: "payment.
+// amount"), each canonical: other fields (a client timestamp, a trace id)
+// may differ between the tries of one request. A body that is not a JSON
+// object counts as it is.
+func JSONFields(fields ...string) Fingerprinter {
+	fields = slices.Clone(fields)
+	slices.Sort(fields)
+	return func(r *http.Request, body []byte) []byte {
+		b := appendParts(nil, r.Method, r.URL.EscapedPath(), canonicalQuery(r.URL.RawQuery))
+		var obj map[string]json.RawMessage
+		if json.Unmarshal(body, &obj) != nil {
+			return appendParts(b, "raw", string(body))
+		}
+		for _, field := range fields {
+			value, ok := lookupJSON(obj, field)
+			if !ok {
+				b = appendParts(b, field, "absent")
+				continue
+			}
+			if canonical, err := jcs.Transform(value); err == nil {
+				value = canonical
+			}
+			b = appendParts(b, field, string(value))
+		}
+		return b
+	}
+}
+
+// WithHeaders adds the named request headers (an API version, a tenant) to
+// f's fingerprint: a retry must send the same values.
+func WithHeaders(f Fingerprinter, names ...string) Fingerprinter {
+	canonical := make([]string, len(names))
+	for i, n := range names {
+		canonical[i] = http.CanonicalHeaderKey(n)
+	}
+	slices.Sort(canonical)
+	return func(r *http.Request, body []byte) []byte {
+		b := f(r, body)
+		for _, name := range canonical {
+			b = appendParts(b, name, strings.Join(r.Header.Values(name), "\x00"))
+		}
+		return b
+	}
+}
+
+func lookupJSON(obj map[string]json.RawMessage, path string) (json.RawMessage, bool) {
+	steps := strings.Split(path, ".")
+	for i, step := range steps {
+		value, ok := obj[step]
+		if !ok {
+			return nil, false
+		}
+		if i == len(steps)-1 {
+			return value, true
+		}
+		obj = nil
+		if json.Unmarshal(value, &obj) != nil {
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+// canonicalQuery orders a query's parameters by name, keeping the order of
+// one name's values, which may matter. A query that does not parse counts
+// as it is.
+func canonicalQuery(raw string) string {
+	if raw == "" {
+		return ""
+	}
+	values, err := url.ParseQuery(raw)
+	if err != nil {
+		return raw
+	}
+	return values.Encode()
+}
+
+// appendParts writes each part with its length in front, so that no part
+// can be mistaken for the end of another.
+func appendParts(b []byte, parts ...string) []byte {
+	for _, p := range parts {
+		b = append(b, byte(len(p)>>24), byte(len(p)>>16), byte(len(p)>>8), byte(len(p)))
+		b = append(b, p...)
+	}
+	return b
+}
+
+// fingerprint hashes the body on its own first so that a large body is read
+// once and never copied.
+func fingerprint(r *http.Request, body []byte) fingerprintSum {
+	bp := scratch.Get().(*[]byte)
+	b := appendDefault((*bp)[:0], r, body)
 	sum := sha256.Sum256(b)
 	*bp = b
 	scratch.Put(bp)
 	return sum
+}
+
+// fingerprintOf is the request's fingerprint under the configuration: the
+// built-in one, which allocates nothing, unless WithFingerprint replaced it.
+func (c *config) fingerprintOf(r *http.Request, body []byte) fingerprintSum {
+	if c.fingerprinter == nil {
+		return fingerprint(r, body)
+	}
+	return sha256.Sum256(c.fingerprinter(r, body))
 }

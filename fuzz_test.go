@@ -24,7 +24,7 @@ func FuzzDecodeReply(f *testing.F) {
 			t.Fatalf("accepted status %d", rec.status)
 		}
 		w := httptest.NewRecorder()
-		rec.write(w, func(string) bool { return true })
+		rec.write(w, nil, &config{})
 		if !bytes.Equal(w.Body.Bytes(), body) {
 			t.Fatalf("replayed body differs")
 		}

@@ -217,7 +217,7 @@ func TestDuplicatePastWaitBoundGets409(t *testing.T) {
 			close(release)
 			<-done
 			requireProblem(t, dup, http.StatusConflict, "in-progress")
-			require.Equal(t, "1", dup.header.Get("Retry-After"))
+			require.Equal(t, "3", dup.header.Get("Retry-After"), "one lease, the default 3 s")
 			require.GreaterOrEqual(t, time.Since(start), 90*time.Millisecond, "it waited before giving up")
 			require.EqualValues(t, 1, executions(s, other))
 		})

@@ -35,7 +35,7 @@ func (m *Middleware) identify(c *call, extract KeyExtractor) error {
 	}
 	c.key = key
 	c.id = identityOf(c.tokenMode, c.scope, key)
-	c.fp = fingerprint(c.r, body)
+	c.fp = m.cfg.fingerprintOf(c.r, body)
 	return nil
 }
 

@@ -33,9 +33,13 @@ const (
 	// ClientGone: the client left while the request waited; nothing ran and
 	// nothing was answered.
 	ClientGone
+	// Unprotected: the handler ran without protection, as configured: a
+	// method that WithProtectedMethods leaves out (GET, HEAD, OPTIONS and
+	// TRACE by default), or a request without a key under WithOptionalKey.
+	Unprotected
 )
 
-var outcomeNames = [...]string{"", "executed", "replayed", "waited", "conflict", "rejected", "store_error", "client_gone"}
+var outcomeNames = [...]string{"", "executed", "replayed", "waited", "conflict", "rejected", "store_error", "client_gone", "unprotected"}
 
 func (o Outcome) String() string {
 	if o > 0 && int(o) < len(outcomeNames) {
@@ -59,6 +63,12 @@ type Event struct {
 	Duration     time.Duration // time in the middleware, the handler included
 	Wait         time.Duration // time spent waiting for another request with the same key
 	FencingToken uint64        // of the execution, when Executed
+	// Released is set when the handler's answer was not stored but its key
+	// released, so that a retry runs again (the store policy, or Release).
+	Released bool
+	// StoredFor is how long the handler's answer is kept for replay, when
+	// Executed and stored.
+	StoredFor time.Duration
 }
 
 // WithObserver calls fn once for every protected request, after it was
@@ -110,5 +120,6 @@ func (m *Middleware) observe(c *call, v verdict) {
 	m.cfg.observer(Event{
 		Request: c.r, TokenMode: c.tokenMode, Outcome: v.outcome, FromCache: c.fromCache, Err: v.err,
 		Start: c.start, Duration: time.Since(c.start), Wait: c.waited, FencingToken: c.fence,
+		Released: v.released, StoredFor: v.storedFor,
 	})
 }

@@ -31,7 +31,6 @@ type config struct {
 	errorHandler    func(http.ResponseWriter, *http.Request, error)
 	logger          *slog.Logger
 	failOpen        bool
-	releaseOn5xx    bool
 	retryAbandoned  bool
 	replicaAcks     int
 	replicaWait     time.Duration
@@ -44,6 +43,12 @@ type config struct {
 	cacheEntries    int
 	cacheBytes      int64
 	cacheTTL        time.Duration
+	protected       map[string]bool // nil: every method but the safe ones
+	optionalKey     bool
+	storePolicy     StorePolicy
+	replayHook      func(r *http.Request, status int, header http.Header)
+	fingerprinter   Fingerprinter
+	expiryHeader    string
 }
 
 // WithKeyPrefix sets the prefix of every Redis key the middleware writes.
@@ -145,11 +150,6 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // execution.
 func WithFailOpen() Option { return func(c *config) { c.failOpen = true } }
 
-// WithReleaseOnServerError releases the key when the handler answers 5xx, so
-// a retry runs the handler again. Use it only for handlers that fail before
-// any side effect. Default off: a 5xx is stored and replayed like any answer.
-func WithReleaseOnServerError() Option { return func(c *config) { c.releaseOn5xx = true } }
-
 // WithRetryAbandoned lets a retry run the handler again when the instance
 // that claimed the key vanished (its lease expired) before it stored a
 // response. Pair it with fencing in the handler's storage. Default off: the
@@ -202,6 +202,54 @@ func WithResponseCache(maxEntries int, maxBytes int64) Option {
 // Default 10 seconds, which covers double clicks and prompt retries.
 func WithResponseCacheTTL(d time.Duration) Option { return func(c *config) { c.cacheTTL = d } }
 
+// WithProtectedMethods names the methods that a protected route protects;
+// requests with other methods pass through to the handler without spending
+// a token or key (the observer reports them Unprotected). Default every
+// method but the safe ones, GET, HEAD, OPTIONS and TRACE, so that a HEAD on
+// a GET route or a CORS preflight never spends a key.
+func WithProtectedMethods(methods ...string) Option {
+	return func(c *config) {
+		c.protected = make(map[string]bool, len(methods))
+		for _, m := range methods {
+			c.protected[strings.ToUpper(m)] = true
+		}
+	}
+}
+
+// protects reports whether requests with method are protected.
+func (c *config) protects(method string) bool {
+	if c.protected != nil {
+		return c.protected[method]
+	}
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return false
+	}
+	return true
+}
+
+// WithOptionalKey lets a request that carries no key or token through to
+// the handler unprotected (the observer reports it Unprotected), as Fiber,
+// Powertools and IdempotentAPI do; a malformed key is still refused. Default
+// off: a protected route answers a request without a key 400 missing-key.
+func WithOptionalKey() Option { return func(c *config) { c.optionalKey = true } }
+
+// WithReplayHook calls fn with every replayed answer's status and headers
+// (the stored ones, and Idempotent-Replayed) just before it is written, so
+// that it may add headers or count replays. Default none.
+func WithReplayHook(fn func(r *http.Request, status int, header http.Header)) Option {
+	return func(c *config) { c.replayHook = fn }
+}
+
+// WithExpiryHeader adds the response header name to every protected answer,
+// the first and every replay, with the whole seconds for which the key's
+// stored answer is still replayed (absent when the answer is not stored),
+// so that a client knows how long it may retry with the key. Default none;
+// "Idempotency-Key-Expires-In" is a fair name.
+func WithExpiryHeader(name string) Option {
+	return func(c *config) { c.expiryHeader = http.CanonicalHeaderKey(name) }
+}
+
 func newConfig(opts []Option) config {
 	var c config
 	for _, o := range opts {
@@ -236,6 +284,18 @@ func newConfig(opts []Option) config {
 	return c
 }
 
+// validToken reports whether s is an HTTP token (RFC 9110), as a header
+// name must be.
+func validToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		ch := s[i]
+		if ch <= ' ' || ch >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, ch) >= 0 {
+			return false
+		}
+	}
+	return s != ""
+}
+
 // setDefault fills a zero value; negative values stay and fail validation.
 func setDefault[T comparable](v *T, def T) {
 	var zero T
@@ -267,6 +327,10 @@ func (c *config) validate() error {
 		return fmt.Errorf("max key length %d is outside 1..4096", c.maxKeyLen)
 	case c.replicaAcks < 0 || (c.replicaAcks > 0 && c.replicaWait <= 0):
 		return fmt.Errorf("replica acks %d need a positive timeout, got %v", c.replicaAcks, c.replicaWait)
+	case c.expiryHeader != "" && !validToken(c.expiryHeader):
+		return fmt.Errorf("WithExpiryHeader(%q) is not a header name", c.expiryHeader)
+	case c.protected != nil && len(c.protected) == 0:
+		return fmt.Errorf("WithProtectedMethods names no method")
 	case c.tokensPerScope < 1:
 		return fmt.Errorf("tokens per scope %d is below 1", c.tokensPerScope)
 	case c.sessionCookie == "" || c.formField == "":

@@ -1,6 +1,9 @@
 package idempotency
 
-import "time"
+import (
+	"errors"
+	"time"
+)
 
 // serve is one protected request's way through the middleware:
 //
@@ -23,7 +26,13 @@ func (m *Middleware) serve(c *call, extract KeyExtractor) {
 
 // decide runs the steps until one of them decides.
 func (m *Middleware) decide(c *call, extract KeyExtractor) verdict {
+	if !m.cfg.protects(c.r.Method) {
+		return m.runUnprotected(c, nil)
+	}
 	if err := m.identify(c, extract); err != nil {
+		if errors.Is(err, ErrMissingKey) && m.cfg.optionalKey {
+			return m.runUnprotected(c, nil)
+		}
 		return refuse(err)
 	}
 	for {
@@ -66,7 +75,7 @@ func (m *Middleware) follow(c *call, fl *flight) verdict {
 	case <-fl.wait():
 	case <-timer.C:
 		c.waited += time.Since(began)
-		return refuse(ErrInProgress)
+		return refuse(m.inProgress())
 	case <-c.r.Context().Done():
 		c.waited += time.Since(began)
 		return verdict{outcome: ClientGone} // nothing ran for this request

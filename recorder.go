@@ -36,6 +36,9 @@ type recorder struct {
 	wroteHeader bool
 	partial     bool  // streamed, hijacked, switched protocols or over the limit
 	writeErr    error // the first failed write to the client
+	// stamp adds the middleware's own headers to the outer writer's when
+	// the status goes out; they are not the handler's, so not recorded.
+	stamp func(status int, h http.Header)
 }
 
 func newRecorder(w http.ResponseWriter, limit int, storable func(string) bool) *recorder {
@@ -62,6 +65,9 @@ func (rw *recorder) WriteHeader(code int) {
 	rw.pairs = headerPairs(rw.header, rw.storable)
 	if code == http.StatusSwitchingProtocols {
 		rw.markPartial() // the connection is the handler's now
+	}
+	if rw.stamp != nil {
+		rw.stamp(code, rw.w.Header())
 	}
 	rw.w.WriteHeader(code)
 }

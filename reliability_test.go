@@ -196,9 +196,9 @@ func TestStaleExecutorTrials(t *testing.T) {
 			c, err := m.store.claim(ctx, k, fresh.Token(), "fp")
 			require.NoError(t, err)
 			require.Equal(t, outcomeClaimed, c.outcome)
-			_, err = m.store.complete(ctx, k, fresh.Token(), fingerprintSum{}, 1, newRecord(201, nil, []byte("fresh")))
+			_, err = m.store.complete(ctx, k, fresh.Token(), fingerprintSum{}, 1, newRecord(201, nil, []byte("fresh")), time.Hour)
 			require.NoError(t, err)
-			if _, err := m.store.complete(ctx, k, stale.Token(), fingerprintSum{}, 1, newRecord(500, nil, []byte("stale"))); err == ErrLockLost {
+			if _, err := m.store.complete(ctx, k, stale.Token(), fingerprintSum{}, 1, newRecord(500, nil, []byte("stale")), time.Hour); err == ErrLockLost {
 				refused.Add(1)
 			}
 			require.Equal(t, "fresh", rdb.HGet(ctx, k.record, "b").Val())

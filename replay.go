@@ -1,6 +1,10 @@
 package idempotency
 
-import "net/http"
+import (
+	"net/http"
+	"strconv"
+	"time"
+)
 
 // ReplayedHeader marks a response that was replayed from a stored record.
 const ReplayedHeader = "Idempotent-Replayed"
@@ -13,6 +17,9 @@ type record struct {
 	// next to each other: a flat slice decodes in one allocation.
 	header []string
 	body   []byte
+	// expires is when the stored record ends, as far as this process knows;
+	// set before the record is shared.
+	expires time.Time
 }
 
 func newRecord(status int, header []string, body []byte) *record {
@@ -31,19 +38,19 @@ func (rec *record) size() int64 {
 // replayedValue is shared by every replay; write copies it into place.
 var replayedValue = []string{"true"}
 
-// write replays rec to w, keeping only the headers that storable allows
+// write replays rec to w, keeping only the headers that cfg stores
 // (the record was filtered when it was made, but one read from Redis may
 // come from another configuration or version). Header values are copied,
 // in one allocation, so that code after us that edits a header in place
 // cannot change the record for the next duplicate. No Content-Length is
 // forced: net/http computes it for what is actually sent, and a transform
 // outside us (compression) would contradict one computed here.
-func (rec *record) write(w http.ResponseWriter, storable func(string) bool) {
+func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config) {
 	h := w.Header()
 	block := make([]string, 0, len(rec.header)/2+1)
 	for i := 0; i < len(rec.header); {
 		name, start := rec.header[i], len(block)
-		keep := storable(name)
+		keep := cfg.storable(name)
 		for ; i < len(rec.header) && rec.header[i] == name; i += 2 {
 			if keep {
 				block = append(block, rec.header[i+1])
@@ -56,8 +63,20 @@ func (rec *record) write(w http.ResponseWriter, storable func(string) bool) {
 	block = append(block, replayedValue[0])
 	n := len(block)
 	h[ReplayedHeader] = block[n-1 : n : n]
+	cfg.stampExpiry(h, time.Until(rec.expires))
+	if cfg.replayHook != nil {
+		cfg.replayHook(r, rec.status, h)
+	}
 	w.WriteHeader(rec.status)
 	w.Write(rec.body)
+}
+
+// stampExpiry sets the expiry header (WithExpiryHeader) to the whole
+// seconds a stored answer is still replayed.
+func (c *config) stampExpiry(h http.Header, left time.Duration) {
+	if c.expiryHeader != "" {
+		h[c.expiryHeader] = []string{strconv.FormatInt(int64(max(left, 0)/time.Second), 10)}
+	}
 }
 
 // hopByHop headers describe one connection and never belong in a replay.

@@ -68,9 +68,8 @@ const (
 
 type claim struct {
 	outcome claimOutcome
-	fence   uint64        // outcomeClaimed only
-	rec     *record       // outcomeDone only
-	ttl     time.Duration // outcomeDone only: how long the record lives on
+	fence   uint64  // outcomeClaimed only
+	rec     *record // outcomeDone only
 }
 
 // issue adds token to the scope's token set. An error means the token may
@@ -118,7 +117,8 @@ func (s *store) claimOn(ctx context.Context, via redis.Scripter, k keys, lockVal
 				"unreadable-record problem until the record expires", "key", k.record, "error", err)
 			return claim{outcome: outcomeUnreadable}, nil
 		}
-		return claim{outcome: outcomeDone, rec: rec, ttl: ttl}, nil
+		rec.expires = time.Now().Add(ttl)
+		return claim{outcome: outcomeDone, rec: rec}, nil
 	case "unknown":
 		return claim{outcome: outcomeUnknown}, nil
 	case "mismatch":
@@ -161,16 +161,16 @@ const (
 	rewritten                   // stored again: the record had vanished mid-run
 )
 
-// complete stores rec as the key's answer and releases the lock; rec == nil
-// stores "executed, not replayable". It returns ErrLockLost when another
+// complete stores rec as the key's answer for ttl and releases the lock;
+// rec == nil stores "executed, not replayable". It returns ErrLockLost when another
 // executor owns the key now, and then writes nothing but the lock's release.
-func (s *store) complete(ctx context.Context, k keys, lockValue string, fp fingerprintSum, fence uint64, rec *record) (completion, error) {
+func (s *store) complete(ctx context.Context, k keys, lockValue string, fp fingerprintSum, fence uint64, rec *record, ttl time.Duration) (completion, error) {
 	state, status, head, body := "big", "0", "", []byte(nil)
 	if rec != nil {
 		state, status, head, body = "done", strconv.Itoa(rec.status), encodeHeader(rec.header), rec.body
 	}
 	stored, err := completeScript.Run(ctx, s.client, []string{k.record, k.lock, k.waiters()},
-		lockValue, state, status, head, body, s.recordTTL, string(fp[:]), strconv.FormatUint(fence, 10)).Int()
+		lockValue, state, status, head, body, ttl.Milliseconds(), string(fp[:]), strconv.FormatUint(fence, 10)).Int()
 	switch {
 	case err != nil:
 		return 0, err

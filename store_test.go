@@ -188,10 +188,10 @@ func TestStaleExecutorCannotOverwrite(t *testing.T) {
 	c, err := s.idem.store.claim(ctx, k, fresh.Token(), "fp")
 	require.NoError(t, err)
 	require.Equal(t, outcomeClaimed, c.outcome, "the new executor took over")
-	_, err = s.idem.store.complete(ctx, k, fresh.Token(), fingerprintSum{}, 1, &record{status: 201, body: []byte("fresh")})
+	_, err = s.idem.store.complete(ctx, k, fresh.Token(), fingerprintSum{}, 1, &record{status: 201, body: []byte("fresh")}, time.Hour)
 	require.NoError(t, err)
 
-	_, err = s.idem.store.complete(ctx, k, stale.Token(), fingerprintSum{}, 1, &record{status: 500, body: []byte("stale")})
+	_, err = s.idem.store.complete(ctx, k, stale.Token(), fingerprintSum{}, 1, &record{status: 500, body: []byte("stale")}, time.Hour)
 	require.ErrorIs(t, err, ErrLockLost)
 	a := s.post(s.client(), "/payments", "k", ``)
 	require.Equal(t, 422, a.status, "fingerprint differs from the test's claim")

@@ -14,11 +14,9 @@ import (
 // timer rather than a goroutine: most leases end before their first
 // renewal, and then a watchdog costs one timer.
 type watchdog struct {
-	lock  *redislock.Lock
-	lease time.Duration
-	// renewTimeout bounds one renewal: a renewal that lands later than
-	// that may land after the lock expired.
-	renewTimeout time.Duration
+	lock         *redislock.Lock
+	lease        time.Duration
+	renewTimeout time.Duration // bounds one renewal
 
 	mu       sync.Mutex
 	timer    *time.Timer
@@ -43,9 +41,11 @@ func startWatchdog(lock *redislock.Lock, lease, stepTimeout time.Duration, obtai
 }
 
 // renew refreshes the lock. The lease is lost when the lock turns out to be
-// gone (another instance took the key over), or as soon as no renewal can
-// land before the lock expires (Redis unreachable or slow): from then on
-// another instance may take the key, so the handler must know at once.
+// gone (another instance took the key over), or when the lock has expired
+// without a renewal (Redis unreachable or slow): from then on another
+// instance may take the key, so the handler must know. Until then a failed
+// renewal is tried again, sooner as the expiry nears, and no attempt waits
+// past the expiry.
 func (wd *watchdog) renew() {
 	wd.mu.Lock()
 	if wd.stopped {
@@ -56,7 +56,7 @@ func (wd *watchdog) renew() {
 	wd.mu.Unlock()
 	defer wd.renewing.Done()
 
-	ctx, cancel := context.WithTimeout(context.Background(), wd.renewTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), max(min(wd.renewTimeout, time.Until(wd.expires)), time.Millisecond))
 	attempt := time.Now()
 	err := wd.lock.Refresh(ctx, wd.lease, nil)
 	cancel()
@@ -68,14 +68,13 @@ func (wd *watchdog) renew() {
 		wd.fail()
 		return
 	default:
-		// A transient error: try again while a renewal can still land in
-		// time, sooner than usual.
-		left := time.Until(wd.expires) - wd.renewTimeout
+		// A transient error: try again while the lock may still be ours.
+		left := time.Until(wd.expires)
 		if left <= 0 {
 			wd.fail()
 			return
 		}
-		next = min(next, left/2)
+		next = min(next, max(left/2, time.Millisecond))
 	}
 	wd.mu.Lock()
 	if !wd.stopped {

@@ -34,6 +34,15 @@ type app struct {
 // payments.
 func newApp(rdb redis.UniversalClient, cfg config) http.Handler {
 	a := &app{idem: idempotency.New(rdb), store: shopStore{rdb: rdb}, cfg: cfg}
+	// Payments are API calls: a client library may serialize the same JSON
+	// with other key order or spacing on a retry, which is still the same
+	// payment. A transient failure (a 5xx of the provider or of our store)
+	// releases the key so that the retry runs again: the provider call
+	// carries the payment's own id and the write is fenced, so running
+	// again cannot pay twice, while a stored 503 would refuse the payment
+	// for a day.
+	payments := idempotency.New(rdb, idempotency.WithFingerprint(idempotency.CanonicalJSON),
+		idempotency.WithStorePolicy(idempotency.StoreNoTransient))
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
 	r.Get("/", a.home)
@@ -43,7 +52,7 @@ func newApp(rdb redis.UniversalClient, cfg config) http.Handler {
 	r.Get("/orders", a.listOrders)
 	r.Get("/orders/{id}", a.showOrder)
 	r.Post("/orders/{id}/cancel", a.cancelOrder)
-	r.With(a.idem.ProtectKey).Post("/payments", a.createPayment)
+	r.With(payments.ProtectKey).Post("/payments", a.createPayment)
 	r.Get("/payments", a.listPayments)
 	registerCallbacks(r, rdb, cfg.callbackLatency)
 	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
@@ -246,13 +255,15 @@ func (a *app) createPayment(w http.ResponseWriter, r *http.Request) {
 			"body must be a JSON object with a positive amount (in cents) and a 3-letter currency")
 		return
 	}
+	// The key as the middleware read it: "abc" and abc are one key.
+	key, _ := idempotency.HeaderKey(idempotency.KeyHeader)(r, nil)
 	// The payment provider's call: slow, and not to be made twice.
 	if err := sleep(r.Context(), a.cfg.paymentLatency); err != nil {
 		a.failExecuted(w, r, err)
 		return
 	}
 	p := &Payment{
-		ID:     paymentID(r.Header.Get(idempotency.KeyHeader)),
+		ID:     paymentID(key),
 		Amount: in.Amount, Currency: strings.ToUpper(in.Currency), Status: "captured", CreatedAt: time.Now().UTC(),
 	}
 	err := a.store.capturePayment(r.Context(), p, idempotency.FencingToken(r.Context()))

@@ -275,3 +275,24 @@ func TestRouterAnswersProblems(t *testing.T) {
 		require.Equal(t, tc.allow, resp.Header.Get("Allow"), "%s %s", tc.method, tc.path)
 	}
 }
+
+// A payment retried with its JSON in another order is the same payment.
+func TestPaymentRetryWithReorderedJSONReplays(t *testing.T) {
+	rdb := redistest.Client(t, "shop:")
+	redistest.DeletePrefix(t, rdb, "shop:")
+	srv := startShop(t, rdb, config{})
+	pay := func(body string) *http.Response {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(body))
+		req.Header.Set("Idempotency-Key", "reordered-"+t.Name())
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp
+	}
+	require.Equal(t, http.StatusCreated, pay(`{"amount":500,"currency":"eur"}`).StatusCode)
+	again := pay(`{ "currency": "eur", "amount": 500 }`)
+	require.Equal(t, http.StatusCreated, again.StatusCode)
+	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	require.Equal(t, 1, countOf[Payment](t, srv.URL, "/payments"))
+}

@@ -1,0 +1,104 @@
+package idempotency
+
+import (
+	"context"
+	"net/http"
+	"sync/atomic"
+	"time"
+)
+
+// A StoreDecision says what becomes of a handler's answer.
+type StoreDecision struct {
+	// Release gives the key up instead of storing the answer: a retry with
+	// the same key runs the handler again. Only for answers given before
+	// any side effect.
+	Release bool
+	// TTL keeps the answer for replay this long instead of the record TTL
+	// (WithRecordTTL), when positive and shorter; then a retry runs again.
+	TTL time.Duration
+}
+
+// A StorePolicy decides, per answer, whether it is stored (and for how
+// long) or released. It sees the request and the status the handler
+// answered. StoreAll, Store2xxOnly and StoreNoTransient are ready-made.
+type StorePolicy func(r *http.Request, status int) StoreDecision
+
+// StoreAll stores every answer, errors included: the handler may have had
+// side effects before it failed, and "never twice" comes first. Stripe's
+// rule, and the default.
+func StoreAll(*http.Request, int) StoreDecision { return StoreDecision{} }
+
+// Store2xxOnly stores successful answers and releases every other, so a
+// client may retry a failed request with the same key. Safe only for
+// handlers that fail before any side effect.
+func Store2xxOnly(_ *http.Request, status int) StoreDecision {
+	return StoreDecision{Release: status < 200 || status > 299}
+}
+
+// StoreNoTransient releases the answers that say "try again": 408 Request
+// Timeout, 425 Too Early, 429 Too Many Requests and every 5xx; it stores
+// the rest, 4xx validation failures included.
+func StoreNoTransient(_ *http.Request, status int) StoreDecision {
+	switch {
+	case status == http.StatusRequestTimeout, status == http.StatusTooEarly,
+		status == http.StatusTooManyRequests, status >= 500:
+		return StoreDecision{Release: true}
+	}
+	return StoreDecision{}
+}
+
+// WithStorePolicy sets which answers are stored. Default StoreAll.
+func WithStorePolicy(p StorePolicy) Option { return func(c *config) { c.storePolicy = p } }
+
+// WithReleaseOnServerError releases the key when the handler answers 5xx, so
+// a retry runs the handler again. Use it only for handlers that fail before
+// any side effect. Default off: a 5xx is stored and replayed like any answer.
+//
+// Deprecated: use WithStorePolicy, with StoreNoTransient or a policy of your
+// own; this option sets a policy that releases 5xx and stores the rest.
+func WithReleaseOnServerError() Option {
+	return WithStorePolicy(func(_ *http.Request, status int) StoreDecision {
+		return StoreDecision{Release: status >= 500}
+	})
+}
+
+// execution is what a protected handler's context carries: its fencing
+// token, and whether it asked to release its key.
+type execution struct {
+	fence    uint64
+	released atomic.Bool
+}
+
+var executionKey = &contextKey{"execution"}
+
+func withExecution(ctx context.Context, e *execution) context.Context {
+	return context.WithValue(ctx, executionKey, e)
+}
+
+// Release tells the middleware that the protected handler running on ctx
+// did nothing that a retry must not repeat (a validation failure found
+// before any side effect): its answer is sent but not stored, and the key
+// is released, so the client may fix the request and retry with the same
+// key. It reports whether ctx belongs to a protected execution.
+func Release(ctx context.Context) bool {
+	e, ok := ctx.Value(executionKey).(*execution)
+	if ok {
+		e.released.Store(true)
+	}
+	return ok
+}
+
+// decide applies the store policy to the handler's answer.
+func (c *config) decide(r *http.Request, e *execution, rec *record) StoreDecision {
+	if e.released.Load() {
+		return StoreDecision{Release: true}
+	}
+	if rec == nil || c.storePolicy == nil {
+		return StoreDecision{TTL: c.recordTTL}
+	}
+	d := c.storePolicy(r, rec.status)
+	if d.TTL <= 0 || d.TTL > c.recordTTL {
+		d.TTL = c.recordTTL
+	}
+	return d
+}

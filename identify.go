@@ -49,7 +49,11 @@ func (m *Middleware) scopeOf(r *http.Request, tokenMode bool) (string, error) {
 	if m.cfg.scope != nil {
 		return m.customScope(r)
 	}
-	session, hasSession := m.session(r)
+	// Most API requests carry no cookie: skip parsing what is not there.
+	session, hasSession := "", false
+	if len(r.Header["Cookie"]) > 0 {
+		session, hasSession = m.session(r)
+	}
 	switch {
 	case tokenMode && hasSession:
 		return session, nil
@@ -58,7 +62,7 @@ func (m *Middleware) scopeOf(r *http.Request, tokenMode bool) (string, error) {
 	case hasSession:
 		return "s:" + session, nil
 	}
-	if auth := r.Header.Values("Authorization"); len(auth) > 0 {
+	if auth := r.Header["Authorization"]; len(auth) > 0 {
 		h := sha256.New()
 		for _, v := range auth {
 			h.Write([]byte(v))

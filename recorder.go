@@ -180,7 +180,9 @@ func (rw *recorder) finish() *record {
 	if rw.partial {
 		return nil
 	}
-	return newRecord(rw.status, rw.pairs, rw.body.Bytes())
+	rec := newRecord(rw.status, rw.pairs, rw.body.Bytes())
+	rec.filtered = true
+	return rec
 }
 
 // passTrailers copies the trailers the handler set after the status into

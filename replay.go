@@ -20,6 +20,9 @@ type record struct {
 	// expires is when the stored record ends, as far as this process knows;
 	// set before the record is shared.
 	expires time.Time
+	// filtered: the header holds only what this process's policy stores
+	// (the recorder made it), so a replay need not filter it again.
+	filtered bool
 }
 
 func newRecord(status int, header []string, body []byte) *record {
@@ -50,7 +53,7 @@ func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config) {
 	block := make([]string, 0, len(rec.header)/2+1)
 	for i := 0; i < len(rec.header); {
 		name, start := rec.header[i], len(block)
-		keep := cfg.storable(name)
+		keep := rec.filtered || cfg.storable(name)
 		for ; i < len(rec.header) && rec.header[i] == name; i += 2 {
 			if keep {
 				block = append(block, rec.header[i+1])
@@ -63,7 +66,9 @@ func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config) {
 	block = append(block, replayedValue[0])
 	n := len(block)
 	h[ReplayedHeader] = block[n-1 : n : n]
-	cfg.stampExpiry(h, time.Until(rec.expires))
+	if cfg.expiryHeader != "" {
+		cfg.stampExpiry(h, time.Until(rec.expires))
+	}
 	if cfg.replayHook != nil {
 		cfg.replayHook(r, rec.status, h)
 	}
@@ -74,9 +79,7 @@ func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config) {
 // stampExpiry sets the expiry header (WithExpiryHeader) to the whole
 // seconds a stored answer is still replayed.
 func (c *config) stampExpiry(h http.Header, left time.Duration) {
-	if c.expiryHeader != "" {
-		h[c.expiryHeader] = []string{strconv.FormatInt(int64(max(left, 0)/time.Second), 10)}
-	}
+	h[c.expiryHeader] = []string{strconv.FormatInt(int64(max(left, 0)/time.Second), 10)}
 }
 
 // hopByHop headers describe one connection and never belong in a replay.

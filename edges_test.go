@@ -15,9 +15,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/bsm/redislock"
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/onceonly/idempotency/internal/syncbuf"
 	"github.com/redis/go-redis/v9"
@@ -414,10 +416,10 @@ func TestNewRefusesLeasesThatCannotHold(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	defer rdb.Close()
 	for name, opts := range map[string][]Option{
-		"WithRecordTTL":        {WithRecordTTL(10 * time.Second)}, // below 3 s lease + 30 s execution
-		"WithExpiryHeader":     {WithExpiryHeader("Expires In")},
-		"WithProtectedMethods": {WithProtectedMethods()},
-		"WithReplicaAcks":      {WithLockLease(300 * time.Millisecond), WithReplicaAcks(1, 2*time.Second)},
+		"WithRecordTTL":          {WithRecordTTL(10 * time.Second)}, // below 3 s lease + 30 s execution
+		"WithExpiryHeader":       {WithExpiryHeader("Expires In")},
+		"WithUnprotectedMethods": {WithUnprotectedMethods("")},
+		"WithReplicaAcks":        {WithLockLease(300 * time.Millisecond), WithReplicaAcks(1, 2*time.Second)},
 	} {
 		msg, _ := panicMessage(func() { New(rdb, opts...) }).(string)
 		require.Contains(t, msg, name)
@@ -676,4 +678,28 @@ func TestNewWarnsOfAnEvictingRedis(t *testing.T) {
 	safe := redistest.Private(t, "--maxmemory-policy", "noeviction")
 	New(safe.Client(t), WithLogger(slog.New(slog.NewTextHandler(&quiet, nil))))
 	require.NotContains(t, quiet.String(), "maxmemory-policy")
+}
+
+// A watchdog that cannot reach Redis reports the lease lost before the lock
+// expires, so that the handler knows before another instance may take the
+// key; and not much before.
+func TestWatchdogReportsLossBeforeTheLockExpires(t *testing.T) {
+	srv := redistest.Private(t)
+	rdb := srv.Client(t)
+	began := time.Now()
+	lock, err := redislock.New(rdb).Obtain(t.Context(), "watchdog-test", 1500*time.Millisecond, nil)
+	require.NoError(t, err)
+	wd := startWatchdog(lock, 1500*time.Millisecond, time.Second, began)
+	defer wd.stop()
+	lost := make(chan time.Duration, 1)
+	wd.notify(func() { lost <- time.Since(began) })
+	require.NoError(t, srv.Signal(syscall.SIGSTOP))
+	defer srv.Signal(syscall.SIGCONT)
+	select {
+	case at := <-lost:
+		require.Less(t, at, 1500*time.Millisecond, "before the lock expired")
+		require.Greater(t, at, time.Second, "after the renewals could still land")
+	case <-time.After(3 * time.Second):
+		t.Fatal("the lost lease was never reported")
+	}
 }

@@ -22,7 +22,7 @@ func (m *Middleware) execute(c *call, l *lease) verdict {
 	rw := newRecorder(c.w, m.cfg.maxResponse, m.cfg.storable)
 	if m.cfg.expiryHeader != "" {
 		rw.stamp = func(status int, h http.Header) {
-			if d := m.cfg.decide(c.r, exec, &record{status: status}); !d.Release {
+			if d := m.cfg.decide(c.r, exec, status); !d.Release {
 				m.cfg.stampExpiry(h, d.TTL)
 			}
 		}
@@ -40,7 +40,8 @@ func (m *Middleware) execute(c *call, l *lease) verdict {
 	c.next.ServeHTTP(rw, c.r.WithContext(ctx))
 	returned = true
 	rec := rw.finish()
-	return m.storeAnswer(c, l, rec, m.cfg.decide(c.r, exec, rec))
+	exec.settle()
+	return m.storeAnswer(c, l, rec, m.cfg.decide(c.r, exec, rw.status))
 }
 
 // storeAnswer keeps the handler's answer for every duplicate (rec nil: executed,
@@ -51,6 +52,7 @@ func (m *Middleware) storeAnswer(c *call, l *lease, rec *record, d StoreDecision
 		m.release(c, l, 0)
 		return verdict{outcome: Executed, released: true}
 	}
+	expires := time.Now().Add(d.TTL) // before the store: never overstated
 	var (
 		how completion
 		err error
@@ -82,7 +84,7 @@ func (m *Middleware) storeAnswer(c *call, l *lease, rec *record, d StoreDecision
 			"or a flush); the answer was stored again", "key", l.k.record)
 	}
 	if rec != nil {
-		rec.expires = time.Now().Add(d.TTL)
+		rec.expires = expires
 		m.cache.put(c.id, c.fp, rec, m.cacheExpiry(rec))
 	}
 	return verdict{outcome: Executed, rec: rec, storedFor: d.TTL}

@@ -33,7 +33,13 @@ func HeaderKey(name string) KeyExtractor {
 		if len(values) == 0 {
 			return "", nil
 		}
-		return structuredString(values[0])
+		key, err := structuredString(values[0])
+		if err == nil && key == "" {
+			// Present but empty is a client bug, not "no key": it must not
+			// pass as a request without one (WithOptionalKey).
+			err = errors.New("idempotency: empty key")
+		}
+		return key, err
 	}
 }
 

@@ -7,8 +7,6 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-
-	"github.com/gowebpki/jcs"
 )
 
 // fingerprintSum identifies what a request asks for. A key presented again
@@ -50,18 +48,23 @@ func appendDefault(b []byte, r *http.Request, body []byte) []byte {
 }
 
 // CanonicalJSON is the method, the path, the query in canonical order and
-// the body in the JSON Canonicalization Scheme (RFC 8785), so that a retry
-// that serializes its JSON with other key order, spacing or number spelling
-// is the same request. A body that is not JSON counts as it is.
+// the body as canonical JSON, so that a retry that serializes its JSON with
+// other member order, spacing or number spelling is the same request. As in
+// RFC 8785, members are sorted and whitespace dropped; unlike it, numbers
+// compare by their exact value, not as doubles, so two ids beyond 2^53
+// never pass for one. A body that is not JSON counts as it is.
 func CanonicalJSON(r *http.Request, body []byte) []byte {
-	if canonical, err := jcs.Transform(body); err == nil {
-		body = canonical
+	kind := "raw"
+	if canonical, err := canonicalJSON(body); err == nil {
+		kind, body = "json", canonical
 	}
-	return appendParts(nil, r.Method, r.URL.EscapedPath(), canonicalQuery(r.URL.RawQuery), string(body))
+	return appendParts(nil, r.Method, r.URL.EscapedPath(), canonicalQuery(r.URL.RawQuery), kind, string(body))
 }
 
-// CanonicalQuery is DefaultFingerprint with the query's parameters in
-// canonical order.
+// CanonicalQuery is the method, the path, the query's parameters in
+// canonical order and the raw body. Like every change of fingerprint, a
+// switch to it makes records stored before the switch answer 422 to their
+// retries: switch between deploys with no retries in flight.
 func CanonicalQuery(r *http.Request, body []byte) []byte {
 	return appendParts(nil, r.Method, r.URL.EscapedPath(), canonicalQuery(r.URL.RawQuery), string(body))
 }
@@ -80,13 +83,14 @@ func JSONFields(fields ...string) Fingerprinter {
 		if json.Unmarshal(body, &obj) != nil {
 			return appendParts(b, "raw", string(body))
 		}
+		b = appendParts(b, "fields")
 		for _, field := range fields {
 			value, ok := lookupJSON(obj, field)
 			if !ok {
 				b = appendParts(b, field, "absent")
 				continue
 			}
-			if canonical, err := jcs.Transform(value); err == nil {
+			if canonical, err := canonicalJSON(value); err == nil {
 				value = canonical
 			}
 			b = appendParts(b, field, string(value))

@@ -1,12 +1,12 @@
 package idempotency
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
-	"github.com/gowebpki/jcs"
 	"github.com/stretchr/testify/require"
 )
 
@@ -78,22 +78,79 @@ func TestCanonicalJSONReplaysAReorderedRetry(t *testing.T) {
 }
 
 func FuzzCanonicalizers(f *testing.F) {
-	f.Add(`{"b":1,"a":[1,2,{"d":null,"c":"\u00e9"}]}`, "b=2&a=1&a=0")
-	f.Add(`not json`, "%zz")
-	f.Add(`{"amount":1e400}`, "")
-	f.Fuzz(func(t *testing.T, body, query string) {
-		r := httptest.NewRequest(http.MethodPost, "/p", strings.NewReader(body))
-		r.URL.RawQuery = query
-		for _, fp := range []Fingerprinter{CanonicalJSON, CanonicalQuery, JSONFields("a", "b.c"), WithHeaders(DefaultFingerprint, "X")} {
-			first := fp(r, []byte(body))
-			require.Equal(t, first, fp(r, []byte(body)), "deterministic")
+	f.Add(`{"b":1,"a":[1,2,{"d":null,"c":"\u00e9"}]}`)
+	f.Add(`not json`)
+	f.Add(`{"amount":1e400,"id":12345678901234567890}`)
+	f.Add(`[0.1, -0, 5e2, "a<b"]`)
+	f.Fuzz(func(t *testing.T, body string) {
+		once, err := canonicalJSON([]byte(body))
+		if err != nil {
+			return
 		}
-		// Canonical JSON is a fixed point: canonicalizing it again changes
-		// nothing.
-		if once, err := jcs.Transform([]byte(body)); err == nil {
-			twice, err := jcs.Transform(once)
+		// The canonical form is JSON, and a fixed point.
+		require.True(t, json.Valid(once), "%s", once)
+		twice, err := canonicalJSON(once)
+		require.NoError(t, err)
+		require.Equal(t, string(once), string(twice))
+		// It keeps the value: decoded again, it is equal (as far as
+		// encoding/json's float64 numbers can tell).
+		var a, b any
+		if json.Unmarshal([]byte(body), &a) == nil { // not when a number overflows float64
+			require.NoError(t, json.Unmarshal(once, &b))
+			require.Equal(t, a, b)
+		}
+	})
+}
+
+// Canonical JSON ignores member order, spacing and number spelling, and
+// keeps every value apart that differs, however large.
+func TestCanonicalJSON(t *testing.T) {
+	same := [][2]string{
+		{`{"b":1,"a":2}`, `{ "a" : 2 , "b" : 1 }`},
+		{`{"n":500}`, `{"n":5e2}`},
+		{`{"n":0.5}`, `{"n":5E-1}`},
+		{`{"n":-0.0}`, `{"n":0}`},
+		{`{"n":120.50}`, `{"n":1.205e+2}`},
+		{`{"s":"\u00e9"}`, `{"s":"é"}`},
+		{`{"a":{"y":[1,{"q":1,"p":2}],"x":null}}`, `{"a":{"x":null,"y":[1,{"p":2,"q":1}]}}`},
+	}
+	for _, tc := range same {
+		a, err := canonicalJSON([]byte(tc[0]))
+		require.NoError(t, err)
+		b, err := canonicalJSON([]byte(tc[1]))
+		require.NoError(t, err)
+		require.Equal(t, string(a), string(b), "%s vs %s", tc[0], tc[1])
+	}
+	differ := [][2]string{
+		{`{"id":1234567890123456789}`, `{"id":1234567890123456788}`},
+		{`{"n":1}`, `{"n":"1"}`},
+		{`[1,2]`, `[2,1]`},
+		{`{"a":null}`, `{}`},
+		{`{"n":0.1}`, `{"n":0.10000000000000001}`},
+	}
+	for _, tc := range differ {
+		a, _ := canonicalJSON([]byte(tc[0]))
+		b, _ := canonicalJSON([]byte(tc[1]))
+		require.NotEqual(t, string(a), string(b), "%s vs %s", tc[0], tc[1])
+	}
+	_, err := canonicalJSON([]byte(`{"a":1} {"b":2}`))
+	require.Error(t, err, "two values are not one JSON text")
+}
+
+// A quoted key decodes to what a client meant, and refuses what it cannot
+// have meant.
+func FuzzStructuredString(f *testing.F) {
+	f.Add("abc")
+	f.Add(`a"b\c`)
+	f.Fuzz(func(t *testing.T, key string) {
+		quoted := `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
+		got, err := structuredString(quoted)
+		printable := validKey(key, len(key)+1) || key == ""
+		if printable {
 			require.NoError(t, err)
-			require.Equal(t, once, twice)
+			require.Equal(t, key, got)
+		} else {
+			require.Error(t, err)
 		}
 	})
 }

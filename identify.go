@@ -36,6 +36,7 @@ func (m *Middleware) identify(c *call, extract KeyExtractor) error {
 	c.key = key
 	c.id = identityOf(c.tokenMode, c.scope, key)
 	c.fp = m.cfg.fingerprintOf(c.r, body)
+	c.body.Seek(0, io.SeekStart) // and a fingerprint function too
 	return nil
 }
 

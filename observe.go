@@ -34,8 +34,9 @@ const (
 	// nothing was answered.
 	ClientGone
 	// Unprotected: the handler ran without protection, as configured: a
-	// method that WithProtectedMethods leaves out (GET, HEAD, OPTIONS and
-	// TRACE by default), or a request without a key under WithOptionalKey.
+	// method named by WithUnprotectedMethods (GET, HEAD, OPTIONS and TRACE
+	// by default), or a key-mode request without a key under
+	// WithOptionalKey.
 	Unprotected
 )
 
@@ -71,7 +72,8 @@ type Event struct {
 	StoredFor time.Duration
 }
 
-// WithObserver calls fn once for every protected request, after it was
+// WithObserver calls fn once for every request on a protected route (those
+// let through unprotected included, as Unprotected), after it was
 // answered, from the request's goroutine: keep it fast. LogObserver and the
 // otelidem package provide ready ones. Default none, which costs nothing.
 func WithObserver(fn func(Event)) Option { return func(c *config) { c.observer = fn } }

@@ -43,7 +43,7 @@ type config struct {
 	cacheEntries    int
 	cacheBytes      int64
 	cacheTTL        time.Duration
-	protected       map[string]bool // nil: every method but the safe ones
+	unprotected     map[string]bool // nil: the safe methods
 	optionalKey     bool
 	storePolicy     StorePolicy
 	replayHook      func(r *http.Request, status int, header http.Header)
@@ -202,24 +202,28 @@ func WithResponseCache(maxEntries int, maxBytes int64) Option {
 // Default 10 seconds, which covers double clicks and prompt retries.
 func WithResponseCacheTTL(d time.Duration) Option { return func(c *config) { c.cacheTTL = d } }
 
-// WithProtectedMethods names the methods that a protected route protects;
-// requests with other methods pass through to the handler without spending
-// a token or key (the observer reports them Unprotected). Default every
-// method but the safe ones, GET, HEAD, OPTIONS and TRACE, so that a HEAD on
-// a GET route or a CORS preflight never spends a key.
-func WithProtectedMethods(methods ...string) Option {
+// WithUnprotectedMethods names the methods that pass through a protected
+// route to the handler without spending a token or key (the observer
+// reports them Unprotected); every other method, one never heard of
+// included, is protected. Methods compare exactly, as HTTP's do: "post" is
+// not POST, and is protected. Default the safe methods, GET, HEAD, OPTIONS
+// and TRACE, so that a HEAD on a GET route or a CORS preflight never spends
+// a key; WithUnprotectedMethods() with none protects every method. Route by
+// method, and keep a method-override middleware outside the protection:
+// inside it, it could turn a GET that passed through into a POST.
+func WithUnprotectedMethods(methods ...string) Option {
 	return func(c *config) {
-		c.protected = make(map[string]bool, len(methods))
+		c.unprotected = make(map[string]bool, len(methods))
 		for _, m := range methods {
-			c.protected[strings.ToUpper(m)] = true
+			c.unprotected[m] = true
 		}
 	}
 }
 
 // protects reports whether requests with method are protected.
 func (c *config) protects(method string) bool {
-	if c.protected != nil {
-		return c.protected[method]
+	if c.unprotected != nil {
+		return !c.unprotected[method]
 	}
 	switch method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
@@ -228,10 +232,12 @@ func (c *config) protects(method string) bool {
 	return true
 }
 
-// WithOptionalKey lets a request that carries no key or token through to
-// the handler unprotected (the observer reports it Unprotected), as Fiber,
-// Powertools and IdempotentAPI do; a malformed key is still refused. Default
-// off: a protected route answers a request without a key 400 missing-key.
+// WithOptionalKey lets a key-mode request (ProtectKey) that carries no key
+// through to the handler unprotected (the observer reports it Unprotected),
+// as Fiber, Powertools and IdempotentAPI do; a malformed or empty key is
+// still refused. Token mode ignores it: a form posted without its token is
+// refused, never run unprotected. Default off: a request without a key is
+// answered 400 missing-key.
 func WithOptionalKey() Option { return func(c *config) { c.optionalKey = true } }
 
 // WithReplayHook calls fn with every replayed answer's status and headers
@@ -329,8 +335,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("replica acks %d need a positive timeout, got %v", c.replicaAcks, c.replicaWait)
 	case c.expiryHeader != "" && !validToken(c.expiryHeader):
 		return fmt.Errorf("WithExpiryHeader(%q) is not a header name", c.expiryHeader)
-	case c.protected != nil && len(c.protected) == 0:
-		return fmt.Errorf("WithProtectedMethods names no method")
+	case c.unprotected[""]:
+		return fmt.Errorf("WithUnprotectedMethods names an empty method")
 	case c.tokensPerScope < 1:
 		return fmt.Errorf("tokens per scope %d is below 1", c.tokensPerScope)
 	case c.sessionCookie == "" || c.formField == "":

@@ -30,7 +30,7 @@ func (m *Middleware) decide(c *call, extract KeyExtractor) verdict {
 		return m.runUnprotected(c, nil)
 	}
 	if err := m.identify(c, extract); err != nil {
-		if errors.Is(err, ErrMissingKey) && m.cfg.optionalKey {
+		if errors.Is(err, ErrMissingKey) && m.cfg.optionalKey && !c.tokenMode {
 			return m.runUnprotected(c, nil)
 		}
 		return refuse(err)

@@ -15,6 +15,8 @@ type StoreDecision struct {
 	Release bool
 	// TTL keeps the answer for replay this long instead of the record TTL
 	// (WithRecordTTL), when positive and shorter; then a retry runs again.
+	// It is never below the wait timeout (WithWaitTimeout) nor a second, so
+	// that a duplicate that waited for the answer finds it.
 	TTL time.Duration
 }
 
@@ -47,7 +49,9 @@ func StoreNoTransient(_ *http.Request, status int) StoreDecision {
 	return StoreDecision{}
 }
 
-// WithStorePolicy sets which answers are stored. Default StoreAll.
+// WithStorePolicy sets which answers are stored. It replaces
+// WithReleaseOnServerError, and that replaces it: the last one given wins.
+// Default StoreAll.
 func WithStorePolicy(p StorePolicy) Option { return func(c *config) { c.storePolicy = p } }
 
 // WithReleaseOnServerError releases the key when the handler answers 5xx, so
@@ -63,11 +67,20 @@ func WithReleaseOnServerError() Option {
 }
 
 // execution is what a protected handler's context carries: its fencing
-// token, and whether it asked to release its key.
+// token, and what becomes of its answer.
 type execution struct {
-	fence    uint64
-	released atomic.Bool
+	fence uint64
+	state atomic.Int32 // running, released or decided
+	// decision is the policy's answer, taken once, when the status went
+	// out (for the expiry header) or when the handler returned.
+	decision *StoreDecision
 }
+
+const (
+	execRunning int32 = iota
+	execReleased
+	execDecided
+)
 
 var executionKey = &contextKey{"execution"}
 
@@ -79,26 +92,42 @@ func withExecution(ctx context.Context, e *execution) context.Context {
 // did nothing that a retry must not repeat (a validation failure found
 // before any side effect): its answer is sent but not stored, and the key
 // is released, so the client may fix the request and retry with the same
-// key. It reports whether ctx belongs to a protected execution.
+// key. Call it before the handler writes: waiting duplicates replay nothing
+// and run again. It reports whether it took effect: false outside a
+// protected execution, and once the handler has returned.
 func Release(ctx context.Context) bool {
 	e, ok := ctx.Value(executionKey).(*execution)
-	if ok {
-		e.released.Store(true)
+	if !ok {
+		return false
 	}
-	return ok
+	return e.state.CompareAndSwap(execRunning, execReleased) || e.state.Load() == execReleased
 }
 
-// decide applies the store policy to the handler's answer.
-func (c *config) decide(r *http.Request, e *execution, rec *record) StoreDecision {
-	if e.released.Load() {
+// decide applies the store policy to the status the handler answered, once.
+// A policy's lifetime is kept at least as long as a duplicate may wait
+// (WithWaitTimeout, at least a second), so that a duplicate that waited for
+// the answer finds it, and at most the record TTL.
+func (c *config) decide(r *http.Request, e *execution, status int) StoreDecision {
+	if e.state.Load() == execReleased {
 		return StoreDecision{Release: true}
 	}
-	if rec == nil || c.storePolicy == nil {
-		return StoreDecision{TTL: c.recordTTL}
+	if e.decision != nil {
+		return *e.decision
 	}
-	d := c.storePolicy(r, rec.status)
-	if d.TTL <= 0 || d.TTL > c.recordTTL {
-		d.TTL = c.recordTTL
+	d := StoreDecision{TTL: c.recordTTL}
+	if c.storePolicy != nil && status >= 100 { // 0: the handler hijacked the connection
+		d = c.storePolicy(r, status)
+		if d.TTL <= 0 {
+			d.TTL = c.recordTTL
+		}
+		d.TTL = min(max(d.TTL, c.wait, time.Second), c.recordTTL)
 	}
+	e.decision = &d
 	return d
+}
+
+// settle ends the handler's say in what becomes of its answer: a Release
+// after it returned takes no effect.
+func (e *execution) settle() {
+	e.state.CompareAndSwap(execRunning, execDecided)
 }

@@ -1,6 +1,8 @@
 package idempotency
 
 import (
+	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -63,14 +65,18 @@ func TestStorePolicies(t *testing.T) {
 
 func TestStorePolicyShorterLifetime(t *testing.T) {
 	var events eventLog
-	s := newShop(t, WithObserver(events.observe), WithStorePolicy(func(_ *http.Request, status int) StoreDecision {
-		return StoreDecision{TTL: 300 * time.Millisecond}
-	}))
+	// A lifetime below the wait timeout is raised to it (and to a second),
+	// so that a duplicate that waited finds the answer.
+	s := newShop(t, WithObserver(events.observe), WithWaitTimeout(time.Second),
+		WithStorePolicy(func(_ *http.Request, status int) StoreDecision {
+			return StoreDecision{TTL: time.Nanosecond}
+		}))
 	c := s.client()
 	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "short", `{}`).status)
-	require.Equal(t, 300*time.Millisecond, events.last(t).StoredFor)
+	require.Equal(t, time.Second, events.last(t).StoredFor)
 	require.Equal(t, "true", s.post(c, "/payments", "short", `{}`).header.Get(ReplayedHeader))
-	time.Sleep(400 * time.Millisecond)
+	require.Positive(t, s.rdb.PTTL(t.Context(), clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "short")).record).Val())
+	time.Sleep(1300 * time.Millisecond)
 	require.Empty(t, s.post(c, "/payments", "short", `{}`).header.Get(ReplayedHeader), "it ran again")
 	require.EqualValues(t, 2, s.execs.Load())
 }
@@ -123,13 +129,17 @@ func TestSafeMethodsPassThrough(t *testing.T) {
 	require.Equal(t, Replayed, events.last(t).Outcome, "the key was not spent by the safe methods")
 	require.EqualValues(t, 4, execs.Load())
 
-	onlyPut := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix+"-put"), WithProtectedMethods("put"), WithObserver(events.observe))
-	h = onlyPut.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { execs.Add(1) }))
+	send("post")
+	require.Equal(t, Rejected, events.last(t).Outcome, "a lower-case post is protected (and differs from POST)")
+
+	allButPost := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix+"-put"), WithUnprotectedMethods("POST"), WithObserver(events.observe))
+	h = allButPost.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { execs.Add(1) }))
 	send(http.MethodPost)
 	require.Equal(t, Unprotected, events.last(t).Outcome)
-	send(http.MethodPut)
+	send(http.MethodGet)
 	require.Equal(t, Executed, events.last(t).Outcome)
-	require.Panics(t, func() { New(s.rdb, WithProtectedMethods()) })
+	send("BREW")
+	require.Equal(t, Rejected, events.last(t).Outcome, "an unknown method is protected (the key ran a GET)")
 }
 
 func TestOptionalKey(t *testing.T) {
@@ -158,7 +168,7 @@ func TestStructuredFieldKeys(t *testing.T) {
 	for _, bad := range []string{`"open`, `"a\b"`, `"a" b`, `"ü"`} {
 		requireProblem(t, s.post(c, "/payments", bad, `{}`), 400, "invalid-key")
 	}
-	requireProblem(t, s.post(c, "/payments", `""`, `{}`), 400, "missing-key")
+	requireProblem(t, s.post(c, "/payments", `""`, `{}`), 400, "invalid-key")
 	require.EqualValues(t, 2, s.execs.Load())
 }
 
@@ -216,4 +226,57 @@ func TestInProgressRetryAfterFollowsTheLease(t *testing.T) {
 	require.Equal(t, 4*time.Second, RetryAfter(retryAfter{ErrInProgress, 4 * time.Second}))
 	require.Equal(t, time.Second, RetryAfter(ErrStoreUnavailable))
 	require.Zero(t, RetryAfter(ErrKeyReused))
+}
+
+// The policy decides for answers that cannot be replayed too: a large 502
+// under Store2xxOnly releases its key instead of blocking it for a day.
+func TestStorePolicyCoversAnswersTooLargeToStore(t *testing.T) {
+	s := newShop(t, WithStorePolicy(Store2xxOnly), WithMaxResponseBytes(10))
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		status := http.StatusBadGateway
+		if s.execs.Load() > 1 {
+			status = http.StatusCreated
+		}
+		w.WriteHeader(status)
+		w.Write([]byte(strings.Repeat("x", 100)))
+	}
+	c := s.client()
+	require.Equal(t, http.StatusBadGateway, s.post(c, "/payments", "big", `{}`).status)
+	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "big", `{}`).status, "released: the retry ran")
+	requireProblem(t, s.post(c, "/payments", "big", `{}`), http.StatusConflict, "not-replayable")
+	require.EqualValues(t, 2, s.execs.Load())
+}
+
+// Release after the handler returned takes no effect, and says so.
+func TestLateReleaseTakesNoEffect(t *testing.T) {
+	s := newShop(t)
+	contexts := make(chan context.Context, 1)
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		contexts <- r.Context()
+		s.defaultHandler(w, r)
+	}
+	c := s.client()
+	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "late", `{}`).status)
+	require.False(t, Release(<-contexts))
+	require.Equal(t, "true", s.post(c, "/payments", "late", `{}`).header.Get(ReplayedHeader))
+}
+
+// WithOptionalKey is for key mode: a form posted without its token is
+// refused, never run unprotected.
+func TestOptionalKeyLeavesTokenModeStrict(t *testing.T) {
+	s := newShop(t, WithOptionalKey())
+	c := s.client()
+	s.token(c)
+	requireProblem(t, s.post(c, "/orders", "", `{}`), 400, "missing-key")
+	require.Zero(t, s.execs.Load())
+}
+
+// A fingerprint function may read the body; the handler still gets it whole.
+func TestFingerprinterReadingTheBody(t *testing.T) {
+	s := newShop(t, WithFingerprint(func(r *http.Request, body []byte) []byte {
+		b, _ := io.ReadAll(r.Body)
+		return b
+	}))
+	a := s.post(s.client(), "/payments", "body", `{"item":"tea"}`)
+	require.Equal(t, `{"item":"tea"}`, a.header.Get("X-Request-Body"))
 }

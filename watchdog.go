@@ -41,11 +41,11 @@ func startWatchdog(lock *redislock.Lock, lease, stepTimeout time.Duration, obtai
 }
 
 // renew refreshes the lock. The lease is lost when the lock turns out to be
-// gone (another instance took the key over), or when the lock has expired
-// without a renewal (Redis unreachable or slow): from then on another
-// instance may take the key, so the handler must know. Until then a failed
-// renewal is tried again, sooner as the expiry nears, and no attempt waits
-// past the expiry.
+// gone (another instance took the key over), or when the lock is about to
+// expire without a renewal (Redis unreachable or slow), a tenth of a lease
+// before it does: the handler must know before another instance may take
+// the key. Until then a failed renewal is tried again, sooner as the
+// expiry nears, and no attempt waits past that point.
 func (wd *watchdog) renew() {
 	wd.mu.Lock()
 	if wd.stopped {
@@ -56,7 +56,9 @@ func (wd *watchdog) renew() {
 	wd.mu.Unlock()
 	defer wd.renewing.Done()
 
-	ctx, cancel := context.WithTimeout(context.Background(), max(min(wd.renewTimeout, time.Until(wd.expires)), time.Millisecond))
+	margin := wd.lease / 10
+	ctx, cancel := context.WithTimeout(context.Background(),
+		max(min(wd.renewTimeout, time.Until(wd.expires)-margin), time.Millisecond))
 	attempt := time.Now()
 	err := wd.lock.Refresh(ctx, wd.lease, nil)
 	cancel()
@@ -69,7 +71,7 @@ func (wd *watchdog) renew() {
 		return
 	default:
 		// A transient error: try again while the lock may still be ours.
-		left := time.Until(wd.expires)
+		left := time.Until(wd.expires) - margin
 		if left <= 0 {
 			wd.fail()
 			return

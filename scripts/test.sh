@@ -11,24 +11,34 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+updated=""
+apt_install() { # apt_install WHY PACKAGE…: one apt-get update per run
+	echo "test.sh: $1; installing $(echo "${@:2}") with apt-get"
+	if [ -z "$updated" ]; then
+		$sudo apt-get update -qq
+		updated=1
+	fi
+	# RUNLEVEL=1: installing redis-server must not start a system-wide
+	# server; the tests start their own.
+	RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${@:2}" >/dev/null
+}
+
+# go test -race needs cgo, and cgo a C compiler.
+if ! command -v gcc >/dev/null; then
+	apt_install "no C compiler (go test -race needs cgo)" gcc libc6-dev
+fi
+export CGO_ENABLED=1
 if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
-	echo "test.sh: redis-server not found; installing it with apt-get"
-	sudo=""
-	[ "$(id -u)" -eq 0 ] || sudo="sudo"
-	$sudo apt-get update -qq
-	# Installing must not start a system-wide server: the tests start their own.
-	RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+	apt_install "redis-server not found" redis-server
 fi
 echo "test.sh: $(redis-server --version)"
 
 # The browser tests (e2e/) drive Debian's chromium, headless; with
 # IDEMPOTENCY_REQUIRE_BROWSER=1 they fail instead of skipping without it.
 if ! command -v chromium >/dev/null; then
-	echo "test.sh: chromium not found; installing it with apt-get"
-	sudo=""
-	[ "$(id -u)" -eq 0 ] || sudo="sudo"
-	$sudo apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+	apt_install "chromium not found" chromium
 fi
 echo "test.sh: $(chromium --version 2>/dev/null)"
 export IDEMPOTENCY_REQUIRE_BROWSER=1

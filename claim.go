@@ -28,12 +28,19 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 	cl, err := m.claimKey(c, l)
 	if err != nil {
 		// The claim may have run without us hearing back, or run without
-		// reaching enough replicas. Undo it in the background: the client's
-		// 503 must not wait for a Redis that just failed us. When Redis
-		// cannot hear the undo either, the lease runs out and a retry finds
-		// the claim abandoned, the handler never run.
+		// reaching enough replicas. Undo it. When the primary answers (too
+		// few replicas) the undo goes first, so that the next request finds
+		// the key free rather than held by a claim that never ran.
+		// Otherwise it goes on in the background: the client's 503 must not
+		// wait for a Redis that just failed us, and when Redis cannot hear
+		// the undo either, the lease runs out and a retry finds the claim
+		// abandoned, the handler never run.
 		l.end()
-		go m.release(c, l, m.cfg.lease)
+		if errors.Is(err, errTooFewReplicas) {
+			m.release(c, l, 0)
+		} else {
+			go m.release(c, l, m.cfg.lease)
+		}
 		return nil, refuse(unavailable(err))
 	}
 	if cl.outcome != outcomeClaimed {

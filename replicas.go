@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
@@ -37,10 +38,14 @@ func (m *Middleware) claimReplicated(ctx context.Context, c *call, l *lease) (cl
 		return claim{}, err
 	}
 	if acked < int64(m.cfg.replicaAcks) {
-		return claim{}, fmt.Errorf("%d of %d replicas acknowledged the claim", acked, m.cfg.replicaAcks)
+		return claim{}, fmt.Errorf("%w: %d of %d", errTooFewReplicas, acked, m.cfg.replicaAcks)
 	}
 	return cl, nil
 }
+
+// errTooFewReplicas: the claim is on the primary, which answers, but not on
+// enough replicas.
+var errTooFewReplicas = errors.New("too few replicas acknowledged the claim")
 
 // primaryFor returns a client for the primary that holds key, whose
 // connections the claim and its WAIT can share.

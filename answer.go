@@ -1,7 +1,7 @@
 package idempotency
 
 import (
-	"errors"
+	"net/http"
 	"time"
 )
 
@@ -29,13 +29,14 @@ func (v verdict) shared() *record {
 	return nil
 }
 
-// refuse is the verdict that answers err with the error handler.
+// refuse is the verdict that answers err with the error handler. Its
+// outcome follows the status of err's problem: the problem table is the one
+// place that knows which errors are conflicts.
 func refuse(err error) verdict {
-	switch {
-	case errors.Is(err, ErrStoreUnavailable):
+	switch problemFor(err).status {
+	case http.StatusServiceUnavailable:
 		return verdict{outcome: StoreError, err: err}
-	case errors.Is(err, ErrInProgress), errors.Is(err, ErrNotReplayable),
-		errors.Is(err, ErrInterrupted), errors.Is(err, ErrUnreadableRecord):
+	case http.StatusConflict:
 		return verdict{outcome: Conflict, err: err}
 	}
 	return verdict{outcome: Rejected, err: err}

@@ -20,6 +20,15 @@ import (
 // apart. An object with a repeated member name counts its last value, as
 // encoding/json does.
 func canonicalJSON(text []byte) ([]byte, error) {
+	v, err := decodeJSON(text)
+	if err != nil {
+		return nil, err
+	}
+	return appendCanonical(nil, v)
+}
+
+// decodeJSON decodes one JSON text, keeping numbers as written.
+func decodeJSON(text []byte) (any, error) {
 	dec := json.NewDecoder(bytes.NewReader(text))
 	dec.UseNumber()
 	var v any
@@ -29,7 +38,22 @@ func canonicalJSON(text []byte) ([]byte, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, errors.New("idempotency: data after the JSON value")
 	}
-	return appendCanonical(nil, v)
+	return v, nil
+}
+
+// jsonAt returns the value that a path of member names reaches through
+// nested objects of v, and whether it is there.
+func jsonAt(v any, path []string) (any, bool) {
+	for _, name := range path {
+		obj, ok := v.(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		if v, ok = obj[name]; !ok {
+			return nil, false
+		}
+	}
+	return v, true
 }
 
 func appendCanonical(b []byte, v any) ([]byte, error) {

@@ -138,13 +138,7 @@ func JSONKey(path string) KeyExtractor {
 		if dec.Decode(&v) != nil {
 			return "", nil
 		}
-		for _, step := range steps {
-			obj, ok := v.(map[string]any)
-			if !ok {
-				return "", nil
-			}
-			v = obj[step]
-		}
+		v, _ = jsonAt(v, steps) // absent reads as null: no key
 		switch v := v.(type) {
 		case string:
 			return v, nil

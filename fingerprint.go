@@ -77,23 +77,28 @@ func CanonicalQuery(r *http.Request, body []byte) []byte {
 func JSONFields(fields ...string) Fingerprinter {
 	fields = slices.Clone(fields)
 	slices.Sort(fields)
+	paths := make([][]string, len(fields))
+	for i, field := range fields {
+		paths[i] = strings.Split(field, ".")
+	}
 	return func(r *http.Request, body []byte) []byte {
 		b := appendParts(nil, r.Method, r.URL.EscapedPath(), canonicalQuery(r.URL.RawQuery))
-		var obj map[string]json.RawMessage
-		if json.Unmarshal(body, &obj) != nil {
+		v, err := decodeJSON(body)
+		if _, isObject := v.(map[string]any); err != nil || !isObject {
 			return appendParts(b, "raw", string(body))
 		}
 		b = appendParts(b, "fields")
-		for _, field := range fields {
-			value, ok := lookupJSON(obj, field)
+		for i, field := range fields {
+			value, ok := jsonAt(v, paths[i])
 			if !ok {
 				b = appendParts(b, field, "absent")
 				continue
 			}
-			if canonical, err := canonicalJSON(value); err == nil {
-				value = canonical
+			canonical, err := appendCanonical(nil, value)
+			if err != nil { // a number beyond any exponent: as written
+				canonical, _ = json.Marshal(value)
 			}
-			b = appendParts(b, field, string(value))
+			b = appendParts(b, field, string(canonical))
 		}
 		return b
 	}
@@ -114,24 +119,6 @@ func WithHeaders(f Fingerprinter, names ...string) Fingerprinter {
 		}
 		return b
 	}
-}
-
-func lookupJSON(obj map[string]json.RawMessage, path string) (json.RawMessage, bool) {
-	steps := strings.Split(path, ".")
-	for i, step := range steps {
-		value, ok := obj[step]
-		if !ok {
-			return nil, false
-		}
-		if i == len(steps)-1 {
-			return value, true
-		}
-		obj = nil
-		if json.Unmarshal(value, &obj) != nil {
-			return nil, false
-		}
-	}
-	return nil, false
 }
 
 // canonicalQuery orders a query's parameters by name, keeping the order of

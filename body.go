@@ -6,7 +6,6 @@ import (
 	"io"
 	"mime"
 	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 )
@@ -94,10 +93,7 @@ func encodeParsedForm(r *http.Request) ([]byte, error) {
 			if err != nil {
 				return nil, ErrUnreadableBody
 			}
-			b = append(b, "\x00file\x00"...)
-			b = append(b, url.QueryEscape(field)+"\x00"+url.QueryEscape(fh.Filename)+"\x00"...)
-			b = strconv.AppendInt(b, fh.Size, 10)
-			b = h.Sum(append(b, 0))
+			b = appendParts(b, "file", field, fh.Filename, strconv.FormatInt(fh.Size, 10), string(h.Sum(nil)))
 		}
 	}
 	return b, nil

@@ -436,29 +436,48 @@ func panicMessage(f func()) (msg any) {
 	return nil
 }
 
-// slowScripts delays the scripts whose source contains marker, as a slow
-// Redis or a slow network would.
-type slowScripts struct {
-	sha     string
-	delay   time.Duration
-	entered chan struct{} // told, without blocking, when a script is delayed
+// beforeCommand runs do before every command that match picks: a slow
+// script, a lagging replica, a lock taken away.
+type beforeCommand struct {
+	match func(redis.Cmder) bool
+	do    func(context.Context)
 }
 
-func (slowScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (slowScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (beforeCommand) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (beforeCommand) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
 }
-func (h slowScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func (h beforeCommand) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if args := cmd.Args(); len(args) > 1 && (args[1] == h.sha || args[1] == claimSource) {
-			select {
-			case h.entered <- struct{}{}:
-			default:
-			}
-			time.Sleep(h.delay)
+		if h.match(cmd) {
+			h.do(ctx)
 		}
 		return next(ctx, cmd)
 	}
+}
+
+// signalThenSleep tells entered, without blocking, and then stalls for d.
+func signalThenSleep(entered chan<- struct{}, d time.Duration) func(context.Context) {
+	return func(context.Context) {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		time.Sleep(d)
+	}
+}
+
+// duplicateDuringSlowStep sends a request to a whose Redis stalls it in one
+// step (entered says when), and the same request to b once the stall has
+// lasted past; it returns both answers.
+func duplicateDuringSlowStep(t *testing.T, a, b *shop, entered <-chan struct{}, past time.Duration) (first, dup answer) {
+	t.Helper()
+	c := a.client()
+	done := a.postAsync(c, "/payments", "slow-step", `{}`)
+	<-entered
+	time.Sleep(past)
+	dup = b.post(c, "/payments", "slow-step", `{}`)
+	return (<-done).must(t), dup
 }
 
 // The lease is renewed from the moment the lock is obtained: a claim (or a
@@ -469,16 +488,19 @@ func TestLeaseIsRenewedBeforeTheClaim(t *testing.T) {
 	prefix := "test-" + t.Name()
 	slow := redistest.Client(t, prefix).(*redis.Client)
 	claiming := make(chan struct{}, 1)
-	slow.AddHook(slowScripts{sha: claimScript.Hash(), delay: 700 * time.Millisecond, entered: claiming})
-	opts := []Option{WithKeyPrefix(prefix), WithLockLease(300 * time.Millisecond), WithStoreTimeout(2 * time.Second)}
-	a := newShopOn(t, slow, append(opts, WithRetryAbandoned())...)
-	b := newShopOn(t, redistest.Client(t, prefix), append(opts, WithRetryAbandoned())...)
-	c := a.client()
-	done := a.postAsync(c, "/payments", "slow-claim", `{}`)
-	<-claiming
-	time.Sleep(400 * time.Millisecond) // past the first lease, inside the claim
-	dup := b.post(c, "/payments", "slow-claim", `{}`)
-	first := (<-done).must(t)
+	slow.AddHook(beforeCommand{
+		match: func(cmd redis.Cmder) bool {
+			args := cmd.Args()
+			return len(args) > 1 && (args[1] == claimScript.Hash() || args[1] == claimSource)
+		},
+		do: signalThenSleep(claiming, 700*time.Millisecond),
+	})
+	opts := []Option{WithKeyPrefix(prefix), WithLockLease(300 * time.Millisecond),
+		WithStoreTimeout(2 * time.Second), WithRetryAbandoned()}
+	a := newShopOn(t, slow, opts...)
+	b := newShopOn(t, redistest.Client(t, prefix), opts...)
+	// Past the first lease, inside the claim.
+	first, dup := duplicateDuringSlowStep(t, a, b, claiming, 400*time.Millisecond)
 	require.Equal(t, http.StatusCreated, first.status)
 	require.Equal(t, first.body, dup.body)
 	require.Equal(t, "true", dup.header.Get(ReplayedHeader))

@@ -30,11 +30,8 @@ func awaitReplica(t *testing.T, primary *redis.Client) {
 }
 
 func TestReplicaAcksFailClosedWithoutReplica(t *testing.T) {
-	primary := redistest.Private(t, "--repl-diskless-sync-delay", "0") // sync the replica at once
-	_, port, _ := strings.Cut(primary.Addr(), ":")
-	replica := redistest.Private(t, "--replicaof", "127.0.0.1", port)
+	primary, replica := primaryWithReplica(t)
 	rdb := primary.Client(t)
-	awaitReplica(t, rdb)
 
 	s := newShopOn(t, rdb, WithReplicaAcks(1, 200*time.Millisecond))
 	c := s.client()
@@ -100,20 +97,18 @@ func TestFailoverWindow(t *testing.T) {
 	}
 }
 
-// onWait runs do before every WAIT: a lagging replica, a lock taken away.
-type onWait struct{ do func(ctx context.Context) }
+// isWait picks the WAIT command.
+func isWait(cmd redis.Cmder) bool { return cmd.Name() == "wait" }
 
-func (onWait) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (onWait) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h onWait) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "wait" {
-			h.do(ctx)
-		}
-		return next(ctx, cmd)
-	}
+// primaryWithReplica starts a primary and a replica of it, and returns once
+// the replica acknowledges writes.
+func primaryWithReplica(t *testing.T) (primary, replica *redistest.Server) {
+	t.Helper()
+	primary = redistest.Private(t, "--repl-diskless-sync-delay", "0") // sync the replica at once
+	_, port, _ := strings.Cut(primary.Addr(), ":")
+	replica = redistest.Private(t, "--replicaof", "127.0.0.1", port)
+	awaitReplica(t, primary.Client(t))
+	return primary, replica
 }
 
 // The lease is renewed while the claim waits for replicas: a wait that
@@ -121,30 +116,17 @@ func (h onWait) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // on another instance waits for the answer instead of finding the claim
 // abandoned and running the handler again.
 func TestLeaseHoldsDuringReplicaWait(t *testing.T) {
-	primary := redistest.Private(t, "--repl-diskless-sync-delay", "0")
-	_, port, _ := strings.Cut(primary.Addr(), ":")
-	redistest.Private(t, "--replicaof", "127.0.0.1", port)
-	awaitReplica(t, primary.Client(t))
+	primary, _ := primaryWithReplica(t)
 	slow := primary.Client(t)
 	waiting := make(chan struct{}, 1)
-	slow.AddHook(onWait{func(context.Context) {
-		select {
-		case waiting <- struct{}{}:
-		default:
-		}
-		time.Sleep(500 * time.Millisecond)
-	}})
+	slow.AddHook(beforeCommand{isWait, signalThenSleep(waiting, 500*time.Millisecond)})
 
 	opts := []Option{WithKeyPrefix("wait"), WithLockLease(300 * time.Millisecond),
 		WithReplicaAcks(1, 250*time.Millisecond), WithStoreTimeout(2 * time.Second), WithRetryAbandoned()}
 	a := newShopOn(t, slow, opts...)
 	b := newShopOn(t, primary.Client(t), opts...)
-	c := a.client()
-	done := a.postAsync(c, "/payments", "waited", `{}`)
-	<-waiting
-	time.Sleep(350 * time.Millisecond) // past the first lease, inside the WAIT
-	dup := b.post(c, "/payments", "waited", `{}`)
-	first := (<-done).must(t)
+	// Past the first lease, inside the WAIT.
+	first, dup := duplicateDuringSlowStep(t, a, b, waiting, 350*time.Millisecond)
 	require.Equal(t, http.StatusCreated, first.status, first.body)
 	require.Equal(t, first.body, dup.body)
 	require.Equal(t, "true", dup.header.Get(ReplayedHeader))
@@ -154,16 +136,13 @@ func TestLeaseHoldsDuringReplicaWait(t *testing.T) {
 // A lease lost before the handler starts stops it from starting: another
 // instance may own the key by then.
 func TestLeaseLostBeforeTheHandlerStarts(t *testing.T) {
-	primary := redistest.Private(t, "--repl-diskless-sync-delay", "0")
-	_, port, _ := strings.Cut(primary.Addr(), ":")
-	redistest.Private(t, "--replicaof", "127.0.0.1", port)
-	awaitReplica(t, primary.Client(t))
+	primary, _ := primaryWithReplica(t)
 	rdb := primary.Client(t)
 	s := newShopOn(t, rdb, WithKeyPrefix("stolen"), WithLockLease(300*time.Millisecond),
 		WithReplicaAcks(1, 200*time.Millisecond))
 	k := clientKeys("stolen", identityOf(false, "/payments", "stolen"))
 	thief := primary.Client(t)
-	rdb.AddHook(onWait{func(ctx context.Context) {
+	rdb.AddHook(beforeCommand{isWait, func(ctx context.Context) {
 		thief.Del(ctx, k.lock)             // the lease lapsed and another instance took the key
 		time.Sleep(250 * time.Millisecond) // the watchdog renews, and finds the lock gone
 	}})

@@ -25,6 +25,10 @@ apt_install() { # apt_install WHY PACKAGE…: one apt-get update per run
 	RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${@:2}" >/dev/null
 }
 
+# Go fetches modules over TLS, and a minimal Debian has no CA certificates.
+if [ ! -s /etc/ssl/certs/ca-certificates.crt ]; then
+	apt_install "no CA certificates (go needs them to download modules)" ca-certificates
+fi
 # go test -race needs cgo, and cgo a C compiler.
 if ! command -v gcc >/dev/null; then
 	apt_install "no C compiler (go test -race needs cgo)" gcc libc6-dev

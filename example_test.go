@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"strings"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/onceonly/idempotency"
 	"github.com/redis/go-redis/v9"
 )
@@ -47,16 +46,16 @@ func ExampleMiddleware_ProtectKey() {
 	// 201 charge 1 replayed: true
 }
 
-// Token mode with chi: the page embeds a token in its form, and the POST
-// route spends it.
+// Token mode: the page embeds a token in its form, and the POST route
+// spends it.
 func ExampleMiddleware_Protect() {
 	idem := idempotency.New(exampleRedis(), idempotency.WithKeyPrefix("example-token"))
-	r := chi.NewRouter()
-	r.Get("/idempotency/token", idem.TokenHandler().ServeHTTP)
-	r.With(idem.Protect).Post("/orders", func(w http.ResponseWriter, r *http.Request) {
+	r := http.NewServeMux()
+	r.Handle("GET /idempotency/token", idem.TokenHandler())
+	r.Handle("POST /orders", idem.Protect(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Location", "/orders/1")
 		w.WriteHeader(http.StatusSeeOther)
-	})
+	})))
 
 	// What a browser does: fetch the form (here, a token), then submit twice.
 	page := httptest.NewRecorder()
@@ -86,10 +85,10 @@ func ExampleProtectKey() {
 		idempotency.WithKeyExtractor(idempotency.HeaderKey("X-GitHub-Delivery")),
 		idempotency.WithScope(func(r *http.Request) (string, error) { return "github", nil }),
 	)
-	r := chi.NewRouter()
-	r.With(protect).Post("/webhooks/github", func(w http.ResponseWriter, r *http.Request) {
+	r := http.NewServeMux()
+	r.Handle("POST /webhooks/github", protect(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Println("handling delivery", r.Header.Get("X-GitHub-Delivery"))
-	})
+	})))
 	for range 2 { // GitHub redelivers
 		req := httptest.NewRequest(http.MethodPost, "/webhooks/github", strings.NewReader(`{}`))
 		req.Header.Set("X-GitHub-Delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958")

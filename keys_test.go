@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stretchr/testify/require"
+	"github.com/onceonly/idempotency/internal/require"
 )
 
 func TestKeyNamesShareOneHashTag(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
+	"github.com/onceonly/idempotency/internal/require"
 )
 
 type eventLog struct {

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
-	"github.com/stretchr/testify/require"
+	"github.com/onceonly/idempotency/internal/require"
 )
 
 // 10⁶ tokens from the issuance generator collide nowhere (122 random bits

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stretchr/testify/require"
+	"github.com/onceonly/idempotency/internal/require"
 )
 
 func TestTokenEndpointStartsSession(t *testing.T) {

@@ -11,7 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -21,7 +20,6 @@ type Server struct {
 	opts     *redis.Options
 	cmd      *exec.Cmd
 	dir      string
-	embedded *miniredis.Miniredis
 	stopOnce sync.Once
 }
 
@@ -128,9 +126,6 @@ func (s *Server) waitReady(limit time.Duration) error {
 // Stop kills the server and removes its directory.
 func (s *Server) Stop() {
 	s.stopOnce.Do(func() {
-		if s.embedded != nil {
-			s.embedded.Close()
-		}
 		if s.cmd != nil {
 			s.cmd.Process.Kill()
 			s.cmd.Wait()

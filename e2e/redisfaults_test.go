@@ -1,4 +1,4 @@
-package idempotency
+package e2e
 
 import (
 	"context"
@@ -7,10 +7,12 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/Shopify/toxiproxy/v2"
+	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -18,6 +20,51 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
+
+// executions counts a handler's runs per key, to find a key that ran twice.
+type executions struct {
+	mu   sync.Mutex
+	runs map[string]int
+}
+
+func (h *executions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get(idempotency.KeyHeader)
+	h.mu.Lock()
+	h.runs[key]++
+	h.mu.Unlock()
+	w.WriteHeader(http.StatusCreated)
+}
+
+func (h *executions) total() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, runs := range h.runs {
+		n += runs
+	}
+	return n
+}
+
+func (h *executions) doubles() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for key, runs := range h.runs {
+		if runs > 1 {
+			out = append(out, fmt.Sprintf("%s×%d", key, runs))
+		}
+	}
+	return out
+}
+
+// sendKey runs one key-mode request through h, in process.
+func sendKey(h http.Handler, key string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{}`))
+	r.Header.Set(idempotency.KeyHeader, key)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
 
 // startToxiproxy puts a Toxiproxy (embedded as a library) between the
 // tests and upstream.
@@ -60,10 +107,10 @@ func TestRedisFaultsThroughToxiproxy(t *testing.T) {
 				heal := func() { proxy.Toxics.RemoveToxic(context.Background(), "fault") }
 				defer heal()
 
-				h := newCounting(0)
+				h := &executions{runs: make(map[string]int)}
 				prefix := fmt.Sprintf("toxic-%d", time.Now().UnixNano())
 				handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					hit := r.Header.Get(KeyHeader) == "hit"
+					hit := r.Header.Get(idempotency.KeyHeader) == "hit"
 					if hit && step == "during handler" {
 						inject()
 						time.Sleep(2 * storeTimeout) // the watchdog meets the fault too
@@ -73,16 +120,16 @@ func TestRedisFaultsThroughToxiproxy(t *testing.T) {
 						inject()
 					}
 				})
-				m := New(rdb, WithKeyPrefix(prefix), WithStoreTimeout(storeTimeout),
-					WithLockLease(300*time.Millisecond)).ProtectKey(handler)
-				require.Equal(t, http.StatusCreated, send(m, "warm-up", `{}`).Code)
+				m := idempotency.New(rdb, idempotency.WithKeyPrefix(prefix), idempotency.WithStoreTimeout(storeTimeout),
+					idempotency.WithLockLease(300*time.Millisecond)).ProtectKey(handler)
+				require.Equal(t, http.StatusCreated, sendKey(m, "warm-up").Code)
 
 				if step == "before claim" {
 					inject()
 					var took []time.Duration
 					for i := range 10 {
 						start := time.Now()
-						ans := send(m, fmt.Sprint("down-", i), `{}`)
+						ans := sendKey(m, fmt.Sprint("down-", i))
 						took = append(took, time.Since(start))
 						require.Equal(t, http.StatusServiceUnavailable, ans.Code, ans.Body.String())
 						require.Equal(t, "1", ans.Header().Get("Retry-After"))
@@ -91,24 +138,24 @@ func TestRedisFaultsThroughToxiproxy(t *testing.T) {
 					t.Logf("%s before the claim: 10 × 503, slowest %v (store timeout %v), handler never ran",
 						fault.name, took[len(took)-1].Round(time.Millisecond), storeTimeout)
 					require.Less(t, took[len(took)-1], storeTimeout+time.Second)
-					require.Equal(t, 1, h.executions())
+					require.Equal(t, 1, h.total())
 				} else {
-					first := send(m, "hit", `{}`)
+					first := sendKey(m, "hit")
 					heal()
-					retry := send(m, "hit", `{}`)
+					retry := sendKey(m, "hit")
 					t.Logf("%s %s: first answer %d (the handler ran), retry %d %s", fault.name, step, first.Code, retry.Code,
 						retryOutcome(retry))
 					require.Equal(t, http.StatusCreated, first.Code, "the handler's own answer reached the client")
 					require.Contains(t, []int{http.StatusCreated, http.StatusConflict}, retry.Code, retry.Body.String())
 					if retry.Code == http.StatusCreated {
-						require.Equal(t, "true", retry.Header().Get(ReplayedHeader))
+						require.Equal(t, "true", retry.Header().Get(idempotency.ReplayedHeader))
 					}
-					require.Equal(t, 2, h.executions(), "the key ran once (plus the warm-up)")
+					require.Equal(t, 2, h.total(), "the key ran once (plus the warm-up)")
 				}
 				heal()
 				healed := time.Now()
 				require.Eventually(t, func() bool {
-					return send(m, fmt.Sprint("after-", time.Now().UnixNano()), `{}`).Code == http.StatusCreated
+					return sendKey(m, fmt.Sprint("after-", time.Now().UnixNano())).Code == http.StatusCreated
 				}, 5*time.Second, 10*time.Millisecond)
 				t.Logf("%s %s: full service %v after the fault ended", fault.name, step, time.Since(healed).Round(time.Millisecond))
 				require.Empty(t, h.doubles())
@@ -122,7 +169,7 @@ func retryOutcome(w interface {
 	Header() http.Header
 }) string {
 	rec := w.(*httptest.ResponseRecorder)
-	if rec.Header().Get(ReplayedHeader) == "true" {
+	if rec.Header().Get(idempotency.ReplayedHeader) == "true" {
 		return "(replayed)"
 	}
 	if _, slug, ok := strings.Cut(rec.Body.String(), "#problem-"); ok {

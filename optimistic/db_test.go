@@ -5,10 +5,13 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -48,8 +51,10 @@ func eachDB(t *testing.T, fn func(t *testing.T, d *testDB)) {
 	t.Helper()
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
-			if b.envVar != "" && os.Getenv(b.envVar) == "" {
-				t.Skipf("%s is not set; skipping %s", b.envVar, b.name)
+			if b.envVar != "" {
+				if why := unusable(b.envVar); why != "" {
+					t.Skip(why)
+				}
 			}
 			fn(t, &testDB{name: b.name, dialect: b.dialect, db: b.open(t)})
 		})
@@ -69,6 +74,50 @@ func openSQLite(t *testing.T) *sql.DB {
 	db.SetMaxOpenConns(8)
 	t.Cleanup(func() { db.Close() })
 	return db
+}
+
+// drivers names the database/sql driver for each DSN variable.
+var drivers = map[string]string{"POSTGRES_DSN": "pgx", "MYSQL_DSN": "mysql"}
+
+var (
+	probeMu sync.Mutex
+	probed  = map[string]string{}
+)
+
+// unusable says why the database envVar names cannot be used, or "" when
+// it can. It decides by connecting, once per variable: a port that is open
+// proves nothing (another program may listen there, or the server may
+// refuse the user, the password or the database), so the note quotes what
+// the server answered.
+func unusable(envVar string) string {
+	probeMu.Lock()
+	defer probeMu.Unlock()
+	if why, ok := probed[envVar]; ok {
+		return why
+	}
+	why := probe(envVar)
+	probed[envVar] = why
+	return why
+}
+
+func probe(envVar string) string {
+	dsn := os.Getenv(envVar)
+	if dsn == "" {
+		return envVar + " is not set; skipping"
+	}
+	db, err := sql.Open(drivers[envVar], dsn)
+	if err == nil {
+		defer db.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err = db.PingContext(ctx)
+	}
+	if err != nil {
+		// The DSN itself is not logged: it may hold a password.
+		return fmt.Sprintf("%s does not accept a connection (%v); skipping. "+
+			"Point %s at a database its user may create tables in to run these tests.", envVar, err, envVar)
+	}
+	return ""
 }
 
 func openEnv(driver, envVar string) func(t *testing.T) *sql.DB {

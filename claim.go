@@ -13,7 +13,7 @@ import (
 // lease when the handler is to run under it; otherwise the verdict answers.
 func (m *Middleware) claim(c *call) (*lease, verdict) {
 	k := m.redisKeys(c)
-	l, err := m.acquire(c, k)
+	l, r, err := m.acquire(c, k)
 	switch {
 	case errors.Is(err, context.Canceled):
 		return nil, verdict{outcome: ClientGone}
@@ -25,7 +25,16 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 	case err != nil:
 		return nil, refuse(err)
 	}
-	cl, err := m.claimKey(c, l)
+	var cl claim
+	switch {
+	case l == nil: // the claim that rode with someone else's lock decided
+		cl = r.claim
+	case r != nil:
+		l.endStep()
+		cl, err = r.claim, r.err
+	default:
+		cl, err = m.claimKey(c, l)
+	}
 	if err != nil {
 		// The claim may have run without us hearing back, or run without
 		// reaching enough replicas. Undo it. When the primary answers (too
@@ -37,13 +46,13 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 		// abandoned, the handler never run.
 		l.end()
 		if errors.Is(err, errTooFewReplicas) {
-			m.release(c, l, 0)
+			m.release(c, l.k, l.value(), 0)
 		} else {
-			go m.release(c, l, m.cfg.lease)
+			go m.release(c, l.k, l.value(), m.cfg.lease)
 		}
 		return nil, refuse(unavailable(err))
 	}
-	if cl.outcome != outcomeClaimed {
+	if l != nil && cl.outcome != outcomeClaimed {
 		l.end() // every other reply let the lock go
 	}
 	switch cl.outcome {
@@ -53,7 +62,7 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 			// another instance may own the key by now, so the handler must
 			// not start. Nothing ran; the claim is undone if still ours.
 			l.end()
-			m.release(c, l, 0)
+			m.release(c, l.k, l.value(), 0)
 			return nil, refuse(unavailable(ErrLockLost))
 		}
 		l.fence, c.fence = cl.fence, cl.fence
@@ -89,12 +98,15 @@ func (m *Middleware) claimKey(c *call, l *lease) (claim, error) {
 
 // acquire takes the key's lock and starts its lease, waiting while another
 // instance holds it, until the deadline (ErrInProgress) or the client leaves
-// (context.Canceled).
+// (context.Canceled). Unless replicas must acknowledge the claim (the claim
+// is then followed by WAIT on its own connection), the claim rides with each
+// attempt (see ride.go) and comes back as r: with the lease when the lock
+// was ours, or alone when it decided the request without the lock.
 //
 // A waiter subscribes to the key's release and tries again when the holder
 // publishes, or after a growing pause (50 ms up to 500 ms) in case a message
 // is lost; without a subscription it falls back to the pauses alone.
-func (m *Middleware) acquire(c *call, k keys) (*lease, error) {
+func (m *Middleware) acquire(c *call, k keys) (l *lease, r *rode, err error) {
 	var sub *redis.PubSub
 	defer func() {
 		if sub != nil {
@@ -108,28 +120,43 @@ func (m *Middleware) acquire(c *call, k keys) (*lease, error) {
 			c.waited += time.Since(waitStart)
 		}
 	}()
+	riding := m.cfg.replicaAcks == 0
 	for {
 		began := time.Now()
 		ctx, cancel := m.store.stepContext(c.r.Context())
-		lock, err := m.store.obtain(ctx, k)
+		var lock *redislock.Lock
+		if riding {
+			lock, r, err = m.store.obtainClaiming(ctx, k, string(c.fp[:]))
+		} else {
+			lock, err = m.store.obtain(ctx, k)
+		}
 		if err == nil {
-			return m.startLease(k, lock, began, ctx, cancel), nil
+			return m.startLease(k, lock, began, ctx, cancel), r, nil
 		}
 		cancel()
 		if !errors.Is(err, redislock.ErrNotObtained) {
-			return nil, unavailable(err)
+			if r != nil {
+				// The lock's reply was lost, but the claim behind it may
+				// have run under it: undo it, as a claim that failed.
+				go m.release(c, k, r.value, m.cfg.lease)
+			}
+			return nil, nil, unavailable(err)
+		}
+		if r != nil && r.err == nil && decisive(r.claim.outcome) {
+			return nil, r, nil
 		}
 		if waitStart.IsZero() {
 			waitStart = began
 			// A request that differs from the one running is refused at
-			// once: waiting could not make it the same.
-			if m.differsFromRecord(c, k) {
-				return nil, ErrKeyReused
+			// once: waiting could not make it the same. (A riding claim
+			// has told already.)
+			if !riding && m.differsFromRecord(c, k) {
+				return nil, nil, ErrKeyReused
 			}
 		}
 		left := time.Until(c.deadline)
 		if left <= 0 {
-			return nil, m.inProgress()
+			return nil, nil, m.inProgress()
 		}
 		if !subscribed {
 			// Subscribe, then try the lock once more at once: the holder may
@@ -141,7 +168,7 @@ func (m *Middleware) acquire(c *call, k keys) (*lease, error) {
 			continue
 		}
 		if err := m.pause(c.r.Context(), sub, min(pause, left)); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		pause = min(2*pause, 500*time.Millisecond)
 	}

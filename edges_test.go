@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"mime/multipart"
@@ -11,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -444,8 +446,13 @@ type beforeCommand struct {
 }
 
 func (beforeCommand) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (beforeCommand) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+func (h beforeCommand) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if slices.ContainsFunc(cmds, h.match) {
+			h.do(ctx)
+		}
+		return next(ctx, cmds)
+	}
 }
 func (h beforeCommand) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
@@ -480,15 +487,16 @@ func duplicateDuringSlowStep(t *testing.T, a, b *shop, entered <-chan struct{}, 
 	return (<-done).must(t), dup
 }
 
-// The lease is renewed from the moment the lock is obtained: a claim (or a
-// replica wait) slower than a whole lease still owns the key, and a
-// duplicate on another instance waits for it instead of finding it
-// abandoned.
-func TestLeaseIsRenewedBeforeTheClaim(t *testing.T) {
+// A claim rides in one pipeline with the lock (ride.go), so no pause can
+// fall between the two. What can be slow is their reply: one that comes
+// back after the whole lease lets the key go to a duplicate on another
+// instance, and then the slow request must not start its handler. It
+// answers 503, and its retry gets the duplicate's answer: one execution.
+func TestLockAndClaimReplySlowerThanTheLease(t *testing.T) {
 	prefix := "test-" + t.Name()
 	slow := redistest.Client(t, prefix).(*redis.Client)
 	claiming := make(chan struct{}, 1)
-	slow.AddHook(beforeCommand{
+	slow.AddHook(afterPipeline{
 		match: func(cmd redis.Cmder) bool {
 			args := cmd.Args()
 			return len(args) > 1 && (args[1] == claimScript.Hash() || args[1] == claimSource)
@@ -499,13 +507,31 @@ func TestLeaseIsRenewedBeforeTheClaim(t *testing.T) {
 		WithStoreTimeout(2 * time.Second), WithRetryAbandoned()}
 	a := newShopOn(t, slow, opts...)
 	b := newShopOn(t, redistest.Client(t, prefix), opts...)
-	// Past the first lease, inside the claim.
+	// Past the lease, while the reply is on its way.
 	first, dup := duplicateDuringSlowStep(t, a, b, claiming, 400*time.Millisecond)
-	require.Equal(t, http.StatusCreated, first.status)
-	require.Equal(t, first.body, dup.body)
-	require.Equal(t, "true", dup.header.Get(ReplayedHeader))
-	require.EqualValues(t, 1, a.execs.Load(), "the slow claim kept the key")
-	require.Zero(t, b.execs.Load())
+	require.Equal(t, http.StatusCreated, dup.status)
+	require.Equal(t, http.StatusServiceUnavailable, first.status, first.body)
+	require.Zero(t, a.execs.Load(), "the slow request lost the key before its handler started")
+	require.EqualValues(t, 1, b.execs.Load())
+	retry := a.post(a.client(), "/payments", "slow-step", `{}`)
+	require.Equal(t, http.StatusCreated, retry.status)
+	require.Equal(t, dup.body, retry.body)
+}
+
+// afterPipeline runs do once a pipeline holding a matching command has had
+// its replies: a reply that is slow to arrive.
+type afterPipeline beforeCommand
+
+func (afterPipeline) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (afterPipeline) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h afterPipeline) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		if slices.ContainsFunc(cmds, h.match) {
+			h.do(ctx)
+		}
+		return err
+	}
 }
 
 // A claim resent after it answered "abandoned" answers "abandoned" again.
@@ -724,4 +750,33 @@ func TestWatchdogReportsLossBeforeTheLockExpires(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Fatal("the lost lease was never reported")
 	}
+}
+
+// A Redis that lost its scripts (a restart, a failover to a replica that
+// never loaded them, SCRIPT FLUSH) answers NOSCRIPT to the lock, and to the
+// claim that rides with it or runs it without the lock. Both are sent again
+// as scripts: the first request runs once and its duplicate on another
+// instance is replayed.
+func TestScriptsFlushedBetweenRequests(t *testing.T) {
+	prefix := "test-" + t.Name()
+	rdb := redistest.Client(t, prefix)
+	a := newShopOn(t, rdb, WithKeyPrefix(prefix))
+	b := newShopOn(t, redistest.Client(t, prefix), WithKeyPrefix(prefix))
+	require.Equal(t, http.StatusCreated, a.post(a.client(), "/payments", "warm", `{}`).status)
+	for _, claimLoaded := range []bool{false, true} {
+		key := fmt.Sprint("after-flush-", claimLoaded)
+		require.NoError(t, rdb.ScriptFlush(t.Context()).Err())
+		if claimLoaded { // the lock's script is missing, the claim's is not
+			require.NoError(t, claimScript.Load(t.Context(), rdb).Err())
+		}
+		first := a.post(a.client(), "/payments", key, `{}`)
+		require.Equal(t, http.StatusCreated, first.status, first.body)
+		require.NoError(t, rdb.ScriptFlush(t.Context()).Err())
+		dup := b.post(b.client(), "/payments", key, `{}`)
+		require.Equal(t, http.StatusCreated, dup.status, dup.body)
+		require.Equal(t, "true", dup.header.Get(ReplayedHeader))
+		require.Equal(t, first.body, dup.body)
+	}
+	require.EqualValues(t, 3, a.execs.Load())
+	require.Zero(t, b.execs.Load())
 }

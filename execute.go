@@ -33,7 +33,7 @@ func (m *Middleware) execute(c *call, l *lease) verdict {
 			// The handler panicked. Nothing is stored as its answer; the key
 			// is released so that a retry runs, and the panic carries on to
 			// the server's recoverer.
-			m.release(c, l, 0)
+			m.release(c, l.k, l.value(), 0)
 			l.end()
 		}
 	}()
@@ -49,7 +49,7 @@ func (m *Middleware) execute(c *call, l *lease) verdict {
 func (m *Middleware) storeAnswer(c *call, l *lease, rec *record, d StoreDecision) verdict {
 	defer l.end()
 	if d.Release {
-		m.release(c, l, 0)
+		m.release(c, l.k, l.value(), 0)
 		return verdict{outcome: Executed, released: true}
 	}
 	expires := time.Now().Add(d.TTL) // before the store: never overstated
@@ -95,18 +95,18 @@ func (m *Middleware) storeAnswer(c *call, l *lease, rec *record, d StoreDecision
 // for up to retryFor, for a claim whose reply never came: one left behind
 // reads as an interrupted execution for the whole record TTL, although its
 // handler never ran.
-func (m *Middleware) release(c *call, l *lease, retryFor time.Duration) {
+func (m *Middleware) release(c *call, k keys, value string, retryFor time.Duration) {
 	deadline := time.Now().Add(retryFor)
 	for pause := 50 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
 		ctx, cancel := m.store.stepContext(c.r.Context())
-		err := m.store.release(ctx, l.k, l.value())
+		err := m.store.release(ctx, k, value)
 		cancel()
 		if err == nil {
 			return
 		}
 		if time.Now().Add(pause).After(deadline) {
 			m.cfg.logger.Warn("idempotency: could not release a claim; retries find it interrupted once its lease ends",
-				"key", l.k.record, "error", err)
+				"key", k.record, "error", err)
 			return
 		}
 		time.Sleep(pause)

@@ -46,7 +46,7 @@ func newStore(client redis.UniversalClient, cfg *config) *store {
 		retry = "1"
 	}
 	return &store{
-		client: client, locks: redislock.New(client), cfg: cfg,
+		client: client, locks: redislock.New(ridingScripter{client}), cfg: cfg,
 		recordTTL: cfg.recordTTL.Milliseconds(), tokenTTL: cfg.tokenTTL.Milliseconds(),
 		tokenCap: cfg.tokensPerScope, retryAbandoned: retry,
 	}
@@ -94,8 +94,17 @@ func (s *store) claim(ctx context.Context, k keys, lockValue, fingerprint string
 // claimOn runs the claim through via: a dedicated connection when the claim
 // must be followed by WAIT on the same connection.
 func (s *store) claimOn(ctx context.Context, via redis.Scripter, k keys, lockValue, fingerprint string) (claim, error) {
-	reply, err := claimScript.Run(ctx, via, k.redisKeys(),
-		lockValue, fingerprint, s.recordTTL, k.token, s.retryAbandoned).Slice()
+	return s.claimReply(k, claimScript.Run(ctx, via, k.redisKeys(), s.claimArgs(k, lockValue, fingerprint)...))
+}
+
+// claimArgs are claim.lua's ARGV.
+func (s *store) claimArgs(k keys, lockValue, fingerprint string) []any {
+	return []any{lockValue, fingerprint, s.recordTTL, k.token, s.retryAbandoned}
+}
+
+// claimReply reads claim.lua's reply.
+func (s *store) claimReply(k keys, cmd *redis.Cmd) (claim, error) {
+	reply, err := cmd.Slice()
 	if err != nil {
 		return claim{}, err
 	}

@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,11 +22,21 @@ func TestRoundTripBudget(t *testing.T) {
 	c := a.client()
 	a.post(c, "/orders", a.token(c), `{}`) // loads the scripts into the server
 
+	// Round trips, counted on the client: a command alone is one, and so is
+	// a pipeline (the lock and the claim that rides with it). MONITOR lists
+	// what reached the server, for the log.
+	trips := &roundTrips{}
+	rdb.AddHook(trips)
 	mon := redistest.StartMonitor(t, srv.Addr())
 	measure := func(step func()) int {
-		cmds := mon.Count(t, rdb, step)
-		t.Logf("%v", cmds)
-		return len(cmds)
+		var n int
+		cmds := mon.Count(t, rdb, func() {
+			before := trips.n.Load()
+			step()
+			n = int(trips.n.Load() - before)
+		})
+		t.Logf("%d round trips: %v", n, cmds)
+		return n
 	}
 	var tok string
 	issuance := measure(func() { tok = a.token(c) })
@@ -42,27 +52,47 @@ func TestRoundTripBudget(t *testing.T) {
 	release := make(chan struct{})
 	a.handler = func(w http.ResponseWriter, r *http.Request) { <-release; a.defaultHandler(w, r) }
 	burst := measure(func() {
-		var wg sync.WaitGroup
-		for range 11 {
-			wg.Go(func() { require.Equal(t, 201, a.post(c, "/payments", "burst", `{}`).status) })
+		answers := make([]<-chan asyncAnswer, 11)
+		for i := range answers {
+			answers[i] = a.postAsync(c, "/payments", "burst", `{}`)
 		}
 		require.Eventually(t, func() bool { return a.execs.Load() == 4 }, 5*time.Second, time.Millisecond)
 		time.Sleep(50 * time.Millisecond) // let the duplicates queue up
 		close(release)
-		wg.Wait()
+		for _, ans := range answers {
+			require.Equal(t, 201, (<-ans).must(t).status)
+		}
 	})
 	require.EqualValues(t, 4, a.execs.Load()+b.execs.Load())
 
 	t.Logf("Redis round trips: issuance %d, first execution %d (key mode %d), duplicate on another instance %d (key mode %d), on the same instance %d, rejected %d, first + 10 concurrent duplicates on one instance %d",
 		issuance, first, keyFirst, dupOther, keyDup, dupSame, rejected, burst)
 	require.EqualValues(t, 1, issuance)
-	require.LessOrEqual(t, first, 3)
-	require.LessOrEqual(t, keyFirst, 3)
-	require.LessOrEqual(t, dupOther, 2)
-	require.LessOrEqual(t, keyDup, 2)
+	require.LessOrEqual(t, first, 2, "the lock with the claim, then the answer's store")
+	require.LessOrEqual(t, keyFirst, 2)
+	require.LessOrEqual(t, dupOther, 1, "the lock with the claim, which finds the answer")
+	require.LessOrEqual(t, keyDup, 1)
 	require.Zero(t, rejected)
 	require.Zero(t, dupSame, "answered from the in-process cache")
-	require.LessOrEqual(t, burst, 3)
+	require.LessOrEqual(t, burst, 2)
+}
+
+// roundTrips counts a client's round trips: each command sent alone, and
+// each pipeline, since its commands go out and come back together.
+type roundTrips struct{ n atomic.Int64 }
+
+func (*roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		r.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		r.n.Add(1)
+		return next(ctx, cmds)
+	}
 }
 
 // resendHook runs every script twice and returns the second reply, as
@@ -127,12 +157,11 @@ func TestWatchdogKeepsLockForSlowHandler(t *testing.T) {
 	}
 	a.handler, b.handler = slow, slow
 	c := a.client()
-	done := make(chan answer)
-	go func() { done <- a.post(c, "/payments", "slow", `{}`) }()
+	done := a.postAsync(c, "/payments", "slow", `{}`)
 	require.Eventually(t, func() bool { return a.execs.Load() == 1 }, 5*time.Second, time.Millisecond)
 	time.Sleep(700 * time.Millisecond) // past two leases
 	dup := b.post(c, "/payments", "slow", `{}`)
-	first := <-done
+	first := (<-done).must(t)
 	require.Equal(t, first.body, dup.body)
 	require.Equal(t, "true", dup.header.Get(ReplayedHeader))
 	require.EqualValues(t, 1, a.execs.Load()+b.execs.Load())
@@ -221,12 +250,13 @@ func TestRedisCluster(t *testing.T) {
 
 	// Concurrent duplicates across both instances.
 	tok := a.token(c)
-	var wg sync.WaitGroup
-	for i := range 40 {
-		s := []*shop{a, b}[i%2]
-		wg.Go(func() { s.post(c, "/orders", tok, `{}`) })
+	answers := make([]<-chan asyncAnswer, 40)
+	for i := range answers {
+		answers[i] = []*shop{a, b}[i%2].postAsync(c, "/orders", tok, `{}`)
 	}
-	wg.Wait()
+	for _, ans := range answers {
+		(<-ans).must(t)
+	}
 	require.EqualValues(t, 41, a.execs.Load()+b.execs.Load())
 
 	nodes, err := rdb.ClusterNodes(context.Background()).Result()
@@ -271,23 +301,21 @@ func TestCrossInstanceWaiterWakesOnReleaseWithoutPolling(t *testing.T) {
 	a.post(c, "/payments", "warm-up", `{}`) // loads the scripts
 	a.handler = func(w http.ResponseWriter, r *http.Request) { <-release; a.defaultHandler(w, r) }
 
-	firstDone := make(chan answer)
-	go func() { firstDone <- a.post(c, "/payments", "slow", `{}`) }()
+	firstDone := a.postAsync(c, "/payments", "slow", `{}`)
 	require.Eventually(t, func() bool { return a.execs.Load() == 2 }, 5*time.Second, time.Millisecond)
 
 	mon := redistest.StartMonitor(t, srv.Addr())
 	var dup answer
 	var woke time.Duration
 	cmds := mon.Count(t, rdb, func() {
-		dupDone := make(chan answer)
-		go func() { dupDone <- b.post(c, "/payments", "slow", `{}`) }()
+		dupDone := b.postAsync(c, "/payments", "slow", `{}`)
 		time.Sleep(time.Second) // b waits on a's lock all this time
 		released := time.Now()
 		close(release)
-		dup = <-dupDone
+		dup = (<-dupDone).must(t)
 		woke = time.Since(released)
 	})
-	<-firstDone
+	(<-firstDone).must(t)
 	require.Equal(t, "true", dup.header.Get(ReplayedHeader))
 	require.EqualValues(t, 2, a.execs.Load()+b.execs.Load())
 	evals := 0
@@ -298,8 +326,9 @@ func TestCrossInstanceWaiterWakesOnReleaseWithoutPolling(t *testing.T) {
 	}
 	t.Logf("a 1 s wait on another instance cost %d commands (%d scripts: %v); the waiter answered %v after the release",
 		len(cmds), evals, cmds, woke)
-	// A 2 ms..50 ms poll would have sent over 20 lock attempts in that second.
-	require.LessOrEqual(t, evals, 15)
+	// A 2 ms..50 ms poll would have sent over 20 lock attempts in that
+	// second; each attempt is two scripts, since the claim rides with it.
+	require.LessOrEqual(t, evals, 30)
 }
 
 // TestRedisMemoryPerEntry measures, with MEMORY USAGE, what outstanding

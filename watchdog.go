@@ -28,7 +28,7 @@ type watchdog struct {
 	// expires is when the lock runs out unless renewed: a lease after the
 	// start of the last attempt that renewed it (or obtained it), since
 	// Redis may have started the TTL at any moment after that start.
-	expires time.Time // touched by one renewal at a time
+	expires time.Time // written by one renewal at a time, under mu
 }
 
 func startWatchdog(lock *redislock.Lock, lease, stepTimeout time.Duration, obtainedSince time.Time) *watchdog {
@@ -65,7 +65,9 @@ func (wd *watchdog) renew() {
 	next := wd.lease / 3
 	switch {
 	case err == nil:
+		wd.mu.Lock()
 		wd.expires = attempt.Add(wd.lease)
+		wd.mu.Unlock()
 	case errors.Is(err, redislock.ErrNotObtained):
 		wd.fail()
 		return
@@ -95,11 +97,14 @@ func (wd *watchdog) fail() {
 	}
 }
 
-// isLost reports whether the lease was lost.
+// isLost reports whether the lease was lost, or is as good as lost: no
+// renewal has confirmed it, and the lock may expire within a tenth of a
+// lease. That catches at once a lock whose obtain reply came back later
+// than the whole lease, before the first renewal is even due.
 func (wd *watchdog) isLost() bool {
 	wd.mu.Lock()
 	defer wd.mu.Unlock()
-	return wd.lost
+	return wd.lost || time.Until(wd.expires) < wd.lease/10
 }
 
 // notify calls f once the lease is lost, at once if it already is.

@@ -72,7 +72,7 @@ setup=$((SECONDS - start))
 say "step 2: ./scripts/test.sh -v under unshare -n (loopback only)"
 start=$SECONDS
 status=0
-unshare -n bash -c "ip link set lo up && $(declare -f inside); root='$root'; inside 'GOPROXY=off GOFLAGS=-mod=mod ./scripts/test.sh -v'" |
+unshare -n bash -c "ip link set lo up && $(declare -f inside); root='$root'; inside 'GOPROXY=off ./scripts/test.sh -v'" |
 	tee "$root/test.log" || status=$?
 took=$((SECONDS - start))
 

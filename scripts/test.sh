@@ -73,7 +73,9 @@ echo "test.sh: modules:" $(for dir in $modules; do realpath --relative-to=. "$di
 if [ -n "$setup_only" ]; then
 	echo "test.sh: downloading every module's dependencies"
 	go mod download
-	for dir in $modules; do (cd "$dir" && go mod download); done
+	# go mod tidy -diff also reads modules that only tests of dependencies
+	# import; running it here fetches those too.
+	for dir in $modules; do (cd "$dir" && go mod download && go mod tidy -diff >/dev/null); done
 	echo "test.sh: set up; run ./scripts/test.sh to test"
 	exit 0
 fi

@@ -1,12 +1,42 @@
 #!/usr/bin/env bash
-# Regenerates the README's benchmark section and docs/bench.svg: go test
-# benchmarks against a private redis-server, then the load driver on
-# loopback, then the chart. Bounded: about 1 minute in all.
+# Regenerates the benchmark figures, on loopback only:
+#  1. go test benchmarks against a private redis-server (bench/gobench.txt);
+#  2. the load driver (bench/results.json) and its chart: docs/bench.svg and
+#     the tables between the bench markers of docs/benchmarks.md and of
+#     README.md, where they have them;
+#  3. the side-by-side run: this library, Fiber's idempotency middleware and
+#     bare net/http under wrk, in one run against one private redis-server
+#     (bench/sidebyside.json, and the section between the sidebyside markers
+#     of docs/benchmarks.md).
+# Bounded: about 4 minutes in all. Every process it starts stops with it,
+# on failure and on Ctrl-C too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v redis-server >/dev/null || { echo "bench.sh: install redis-server first (./scripts/test.sh does)"; exit 1; }
+if ! command -v wrk >/dev/null; then
+	sudo=""
+	[ "$(id -u)" -eq 0 ] || sudo="sudo"
+	echo "bench.sh: wrk not found; installing it with apt-get"
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq wrk >/dev/null
+fi
 mkdir -p docs
+
 IDEMPOTENCY_REQUIRE_REDIS=1 go test -run '^$' -bench . -benchmem -benchtime 2s . | tee bench/gobench.txt
 go run ./bench/load -duration "${LOAD_DURATION:-6s}" -conns 16 -out bench/results.json
-go run ./bench/chart -in bench/results.json -gobench bench/gobench.txt -svg docs/bench.svg -readme README.md
-echo "bench.sh: README.md and docs/bench.svg updated"
+for doc in docs/benchmarks.md README.md; do
+	if [ -f "$doc" ] && grep -q '<!-- bench:begin -->' "$doc"; then
+		go run ./bench/chart -in bench/results.json -gobench bench/gobench.txt -svg docs/bench.svg -readme "$doc"
+		echo "bench.sh: $doc updated"
+	fi
+done
+
+docs=()
+if [ -f docs/benchmarks.md ] && grep -q '<!-- sidebyside:begin -->' docs/benchmarks.md; then
+	docs=(-docs docs/benchmarks.md)
+else
+	echo "bench.sh: docs/benchmarks.md has no sidebyside markers; the side-by-side table goes to bench/sidebyside.json only"
+fi
+go run ./bench/sidebyside -rounds 3 -duration 6s -warmup 2s -threads 1 -conns 16 -timeout 4m \
+	-out bench/sidebyside.json "${docs[@]}"
+echo "bench.sh: docs/bench.svg, bench/results.json and bench/sidebyside.json updated"

@@ -1,0 +1,456 @@
+// Command sidebyside measures, in one run on one machine, this library in
+// key mode, Fiber v3's idempotency middleware with its Redis storage, and
+// net/http with no middleware, each a server of its own in front of the
+// same trivial handler and the same private redis-server, loaded by wrk on
+// loopback. Rounds interleave the servers, so that whatever else the
+// machine does falls on all of them alike; the medians of the rounds are
+// compared. It also counts what each server asks of Redis per request:
+// round trips (through a counting proxy), commands run inside Redis (INFO
+// commandstats, a script's own commands included) and, for one request,
+// exactly what was sent (MONITOR).
+//
+//	go run ./bench/sidebyside -out bench/sidebyside.json -docs docs/benchmarks.md
+package main
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed newkey.lua
+	newkeyLua []byte
+	//go:embed samekey.lua
+	samekeyLua []byte
+)
+
+type config struct {
+	rounds   int
+	duration time.Duration
+	warmup   time.Duration
+	threads  int
+	conns    int
+	count    int
+	out      string
+	docs     string
+	timeout  time.Duration
+}
+
+func main() {
+	// Children are started from this goroutine, pinned to the main thread,
+	// so that their parent-death signal fires when the process ends and not
+	// when some other thread does.
+	runtime.LockOSThread()
+	var cfg config
+	flag.IntVar(&cfg.rounds, "rounds", 3, "interleaved rounds")
+	flag.DurationVar(&cfg.duration, "duration", 6*time.Second, "measured wrk run per server and workload")
+	flag.DurationVar(&cfg.warmup, "warmup", 2*time.Second, "unmeasured wrk run before each measured one")
+	flag.IntVar(&cfg.threads, "threads", 1, "wrk threads")
+	flag.IntVar(&cfg.conns, "conns", 16, "wrk connections")
+	flag.IntVar(&cfg.count, "count", 100, "sequential requests per Redis count")
+	flag.StringVar(&cfg.out, "out", "bench/sidebyside.json", "write the results as JSON here")
+	flag.StringVar(&cfg.docs, "docs", "", "rewrite this file's section between the side-by-side markers")
+	flag.DurationVar(&cfg.timeout, "timeout", 5*time.Minute, "give up after this long")
+	flag.Parse()
+	if cfg.rounds < 1 || cfg.rounds > 9 || cfg.duration <= 0 || cfg.duration > time.Minute ||
+		cfg.warmup < 0 || cfg.warmup > time.Minute || cfg.threads < 1 || cfg.threads > 16 ||
+		cfg.conns < cfg.threads || cfg.conns > 1024 || cfg.count < 1 || cfg.count > 10_000 ||
+		cfg.timeout <= 0 || cfg.timeout > 15*time.Minute {
+		log.Fatal("sidebyside: a flag is out of range (rounds 1–9, duration and warmup up to 1m, " +
+			"threads 1–16, conns threads–1024, count 1–10000, timeout up to 15m)")
+	}
+	if need := time.Duration(cfg.rounds*len(kinds)*2) * (cfg.duration + cfg.warmup + time.Second); need > cfg.timeout {
+		log.Fatalf("sidebyside: the runs alone take about %v, more than -timeout %v", need, cfg.timeout)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(ctx, cfg.timeout)
+	err := runAll(ctx, cfg)
+	cancel()
+	stop()
+	if err != nil {
+		log.Fatalf("sidebyside: %v", err)
+	}
+}
+
+func runAll(ctx context.Context, cfg config) (err error) {
+	defer func() {
+		if err != nil && ctx.Err() != nil {
+			err = fmt.Errorf("%w (%w)", err, context.Cause(ctx))
+		}
+	}()
+	for _, tool := range []string{"wrk", "redis-server", "go"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return fmt.Errorf("%s is needed (apt-get install -y wrk redis-server)", tool)
+		}
+	}
+	dir, err := os.MkdirTemp("", "sidebyside-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	defer stopChildren()
+	scripts := map[string]string{"first": filepath.Join(dir, "newkey.lua"), "duplicates": filepath.Join(dir, "samekey.lua")}
+	if err := os.WriteFile(scripts["first"], newkeyLua, 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(scripts["duplicates"], samekeyLua, 0o644); err != nil {
+		return err
+	}
+
+	started := time.Now()
+	log.Printf("building the servers")
+	builds, err := buildServers(ctx, dir)
+	if err != nil {
+		return err
+	}
+	srv, err := redistest.StartServer()
+	if err != nil {
+		return err
+	}
+	defer srv.Stop()
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+
+	rep := newReport(ctx, cfg, rdb, builds)
+	lifetime := cfg.timeout + time.Minute
+
+	log.Printf("counting Redis round trips and commands per request")
+	if rep.RedisCounts, err = countRedis(ctx, cfg, dir, srv.Addr(), rdb, lifetime); err != nil {
+		return err
+	}
+	log.Printf("throughput: %d rounds × %d servers × 2 workloads", cfg.rounds, len(kinds))
+	if rep.Runs, err = throughput(ctx, cfg, dir, srv.Addr(), rdb, scripts, lifetime); err != nil {
+		return err
+	}
+	rep.summarise()
+	rep.Seconds = time.Since(started).Seconds()
+
+	data, _ := json.MarshalIndent(rep, "", "  ")
+	if err := os.WriteFile(cfg.out, append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	md := rep.markdown()
+	fmt.Print("\n" + md)
+	if cfg.docs != "" {
+		if err := replaceSection(cfg.docs, md); err != nil {
+			return err
+		}
+		log.Printf("%s updated", cfg.docs)
+	}
+	if bad := rep.failures(); len(bad) > 0 {
+		return fmt.Errorf("unexpected answers:\n  %s", strings.Join(bad, "\n  "))
+	}
+	return nil
+}
+
+// A redisCount is what one server asks of Redis per request in one case.
+type redisCount struct {
+	Server     string             `json:"server"`
+	Case       string             `json:"case"`
+	Requests   int                `json:"requests"`
+	RoundTrips float64            `json:"round_trips_per_request"`
+	Commands   float64            `json:"commands_per_request"`
+	ByCommand  map[string]float64 `json:"commands_per_request_by_name"`
+	SetupTrips int64              `json:"connection_setup_round_trips"`
+	OneRequest [][]string         `json:"one_request_round_trips"`
+	OneMonitor []string           `json:"one_request_monitor"`
+	Unexpected int                `json:"unexpected_answers"`
+	Problems   []string           `json:"problems,omitempty"`
+}
+
+var countCases = []struct{ name, what string }{
+	{"first", "first execution"},
+	{"dup-same", "duplicate, same instance"},
+	{"dup-other", "duplicate, second instance"},
+}
+
+// countRedis runs, per server, sequential requests of each case through
+// instances whose Redis connections pass the round-trip counter.
+func countRedis(ctx context.Context, cfg config, dir, redisAddr string, rdb *redis.Client, lifetime time.Duration) ([]redisCount, error) {
+	proxy, err := startTripCounter(redisAddr)
+	if err != nil {
+		return nil, err
+	}
+	defer proxy.close()
+	mon, err := startMonitor(redisAddr)
+	if err != nil {
+		return nil, err
+	}
+	defer mon.close() // MONITOR slows Redis down: off before any throughput run
+
+	var counts []redisCount
+	for _, k := range kinds {
+		a, err := startInstance(ctx, dir, k, "count-a", proxy.addr(), lifetime)
+		if err != nil {
+			return nil, err
+		}
+		var b *instance
+		if k.UsesRedis {
+			if b, err = startInstance(ctx, dir, k, "count-b", proxy.addr(), lifetime); err != nil {
+				a.stop()
+				return nil, err
+			}
+		}
+		// Pools connect and scripts load on the first requests: not counted.
+		for i := range 3 {
+			key := fmt.Sprintf("%s-warm-%d", k.Name, i)
+			for _, in := range []*instance{a, a, b} {
+				if in != nil {
+					post(in.url(), key)
+				}
+			}
+		}
+		for _, c := range countCases {
+			if c.name == "dup-other" && b == nil {
+				continue
+			}
+			rc, err := countCase(ctx, cfg, k, c.name, a, b, rdb, proxy, mon)
+			if err != nil {
+				a.stop()
+				if b != nil {
+					b.stop()
+				}
+				return nil, err
+			}
+			counts = append(counts, rc)
+			log.Printf("  %-5s %-9s %5.2f round trips, %5.2f commands in Redis per request", k.Name, c.name, rc.RoundTrips, rc.Commands)
+		}
+		a.stop()
+		if b != nil {
+			b.stop()
+		}
+	}
+	return counts, nil
+}
+
+func countCase(ctx context.Context, cfg config, k kind, name string, a, b *instance, rdb *redis.Client, proxy *tripCounter, mon *monitor) (redisCount, error) {
+	rc := redisCount{Server: k.Name, Case: name, Requests: cfg.count}
+	n := cfg.count + 1 // the last one for MONITOR
+	keys := make([]string, n)
+	firsts := make([][]byte, n)
+	target := a
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s-%s-%d", k.Name, name, i)
+	}
+	if name != "first" {
+		for i, key := range keys {
+			resp, body, err := post(a.url(), key)
+			if err != nil {
+				return rc, err
+			}
+			if resp.StatusCode != 201 {
+				rc.problem(fmt.Sprintf("first call of %s answered %d", key, resp.StatusCode))
+			}
+			firsts[i] = body
+		}
+		if name == "dup-other" {
+			target = b
+		}
+	}
+	request := func(i int) error {
+		resp, body, err := post(target.url(), keys[i])
+		if err != nil {
+			return err
+		}
+		replay := k.Replay != nil && k.Replay(resp, body, firsts[i])
+		switch {
+		case resp.StatusCode != 201:
+			rc.problem(fmt.Sprintf("%s answered %d", keys[i], resp.StatusCode))
+		case name == "first" && resp.Header.Get("Idempotent-Replayed") != "":
+			rc.problem(fmt.Sprintf("%s: a first execution marked a replay", keys[i]))
+		case name != "first" && k.Replay != nil && !replay:
+			rc.problem(fmt.Sprintf("%s: not a replay of the first answer", keys[i]))
+		}
+		return nil
+	}
+
+	before, err := commandCalls(ctx, rdb)
+	if err != nil {
+		return rc, err
+	}
+	trips0, setup0 := proxy.count()
+	for i := range cfg.count {
+		if err := request(i); err != nil {
+			return rc, err
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // anything a server sends after answering
+	trips1, setup1 := proxy.count()
+	after, err := commandCalls(ctx, rdb)
+	if err != nil {
+		return rc, err
+	}
+	delta, total := callsDelta(before, after)
+	per := float64(cfg.count)
+	rc.RoundTrips = float64(trips1-trips0) / per
+	rc.SetupTrips = setup1 - setup0
+	rc.Commands = float64(total) / per
+	rc.ByCommand = map[string]float64{}
+	for name, d := range delta {
+		rc.ByCommand[name] = float64(d) / per
+	}
+
+	proxy.startLog()
+	rc.OneMonitor, err = mon.capture(ctx, rdb, func() error { return request(cfg.count) })
+	rc.OneRequest = proxy.stopLog()
+	return rc, err
+}
+
+func (rc *redisCount) problem(p string) {
+	rc.Unexpected++
+	if len(rc.Problems) < 5 {
+		rc.Problems = append(rc.Problems, p)
+	}
+}
+
+// A run is one measured wrk run.
+type run struct {
+	Round    int    `json:"round"`
+	Server   string `json:"server"`
+	Workload string `json:"workload"`
+	Command  string `json:"wrk"`
+	wrkResult
+	// The server's own counts over the run: answers, 201s, 201 replays,
+	// handler executions. They include requests wrk cut off at its end.
+	Answers    int64  `json:"server_answers"`
+	Created    int64  `json:"server_201"`
+	Replayed   int64  `json:"server_201_replays"`
+	Executions int64  `json:"server_executions"`
+	OK         bool   `json:"ok"`
+	Problem    string `json:"problem,omitempty"`
+}
+
+func throughput(ctx context.Context, cfg config, dir, redisAddr string, rdb *redis.Client, scripts map[string]string, lifetime time.Duration) ([]run, error) {
+	insts := map[string]*instance{}
+	for _, k := range kinds {
+		in, err := startInstance(ctx, dir, k, "a", redisAddr, lifetime)
+		if err != nil {
+			return nil, err
+		}
+		defer in.stop()
+		insts[k.Name] = in
+	}
+	var runs []run
+	for round := 1; round <= cfg.rounds; round++ {
+		// Each round starts with another server, so that none always runs
+		// first (or last) in a round.
+		order := slices.Concat(kinds[(round-1)%len(kinds):], kinds[:(round-1)%len(kinds)])
+		for _, k := range order {
+			in := insts[k.Name]
+			// Every server's runs start on an empty Redis.
+			if err := rdb.FlushAll(ctx).Err(); err != nil {
+				return nil, err
+			}
+			for _, workload := range []string{"first", "duplicates"} {
+				r, err := measure(ctx, cfg, k, in, round, workload, scripts[workload])
+				if err != nil {
+					return nil, err
+				}
+				runs = append(runs, r)
+				log.Printf("  round %d %-5s %-10s %8.0f req/s  p50 %6.3f ms  non-2xx %d  %s",
+					round, k.Name, workload, r.RPS, r.P50ms, r.Non2xx, map[bool]string{true: "ok", false: "NOT OK: " + r.Problem}[r.OK])
+			}
+		}
+	}
+	return runs, nil
+}
+
+func measure(ctx context.Context, cfg config, k kind, in *instance, round int, workload, script string) (run, error) {
+	r := run{Round: round, Server: k.Name, Workload: workload}
+	warmArg, arg := fmt.Sprintf("w%d-", round), fmt.Sprintf("m%d-", round)
+	if workload == "duplicates" {
+		key := fmt.Sprintf("dup-%d", round)
+		warmArg, arg = key, key
+		resp, _, err := post(in.url(), key)
+		if err != nil {
+			return r, err
+		}
+		if resp.StatusCode != 201 {
+			r.Problem = fmt.Sprintf("the first call answered %d", resp.StatusCode)
+		}
+	}
+	if cfg.warmup > 0 {
+		if _, _, err := runWrk(ctx, wrkArgs(cfg.threads, cfg.conns, cfg.warmup, false, script, in.url(), warmArg), cfg.warmup); err != nil {
+			return r, err
+		}
+	}
+	settle := func() { time.Sleep(200 * time.Millisecond) } // requests wrk cut off finish
+	settle()
+	s0, err := in.stats()
+	if err != nil {
+		return r, err
+	}
+	args := wrkArgs(cfg.threads, cfg.conns, cfg.duration, true, script, in.url(), arg)
+	// The script is the driver's copy of its file in bench/sidebyside.
+	r.Command = "wrk " + strings.Replace(strings.Join(args, " "), filepath.Dir(script), "bench/sidebyside", 1)
+	if r.wrkResult, _, err = runWrk(ctx, args, cfg.duration); err != nil {
+		return r, err
+	}
+	settle()
+	s1, err := in.stats()
+	if err != nil {
+		return r, err
+	}
+	r.Answers, r.Created = s1.Answers-s0.Answers, s1.Created-s0.Created
+	r.Replayed, r.Executions = s1.Replayed-s0.Replayed, s1.Executions-s0.Executions
+
+	var problems []string
+	if r.Problem != "" {
+		problems = append(problems, r.Problem)
+	}
+	if r.Non2xx > 0 {
+		problems = append(problems, fmt.Sprintf("%d non-2xx answers", r.Non2xx))
+	}
+	if r.Answers < r.Requests {
+		problems = append(problems, fmt.Sprintf("the server counted %d answers, wrk %d", r.Answers, r.Requests))
+	}
+	switch {
+	case r.Created != r.Answers:
+		problems = append(problems, fmt.Sprintf("%d of %d answers were not 201", r.Answers-r.Created, r.Answers))
+	case workload == "first" && r.Replayed > 0:
+		problems = append(problems, fmt.Sprintf("%d first executions were replays", r.Replayed))
+	case workload == "duplicates" && k.Replay != nil && (r.Replayed != r.Answers || r.Executions != 0):
+		problems = append(problems, fmt.Sprintf("%d of %d answers were 201 replays, %d executions",
+			r.Replayed, r.Answers, r.Executions))
+	}
+	r.OK = len(problems) == 0
+	r.Problem = strings.Join(problems, "; ")
+	return r, nil
+}
+
+func replaceSection(path, section string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	text := string(data)
+	begin, end := strings.Index(text, beginMarker), strings.Index(text, endMarker)
+	if begin < 0 || end < begin {
+		return errors.New(path + " has no " + beginMarker + " … " + endMarker + " section")
+	}
+	text = text[:begin+len(beginMarker)] + "\n" + section + text[end:]
+	return os.WriteFile(path, []byte(text), 0o644)
+}
+
+const (
+	beginMarker = "<!-- sidebyside:begin -->"
+	endMarker   = "<!-- sidebyside:end -->"
+)

@@ -1,0 +1,365 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// report is the JSON the driver writes.
+type report struct {
+	Date    string  `json:"date"`
+	Machine machine `json:"machine"`
+	Redis   string  `json:"redis_version"`
+	Go      string  `json:"go_version"`
+	Wrk     string  `json:"wrk_version"`
+	Library string  `json:"library"`
+	// Versions are the modules each server was built with.
+	Versions map[string]map[string]string `json:"versions"`
+	Servers  []kind                       `json:"servers"`
+	Load     load                         `json:"load"`
+	Runs     []run                        `json:"runs"`
+	Medians  []median                     `json:"medians"`
+	// RedisCounts is per server and case.
+	RedisCounts []redisCount `json:"redis_per_request"`
+	Seconds     float64      `json:"seconds"`
+}
+
+type machine struct {
+	CPU   string `json:"cpu"`
+	Cores int    `json:"cores"`
+	Note  string `json:"note"`
+}
+
+type load struct {
+	Measured string `json:"measured"`
+	Warmup   string `json:"warmup"`
+	Rounds   int    `json:"rounds"`
+	Order    string `json:"order"`
+	First    string `json:"first_executions"`
+	Dups     string `json:"duplicates"`
+	Counts   string `json:"redis_counts"`
+}
+
+type median struct {
+	Server   string    `json:"server"`
+	Workload string    `json:"workload"`
+	RPS      float64   `json:"rps"`
+	Rounds   []float64 `json:"rps_per_round"`
+	Non2xx   []int64   `json:"non_2xx_per_round"`
+	// VsFiber and VsBare are this server's median over theirs.
+	VsFiber float64 `json:"vs_fiber"`
+	VsBare  float64 `json:"vs_bare"`
+}
+
+func newReport(ctx context.Context, cfg config, rdb *redis.Client, builds map[string]map[string]string) *report {
+	rep := &report{
+		Date:     time.Now().UTC().Format(time.RFC3339),
+		Machine:  machine{CPU: cpuModel(), Cores: runtime.NumCPU(), Note: "servers, Redis and wrk share the cores"},
+		Go:       runtime.Version(),
+		Wrk:      wrkVersion(),
+		Library:  libraryState(ctx),
+		Versions: builds,
+		Servers:  kinds,
+	}
+	if info, err := rdb.Info(ctx, "server").Result(); err == nil {
+		for line := range strings.SplitSeq(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
+				rep.Redis = v
+			}
+		}
+	}
+	rep.Load = load{
+		Measured: "wrk " + strings.Join(wrkArgs(cfg.threads, cfg.conns, cfg.duration, true, "SCRIPT", "URL", "ARG"), " "),
+		Warmup:   "wrk " + strings.Join(wrkArgs(cfg.threads, cfg.conns, cfg.warmup, false, "SCRIPT", "URL", "ARG"), " "),
+		Rounds:   cfg.rounds,
+		Order:    "round r starts with server r (ours, fiber, bare), each server's two workloads back to back on an emptied Redis",
+		First:    "bench/sidebyside/newkey.lua: POST /payments, a new Idempotency-Key per request (ARG: a prefix per round)",
+		Dups:     "bench/sidebyside/samekey.lua: POST /payments, every connection repeating one key (ARG) after one first call",
+		Counts: fmt.Sprintf("%d sequential requests per case through a counting proxy (round trips) with INFO commandstats "+
+			"before and after (commands run in Redis, a script's own included); one more under MONITOR", cfg.count),
+	}
+	return rep
+}
+
+func cpuModel() string {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return runtime.GOARCH
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return runtime.GOARCH
+}
+
+// libraryState names the library's commit and whether its own files (not
+// its tests) differ from it: the library is measured as it is on disk.
+func libraryState(ctx context.Context) string {
+	rev, err := exec.CommandContext(ctx, "git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "unknown (no git)"
+	}
+	state := "commit " + strings.TrimSpace(string(rev))
+	top, _ := exec.CommandContext(ctx, "git", "rev-parse", "--show-toplevel").Output()
+	status, _ := exec.CommandContext(ctx, "git", "-C", strings.TrimSpace(string(top)), "status", "--porcelain", "--",
+		":(glob)*.go", ":(glob)lua/**", ":(glob)internal/**", "go.mod", "go.sum").Output()
+	changed := 0
+	for line := range strings.SplitSeq(strings.TrimSpace(string(status)), "\n") {
+		if line != "" && !strings.HasSuffix(line, "_test.go") {
+			changed++
+		}
+	}
+	if changed > 0 {
+		state += fmt.Sprintf(" with %d of its files changed in the working tree", changed)
+	}
+	return state
+}
+
+// summarise computes the medians and ratios.
+func (rep *report) summarise() {
+	byKey := map[string]*median{}
+	for _, w := range []string{"first", "duplicates"} {
+		for _, k := range kinds {
+			m := &median{Server: k.Name, Workload: w}
+			for _, r := range rep.Runs {
+				if r.Server == k.Name && r.Workload == w {
+					m.Rounds = append(m.Rounds, r.RPS)
+					m.Non2xx = append(m.Non2xx, r.Non2xx)
+				}
+			}
+			m.RPS = medianOf(m.Rounds)
+			byKey[k.Name+"/"+w] = m
+			rep.Medians = append(rep.Medians, *m)
+		}
+	}
+	for i := range rep.Medians {
+		m := &rep.Medians[i]
+		if f := byKey["fiber/"+m.Workload].RPS; f > 0 {
+			m.VsFiber = m.RPS / f
+		}
+		if b := byKey["bare/"+m.Workload].RPS; b > 0 {
+			m.VsBare = m.RPS / b
+		}
+	}
+}
+
+func medianOf(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func (rep *report) median(server, workload string) median {
+	for _, m := range rep.Medians {
+		if m.Server == server && m.Workload == workload {
+			return m
+		}
+	}
+	return median{}
+}
+
+// failures lists the runs and counts whose answers were not what they
+// should be.
+func (rep *report) failures() []string {
+	var bad []string
+	for _, r := range rep.Runs {
+		if !r.OK {
+			bad = append(bad, fmt.Sprintf("round %d, %s, %s: %s", r.Round, r.Server, r.Workload, r.Problem))
+		}
+	}
+	for _, c := range rep.RedisCounts {
+		if c.Unexpected > 0 {
+			bad = append(bad, fmt.Sprintf("Redis count, %s, %s: %d unexpected answers: %s",
+				c.Server, c.Case, c.Unexpected, strings.Join(c.Problems, "; ")))
+		}
+	}
+	return bad
+}
+
+var workloadTitles = map[string]string{
+	"first":      "first executions (a new key per request)",
+	"duplicates": "duplicates (16 connections repeating one key)",
+}
+
+// markdown is the section for docs/benchmarks.md.
+func (rep *report) markdown() string {
+	var b strings.Builder
+	title := map[string]string{}
+	for _, k := range kinds {
+		title[k.Name] = k.Title
+	}
+	fiber := rep.Versions["fiber"]
+	fmt.Fprintf(&b, "Measured %s on %s, %d cores shared by the servers, Redis and wrk; Redis %s, %s, %s. "+
+		"Fiber %s with storage/redis/v3 %s (go-redis %s, fasthttp %s); this library at %s (go-redis %s).\n\n",
+		rep.Date[:10], rep.Machine.CPU, rep.Machine.Cores, rep.Redis, rep.Go, rep.Wrk,
+		fiber["github.com/gofiber/fiber/v3"], fiber["github.com/gofiber/storage/redis/v3"],
+		fiber["github.com/redis/go-redis/v9"], fiber["github.com/valyala/fasthttp"],
+		rep.Library, rep.Versions["ours"]["github.com/redis/go-redis/v9"])
+	fmt.Fprintf(&b, "Load, per server and workload, in %d interleaved rounds: `%s` (a warm-up, not "+
+		"measured), then `%s`, against `http://127.0.0.1:PORT/payments`. First executions run "+
+		"[newkey.lua](../bench/sidebyside/newkey.lua) (a new key per request; the argument after `--` is "+
+		"the keys' prefix, `wR-` for the warm-up and `mR-` for the measured run of round R), duplicates "+
+		"[samekey.lua](../bench/sidebyside/samekey.lua) with `-- dup-R` (every connection repeats that key, "+
+		"after one first call with it). req/s is the median of the rounds.\n\n",
+		rep.Load.Rounds,
+		strings.Replace(rep.Load.Warmup, "-s SCRIPT URL -- ARG", "-s SCRIPT", 1),
+		strings.Replace(rep.Load.Measured, "-s SCRIPT URL -- ARG", "-s SCRIPT", 1))
+
+	b.WriteString("| workload | this library | Fiber | net/http alone | this library / Fiber | this library / net/http |\n")
+	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, w := range []string{"first", "duplicates"} {
+		o, f, n := rep.median("ours", w), rep.median("fiber", w), rep.median("bare", w)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.2f | %.2f |\n", workloadTitles[w],
+			thousands(o.RPS), thousands(f.RPS), thousands(n.RPS), o.VsFiber, o.VsBare)
+	}
+
+	b.WriteString("\nEvery run: req/s, p50 latency, non-2xx answers (wrk's count), and whether every answer was as it " +
+		"should be (the server's own count: 201s for first executions; for duplicates behind a middleware, " +
+		"201 replays with no execution of the handler):\n\n")
+	b.WriteString("| round | workload | this library | Fiber | net/http alone |\n| ---: | --- | --- | --- | --- |\n")
+	for round := 1; round <= rep.Load.Rounds; round++ {
+		for _, w := range []string{"first", "duplicates"} {
+			fmt.Fprintf(&b, "| %d | %s |", round, w)
+			for _, k := range kinds {
+				for _, r := range rep.Runs {
+					if r.Round == round && r.Server == k.Name && r.Workload == w {
+						check := "all 201"
+						if w == "duplicates" && k.Replay != nil {
+							check = "all 201 replays"
+						}
+						if !r.OK {
+							check = "**" + r.Problem + "**"
+						}
+						fmt.Fprintf(&b, " %s, %.2f ms, %d non-2xx, %s |", thousands(r.RPS), r.P50ms, r.Non2xx, check)
+					}
+				}
+			}
+			b.WriteString("\n")
+		}
+	}
+
+	b.WriteString("\nRedis per request: round trips (counted on the wire, so a pipeline is one) / commands run " +
+		"in Redis (INFO commandstats, a script's own commands included), over ")
+	requests := 0
+	if len(rep.RedisCounts) > 0 {
+		requests = rep.RedisCounts[0].Requests
+	}
+	fmt.Fprintf(&b, "%d sequential requests per case:\n\n", requests)
+	b.WriteString("| request | this library | Fiber | net/http alone |\n| --- | --- | --- | --- |\n")
+	for _, c := range countCases {
+		fmt.Fprintf(&b, "| %s |", c.what)
+		for _, k := range kinds {
+			rc, ok := rep.count(k.Name, c.name)
+			if !ok {
+				b.WriteString(" — |")
+				continue
+			}
+			fmt.Fprintf(&b, " %s / %s |", trim(rc.RoundTrips), trim(rc.Commands))
+		}
+		b.WriteString("\n")
+	}
+
+	b.WriteString("\nWhat one request sends, round trip by round trip (commands that a script runs inside Redis, " +
+		"from MONITOR, in brackets):\n\n")
+	for _, k := range kinds {
+		if !k.UsesRedis {
+			continue
+		}
+		for _, c := range countCases {
+			rc, ok := rep.count(k.Name, c.name)
+			if !ok {
+				continue
+			}
+			fmt.Fprintf(&b, "- %s, %s: %s\n", k.Title, c.what, sentSummary(rc))
+		}
+	}
+	b.WriteString("\nFiber's lock is its default, in the " +
+		"memory of one process: two instances do not exclude each other. This library's lock is in Redis, " +
+		"shared by every instance. Regenerate with `./scripts/bench.sh`; the JSON is bench/sidebyside.json.\n")
+	return b.String()
+}
+
+func (rep *report) count(server, c string) (redisCount, bool) {
+	for _, rc := range rep.RedisCounts {
+		if rc.Server == server && rc.Case == c {
+			return rc, true
+		}
+	}
+	return redisCount{}, false
+}
+
+// sentSummary is `evalsha + evalsha [get, set] ; evalsha [...]`: the
+// command names of each round trip, the script commands MONITOR showed
+// after each client command.
+func sentSummary(rc redisCount) string {
+	if len(rc.OneRequest) == 0 {
+		return "no round trip"
+	}
+	// MONITOR lists a client's command, then the commands its script ran.
+	var inner [][]string
+	for _, line := range rc.OneMonitor {
+		if s, ok := strings.CutPrefix(line, "  lua: "); ok {
+			if len(inner) > 0 {
+				name, _, _ := strings.Cut(s, " ")
+				inner[len(inner)-1] = append(inner[len(inner)-1], name)
+			}
+			continue
+		}
+		inner = append(inner, []string{})
+	}
+	var trips []string
+	i := 0
+	for _, trip := range rc.OneRequest {
+		var cmds []string
+		for _, c := range trip {
+			name, _, _ := strings.Cut(c, " ")
+			s := "`" + name + "`"
+			if i < len(inner) && len(inner[i]) > 0 {
+				s += " [" + strings.Join(inner[i], ", ") + "]"
+			}
+			i++
+			cmds = append(cmds, s)
+		}
+		trips = append(trips, strings.Join(cmds, " + "))
+	}
+	plural := "s"
+	if len(rc.OneRequest) == 1 {
+		plural = ""
+	}
+	return fmt.Sprintf("%d round trip%s: ", len(rc.OneRequest), plural) + strings.Join(trips, "; then ")
+}
+
+// trim is f with at most two decimals and no trailing zeros.
+func trim(f float64) string {
+	s := strconv.FormatFloat(f, 'f', 2, 64)
+	s = strings.TrimRight(s, "0")
+	return strings.TrimSuffix(s, ".")
+}
+
+func thousands(f float64) string {
+	s := strconv.FormatInt(int64(f+0.5), 10)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}

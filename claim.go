@@ -123,7 +123,7 @@ func (m *Middleware) acquire(c *call, k keys) (l *lease, r *rode, err error) {
 	riding := m.cfg.replicaAcks == 0
 	for {
 		began := time.Now()
-		ctx, cancel := m.store.stepContext(c.r.Context())
+		ctx, cancel := m.store.stepContext(c.ctx)
 		var lock *redislock.Lock
 		if riding {
 			lock, r, err = m.store.obtainClaiming(ctx, k, string(c.fp[:]))
@@ -162,12 +162,12 @@ func (m *Middleware) acquire(c *call, k keys) (l *lease, r *rode, err error) {
 			// Subscribe, then try the lock once more at once: the holder may
 			// have let go before the flag was up, and then nobody publishes.
 			subscribed = true
-			ctx, cancel := m.store.stepContext(c.r.Context())
+			ctx, cancel := m.store.stepContext(c.ctx)
 			sub, _ = m.store.watch(ctx, k, left)
 			cancel()
 			continue
 		}
-		if err := m.pause(c.r.Context(), sub, min(pause, left)); err != nil {
+		if err := m.pause(c.ctx, sub, min(pause, left)); err != nil {
 			return nil, nil, err
 		}
 		pause = min(2*pause, 500*time.Millisecond)
@@ -178,7 +178,7 @@ func (m *Middleware) acquire(c *call, k keys) (l *lease, r *rode, err error) {
 // request. A failure to ask is no answer: the wait goes on and the claim
 // decides.
 func (m *Middleware) differsFromRecord(c *call, k keys) bool {
-	ctx, cancel := m.store.stepContext(c.r.Context())
+	ctx, cancel := m.store.stepContext(c.ctx)
 	defer cancel()
 	fp, err := m.store.fingerprintOf(ctx, k)
 	return err == nil && fp != "" && fp != string(c.fp[:])

@@ -13,7 +13,7 @@ func (m *Middleware) execute(c *call, l *lease) verdict {
 	// up (a double-clicking browser aborts its first POST) retries and must
 	// find this execution's result, not a half-done one. The context ends
 	// when the lease is lost: another instance may own the key by then.
-	ctx, lost := context.WithCancelCause(context.WithoutCancel(c.r.Context()))
+	ctx, lost := context.WithCancelCause(context.WithoutCancel(c.ctx))
 	defer lost(nil)
 	l.wd.notify(func() { lost(ErrLockLost) })
 	exec := &execution{fence: l.fence}
@@ -63,7 +63,7 @@ func (m *Middleware) storeAnswer(c *call, l *lease, rec *record, d StoreDecision
 		if attempt > 0 {
 			time.Sleep(pause)
 		}
-		ctx, cancel := m.store.stepContext(c.r.Context())
+		ctx, cancel := m.store.stepContext(c.ctx)
 		how, err = m.store.complete(ctx, l.k, l.value(), c.fp, l.fence, rec, d.TTL)
 		cancel()
 		if err == nil || errors.Is(err, ErrLockLost) {
@@ -98,7 +98,7 @@ func (m *Middleware) storeAnswer(c *call, l *lease, rec *record, d StoreDecision
 func (m *Middleware) release(c *call, k keys, value string, retryFor time.Duration) {
 	deadline := time.Now().Add(retryFor)
 	for pause := 50 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
-		ctx, cancel := m.store.stepContext(c.r.Context())
+		ctx, cancel := m.store.stepContext(c.ctx)
 		err := m.store.release(ctx, k, value)
 		cancel()
 		if err == nil {

@@ -100,8 +100,13 @@ func (m *Middleware) ProtectKey(next http.Handler) http.Handler {
 // call is one protected request on its way through the middleware, and
 // what the steps learned about it that the observer reports.
 type call struct {
-	w         http.ResponseWriter
-	r         *http.Request
+	ctx context.Context // the request's, or the function caller's
+	// run runs a function call's function under the lease and stores its
+	// answer; nil for a request, whose handler execute runs.
+	run func(*call, *lease) verdict
+
+	w         http.ResponseWriter // nil for a function call
+	r         *http.Request       // nil for a function call
 	next      http.Handler
 	tokenMode bool
 	start     time.Time
@@ -121,7 +126,8 @@ type call struct {
 func (m *Middleware) wrap(next http.Handler, extract KeyExtractor, tokenMode bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		now := time.Now()
-		c := &call{w: w, r: r, next: next, tokenMode: tokenMode, start: now, deadline: now.Add(m.cfg.wait)}
+		c := &call{ctx: r.Context(), w: w, r: r, next: next, tokenMode: tokenMode,
+			start: now, deadline: now.Add(m.cfg.wait)}
 		m.serve(c, extract)
 	})
 }

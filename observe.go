@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -55,7 +56,7 @@ var ErrHandlerPanicked = errors.New("idempotency: handler panicked")
 // An Event describes one protected request once the middleware is done with
 // it, for WithObserver.
 type Event struct {
-	Request      *http.Request
+	Request      *http.Request // nil for a function call (Do)
 	TokenMode    bool
 	Outcome      Outcome
 	FromCache    bool          // Replayed from this process's memory
@@ -90,17 +91,20 @@ func LogObserver(l *slog.Logger) func(Event) {
 		case e.Outcome == Conflict, e.Outcome == Rejected:
 			level = slog.LevelInfo
 		}
-		attrs := []slog.Attr{
-			slog.String("outcome", e.Outcome.String()),
-			slog.String("method", e.Request.Method),
-			slog.String("path", e.Request.URL.Path),
-			slog.Duration("duration", e.Duration),
+		ctx := context.Background()
+		attrs := []slog.Attr{slog.String("outcome", e.Outcome.String())}
+		mode := "key"
+		switch {
+		case e.Request == nil:
+			mode = "function"
+		case e.TokenMode:
+			mode = "token"
 		}
-		if e.TokenMode {
-			attrs = append(attrs, slog.String("mode", "token"))
-		} else {
-			attrs = append(attrs, slog.String("mode", "key"))
+		if e.Request != nil {
+			ctx = e.Request.Context()
+			attrs = append(attrs, slog.String("method", e.Request.Method), slog.String("path", e.Request.URL.Path))
 		}
+		attrs = append(attrs, slog.Duration("duration", e.Duration), slog.String("mode", mode))
 		if e.Wait > 0 {
 			attrs = append(attrs, slog.Duration("wait", e.Wait))
 		}
@@ -110,7 +114,7 @@ func LogObserver(l *slog.Logger) func(Event) {
 		if e.Err != nil {
 			attrs = append(attrs, slog.String("error", e.Err.Error()))
 		}
-		l.LogAttrs(e.Request.Context(), level, "idempotency", attrs...)
+		l.LogAttrs(ctx, level, "idempotency", attrs...)
 	}
 }
 

@@ -35,6 +35,13 @@ func (m *Middleware) decide(c *call, extract KeyExtractor) verdict {
 		}
 		return refuse(err)
 	}
+	return m.settle(c)
+}
+
+// settle decides an identified call: an HTTP request, or a function call
+// (Do). From here on both are the same protocol; only c.run, which runs
+// the handler or the function under the lease, differs.
+func (m *Middleware) settle(c *call) verdict {
 	for {
 		if v := m.fromCache(c); v.decided() {
 			return v
@@ -76,7 +83,7 @@ func (m *Middleware) follow(c *call, fl *flight) verdict {
 	case <-timer.C:
 		c.waited += time.Since(began)
 		return refuse(m.inProgress())
-	case <-c.r.Context().Done():
+	case <-c.ctx.Done():
 		c.waited += time.Since(began)
 		return verdict{outcome: ClientGone} // nothing ran for this request
 	}
@@ -95,6 +102,9 @@ func (m *Middleware) lead(c *call, fl *flight) (v verdict) {
 	l, v := m.claim(c)
 	if l == nil {
 		return v
+	}
+	if c.run != nil {
+		return c.run(c, l)
 	}
 	return m.execute(c, l)
 }

@@ -31,7 +31,7 @@ func (m *Middleware) claimReplicated(ctx context.Context, c *call, l *lease) (cl
 	if err != nil || cl.outcome != outcomeClaimed {
 		return cl, err
 	}
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(c.r.Context()), m.cfg.replicaWait+m.cfg.storeTimeout)
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), m.cfg.replicaWait+m.cfg.storeTimeout)
 	defer cancel()
 	acked, err := conn.Wait(wctx, m.cfg.replicaAcks, m.cfg.replicaWait).Result()
 	if err != nil {

@@ -1,0 +1,209 @@
+package idempotency
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// A Key identifies one logical call of a function, for Do: a queue
+// message, a webhook delivery, a job. Do runs the function once per
+// (Scope, ID); every other call with them gets the stored result.
+type Key struct {
+	// Scope is whom the ID belongs to (a sender, a queue, a tenant): IDs of
+	// two scopes never meet. "" is a scope of its own. Keys of Do never
+	// meet the keys of HTTP requests.
+	Scope string
+	// ID is the idempotency key: a message id, a delivery id, an order
+	// number. At most the middleware's key length (WithMaxKeyLength) and
+	// printable ASCII, as for a request's key.
+	ID string
+	// Input is what the call is about, e.g. the message body. It is
+	// fingerprinted: the same ID with other Input is refused with
+	// ErrKeyReused instead of answered with another input's result.
+	Input []byte
+}
+
+// A Codec turns a function's result into the bytes that are stored for
+// duplicates, and back. JSON is the default.
+type Codec interface {
+	Marshal(v any) ([]byte, error)
+	Unmarshal(data []byte, v any) error
+}
+
+// JSON is the default Codec, encoding/json. A result type must survive it:
+// exported fields, no cycles.
+var JSON Codec = jsonCodec{}
+
+type jsonCodec struct{}
+
+func (jsonCodec) Marshal(v any) ([]byte, error)      { return json.Marshal(v) }
+func (jsonCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
+
+// A DoOption configures one Do call.
+type DoOption func(*doConfig)
+
+type doConfig struct {
+	codec       Codec
+	storeErrors bool
+}
+
+// UseCodec stores results with codec instead of JSON.
+func UseCodec(codec Codec) DoOption { return func(c *doConfig) { c.codec = codec } }
+
+// StoreErrors stores an error the function returns, like a result: every
+// duplicate gets it back (as a *StoredError) and the function never runs
+// again for the key. Use it when the function may have had side effects
+// before it failed. Without it an error releases the key, so that a retry
+// (a redelivered message) runs the function again, like a panic does.
+func StoreErrors() DoOption { return func(c *doConfig) { c.storeErrors = true } }
+
+// StoredError is what a duplicate gets when the function's first run
+// returned an error and StoreErrors kept it.
+type StoredError struct{ Message string }
+
+func (e *StoredError) Error() string { return e.Message }
+
+// Statuses of a function's stored answer: the result, or an error.
+const (
+	statusResult      = 200
+	statusStoredError = 500
+)
+
+// Do runs fn at most once per key, under the same protocol as a protected
+// HTTP route (see the package documentation): a Redis lock with a lease, a
+// fencing token in fn's context (FencingToken), duplicates that wait for a
+// running call in this process and on other instances, the stored result
+// replayed to every duplicate, the in-process cache and the observer (its
+// Event has no Request).
+//
+// The first call returns what fn returned. A duplicate returns the stored
+// result, decoded by the codec; or ErrInProgress when the first call still
+// runs after the middleware's wait timeout, ErrKeyReused when its Input
+// differs, ErrInterrupted when an earlier run ended without a result (its
+// instance died), ErrNotReplayable when the result was larger than
+// WithMaxResponseBytes, or an error wrapping ErrStoreUnavailable when Redis
+// does not answer (then fn did not run). fn's context is not cancelled
+// when ctx is: once started, fn finishes (within WithExecutionTimeout), so
+// that a retry finds its result; it is cancelled with ErrLockLost if the
+// lease is lost. fn may call Release to give the key up.
+func Do[T any](ctx context.Context, m *Middleware, key Key, fn func(ctx context.Context) (T, error), opts ...DoOption) (T, error) {
+	cfg := doConfig{codec: JSON}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	var zero T
+	switch {
+	case key.ID == "":
+		return zero, ErrMissingKey
+	case !validKey(key.ID, m.cfg.maxKeyLen):
+		return zero, ErrInvalidKey
+	}
+	now := time.Now()
+	c := &call{ctx: ctx, start: now, deadline: now.Add(m.cfg.wait), scope: "f:" + key.Scope, key: key.ID}
+	c.id = identityOf(false, c.scope, key.ID)
+	c.fp = inputFingerprint(key.Input)
+	var first result[T]
+	c.run = func(c *call, l *lease) verdict { return runFunction(m, c, l, &cfg, fn, &first) }
+
+	answered := false
+	defer func() {
+		if !answered { // fn panicked; the panic goes on
+			m.observe(c, verdict{outcome: Executed, err: ErrHandlerPanicked})
+		}
+	}()
+	v := m.settle(c)
+	answered = true
+	m.observe(c, v)
+
+	switch v.outcome {
+	case Executed:
+		return first.value, first.err
+	case Replayed, Waited:
+		return decodeResult[T](cfg.codec, v.rec)
+	case ClientGone:
+		return zero, ctx.Err()
+	}
+	return zero, v.err
+}
+
+// result is what the function returned to the call that ran it.
+type result[T any] struct {
+	value T
+	err   error
+}
+
+// runFunction runs fn under the lease, as execute runs a handler, and
+// stores its result (or its error, with StoreErrors).
+func runFunction[T any](m *Middleware, c *call, l *lease, cfg *doConfig, fn func(context.Context) (T, error), out *result[T]) verdict {
+	ctx, lost := context.WithCancelCause(context.WithoutCancel(c.ctx))
+	defer lost(nil)
+	l.wd.notify(func() { lost(ErrLockLost) })
+	exec := &execution{fence: l.fence}
+	ctx, cancel := context.WithTimeout(withExecution(ctx, exec), m.cfg.execTimeout)
+	defer cancel()
+	returned := false
+	defer func() {
+		if !returned {
+			m.release(c, l.k, l.value(), 0)
+			l.end()
+		}
+	}()
+	out.value, out.err = fn(ctx)
+	returned = true
+	exec.settle()
+
+	d := StoreDecision{TTL: m.cfg.recordTTL}
+	if exec.state.Load() == execReleased {
+		d = StoreDecision{Release: true}
+	}
+	rec := &record{status: statusResult}
+	if out.err != nil {
+		if !cfg.storeErrors {
+			d = StoreDecision{Release: true}
+		}
+		rec = &record{status: statusStoredError, body: []byte(out.err.Error())}
+	} else if body, err := cfg.codec.Marshal(out.value); err != nil {
+		// A result that cannot be stored would leave every duplicate
+		// without an answer: the key is given up, and the caller told.
+		out.err = fmt.Errorf("idempotency: encoding the result: %w", err)
+		d = StoreDecision{Release: true}
+	} else {
+		rec.body = body
+	}
+	if rec != nil && len(rec.body) > m.cfg.maxResponse {
+		rec = nil // kept as executed, not replayable
+	}
+	return m.storeAnswer(c, l, rec, d)
+}
+
+// inputFingerprint is a function call's fingerprint: its input's digest,
+// under a label of its own so that it never equals a request's.
+func inputFingerprint(input []byte) fingerprintSum {
+	h := sha256.New()
+	h.Write([]byte("idempotency/do\x00"))
+	h.Write(input)
+	var fp fingerprintSum
+	h.Sum(fp[:0])
+	return fp
+}
+
+// decodeResult reads a stored answer of Do.
+func decodeResult[T any](codec Codec, rec *record) (T, error) {
+	var v T
+	switch rec.status {
+	case statusResult:
+		if err := codec.Unmarshal(rec.body, &v); err != nil {
+			return v, fmt.Errorf("%w: %w", ErrUnreadableRecord, err)
+		}
+		return v, nil
+	case statusStoredError:
+		return v, &StoredError{Message: string(rec.body)}
+	}
+	// The key's answer came from an HTTP request: keys of Do never meet
+	// those, so this is another program's record under our prefix.
+	return v, errors.Join(ErrUnreadableRecord, fmt.Errorf("idempotency: stored status %d is not a function's", rec.status))
+}

@@ -1,0 +1,239 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/onceonly/idempotency/internal/require"
+	"github.com/redis/go-redis/v9"
+)
+
+type charge struct {
+	Key       string
+	Execution int64
+	Fence     uint64
+}
+
+// twoInstances is two middlewares on one Redis, each with a client and a
+// memory of its own, as two processes would be.
+func twoInstances(t *testing.T, opts ...Option) (a, b *Middleware) {
+	prefix := "test-" + strings.ReplaceAll(t.Name(), "/", "-")
+	opts = append([]Option{WithKeyPrefix(prefix)}, opts...)
+	return New(redistest.Client(t, prefix), opts...), New(redistest.Client(t, prefix), opts...)
+}
+
+// A thousand concurrent calls over a hundred keys, on two instances: each
+// key's function runs once, and every call gets that run's result.
+func TestDoRunsOncePerKeyAcrossInstances(t *testing.T) {
+	a, b := twoInstances(t, WithWaitTimeout(20*time.Second))
+	var runs atomic.Int64
+	perKey := make([]atomic.Int64, 100)
+	fn := func(key int) func(context.Context) (charge, error) {
+		return func(ctx context.Context) (charge, error) {
+			n := runs.Add(1)
+			perKey[key].Add(1)
+			time.Sleep(time.Millisecond) // long enough for duplicates to meet it
+			fence := FencingToken(ctx)
+			return charge{Key: fmt.Sprint(key), Execution: n, Fence: fence}, nil
+		}
+	}
+	type got struct {
+		key int
+		c   charge
+		err error
+	}
+	results := make(chan got, 1000)
+	var wg sync.WaitGroup
+	for i := range 1000 {
+		m, key := a, i%100
+		if i%2 == 1 {
+			m = b
+		}
+		wg.Go(func() {
+			c, err := Do(context.Background(), m, Key{Scope: "payments", ID: fmt.Sprint("msg-", key), Input: []byte("body")}, fn(key))
+			results <- got{key, c, err}
+		})
+	}
+	wg.Wait()
+	close(results)
+
+	first := map[int]charge{}
+	for r := range results {
+		require.NoError(t, r.err)
+		if seen, ok := first[r.key]; ok {
+			require.Equal(t, seen, r.c, "every call with the key gets the one result")
+		} else {
+			first[r.key] = r.c
+		}
+		require.NotZero(t, r.c.Fence, "the function saw its fencing token")
+	}
+	require.EqualValues(t, 100, runs.Load())
+	for key := range perKey {
+		require.EqualValues(t, 1, perKey[key].Load(), "key %d", key)
+	}
+
+	// The same key with other input is another call: refused, not answered.
+	_, err := Do(context.Background(), b, Key{Scope: "payments", ID: "msg-7", Input: []byte("other body")}, fn(7))
+	require.ErrorIs(t, err, ErrKeyReused)
+	// Another scope's key of the same name is another key.
+	_, err = Do(context.Background(), b, Key{Scope: "refunds", ID: "msg-7", Input: []byte("other body")}, fn(7))
+	require.NoError(t, err)
+	require.EqualValues(t, 101, runs.Load())
+}
+
+func TestDoErrors(t *testing.T) {
+	m, other := twoInstances(t)
+	ctx := context.Background()
+	failing := errors.New("provider declined")
+	runs := 0
+	fail := func(context.Context) (int, error) { runs++; return 0, failing }
+
+	t.Run("released by default", func(t *testing.T) {
+		runs = 0
+		k := Key{ID: "released"}
+		_, err := Do(ctx, m, k, fail)
+		require.ErrorIs(t, err, failing, "the first call gets the function's own error")
+		_, err = Do(ctx, other, k, fail)
+		require.ErrorIs(t, err, failing)
+		require.Equal(t, 2, runs, "an error gives the key up: the retry ran again")
+		v, err := Do(ctx, m, k, func(context.Context) (int, error) { return 42, nil })
+		require.NoError(t, err)
+		require.Equal(t, 42, v)
+	})
+	t.Run("stored", func(t *testing.T) {
+		runs = 0
+		k := Key{ID: "stored"}
+		_, err := Do(ctx, m, k, fail, StoreErrors())
+		require.ErrorIs(t, err, failing)
+		_, err = Do(ctx, other, k, fail, StoreErrors())
+		var stored *StoredError
+		require.True(t, errors.As(err, &stored), "got %v", err)
+		require.Equal(t, "provider declined", stored.Message)
+		require.Equal(t, 1, runs)
+	})
+	t.Run("Release", func(t *testing.T) {
+		k := Key{ID: "release"}
+		n := 0
+		fn := func(ctx context.Context) (int, error) {
+			n++
+			if n == 1 {
+				require.True(t, Release(ctx))
+			}
+			return n, nil
+		}
+		v, err := Do(ctx, m, k, fn)
+		require.NoError(t, err)
+		require.Equal(t, 1, v)
+		v, err = Do(ctx, other, k, fn)
+		require.NoError(t, err)
+		require.Equal(t, 2, v, "a released key runs again")
+		v, err = Do(ctx, m, k, fn)
+		require.NoError(t, err)
+		require.Equal(t, 2, v)
+	})
+	t.Run("panic releases", func(t *testing.T) {
+		k := Key{ID: "panic"}
+		require.Panics(t, func() {
+			Do(ctx, m, k, func(context.Context) (int, error) { panic("boom") })
+		})
+		v, err := Do(ctx, other, k, func(context.Context) (int, error) { return 7, nil })
+		require.NoError(t, err)
+		require.Equal(t, 7, v)
+	})
+	t.Run("bad keys", func(t *testing.T) {
+		runs = 0
+		_, err := Do(ctx, m, Key{}, fail)
+		require.ErrorIs(t, err, ErrMissingKey)
+		_, err = Do(ctx, m, Key{ID: "bad\nkey"}, fail)
+		require.ErrorIs(t, err, ErrInvalidKey)
+		require.Zero(t, runs, "neither ran")
+	})
+	t.Run("too big to replay", func(t *testing.T) {
+		small, smallOther := twoInstances(t, WithMaxResponseBytes(16))
+		big := func(context.Context) (string, error) { return strings.Repeat("x", 64), nil }
+		v, err := Do(ctx, small, Key{ID: "big"}, big)
+		require.NoError(t, err)
+		require.Len(t, v, 64, "the first call gets its result whatever its size")
+		_, err = Do(ctx, smallOther, Key{ID: "big"}, big)
+		require.ErrorIs(t, err, ErrNotReplayable)
+	})
+	t.Run("store down", func(t *testing.T) {
+		// Nothing listens on port 1 of loopback.
+		rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, MaxRetries: -1})
+		defer rdb.Close()
+		down := New(rdb, WithStoreTimeout(200*time.Millisecond))
+		ran := false
+		_, err := Do(ctx, down, Key{ID: "k"}, func(context.Context) (int, error) { ran = true; return 1, nil })
+		require.ErrorIs(t, err, ErrStoreUnavailable)
+		require.False(t, ran)
+	})
+}
+
+// A duplicate that arrives while the first call runs waits for its result,
+// on the same instance or another; one that gives up gets its context's
+// error, and the first call still finishes and stores its result.
+func TestDoWaitsForTheRunningCall(t *testing.T) {
+	m, other := twoInstances(t)
+	entered, finish := make(chan struct{}), make(chan struct{})
+	slow := func(context.Context) (string, error) {
+		close(entered)
+		<-finish
+		return "done", nil
+	}
+	k := Key{ID: "slow", Input: []byte("x")}
+	firstDone := make(chan error, 1)
+	go func() {
+		_, err := Do(context.Background(), m, k, slow)
+		firstDone <- err
+	}()
+	<-entered
+	impatient, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := Do(impatient, other, k, slow)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	waiters := make(chan string, 2)
+	for _, inst := range []*Middleware{m, other} {
+		go func() {
+			v, err := Do(context.Background(), inst, k, slow)
+			if err != nil {
+				v = err.Error()
+			}
+			waiters <- v
+		}()
+	}
+	time.Sleep(50 * time.Millisecond)
+	close(finish)
+	require.NoError(t, <-firstDone)
+	require.Equal(t, "done", <-waiters)
+	require.Equal(t, "done", <-waiters)
+}
+
+// A Codec of the caller's stores the result.
+func TestDoCodec(t *testing.T) {
+	m, other := twoInstances(t)
+	calls := 0
+	fn := func(context.Context) (string, error) { calls++; return "plain", nil }
+	v, err := Do(context.Background(), m, Key{ID: "k"}, fn, UseCodec(upperCodec{}))
+	require.NoError(t, err)
+	require.Equal(t, "plain", v)
+	v, err = Do(context.Background(), other, Key{ID: "k"}, fn, UseCodec(upperCodec{}))
+	require.NoError(t, err)
+	require.Equal(t, "PLAIN", v, "the duplicate's result went through the codec")
+	require.Equal(t, 1, calls)
+}
+
+type upperCodec struct{}
+
+func (upperCodec) Marshal(v any) ([]byte, error) { return []byte(strings.ToUpper(v.(string))), nil }
+func (upperCodec) Unmarshal(data []byte, v any) error {
+	*v.(*string) = string(data)
+	return nil
+}

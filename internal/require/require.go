@@ -247,6 +247,7 @@ func Contains(t TestingT, s, element any, msgAndArgs ...any) {
 	found, ok := contains(s, element)
 	if !ok {
 		fail(t, msgAndArgs, "%#v cannot hold %#v", s, element)
+		return
 	}
 	if !found {
 		fail(t, msgAndArgs, "%#v does not contain %#v", s, element)
@@ -259,6 +260,7 @@ func NotContains(t TestingT, s, element any, msgAndArgs ...any) {
 	found, ok := contains(s, element)
 	if !ok {
 		fail(t, msgAndArgs, "%#v cannot hold %#v", s, element)
+		return
 	}
 	if found {
 		fail(t, msgAndArgs, "%#v should not contain %#v", s, element)
@@ -307,6 +309,7 @@ func ordered(t TestingT, e1, e2 any, holds func(int) bool, relation string, msgA
 	order, ok := compare(e1, e2)
 	if !ok {
 		fail(t, msgAndArgs, "cannot compare %#v (%T) and %#v (%T)", e1, e1, e2, e2)
+		return
 	}
 	if !holds(order) {
 		fail(t, msgAndArgs, "%v is not %s %v", e1, relation, e2)
@@ -352,6 +355,7 @@ func InDelta(t TestingT, expected, actual any, delta float64, msgAndArgs ...any)
 	a, aok := toFloat(actual)
 	if !eok || !aok {
 		fail(t, msgAndArgs, "InDelta needs numbers, got %#v and %#v", expected, actual)
+		return
 	}
 	if d := e - a; d > delta || d < -delta {
 		fail(t, msgAndArgs, "%v and %v differ by %v, more than %v", expected, actual, d, delta)
@@ -439,6 +443,7 @@ func PanicsWithValue(t TestingT, expected any, f func(), msgAndArgs ...any) {
 	value, panicked := recovered(f)
 	if !panicked {
 		fail(t, msgAndArgs, "should panic with %#v", expected)
+		return
 	}
 	if !equal(expected, value) {
 		fail(t, msgAndArgs, "panicked with %#v, expected %#v", value, expected)
@@ -464,6 +469,7 @@ func Eventually(t TestingT, condition func() bool, waitFor, tick time.Duration, 
 		}
 		if time.Now().After(deadline) {
 			fail(t, msgAndArgs, "condition not met within %v", waitFor)
+			return // FailNow of a fake TestingT may return
 		}
 		time.Sleep(tick)
 	}

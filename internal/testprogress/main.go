@@ -179,7 +179,7 @@ func (p *progress) heartbeat(quiet time.Duration) (stop func()) {
 
 func (p *progress) still(now time.Time) string {
 	if len(p.running) == 0 {
-		return fmt.Sprintf("building (%s so far)", now.Sub(p.began).Round(time.Second))
+		return fmt.Sprintf("building test binaries (%s since the start)", now.Sub(p.began).Round(time.Second))
 	}
 	var names []string
 	for pkg, since := range p.running {

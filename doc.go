@@ -18,6 +18,11 @@
 //	r.With(idem.Protect).Post("/orders", createOrder)
 //	r.With(idem.ProtectKey).Post("/payments", createPayment)
 //
+// The same protocol runs functions without HTTP: Do runs a function at most
+// once per Key (a queue message's id, a job's) and gives every duplicate the
+// stored result. Transport is the client side: an http.RoundTripper that
+// sends one Idempotency-Key with every retry of a request.
+//
 // Every rejection is answered by the error handler (DefaultErrorHandler
 // writes RFC 9457 problem+json); the errors it receives match the package's
 // sentinel errors with errors.Is.

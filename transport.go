@@ -1,0 +1,193 @@
+package idempotency
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Transport is an http.RoundTripper for clients of endpoints that this
+// package protects: it gives each request of a keyed method (POST and PATCH
+// unless Methods says otherwise) one Idempotency-Key, and retries it with
+// that same key when a retry cannot run it twice: after a network error
+// (the key turns a lost answer into a replay), a 409 in-progress (the first
+// attempt still runs) and a 503 with Retry-After (nothing ran).
+//
+//	client := &http.Client{Transport: &idempotency.Transport{}}
+//	resp, err := client.Post(url, "application/json", strings.NewReader(`{"amount":500}`))
+//	// resp.Header.Get(idempotency.ReplayedHeader) == "true" when an earlier
+//	// attempt ran the request and this is its stored answer.
+//
+// A request that already carries an Idempotency-Key keeps it, on every
+// attempt. Otherwise the key is a random UUID (version 4), made per call of
+// RoundTrip and never written into the caller's request, so it cannot leak
+// into another request. Each attempt sends a clone of the request, and
+// attempts after the first read the body again through req.GetBody
+// (http.NewRequest sets it for in-memory bodies); a request with a body and
+// no GetBody is sent once and never retried. Requests of other methods are
+// passed to Base untouched.
+//
+// It waits before each retry as the answer's Retry-After says (seconds or
+// an HTTP date), else a jittered back-off from BaseDelay that doubles per
+// attempt; no wait is longer than MaxDelay. A wait that would end after the
+// request context's deadline is not started: the last answer (or error) is
+// returned at once. A cancelled context ends a wait at once with the
+// context's error. The bodies of answers that are retried are drained and
+// closed; the last answer is returned as is, headers and body, so that a
+// replay is visible.
+//
+// A Transport is safe for concurrent use.
+type Transport struct {
+	// Base sends each attempt. Nil means http.DefaultTransport.
+	Base http.RoundTripper
+	// Methods are the methods that get a key and retries. Nil means POST
+	// and PATCH.
+	Methods []string
+	// MaxAttempts bounds the attempts of one request, the first included.
+	// 0 means 5; 1 sends a key and never retries.
+	MaxAttempts int
+	// BaseDelay is the back-off before the first retry when the answer
+	// names no Retry-After; it doubles per attempt. 0 means 250 ms.
+	BaseDelay time.Duration
+	// MaxDelay caps every wait, a Retry-After's included. 0 means 5 s.
+	MaxDelay time.Duration
+}
+
+const (
+	defaultAttempts  = 5
+	defaultBaseDelay = 250 * time.Millisecond
+	defaultMaxDelay  = 5 * time.Second
+)
+
+// keyedMethods are the methods a Transport keys unless told otherwise: the
+// ones HTTP does not define as idempotent (RFC 9110 §9.2.2), so that only
+// a key makes resending them safe.
+var keyedMethods = []string{http.MethodPost, http.MethodPatch}
+
+// RoundTrip sends req, once or more with one key, and returns the last
+// answer. It implements http.RoundTripper.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if !t.keys(req.Method) {
+		return t.base().RoundTrip(req)
+	}
+	key, err := requestKey(req.Header)
+	if err != nil {
+		closeBody(req)
+		return nil, err
+	}
+	return t.send(req, key)
+}
+
+// send runs the attempts of one request.
+func (t *Transport) send(req *http.Request, key string) (*http.Response, error) {
+	ctx := req.Context()
+	attempts := t.attempts()
+	if !resendable(req) {
+		attempts = 1
+	}
+	for attempt := 1; ; attempt++ {
+		try, err := attemptOf(req, key, attempt)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := t.base().RoundTrip(try)
+		if attempt >= attempts || ctx.Err() != nil || (err == nil && !retryable(resp)) {
+			return resp, err
+		}
+		wait := t.wait(resp, attempt)
+		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= wait {
+			return resp, err
+		}
+		if resp != nil {
+			drain(resp.Body)
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, ctx.Err()
+		case <-timer.C:
+		}
+	}
+}
+
+// attemptOf is the request that attempt sends: a clone carrying key, with
+// the caller's body the first time and a fresh one from GetBody after.
+func attemptOf(req *http.Request, key string, attempt int) (*http.Request, error) {
+	try := req.Clone(req.Context())
+	if try.Header == nil {
+		try.Header = http.Header{}
+	}
+	if key != "" {
+		try.Header.Set(KeyHeader, key)
+	}
+	if attempt > 1 && req.GetBody != nil {
+		body, err := req.GetBody()
+		if err != nil {
+			return nil, err
+		}
+		try.Body = body
+	}
+	return try, nil
+}
+
+// requestKey is the key to send: "" when the caller named one (which every
+// attempt then carries as it is, whatever the header's spelling), else a new
+// random one.
+func requestKey(h http.Header) (string, error) {
+	for name := range h {
+		if strings.EqualFold(name, KeyHeader) {
+			return "", nil
+		}
+	}
+	id, err := uuid.NewRandom()
+	if err != nil {
+		return "", err
+	}
+	return id.String(), nil
+}
+
+// resendable reports whether req's body can be sent again.
+func resendable(req *http.Request) bool {
+	return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+}
+
+// closeBody closes the body of a request that is never sent, as the
+// RoundTripper contract asks.
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+}
+
+// CloseIdleConnections closes Base's idle connections when Base can, so
+// that http.Client.CloseIdleConnections reaches them through a Transport.
+func (t *Transport) CloseIdleConnections() {
+	if c, ok := t.base().(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+func (t *Transport) keys(method string) bool {
+	if t.Methods == nil {
+		return slices.Contains(keyedMethods, method)
+	}
+	return slices.Contains(t.Methods, method)
+}
+
+func (t *Transport) base() http.RoundTripper {
+	if t.Base == nil {
+		return http.DefaultTransport
+	}
+	return t.Base
+}
+
+func (t *Transport) attempts() int {
+	if t.MaxAttempts <= 0 {
+		return defaultAttempts
+	}
+	return t.MaxAttempts
+}

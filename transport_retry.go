@@ -1,0 +1,104 @@
+package idempotency
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// retryable reports whether resp says that the same request with the same
+// key may get another answer later: 409 in-progress (the first attempt is
+// still running) or 503 with Retry-After (nothing ran). Every other answer
+// would come back the same, 422 key-reused and the 409s of a request that
+// ran (not-replayable, interrupted, unreadable-record) above all.
+func retryable(resp *http.Response) bool {
+	switch resp.StatusCode {
+	case http.StatusServiceUnavailable:
+		return resp.Header.Get("Retry-After") != ""
+	case http.StatusConflict:
+		return problemType(resp) == ProblemTypeBase+problemFor(ErrInProgress).slug
+	}
+	return false
+}
+
+// problemSniff bounds what problemType reads of a body: a problem of this
+// package is a few hundred bytes, and anything longer is not one.
+const problemSniff = 4 << 10
+
+// problemType reads the RFC 9457 type of a problem+json body, or "", and
+// leaves resp.Body as it was for whoever reads it next.
+func problemType(resp *http.Response) string {
+	head, _ := io.ReadAll(io.LimitReader(resp.Body, problemSniff))
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
+	var p struct {
+		Type string `json:"type"`
+	}
+	if json.Unmarshal(head, &p) != nil {
+		return ""
+	}
+	return p.Type
+}
+
+// wait is how long to pause before the attempt after attempt: what resp's
+// Retry-After asks, else the back-off, and never more than MaxDelay.
+func (t *Transport) wait(resp *http.Response, attempt int) time.Duration {
+	maxDelay := t.MaxDelay
+	if maxDelay <= 0 {
+		maxDelay = defaultMaxDelay
+	}
+	if resp != nil {
+		if d, ok := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+			return min(d, maxDelay)
+		}
+	}
+	base := t.BaseDelay
+	if base <= 0 {
+		base = defaultBaseDelay
+	}
+	return backoff(base, maxDelay, attempt)
+}
+
+// parseRetryAfter reads a Retry-After value, delay-seconds or an HTTP date
+// (RFC 9110 §10.2.3). A date already past is no answer: the clocks disagree,
+// and the back-off is a better guess than retrying at once.
+func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
+	if v == "" {
+		return 0, false
+	}
+	if secs, err := strconv.ParseUint(v, 10, 32); err == nil {
+		return time.Duration(secs) * time.Second, true
+	}
+	at, err := http.ParseTime(v)
+	if err != nil || at.Before(now) {
+		return 0, false
+	}
+	return at.Sub(now), true
+}
+
+// backoff doubles from base per attempt up to maxDelay, and picks at random
+// in the upper half of that, so that clients that failed together do not
+// all retry together.
+func backoff(base, maxDelay time.Duration, attempt int) time.Duration {
+	ceiling := maxDelay
+	if shift := attempt - 1; shift < 32 && base < maxDelay>>shift {
+		ceiling = base << shift
+	}
+	half := ceiling / 2
+	return half + rand.N(ceiling-half+1)
+}
+
+// drainLimit bounds what is read of an answer that is retried: enough for
+// any "try again" answer, so its connection is reused, and no more.
+const drainLimit = 64 << 10
+
+func drain(body io.ReadCloser) {
+	io.Copy(io.Discard, io.LimitReader(body, drainLimit))
+	body.Close()
+}

@@ -1,0 +1,225 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/onceonly/idempotency/internal/require"
+)
+
+// Answers that another attempt would only get again are returned at once,
+// as they are, body included.
+func TestTransportDoesNotRetryFinalAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		answer http.HandlerFunc
+	}{
+		{"422 key-reused", problemOf(ErrKeyReused)},
+		{"422 token-not-found", problemOf(ErrTokenNotFound)},
+		{"409 not-replayable", problemOf(ErrNotReplayable)},
+		{"409 interrupted", problemOf(ErrInterrupted)},
+		{"409 unreadable-record", problemOf(ErrUnreadableRecord)},
+		{"409 of another kind with Retry-After", answerWith(http.StatusConflict,
+			`{"type":"https://example.com/probs/out-of-stock"}`, "Retry-After", "0")},
+		{"503 without Retry-After", answerWith(http.StatusServiceUnavailable, "down")},
+		{"500", answerWith(http.StatusInternalServerError, "failed")},
+		{"429 with Retry-After", answerWith(http.StatusTooManyRequests, "slow down", "Retry-After", "0")},
+		{"201", answerCreated},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := httptest.NewRecorder()
+			tc.answer(want, httptest.NewRequest(http.MethodPost, "/", nil))
+			srv := newScriptedServer(t, tc.answer, answerCreated)
+			code, _, body := postTo(t, fastTransport(t), newPost(t, srv.URL, `{}`))
+			require.Equal(t, want.Code, code)
+			require.Equal(t, want.Body.String(), body)
+			require.Len(t, srv.seen(), 1)
+		})
+	}
+}
+
+// 409 in-progress and 503 with Retry-After are retried with the same key
+// until another answer comes, within MaxAttempts; the last answer of an
+// exhausted request is returned as it is.
+func TestTransportRetriesInProgressAndUnavailable(t *testing.T) {
+	inProgress := problemOf(ErrInProgress)
+	storeDown := problemOf(ErrStoreUnavailable)
+	for _, tc := range []struct {
+		name     string
+		script   []http.HandlerFunc
+		attempts int // MaxAttempts
+		status   int
+		sent     int
+	}{
+		{"409 in-progress", []http.HandlerFunc{inProgress, answerCreated}, 0, http.StatusCreated, 2},
+		{"503 store-unavailable", []http.HandlerFunc{storeDown, answerCreated}, 0, http.StatusCreated, 2},
+		{"503 with Retry-After", []http.HandlerFunc{answerUnavailable, answerUnavailable, answerCreated}, 0, http.StatusCreated, 3},
+		{"every attempt 503", []http.HandlerFunc{answerUnavailable}, 0, http.StatusServiceUnavailable, 5},
+		{"MaxAttempts 2", []http.HandlerFunc{inProgress}, 2, http.StatusConflict, 2},
+		{"MaxAttempts 1", []http.HandlerFunc{answerUnavailable, answerCreated}, 1, http.StatusServiceUnavailable, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newScriptedServer(t, tc.script...)
+			rt := fastTransport(t)
+			rt.MaxAttempts = tc.attempts
+			code, _, body := postTo(t, rt, newPost(t, srv.URL, `{}`))
+			require.Equal(t, tc.status, code)
+			keys := keysOf(t, srv.seen())
+			require.Len(t, keys, tc.sent)
+			for _, k := range keys {
+				require.Equal(t, keys[0], k)
+			}
+			want := httptest.NewRecorder()
+			tc.script[min(tc.sent, len(tc.script))-1](want, httptest.NewRequest(http.MethodPost, "/", nil))
+			require.Equal(t, want.Body.String(), body, "the last answer's body, unread")
+		})
+	}
+}
+
+// The wait before a retry is what Retry-After asks, as delay-seconds or as
+// an HTTP date, and never more than MaxDelay.
+func TestTransportHonoursRetryAfter(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		retryAfter func() string
+		maxDelay   time.Duration
+		least      time.Duration
+		most       time.Duration
+	}{
+		{"seconds", func() string { return "1" }, 0, time.Second, 3 * time.Second},
+		{"HTTP date", func() string { return time.Now().Add(2 * time.Second).UTC().Format(http.TimeFormat) }, 0,
+			time.Second, 3 * time.Second},
+		{"capped by MaxDelay", func() string { return "120" }, 50 * time.Millisecond,
+			50 * time.Millisecond, 2 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			busy := func(w http.ResponseWriter, r *http.Request) {
+				answerWith(http.StatusServiceUnavailable, "", "Retry-After", tc.retryAfter())(w, r)
+			}
+			srv := newScriptedServer(t, busy, answerCreated)
+			rt := fastTransport(t)
+			rt.MaxDelay = tc.maxDelay
+			code, _, _ := postTo(t, rt, newPost(t, srv.URL, `{}`))
+			require.Equal(t, http.StatusCreated, code)
+			seen := srv.seen()
+			require.Len(t, seen, 2)
+			gap := seen[1].at.Sub(seen[0].at)
+			require.GreaterOrEqual(t, gap, tc.least)
+			require.Less(t, gap, tc.most)
+		})
+	}
+}
+
+// A lost answer (the connection closed before it) is retried with the same
+// key and body; a request that never gets an answer ends with the last
+// error after MaxAttempts.
+func TestTransportRetriesNetworkErrors(t *testing.T) {
+	t.Run("answer lost twice", func(t *testing.T) {
+		srv := newScriptedServer(t, hangUp, hangUp, answerCreated)
+		code, _, _ := postTo(t, fastTransport(t), newPost(t, srv.URL, `{"amount":500}`))
+		require.Equal(t, http.StatusCreated, code)
+		keys := keysOf(t, srv.seen())
+		require.Len(t, keys, 3)
+		require.Equal(t, keys[0], keys[1])
+		require.Equal(t, keys[0], keys[2])
+	})
+	t.Run("every answer lost", func(t *testing.T) {
+		srv := newScriptedServer(t, hangUp)
+		rt := fastTransport(t)
+		rt.MaxAttempts = 3
+		_, err := (&http.Client{Transport: rt}).Do(newPost(t, srv.URL, `{"amount":500}`))
+		require.Error(t, err)
+		keys := keysOf(t, srv.seen())
+		require.Len(t, keys, 3)
+		require.Equal(t, keys[0], keys[2])
+	})
+}
+
+// No wait outlasts the request's deadline: a retry that could only start
+// after it is not waited for, and the last answer or error comes back at
+// once. A cancelled context ends a wait at once.
+func TestTransportWaitsWithinTheDeadline(t *testing.T) {
+	slow := &Transport{Base: fastTransport(t).Base, MaxDelay: time.Minute, BaseDelay: 30 * time.Second}
+	for _, tc := range []struct {
+		name   string
+		answer http.HandlerFunc
+		status int // 0: the network error
+	}{
+		{"Retry-After past the deadline", answerWith(http.StatusServiceUnavailable, "down", "Retry-After", "30"),
+			http.StatusServiceUnavailable},
+		{"back-off past the deadline", hangUp, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newScriptedServer(t, tc.answer, answerCreated)
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+			defer cancel()
+			start := time.Now()
+			resp, err := slow.RoundTrip(newPost(t, srv.URL, `{}`).WithContext(ctx))
+			took := time.Since(start)
+			if tc.status == 0 {
+				require.Error(t, err)
+				require.False(t, errors.Is(err, context.DeadlineExceeded), "the network error, not the deadline's")
+			} else {
+				require.NoError(t, err, "the last answer, not a context error")
+				resp.Body.Close()
+				require.Equal(t, tc.status, resp.StatusCode)
+			}
+			require.Less(t, took, time.Second)
+			require.Len(t, srv.seen(), 1)
+		})
+	}
+	t.Run("cancelled while waiting", func(t *testing.T) {
+		srv := newScriptedServer(t, answerWith(http.StatusServiceUnavailable, "down", "Retry-After", "30"), answerCreated)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		time.AfterFunc(100*time.Millisecond, cancel)
+		start := time.Now()
+		_, err := slow.RoundTrip(newPost(t, srv.URL, `{}`).WithContext(ctx))
+		require.True(t, errors.Is(err, context.Canceled), "error %v", err)
+		require.Less(t, time.Since(start), 2*time.Second)
+		require.Len(t, srv.seen(), 1)
+	})
+}
+
+// Answers that are retried are read and closed, so their connection
+// serves the next attempt.
+func TestTransportDrainsRetriedAnswers(t *testing.T) {
+	srv := newScriptedServer(t, problemOf(ErrInProgress), answerUnavailable, answerCreated)
+	code, _, body := postTo(t, fastTransport(t), newPost(t, srv.URL, `{}`))
+	require.Equal(t, http.StatusCreated, code)
+	require.Equal(t, `{"id":1}`, body)
+	require.Len(t, srv.seen(), 3)
+	require.Equal(t, 1, srv.connections(), "one connection for every attempt")
+}
+
+func TestTransportBackoff(t *testing.T) {
+	const base, maxDelay = 100 * time.Millisecond, time.Second
+	for attempt, ceiling := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond,
+		4: 800 * time.Millisecond, 5: time.Second, 40: time.Second, 1 << 20: time.Second} {
+		for range 50 {
+			d := backoff(base, maxDelay, attempt)
+			require.GreaterOrEqual(t, d, ceiling/2, "attempt %d", attempt)
+			require.LessOrEqual(t, d, ceiling, "attempt %d", attempt)
+		}
+	}
+}
+
+func TestTransportParsesRetryAfter(t *testing.T) {
+	now := time.Date(2026, 11, 23, 16, 23, 59, 0, time.UTC)
+	for value, want := range map[string]time.Duration{
+		"0": 0, "3": 3 * time.Second, now.Add(90 * time.Second).Format(http.TimeFormat): 90 * time.Second,
+		"Monday, 23-Nov-26 16:24:09 GMT": 10 * time.Second,
+	} {
+		got, ok := parseRetryAfter(value, now)
+		require.True(t, ok, value)
+		require.Equal(t, want, got, value)
+	}
+	for _, value := range []string{"", "-1", "1.5", "soon", now.Add(-time.Second).Format(http.TimeFormat)} {
+		_, ok := parseRetryAfter(value, now)
+		require.False(t, ok, value)
+	}
+}

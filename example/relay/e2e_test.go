@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,52 +19,63 @@ import (
 // broker redelivers them while the first delivery is still running; the
 // middleware makes the duplicates wait and replay.
 func TestRedeliveredMessagesRunOnce(t *testing.T) {
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) { testRedeliveredMessagesRunOnce(t, m) })
+	}
+}
+
+func testRedeliveredMessagesRunOnce(t *testing.T, m mode) {
 	const messages = 1000
 	rdb := redistest.Private(t)
-	s := startShop(t, rdb.Addr(), "CALLBACK_LATENCY=2ms")
+	s := m.start(t, rdb, 2*time.Millisecond)
 	b := startBroker(t, jetstream.StreamConfig{})
 	b.createConsumer(t, 150*time.Millisecond)
 
 	start := time.Now()
 	b.publish(t, messages, func(i int) map[string]any {
-		ev := orderEvent(i)
+		ev := paidOrder(i)
 		if i%10 == 0 {
 			ev["work_ms"] = 400 // 2.7 AckWaits
 		}
 		return ev
 	}, nil)
-	r := b.startRelay(t, s.URL+"/callbacks/orders", 32)
+	r := b.startRelay(t, s, 32)
 	b.waitSettled(t, 40*time.Second)
 	took := time.Since(start)
 
-	requireOncePerMessage(t, s.effects(t), messages)
+	effects := s.effects(t)
+	requireOncePerMessage(t, effects, messages)
 	require.Greater(t, r.Stats.Delivered.Load(), int64(messages), "the broker redelivered")
+	require.Positive(t, r.Stats.Replayed.Load(), "a redelivery replayed")
 	require.Zero(t, r.Stats.DeadLettered.Load())
 	require.Empty(t, b.deadLetters(t))
-	t.Logf("%d messages, %d deliveries (%d replayed answers, %d retries), %d side effects, settled in %v",
-		messages, r.Stats.Delivered.Load(), r.Stats.Replayed.Load(), r.Stats.Retried.Load(),
-		len(s.effects(t)), took.Round(time.Millisecond))
+	t.Logf("%s: %d messages, %d deliveries (%d replayed answers, %d retries), %d side effects, settled in %v",
+		m.name, messages, r.Stats.Delivered.Load(), r.Stats.Replayed.Load(), r.Stats.Retried.Load(),
+		len(effects), took.Round(time.Millisecond))
 }
 
-// Two relays share the durable consumer and two shops share one Redis; one
-// relay dies mid-batch. Its unacked messages come back to the other after
-// AckWait, and what already ran on the first shop is replayed by the second.
+// Two relays share the durable consumer and two executors of the side
+// effect share one Redis; one relay dies mid-batch. Its unacked messages
+// come back to the other after AckWait, and what already ran on the first
+// executor is replayed by the second. In-process, the executor is the
+// relay: what it had started finishes and is stored, as Do lets a started
+// function finish.
 func TestRelayCrashLosesNothingAndRunsNothingTwice(t *testing.T) {
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) { testRelayCrash(t, m) })
+	}
+}
+
+func testRelayCrash(t *testing.T, m mode) {
 	const messages = 1000
 	rdb := redistest.Private(t)
-	shops := []*shop{
-		startShop(t, rdb.Addr(), "CALLBACK_LATENCY=10ms"),
-		startShop(t, rdb.Addr(), "CALLBACK_LATENCY=10ms"),
-	}
+	executors := []sideEffect{m.start(t, rdb, 10*time.Millisecond), m.start(t, rdb, 10*time.Millisecond)}
 	b := startBroker(t, jetstream.StreamConfig{})
 	b.createConsumer(t, time.Second)
 
 	start := time.Now()
-	b.publish(t, messages, orderEvent, nil)
-	relays := []*runningRelay{
-		b.startRelay(t, shops[0].URL+"/callbacks/orders", 8),
-		b.startRelay(t, shops[1].URL+"/callbacks/orders", 8),
-	}
+	b.publish(t, messages, paidOrder, nil)
+	relays := []*runningRelay{b.startRelay(t, executors[0], 8), b.startRelay(t, executors[1], 8)}
 	deadline := time.Now().Add(20 * time.Second)
 	for relays[0].Stats.Acked.Load() < 200 {
 		require.True(t, time.Now().Before(deadline), "the first relay acked only %d", relays[0].Stats.Acked.Load())
@@ -74,44 +86,51 @@ func TestRelayCrashLosesNothingAndRunsNothingTwice(t *testing.T) {
 	b.waitSettled(t, 40*time.Second)
 	took := time.Since(start)
 
-	perInstance := requireOncePerMessage(t, shops[1].effects(t), messages)
-	require.Len(t, perInstance, 2, "both shops ran callbacks")
+	effects := executors[1].effects(t)
+	perInstance := requireOncePerMessage(t, effects, messages)
+	require.Len(t, perInstance, 2, "both executors ran messages")
 	require.Zero(t, total(relays, func(s *Stats) int64 { return s.DeadLettered.Load() }))
-	require.Positive(t, relays[1].Stats.Replayed.Load(), "the second shop replayed what the first had run")
-	t.Logf("%d messages; relay 1 killed at %v after %d acks with %d deliveries abandoned; relay 2 acked %d (%d replayed); "+
-		"%d deliveries in all; %d side effects (%v per shop); settled in %v",
-		messages, killedAt.Round(time.Millisecond), relays[0].Stats.Acked.Load(), relays[0].Stats.Abandoned.Load(),
+	require.Positive(t, relays[1].Stats.Replayed.Load(), "the second executor replayed what the first had run")
+	t.Logf("%s: %d messages; relay 1 killed at %v after %d acks with %d deliveries abandoned; relay 2 acked %d (%d replayed); "+
+		"%d deliveries in all; %d side effects (%v per executor); settled in %v",
+		m.name, messages, killedAt.Round(time.Millisecond), relays[0].Stats.Acked.Load(), relays[0].Stats.Abandoned.Load(),
 		relays[1].Stats.Acked.Load(), relays[1].Stats.Replayed.Load(),
 		total(relays, func(s *Stats) int64 { return s.Delivered.Load() }),
-		len(shops[1].effects(t)), perInstance, took.Round(time.Millisecond))
+		len(effects), perInstance, took.Round(time.Millisecond))
 }
 
-// A publisher reuses a message id for a different event: the endpoint
-// answers 422 key-reused, and the relay dead-letters the message at once
-// instead of retrying it forever. So does any other 4xx.
+// A publisher reuses a message id for a different event: the middleware
+// refuses it as key-reused (422), and the relay dead-letters the message at
+// once instead of retrying it forever. So does an invalid event.
 func TestChangedBodyUnderTheSameIDIsDeadLettered(t *testing.T) {
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) { testChangedBody(t, m) })
+	}
+}
+
+func testChangedBody(t *testing.T, m mode) {
 	rdb := redistest.Private(t)
-	s := startShop(t, rdb.Addr(), "CALLBACK_LATENCY=1ms")
+	s := m.start(t, rdb, time.Millisecond)
 	// A short duplicate window, so that JetStream itself does not drop the
 	// second publish of the id.
 	b := startBroker(t, jetstream.StreamConfig{Duplicates: 100 * time.Millisecond})
 	b.createConsumer(t, 5*time.Second)
-	r := b.startRelay(t, s.URL+"/callbacks/orders", 4)
+	r := b.startRelay(t, s, 4)
 
 	sameID := func(int) string { return "order-7-paid" }
 	b.publish(t, 1, func(int) map[string]any { return map[string]any{"order": 7, "status": "paid"} }, sameID)
 	b.waitSettled(t, 10*time.Second)
 	time.Sleep(150 * time.Millisecond) // past the duplicate window
 	b.publish(t, 1, func(int) map[string]any { return map[string]any{"order": 7, "status": "refunded"} }, sameID)
-	b.publish(t, 1, func(int) map[string]any { return map[string]any{"order": 0} }, nil) // 400 invalid-event
+	b.publish(t, 1, func(int) map[string]any { return map[string]any{"order": 0} }, nil) // invalid
 	b.waitSettled(t, 10*time.Second)
 
 	effects := s.effects(t)
 	require.Len(t, effects, 1)
 	require.Equal(t, "paid", effects[0].Status)
 	dead := map[string]*jetstream.RawStreamMsg{}
-	for _, m := range b.deadLetters(t) {
-		dead[m.Header.Get("Relay-Sequence")] = m
+	for _, dl := range b.deadLetters(t) {
+		dead[dl.Header.Get("Relay-Sequence")] = dl
 	}
 	require.Len(t, dead, 2)
 	reused, invalid := dead["2"], dead["3"]
@@ -122,30 +141,38 @@ func TestChangedBodyUnderTheSameIDIsDeadLettered(t *testing.T) {
 	require.Equal(t, subject, reused.Header.Get("Relay-Subject"))
 	require.JSONEq(t, `{"order":7,"status":"refunded"}`, string(reused.Data))
 	require.NotNil(t, invalid)
-	require.Equal(t, "400", invalid.Header.Get("Relay-Status"))
+	require.Equal(t, strconv.Itoa(m.invalidStatus), invalid.Header.Get("Relay-Status"))
 	require.Equal(t, "ORDERS:seq:3", invalid.Header.Get("Relay-Key"))
 	require.EqualValues(t, 3, r.Stats.Delivered.Load(), "no message was retried")
 	require.EqualValues(t, 2, r.Stats.DeadLettered.Load())
-	t.Logf("3 messages, %d deliveries, %d side effect, %d dead letters: %q, %q",
-		r.Stats.Delivered.Load(), len(effects), len(dead),
+	t.Logf("%s: 3 messages, %d deliveries, %d side effect, %d dead letters: %q, %q",
+		m.name, r.Stats.Delivered.Load(), len(effects), len(dead),
 		reused.Header.Get("Relay-Reason"), invalid.Header.Get("Relay-Reason"))
 }
 
-// Redis stops answering mid-batch: the middleware answers 503 without
-// running anything, the relay NAKs with the Retry-After delay, and once
-// Redis is back the broker's redeliveries run each message once.
+// Redis stops answering mid-batch: the middleware refuses with 503 store
+// unavailable without running anything, the relay NAKs with the
+// Retry-After delay, and once Redis is back the broker's redeliveries run
+// each message once.
 func TestRedisOutageIsRetriedNotLost(t *testing.T) {
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) { testRedisOutage(t, m) })
+	}
+}
+
+func testRedisOutage(t *testing.T, m mode) {
 	const messages = 300
 	rdb := redistest.Private(t)
-	// Little work per message, so that most requests in flight when Redis
-	// stops are inside the middleware's exchanges with it, not the handler.
-	s := startShop(t, rdb.Addr(), "CALLBACK_LATENCY=1ms")
+	// Little work per message, so that most executions in flight when Redis
+	// stops are inside the middleware's exchanges with it, not the side
+	// effect.
+	s := m.start(t, rdb, time.Millisecond)
 	b := startBroker(t, jetstream.StreamConfig{})
 	b.createConsumer(t, 10*time.Second)
 
 	start := time.Now()
-	b.publish(t, messages, orderEvent, nil)
-	r := b.startRelay(t, s.URL+"/callbacks/orders", 8)
+	b.publish(t, messages, paidOrder, nil)
+	r := b.startRelay(t, s, 8)
 	deadline := time.Now().Add(20 * time.Second)
 	for r.Stats.Acked.Load() < 100 {
 		require.True(t, time.Now().Before(deadline), "acked only %d", r.Stats.Acked.Load())
@@ -160,16 +187,17 @@ func TestRedisOutageIsRetriedNotLost(t *testing.T) {
 	b.waitSettled(t, 40*time.Second)
 	took := time.Since(start)
 
-	requireOncePerMessage(t, s.effects(t), messages)
+	effects := s.effects(t)
+	requireOncePerMessage(t, effects, messages)
 	require.Positive(t, r.Stats.Status(http.StatusServiceUnavailable), "the relay saw 503 while Redis was stopped")
 	require.Positive(t, r.Stats.Retried.Load())
 	require.Zero(t, r.Stats.DeadLettered.Load())
 	require.Empty(t, b.deadLetters(t))
-	t.Logf("%d messages; Redis stopped at %v for 2s with %d acked (%d acked during the pause); "+
+	t.Logf("%s: %d messages; Redis stopped at %v for 2s with %d acked (%d acked during the pause); "+
 		"%d deliveries, %d answers 503, %d retries; %d side effects; settled in %v",
-		messages, pausedAt.Round(time.Millisecond), ackedAtPause, ackedDuringPause,
+		m.name, messages, pausedAt.Round(time.Millisecond), ackedAtPause, ackedDuringPause,
 		r.Stats.Delivered.Load(), r.Stats.Status(http.StatusServiceUnavailable), r.Stats.Retried.Load(),
-		len(s.effects(t)), took.Round(time.Millisecond))
+		len(effects), took.Round(time.Millisecond))
 }
 
 // The example's CloudEvents route keys events by id within their source,

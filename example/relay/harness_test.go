@@ -9,19 +9,24 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/onceonly/idempotency/internal/shopproc"
 	"github.com/stretchr/testify/require"
 )
 
-// The end-to-end tests run the example shop as the separate program it is
+// The end-to-end tests run an embedded JetStream server per test, a private
+// redis-server, and relays in-process, in both modes: in HTTP mode the
+// relays POST to the example shop, run as the separate program it is
 // (built once, started per test on a free loopback port, several instances
-// behind one private redis-server), an embedded JetStream server per test,
-// and relays in-process.
+// behind one Redis); in-process, they run the shop's side effect
+// themselves, through idempotency.Do.
 
 const (
 	stream        = "ORDERS"
@@ -63,28 +68,78 @@ func startShop(t *testing.T, redisAddr string, env ...string) *shop {
 	return &shop{shopproc.Start(t, shopBinary, "/callbacks/orders", 15*time.Second, env...)}
 }
 
-// effect is what the shop lists per execution of its callback.
-type effect struct {
-	Key      string `json:"key"`
-	Order    int64  `json:"order"`
-	Status   string `json:"status"`
-	Instance string `json:"instance"`
+// A sideEffect is where a relay's messages have their effect, and counts
+// every execution.
+type sideEffect interface {
+	// attach points r at the side effect.
+	attach(r *Relay)
+	// effects lists every execution so far.
+	effects(t *testing.T) []orderEffect
 }
 
-func (s *shop) effects(t *testing.T) []effect {
+// A mode starts a side effect on a Redis: latency is the work of every
+// event.
+type mode struct {
+	name  string
+	start func(t *testing.T, rdb *redistest.Server, latency time.Duration) sideEffect
+	// invalidStatus is the status of the answer to an invalid event.
+	invalidStatus int
+}
+
+var modes = []mode{
+	{name: modeHTTP, invalidStatus: http.StatusBadRequest,
+		start: func(t *testing.T, rdb *redistest.Server, latency time.Duration) sideEffect {
+			return startShop(t, rdb.Addr(), "CALLBACK_LATENCY="+latency.String())
+		}},
+	{name: modeInProcess, invalidStatus: http.StatusUnprocessableEntity, start: startInProcess},
+}
+
+func (s *shop) attach(r *Relay) { r.Target = s.URL + "/callbacks/orders" }
+
+func (s *shop) effects(t *testing.T) []orderEffect {
 	t.Helper()
 	resp, err := http.Get(s.URL + "/callbacks/orders")
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	var effects []effect
+	var effects []orderEffect
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&effects))
+	return effects
+}
+
+// inProcess is the order log run by the relay itself, with a middleware and
+// a Redis client of its own, as another relay process would have.
+type inProcess struct {
+	log *orderLog
+	mw  *idempotency.Middleware
+}
+
+var instances atomic.Int64
+
+// startInProcess sets up the side effect of the in-process mode as main does.
+func startInProcess(t *testing.T, rdb *redistest.Server, latency time.Duration) sideEffect {
+	client := rdb.Client(t)
+	return &inProcess{
+		log: &orderLog{rdb: client, list: "relay:orders", work: latency,
+			instance: fmt.Sprintf("relay-%d", instances.Add(1))},
+		mw: idempotency.New(client, idempotency.WithRetryAbandoned(), idempotency.WithLogger(testLogger(t))),
+	}
+}
+
+func (p *inProcess) attach(r *Relay) { r.Process, r.Middleware = p.log.process, p.mw }
+
+func (p *inProcess) effects(t *testing.T) []orderEffect {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	effects, err := p.log.effects(ctx)
+	require.NoError(t, err)
 	return effects
 }
 
 // requireOncePerMessage checks that every one of n messages had its side
 // effect exactly once.
-func requireOncePerMessage(t *testing.T, effects []effect, n int) map[string]int {
+func requireOncePerMessage(t *testing.T, effects []orderEffect, n int) map[string]int {
 	t.Helper()
 	perKey := map[string]int{}
 	perInstance := map[string]int{}
@@ -162,7 +217,9 @@ func (r *runningRelay) stop() {
 	r.conn.Close()
 }
 
-func (b *broker) startRelay(t *testing.T, target string, concurrency int) *runningRelay {
+// startRelay starts a relay of the durable consumer with its messages'
+// effect in to.
+func (b *broker) startRelay(t *testing.T, to sideEffect, concurrency int) *runningRelay {
 	t.Helper()
 	js := b.connect(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -172,17 +229,22 @@ func (b *broker) startRelay(t *testing.T, target string, concurrency int) *runni
 	require.NoError(t, err)
 	r := &runningRelay{
 		Relay: &Relay{
-			Consumer: cons, Publisher: js, Target: target, DeadLetterSubject: deadLetterSub,
+			Consumer: cons, Publisher: js, DeadLetterSubject: deadLetterSub,
 			Concurrency: concurrency, RetryDelay: 100 * time.Millisecond, MaxRetryDelay: 2 * time.Second,
-			Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+			Logger: testLogger(t),
 		},
 		conn: js.Conn(), cancel: cancel, done: make(chan struct{}),
 	}
+	to.attach(r.Relay)
+	runErr := make(chan error, 1)
 	go func() {
 		defer close(r.done)
-		r.Run(ctx)
+		runErr <- r.Run(ctx)
 	}()
-	t.Cleanup(r.stop)
+	t.Cleanup(func() {
+		r.stop()
+		require.NoError(t, <-runErr)
+	})
 	return r
 }
 
@@ -253,7 +315,12 @@ func (b *broker) deadLetters(t *testing.T) []*jetstream.RawStreamMsg {
 	return msgs
 }
 
-func orderEvent(i int) map[string]any { return map[string]any{"order": i, "status": "paid"} }
+func paidOrder(i int) map[string]any { return map[string]any{"order": i, "status": "paid"} }
+
+// testLogger logs warnings and errors to the test's log.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
 
 // testWriter sends the relay's log lines to the test's log.
 type testWriter struct{ t *testing.T }

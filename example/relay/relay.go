@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,12 +18,19 @@ import (
 	"github.com/onceonly/idempotency"
 )
 
-// Relay forwards the messages of a JetStream pull consumer to an HTTP
-// endpoint protected by the idempotency middleware in key mode, and settles
-// each message by the answer: ack after a 2xx (a replay is one), a delayed
-// NAK when the endpoint is busy or its store is down, dead-lettering when
-// no redelivery can succeed. JetStream delivers at least once; the key,
-// the same on every delivery, lets the endpoint run each message once.
+// Relay hands the messages of a JetStream pull consumer to their side
+// effect and settles each message by the outcome: ack once it ran (a replay
+// is an outcome too), a delayed NAK when another delivery of it is running
+// or the idempotency store is down, dead-lettering when no redelivery can
+// succeed. JetStream delivers at least once; the message's key, the same on
+// every delivery, lets the side effect run once.
+//
+// The side effect runs in one of two places. With Target, it is an HTTP
+// endpoint protected by the idempotency middleware in key mode, and the
+// relay POSTs each message there. With Process, it is a function of this
+// program, run through idempotency.Do on Middleware; the relay reads Do's
+// outcome as the answer the middleware would have sent, so both modes are
+// settled by the same rules.
 type Relay struct {
 	// Consumer is the durable pull consumer to read. Several relays may
 	// share one: the broker spreads the messages over them.
@@ -29,9 +38,34 @@ type Relay struct {
 	// Publisher publishes dead letters and waits for the stream to store
 	// them.
 	Publisher jetstream.Publisher
-	// Target is the URL each message is POSTed to.
+	// Target is the URL each message is POSTed to. Set Target or Process,
+	// not both.
 	Target string
-	// DeadLetterSubject receives the messages the endpoint refused for
+	// Process runs the side effect of one message in this process, once
+	// per key (messageKey) while its record lives: a redelivery gets its
+	// stored outcome instead. It returns nil when the message is done, an
+	// error marked Permanent for a message no redelivery can fix (it is
+	// dead-lettered), or another error to be retried (the key is released
+	// and a redelivery runs Process again, up to MaxServerErrors
+	// deliveries). A panic counts as such an error.
+	//
+	// ctx carries the fencing token (idempotency.FencingToken) and is not
+	// cancelled when the relay stops: a started Process finishes, within
+	// the middleware's execution timeout, so that the redelivery finds its
+	// outcome. It is cancelled with idempotency.ErrLockLost when the key's
+	// lease is lost. Process must not settle msg; the relay does.
+	Process func(ctx context.Context, key string, msg jetstream.Msg) error
+	// Middleware runs Process under the idempotency protocol: the Redis
+	// lock and lease, waiting duplicates, stored outcomes. Required with
+	// Process. Relays that share a consumer need middlewares on one Redis
+	// with one key prefix, or each runs what the others ran.
+	Middleware *idempotency.Middleware
+	// Scope separates the keys of two side effects fed by one stream, as
+	// the route does in HTTP mode: a key run under one scope is never
+	// replayed to another. With Process only. Default: the consumer's
+	// name, which the relays sharing a consumer share.
+	Scope string
+	// DeadLetterSubject receives the messages the side effect refused for
 	// good, with Relay-* headers saying why. A stream must capture it.
 	DeadLetterSubject string
 	// Concurrency is how many messages are in flight at once. Default 8.
@@ -44,8 +78,9 @@ type Relay struct {
 	// Retry-After, doubled per delivery up to MaxRetryDelay. Defaults 1 s
 	// and 30 s; MaxRetryDelay caps Retry-After too.
 	RetryDelay, MaxRetryDelay time.Duration
-	// MaxServerErrors is how many deliveries answered with a plain 5xx a
-	// message gets before it is dead-lettered. Default 5.
+	// MaxServerErrors is how many deliveries answered with a plain 5xx, or
+	// on which Process failed, a message gets before it is dead-lettered.
+	// Default 5.
 	MaxServerErrors int
 	// Logger receives dead letters (Warn) and retries (Debug). Default
 	// slog.Default().
@@ -58,7 +93,7 @@ type Relay struct {
 type Stats struct {
 	Delivered    atomic.Int64 // messages received, redeliveries included
 	Acked        atomic.Int64
-	Replayed     atomic.Int64 // 2xx answers replayed by the middleware
+	Replayed     atomic.Int64 // outcomes replayed by the middleware, not run by this delivery
 	Retried      atomic.Int64 // delayed NAKs
 	DeadLettered atomic.Int64
 	Abandoned    atomic.Int64 // in flight when the relay stopped: left to the broker's AckWait
@@ -66,7 +101,8 @@ type Stats struct {
 	status       [600]atomic.Int64
 }
 
-// Status counts the answers with HTTP status code.
+// Status counts the answers with HTTP status code. In-process it counts
+// the status the middleware would have answered with: see doAnswer.
 func (s *Stats) Status(code int) int64 {
 	if code < 0 || code >= len(s.status) {
 		return 0
@@ -76,8 +112,14 @@ func (s *Stats) Status(code int) int64 {
 
 // Run relays messages until ctx ends. Messages in flight then are neither
 // acked nor NAKed: the broker redelivers them after the consumer's AckWait,
-// as it would after a crash, and the endpoint replays whatever already ran.
+// as it would after a crash, and whatever already ran is replayed.
 func (r *Relay) Run(ctx context.Context) error {
+	switch {
+	case (r.Target == "") == (r.Process == nil):
+		return errors.New("relay: set either Target or Process")
+	case r.Process != nil && r.Middleware == nil:
+		return errors.New("relay: Process needs a Middleware")
+	}
 	r.defaults()
 	// Prefetch no more than the workers can take: a prefetched message's
 	// AckWait is already running, and a stopped relay strands its buffer.
@@ -117,6 +159,11 @@ func (r *Relay) defaults() {
 	if r.Logger == nil {
 		r.Logger = slog.Default()
 	}
+	if r.Process != nil && r.Scope == "" {
+		if info := r.Consumer.CachedInfo(); info != nil {
+			r.Scope = info.Name
+		}
+	}
 }
 
 func (r *Relay) work(ctx context.Context, iter jetstream.MessagesContext) {
@@ -134,7 +181,7 @@ func (r *Relay) work(ctx context.Context, iter jetstream.MessagesContext) {
 	}
 }
 
-// relay forwards one delivery and settles it.
+// relay hands one delivery to its side effect and settles it.
 func (r *Relay) relay(ctx context.Context, msg jetstream.Msg) {
 	r.Stats.Delivered.Add(1)
 	meta, err := msg.Metadata()
@@ -145,7 +192,12 @@ func (r *Relay) relay(ctx context.Context, msg jetstream.Msg) {
 	}
 	key := messageKey(msg.Headers(), meta)
 	policy := retryPolicy{base: r.RetryDelay, max: r.MaxRetryDelay, maxServerErrors: uint64(r.MaxServerErrors)}
-	a, err := r.post(ctx, msg, key, meta.NumDelivered)
+	var a answer
+	if r.Process != nil {
+		a = r.process(ctx, msg, key)
+	} else {
+		a, err = r.post(ctx, msg, key, meta.NumDelivered)
+	}
 	if ctx.Err() != nil {
 		r.Stats.Abandoned.Add(1)
 		return
@@ -198,6 +250,27 @@ func (r *Relay) post(ctx context.Context, msg jetstream.Msg, key string, deliver
 	}
 	defer resp.Body.Close()
 	return readAnswer(resp), nil
+}
+
+// process runs Process on one delivery through idempotency.Do, with the
+// message's data as the input: the same key with other data is refused.
+func (r *Relay) process(ctx context.Context, msg jetstream.Msg, key string) (a answer) {
+	ran := false // by this delivery; otherwise its outcome was replayed
+	defer func() {
+		// Do has released the key; the panic becomes a failure to retry, as
+		// an HTTP server turns a handler's panic into a failed request,
+		// rather than ending every delivery in flight with the relay.
+		if p := recover(); p != nil {
+			r.Logger.Error("relay: Process panicked", "key", key, "panic", p, "stack", string(debug.Stack()))
+			a = doAnswer(fmt.Errorf("panic: %v", p), true)
+		}
+	}()
+	in := idempotency.Key{Scope: r.Scope, ID: key, Input: msg.Data()}
+	_, err := idempotency.Do(ctx, r.Middleware, in, func(ctx context.Context) (struct{}, error) {
+		ran = true
+		return struct{}{}, r.Process(ctx, key, msg)
+	})
+	return doAnswer(err, ran)
 }
 
 // deadLetter publishes the message to the dead-letter subject and only

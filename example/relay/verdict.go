@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -11,8 +12,8 @@ import (
 	"github.com/onceonly/idempotency"
 )
 
-// An action is what the relay does with a message once the endpoint has
-// answered.
+// An action is what the relay does with a message once its side effect has
+// answered: the endpoint in HTTP mode, Do in the in-process mode.
 type action int
 
 const (
@@ -47,12 +48,16 @@ type retryPolicy struct {
 	maxServerErrors uint64
 }
 
-// answer is what the relay keeps of an HTTP response.
+// answer is what the relay keeps of an HTTP response, or of Do's outcome
+// read as the response the middleware would have sent (doAnswer).
 type answer struct {
 	status     int
 	retryAfter string
 	problem    string // the problem slug of an idempotency rejection, if any
 	replayed   bool
+	// detail is why Process failed, in its words. The HTTP mode has none:
+	// an endpoint's error stays in the endpoint's logs.
+	detail string
 }
 
 // readAnswer reads the status, Retry-After and the problem type of a
@@ -79,6 +84,14 @@ func readAnswer(resp *http.Response) answer {
 // delivery. The idempotency key is what makes retrying safe: whatever ran
 // is replayed, never run again.
 func (p retryPolicy) judge(a answer, delivered uint64, now time.Time) verdict {
+	v := p.judgeStatus(a, delivered, now)
+	if v.action != ack && a.detail != "" {
+		v.reason += ": " + a.detail
+	}
+	return v
+}
+
+func (p retryPolicy) judgeStatus(a answer, delivered uint64, now time.Time) verdict {
 	switch s := a.status; {
 	case s >= 200 && s < 300:
 		return verdict{action: ack}
@@ -99,6 +112,8 @@ func (p retryPolicy) judge(a answer, delivered uint64, now time.Time) verdict {
 		s == http.StatusServiceUnavailable, s == http.StatusGatewayTimeout:
 		return verdict{action: retry, delay: p.delay(a.retryAfter, delivered, now), reason: http.StatusText(s)}
 	case s >= 500 && delivered < p.maxServerErrors:
+		// In-process, the failed run released the key, so a retry
+		// runs Process again.
 		return verdict{action: retry, delay: p.delay(a.retryAfter, delivered, now), reason: http.StatusText(s)}
 	}
 	// 422 key-reused (same id, different body) and every other 4xx will be
@@ -127,4 +142,64 @@ func (p retryPolicy) delay(retryAfter string, delivered uint64, now time.Time) t
 		d *= 2
 	}
 	return min(d, p.max)
+}
+
+// Permanent marks an error of Process that no redelivery can fix (an
+// event that cannot be read, an order that cannot exist): the relay
+// dead-letters the message at once instead of retrying it.
+func Permanent(err error) error { return permanentError{err} }
+
+type permanentError struct{ error }
+
+func (e permanentError) Unwrap() error { return e.error }
+
+// problemTypes are the middleware's problem slugs (stable, listed in the
+// README) for the errors Do returns, as DefaultErrorHandler would answer
+// them.
+var problemTypes = []struct {
+	err  error
+	slug string
+}{
+	{idempotency.ErrInProgress, "in-progress"},
+	{idempotency.ErrNotReplayable, "not-replayable"},
+	{idempotency.ErrInterrupted, "interrupted"},
+	{idempotency.ErrKeyReused, "key-reused"},
+	{idempotency.ErrUnreadableRecord, "unreadable-record"},
+	{idempotency.ErrStoreUnavailable, "store-unavailable"},
+	{idempotency.ErrInvalidKey, "invalid-key"},
+	{idempotency.ErrMissingKey, "missing-key"},
+}
+
+// doAnswer reads the outcome of Do as the answer the middleware would have
+// sent for it, so that one judge settles both modes alike: success is a
+// 200 (replayed unless this delivery ran Process), Do's errors get their
+// status (idempotency.StatusCode), problem slug and Retry-After
+// (idempotency.RetryAfter, in whole seconds rounded up as the header
+// carries it), and an error of Process's own is the 500 of a failed
+// handler, or a 422 when it is Permanent.
+func doAnswer(err error, ran bool) answer {
+	switch {
+	case err == nil:
+		return answer{status: http.StatusOK, replayed: !ran}
+	case errors.As(err, new(permanentError)):
+		return answer{status: http.StatusUnprocessableEntity, detail: err.Error()}
+	case ran:
+		return answer{status: http.StatusInternalServerError, detail: err.Error()}
+	}
+	a := answer{status: idempotency.StatusCode(err)}
+	for _, p := range problemTypes {
+		if errors.Is(err, p.err) {
+			a.problem = p.slug
+			break
+		}
+	}
+	if a.problem == "" {
+		// A stored error of an earlier run (idempotency.StoredError), or
+		// the relay's context ending.
+		a.detail = err.Error()
+	}
+	if d := idempotency.RetryAfter(err); d > 0 {
+		a.retryAfter = strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
+	}
+	return a
 }

@@ -49,6 +49,7 @@ type DoOption func(*doConfig)
 type doConfig struct {
 	codec       Codec
 	storeErrors bool
+	outcome     *Outcome
 }
 
 // UseCodec stores results with codec instead of JSON.
@@ -60,6 +61,13 @@ func UseCodec(codec Codec) DoOption { return func(c *doConfig) { c.codec = codec
 // before it failed. Without it an error releases the key, so that a retry
 // (a redelivered message) runs the function again, like a panic does.
 func StoreErrors() DoOption { return func(c *doConfig) { c.storeErrors = true } }
+
+// ReportOutcome sets *o to how Do answered: Executed when this call ran
+// fn, Replayed or Waited when it returned a stored result (Waited: after
+// waiting for a run in progress), and Conflict, Rejected, StoreError or
+// ClientGone when it returned a problem. A queue consumer counts with it,
+// or acks differently a message that was already handled.
+func ReportOutcome(o *Outcome) DoOption { return func(c *doConfig) { c.outcome = o } }
 
 // StoredError is what a duplicate gets when the function's first run
 // returned an error and StoreErrors kept it.
@@ -118,6 +126,9 @@ func Do[T any](ctx context.Context, m *Middleware, key Key, fn func(ctx context.
 	v := m.settle(c)
 	answered = true
 	m.observe(c, v)
+	if cfg.outcome != nil {
+		*cfg.outcome = v.outcome
+	}
 
 	switch v.outcome {
 	case Executed:

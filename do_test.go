@@ -216,6 +216,22 @@ func TestDoWaitsForTheRunningCall(t *testing.T) {
 	require.Equal(t, "done", <-waiters)
 }
 
+// ReportOutcome tells a run from a replay and from a refusal.
+func TestDoReportsItsOutcome(t *testing.T) {
+	m, other := twoInstances(t)
+	fn := func(context.Context) (int, error) { return 1, nil }
+	var o Outcome
+	_, err := Do(context.Background(), m, Key{ID: "k", Input: []byte("a")}, fn, ReportOutcome(&o))
+	require.NoError(t, err)
+	require.Equal(t, Executed, o)
+	_, err = Do(context.Background(), other, Key{ID: "k", Input: []byte("a")}, fn, ReportOutcome(&o))
+	require.NoError(t, err)
+	require.Equal(t, Replayed, o)
+	_, err = Do(context.Background(), other, Key{ID: "k", Input: []byte("b")}, fn, ReportOutcome(&o))
+	require.ErrorIs(t, err, ErrKeyReused)
+	require.Equal(t, Rejected, o, "a reused key is refused like a 422")
+}
+
 // A Codec of the caller's stores the result.
 func TestDoCodec(t *testing.T) {
 	m, other := twoInstances(t)

@@ -255,7 +255,6 @@ func (r *Relay) post(ctx context.Context, msg jetstream.Msg, key string, deliver
 // process runs Process on one delivery through idempotency.Do, with the
 // message's data as the input: the same key with other data is refused.
 func (r *Relay) process(ctx context.Context, msg jetstream.Msg, key string) (a answer) {
-	ran := false // by this delivery; otherwise its outcome was replayed
 	defer func() {
 		// Do has released the key; the panic becomes a failure to retry, as
 		// an HTTP server turns a handler's panic into a failed request,
@@ -266,11 +265,11 @@ func (r *Relay) process(ctx context.Context, msg jetstream.Msg, key string) (a a
 		}
 	}()
 	in := idempotency.Key{Scope: r.Scope, ID: key, Input: msg.Data()}
+	var outcome idempotency.Outcome
 	_, err := idempotency.Do(ctx, r.Middleware, in, func(ctx context.Context) (struct{}, error) {
-		ran = true
 		return struct{}{}, r.Process(ctx, key, msg)
-	})
-	return doAnswer(err, ran)
+	}, idempotency.ReportOutcome(&outcome))
+	return doAnswer(err, outcome == idempotency.Executed)
 }
 
 // deadLetter publishes the message to the dead-letter subject and only

@@ -48,7 +48,7 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 		if errors.Is(err, errTooFewReplicas) {
 			m.release(c, l.k, l.value(), 0)
 		} else {
-			go m.release(c, l.k, l.value(), m.cfg.lease)
+			m.undoInBackground(c, l.k, l.value())
 		}
 		return nil, refuse(unavailable(err))
 	}
@@ -138,9 +138,14 @@ func (m *Middleware) acquire(c *call, k keys) (l *lease, r *rode, err error) {
 			if r != nil {
 				// The lock's reply was lost, but the claim behind it may
 				// have run under it: undo it, as a claim that failed.
-				go m.release(c, k, r.value, m.cfg.lease)
+				m.undoInBackground(c, k, r.value)
 			}
 			return nil, nil, unavailable(err)
+		}
+		if r != nil && r.err == nil && r.claim.outcome == outcomeClaimed {
+			// go-redis resent the pipeline after our lock ran out: the first
+			// claim stands under our lock value, with nobody to run it.
+			m.undoInBackground(c, k, r.value)
 		}
 		if r != nil && r.err == nil && decisive(r.claim.outcome) {
 			return nil, r, nil

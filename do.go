@@ -15,7 +15,7 @@ import (
 type Key struct {
 	// Scope is whom the ID belongs to (a sender, a queue, a tenant): IDs of
 	// two scopes never meet. "" is a scope of its own. Keys of Do never
-	// meet the keys of HTTP requests.
+	// meet the keys of HTTP requests, whatever their scope.
 	Scope string
 	// ID is the idempotency key: a message id, a delivery id, an order
 	// number. At most the middleware's key length (WithMaxKeyLength) and
@@ -110,9 +110,12 @@ func Do[T any](ctx context.Context, m *Middleware, key Key, fn func(ctx context.
 	case !validKey(key.ID, m.cfg.maxKeyLen):
 		return zero, ErrInvalidKey
 	}
+	if err := ctx.Err(); err != nil {
+		return zero, err // a caller that is gone starts nothing
+	}
 	now := time.Now()
-	c := &call{ctx: ctx, start: now, deadline: now.Add(m.cfg.wait), scope: "f:" + key.Scope, key: key.ID}
-	c.id = identityOf(false, c.scope, key.ID)
+	c := &call{ctx: ctx, start: now, deadline: now.Add(m.cfg.wait), scope: key.Scope, key: key.ID}
+	c.id = identityOfKind('f', key.Scope, key.ID)
 	c.fp = inputFingerprint(key.Input)
 	var first result[T]
 	c.run = func(c *call, l *lease) verdict { return runFunction(m, c, l, &cfg, fn, &first) }
@@ -148,8 +151,13 @@ type result[T any] struct {
 }
 
 // runFunction runs fn under the lease, as execute runs a handler, and
-// stores its result (or its error, with StoreErrors).
+// stores its result (or its error, with StoreErrors). Without a lease
+// (fail open) it only runs fn.
 func runFunction[T any](m *Middleware, c *call, l *lease, cfg *doConfig, fn func(context.Context) (T, error), out *result[T]) verdict {
+	if l == nil { // WithFailOpen while Redis is down: run it, store nothing
+		out.value, out.err = fn(c.ctx)
+		return verdict{}
+	}
 	ctx, lost := context.WithCancelCause(context.WithoutCancel(c.ctx))
 	defer lost(nil)
 	l.wd.notify(func() { lost(ErrLockLost) })
@@ -178,10 +186,11 @@ func runFunction[T any](m *Middleware, c *call, l *lease, cfg *doConfig, fn func
 		}
 		rec = &record{status: statusStoredError, body: []byte(out.err.Error())}
 	} else if body, err := cfg.codec.Marshal(out.value); err != nil {
-		// A result that cannot be stored would leave every duplicate
-		// without an answer: the key is given up, and the caller told.
-		out.err = fmt.Errorf("idempotency: encoding the result: %w", err)
-		d = StoreDecision{Release: true}
+		// fn ran: giving the key up would let a retry run it again. It is
+		// kept as executed and not replayable, like an answer too large.
+		m.cfg.logger.Error("idempotency: a function's result cannot be encoded; duplicates get ErrNotReplayable",
+			"key", l.k.record, "error", err)
+		rec = nil
 	} else {
 		rec.body = body
 	}

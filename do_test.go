@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -252,4 +255,76 @@ func (upperCodec) Marshal(v any) ([]byte, error) { return []byte(strings.ToUpper
 func (upperCodec) Unmarshal(data []byte, v any) error {
 	*v.(*string) = string(data)
 	return nil
+}
+
+// Under WithFailOpen a Redis that does not answer lets the function run,
+// unprotected, rather than fail the call.
+func TestDoFailsOpenWhenAsked(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, MaxRetries: -1})
+	defer rdb.Close()
+	m := New(rdb, WithStoreTimeout(200*time.Millisecond), WithFailOpen())
+	var o Outcome
+	v, err := Do(context.Background(), m, Key{ID: "k"}, func(context.Context) (int, error) { return 5, nil }, ReportOutcome(&o))
+	require.NoError(t, err)
+	require.Equal(t, 5, v)
+	require.Equal(t, Executed, o)
+}
+
+// A result the codec cannot encode is not stored, and its key is not given
+// up either: fn ran, so a duplicate is told it cannot have the result.
+func TestDoResultThatCannotBeEncoded(t *testing.T) {
+	m, other := twoInstances(t)
+	runs := 0
+	fn := func(context.Context) (func(), error) { runs++; return func() {}, nil } // JSON cannot encode a func
+	v, err := Do(context.Background(), m, Key{ID: "k"}, fn)
+	require.NoError(t, err, "the run itself succeeded")
+	require.NotNil(t, v)
+	_, err = Do(context.Background(), other, Key{ID: "k"}, fn)
+	require.ErrorIs(t, err, ErrNotReplayable)
+	require.Equal(t, 1, runs)
+}
+
+// Function calls and requests never share a key, even when a WithScope
+// function names the same scope the function call does.
+func TestDoKeysNeverMeetRequestKeys(t *testing.T) {
+	prefix := "test-" + t.Name()
+	m := New(redistest.Client(t, prefix), WithKeyPrefix(prefix),
+		WithScope(func(*http.Request) (string, error) { return "orders", nil }))
+	h := m.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{}`))
+	r.Header.Set(KeyHeader, "msg-1")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	require.Equal(t, http.StatusCreated, w.Code)
+	for _, scope := range []string{"orders", "f:orders"} {
+		v, err := Do(context.Background(), m, Key{Scope: scope, ID: "msg-1", Input: []byte("other")},
+			func(context.Context) (string, error) { return "ran", nil })
+		require.NoError(t, err)
+		require.Equal(t, "ran", v)
+	}
+}
+
+// Calls that cannot reach Redis leave a bounded number of undos behind,
+// not one goroutine per call.
+func TestDoAgainstAnUnreachableRedisLeavesFewGoroutines(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, MaxRetries: -1})
+	defer rdb.Close()
+	m := New(rdb, WithStoreTimeout(100*time.Millisecond), WithLockLease(5*time.Second))
+	before := runtime.NumGoroutine()
+	errs := make(chan error, 300)
+	var wg sync.WaitGroup
+	for i := range 300 {
+		wg.Go(func() {
+			_, err := Do(context.Background(), m, Key{ID: fmt.Sprint("k", i)}, func(context.Context) (int, error) { return 1, nil })
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.ErrorIs(t, err, ErrStoreUnavailable)
+	}
+	// Undos retry for a lease (5 s), so they are all still there: at most
+	// maxBackgroundUndos (32) of them, plus go-redis's own dialling.
+	require.Less(t, runtime.NumGoroutine(), before+100, "a goroutine per call would leave 300")
 }

@@ -507,6 +507,7 @@ func TestLockAndClaimReplySlowerThanTheLease(t *testing.T) {
 		WithStoreTimeout(2 * time.Second), WithRetryAbandoned()}
 	a := newShopOn(t, slow, opts...)
 	b := newShopOn(t, redistest.Client(t, prefix), opts...)
+	warmScripts(t, prefix)
 	// Past the lease, while the reply is on its way.
 	first, dup := duplicateDuringSlowStep(t, a, b, claiming, 400*time.Millisecond)
 	require.Equal(t, http.StatusCreated, dup.status)
@@ -516,6 +517,47 @@ func TestLockAndClaimReplySlowerThanTheLease(t *testing.T) {
 	retry := a.post(a.client(), "/payments", "slow-step", `{}`)
 	require.Equal(t, http.StatusCreated, retry.status)
 	require.Equal(t, dup.body, retry.body)
+}
+
+// A reply that comes back late, but within the lease, leaves the lock ours
+// for less than the rest of its lease: the first renewal is due at once,
+// not a third of a lease later, so the lock never runs out under a
+// handler that started on it, and a duplicate on another instance waits.
+func TestLockRenewedAtOnceAfterALateReply(t *testing.T) {
+	prefix := "test-" + t.Name()
+	slow := redistest.Client(t, prefix).(*redis.Client)
+	claiming := make(chan struct{}, 1)
+	slow.AddHook(afterPipeline{
+		match: func(cmd redis.Cmder) bool {
+			args := cmd.Args()
+			return len(args) > 1 && (args[1] == claimScript.Hash() || args[1] == claimSource)
+		},
+		do: signalThenSleep(claiming, 420*time.Millisecond), // 0.7 of the lease
+	})
+	opts := []Option{WithKeyPrefix(prefix), WithLockLease(600 * time.Millisecond),
+		WithStoreTimeout(2 * time.Second), WithRetryAbandoned()}
+	a := newShopOn(t, slow, opts...)
+	b := newShopOn(t, redistest.Client(t, prefix), opts...)
+	warmScripts(t, prefix)
+	a.handler = func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(600 * time.Millisecond) // past where the lock ran out unrenewed
+		a.defaultHandler(w, r)
+	}
+	first, dup := duplicateDuringSlowStep(t, a, b, claiming, 800*time.Millisecond)
+	require.Equal(t, http.StatusCreated, first.status, first.body)
+	require.Equal(t, http.StatusCreated, dup.status, dup.body)
+	require.Equal(t, first.body, dup.body)
+	require.EqualValues(t, 1, a.execs.Load())
+	require.Zero(t, b.execs.Load(), "the duplicate found the key held, not abandoned")
+}
+
+// warmScripts has the test's Redis load the scripts, through a shop of its
+// own, so that a stalled step of the test stalls once, not again for a
+// NOSCRIPT resend.
+func warmScripts(t *testing.T, prefix string) {
+	t.Helper()
+	s := newShopOn(t, redistest.Client(t, prefix), WithKeyPrefix(prefix))
+	require.Equal(t, http.StatusCreated, s.post(s.client(), "/payments", "warm-scripts", `{}`).status)
 }
 
 // afterPipeline runs do once a pipeline holding a matching command has had

@@ -25,7 +25,11 @@ func ExampleWithObserver() {
 	idem := idempotency.New(rdb,
 		idempotency.WithKeyPrefix("example:observer"),
 		idempotency.WithObserver(func(e idempotency.Event) {
-			fmt.Printf("%s %s: %s", e.Request.Method, e.Request.URL.Path, e.Outcome)
+			what := "a function call (Do)"
+			if e.Request != nil {
+				what = e.Request.Method + " " + e.Request.URL.Path
+			}
+			fmt.Printf("%s: %s", what, e.Outcome)
 			if e.FromCache {
 				fmt.Print(", from this process's memory")
 			}

@@ -113,10 +113,37 @@ func (m *Middleware) release(c *call, k keys, value string, retryFor time.Durati
 	}
 }
 
+// maxBackgroundUndos bounds the undos going on at once. During an outage
+// every request's claim fails, nearly all without reaching Redis, and a
+// goroutine each retrying for a lease would be thousands, all knocking on
+// a Redis that is coming back.
+const maxBackgroundUndos = 32
+
+// undoInBackground releases, in the background, a claim that may have run
+// without us hearing back: the client's 503 must not wait for a Redis that
+// just failed us. Past maxBackgroundUndos the claim is left to its lease,
+// after which a retry finds it interrupted (or, with WithRetryAbandoned,
+// runs it).
+func (m *Middleware) undoInBackground(c *call, k keys, value string) {
+	select {
+	case m.undos <- struct{}{}:
+		go func() {
+			defer func() { <-m.undos }()
+			m.release(c, k, value, m.cfg.lease)
+		}()
+	default:
+		m.cfg.logger.Warn("idempotency: too many claims to undo at once; this one is left to its lease", "key", k.record)
+	}
+}
+
 // runUnprotected runs the handler without protection: a method or a
 // request without a key that the configuration lets through, or any request
 // under WithFailOpen while Redis is down (err).
 func (m *Middleware) runUnprotected(c *call, err error) verdict {
+	if c.run != nil { // a function call (Do), run without a lease
+		c.run(c, nil)
+		return verdict{outcome: Unprotected, err: err}
+	}
 	c.next.ServeHTTP(c.w, c.r)
 	return verdict{outcome: Unprotected, err: err}
 }

@@ -96,11 +96,19 @@ type identity [16]byte
 var scratch = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
 
 func identityOf(tokenMode bool, scope, key string) identity {
-	bp := scratch.Get().(*[]byte)
-	b := append((*bp)[:0], 'k')
+	kind := byte('k')
 	if tokenMode {
-		b[0] = 't'
+		kind = 't'
 	}
+	return identityOfKind(kind, scope, key)
+}
+
+// identityOfKind hashes kind first, so that identities of tokens ('t'),
+// request keys ('k') and function calls ('f') never meet, whatever scope
+// a WithScope function returns.
+func identityOfKind(kind byte, scope, key string) identity {
+	bp := scratch.Get().(*[]byte)
+	b := append((*bp)[:0], kind)
 	b = append(b, scope...)
 	b = append(b, 0)
 	b = append(b, key...)

@@ -56,7 +56,8 @@ var ErrHandlerPanicked = errors.New("idempotency: handler panicked")
 // An Event describes one protected request once the middleware is done with
 // it, for WithObserver.
 type Event struct {
-	Request      *http.Request // nil for a function call (Do)
+	Request      *http.Request   // nil for a function call (Do)
+	Context      context.Context // the request's, or the context Do was given
 	TokenMode    bool
 	Outcome      Outcome
 	FromCache    bool          // Replayed from this process's memory
@@ -91,7 +92,6 @@ func LogObserver(l *slog.Logger) func(Event) {
 		case e.Outcome == Conflict, e.Outcome == Rejected:
 			level = slog.LevelInfo
 		}
-		ctx := context.Background()
 		attrs := []slog.Attr{slog.String("outcome", e.Outcome.String())}
 		mode := "key"
 		switch {
@@ -101,7 +101,6 @@ func LogObserver(l *slog.Logger) func(Event) {
 			mode = "token"
 		}
 		if e.Request != nil {
-			ctx = e.Request.Context()
 			attrs = append(attrs, slog.String("method", e.Request.Method), slog.String("path", e.Request.URL.Path))
 		}
 		attrs = append(attrs, slog.Duration("duration", e.Duration), slog.String("mode", mode))
@@ -114,6 +113,10 @@ func LogObserver(l *slog.Logger) func(Event) {
 		if e.Err != nil {
 			attrs = append(attrs, slog.String("error", e.Err.Error()))
 		}
+		ctx := e.Context
+		if ctx == nil { // an Event built by hand
+			ctx = context.Background()
+		}
 		l.LogAttrs(ctx, level, "idempotency", attrs...)
 	}
 }
@@ -124,7 +127,7 @@ func (m *Middleware) observe(c *call, v verdict) {
 		return
 	}
 	m.cfg.observer(Event{
-		Request: c.r, TokenMode: c.tokenMode, Outcome: v.outcome, FromCache: c.fromCache, Err: v.err,
+		Request: c.r, Context: c.ctx, TokenMode: c.tokenMode, Outcome: v.outcome, FromCache: c.fromCache, Err: v.err,
 		Start: c.start, Duration: time.Since(c.start), Wait: c.waited, FencingToken: c.fence,
 		Released: v.released, StoredFor: v.storedFor,
 	})

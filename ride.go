@@ -84,8 +84,10 @@ type rode struct {
 }
 
 // obtainClaiming obtains the key's lock with the claim riding along. The
-// returned rode is nil when the claim did not ride (the pipeline never went
-// out) or cannot be used: then, holding the lock, the caller claims alone.
+// returned rode is nil when the claim was not sent or cannot be used (a
+// NOSCRIPT): then, holding the lock, the caller claims alone. A rode with an
+// error may belong to a pipeline that never reached Redis: go-redis keeps
+// dialling until the context ends, so the error cannot tell.
 func (s *store) obtainClaiming(ctx context.Context, k keys, fingerprint string) (*redislock.Lock, *rode, error) {
 	value, err := lockToken()
 	if err != nil {

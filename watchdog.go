@@ -34,8 +34,12 @@ type watchdog struct {
 func startWatchdog(lock *redislock.Lock, lease, stepTimeout time.Duration, obtainedSince time.Time) *watchdog {
 	wd := &watchdog{lock: lock, lease: lease, renewTimeout: min(stepTimeout, lease/3),
 		expires: obtainedSince.Add(lease)}
+	// Renewals come every third of a lease, the first once two thirds of
+	// it are left: at once when the obtain's reply was slow, so that a lock
+	// started on late never runs out before its first renewal.
+	first := max(min(lease/3, time.Until(wd.expires)-2*lease/3), 0)
 	wd.mu.Lock() // renew reads the timer, and may run before AfterFunc returns
-	wd.timer = time.AfterFunc(lease/3, wd.renew)
+	wd.timer = time.AfterFunc(first, wd.renew)
 	wd.mu.Unlock()
 	return wd
 }

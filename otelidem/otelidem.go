@@ -71,12 +71,15 @@ func NewObserver(opts ...Option) (func(idempotency.Event), error) {
 	tracer := c.tracers.Tracer(ScopeName)
 
 	return func(e idempotency.Event) {
-		ctx := context.Background()
-		if e.Request != nil {
-			ctx = e.Request.Context()
+		ctx := e.Context
+		if ctx == nil { // an Event built by hand
+			ctx = context.Background()
 		}
 		mode := "key"
-		if e.TokenMode {
+		switch {
+		case e.Request == nil:
+			mode = "function"
+		case e.TokenMode:
 			mode = "token"
 		}
 		attrs := attribute.NewSet(

@@ -94,7 +94,8 @@ func (t *Transport) send(req *http.Request, key string) (*http.Response, error) 
 			return nil, err
 		}
 		resp, err := t.base().RoundTrip(try)
-		if attempt >= attempts || ctx.Err() != nil || (err == nil && !retryable(resp)) {
+		if attempt >= attempts || ctx.Err() != nil || (err == nil && !retryable(resp)) ||
+			(err != nil && !retryableError(err)) {
 			return resp, err
 		}
 		wait := t.wait(resp, attempt)

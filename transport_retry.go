@@ -2,11 +2,15 @@ package idempotency
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"io"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -101,4 +105,24 @@ const drainLimit = 64 << 10
 func drain(body io.ReadCloser) {
 	io.Copy(io.Discard, io.LimitReader(body, drainLimit))
 	body.Close()
+}
+
+// retryableError reports whether a transport error may pass on a resend.
+// Not a server certificate the client refuses, nor a request it cannot
+// send at all (an unsupported scheme): those fail alike every time, and
+// waiting between them only delays the answer.
+func retryableError(err error) bool {
+	var (
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+		verify   *tls.CertificateVerificationError
+	)
+	switch {
+	case errors.As(err, &unknown), errors.As(err, &hostname), errors.As(err, &invalid), errors.As(err, &verify):
+		return false
+	case strings.Contains(err.Error(), "unsupported protocol scheme"):
+		return false // net/http's error for it is not exported
+	}
+	return true
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -223,3 +224,30 @@ func TestTransportParsesRetryAfter(t *testing.T) {
 		require.False(t, ok, value)
 	}
 }
+
+// An error that a resend cannot change (a certificate the client refuses,
+// a scheme it cannot send) is returned at once, not after the back-off.
+func TestTransportDoesNotRetryWhatCannotChange(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	calls := 0
+	counting := roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+		calls++
+		return http.DefaultTransport.RoundTrip(r) // does not trust srv's certificate
+	})
+	client := &http.Client{Transport: &Transport{Base: counting, BaseDelay: time.Second}}
+	for _, url := range []string{srv.URL, "ftp://127.0.0.1/x"} {
+		calls = 0
+		start := time.Now()
+		_, err := client.Post(url, "application/json", strings.NewReader(`{}`))
+		require.Error(t, err)
+		require.Equal(t, 1, calls, url)
+		require.Less(t, time.Since(start), time.Second, url)
+	}
+}
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

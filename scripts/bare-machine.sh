@@ -53,6 +53,9 @@ cleanup() { for m in "${mounted[@]}"; do umount -l "$m" 2>/dev/null || true; don
 trap cleanup EXIT
 mnt -t proc proc "$root/proc"
 mnt --rbind /dev "$root/dev"
+# Without this, the mounts below would also cover the host's /dev/shm (and
+# unmounting them the host's /dev/pts) on a host with shared propagation.
+mount --make-rslave "$root/dev"
 mnt -t tmpfs tmpfs "$root/dev/shm"
 mnt -t sysfs sysfs "$root/sys"
 

@@ -57,7 +57,13 @@ func equal(expected, actual any) bool {
 	}
 	if exp, ok := expected.([]byte); ok {
 		act, ok := actual.([]byte)
-		return ok && bytes.Equal(exp, act)
+		if !ok {
+			return false
+		}
+		if exp == nil || act == nil {
+			return exp == nil && act == nil // testify tells nil from empty
+		}
+		return bytes.Equal(exp, act)
 	}
 	return reflect.DeepEqual(expected, actual)
 }
@@ -72,10 +78,18 @@ func equalValues(expected, actual any) bool {
 		return false
 	}
 	e, a := reflect.ValueOf(expected), reflect.ValueOf(actual)
-	if a.Type().ConvertibleTo(e.Type()) && reflect.DeepEqual(expected, a.Convert(e.Type()).Interface()) {
-		return true
+	if isNumber(e.Kind()) != isNumber(a.Kind()) {
+		return false // no 65 == "A"
 	}
-	return e.Type().ConvertibleTo(a.Type()) && reflect.DeepEqual(e.Convert(a.Type()).Interface(), actual)
+	// Both ways, so that a conversion that loses bits (257 to int8) cannot
+	// make two different values equal.
+	return a.Type().ConvertibleTo(e.Type()) && e.Type().ConvertibleTo(a.Type()) &&
+		reflect.DeepEqual(expected, a.Convert(e.Type()).Interface()) &&
+		reflect.DeepEqual(e.Convert(a.Type()).Interface(), actual)
+}
+
+func isNumber(k reflect.Kind) bool {
+	return k >= reflect.Int && k <= reflect.Complex128
 }
 
 // Equal fails unless expected and actual are equal.

@@ -24,6 +24,9 @@ func TestChecksAgreeWithTestify(t *testing.T) {
 	}{
 		{"Equal bytes by content", true, func(t TestingT) { Equal(t, []byte("a"), []byte("a")) }},
 		{"Equal types differ", false, func(t TestingT) { Equal(t, 1, int64(1)) }},
+		{"Equal nil and empty bytes", false, func(t TestingT) { Equal(t, []byte(nil), []byte{}) }},
+		{"EqualValues lossy conversion", false, func(t TestingT) { EqualValues(t, int8(1), 257) }},
+		{"EqualValues number and string", false, func(t TestingT) { EqualValues(t, "A", 65) }},
 		{"EqualValues converts", true, func(t TestingT) { EqualValues(t, 1, int64(1)) }},
 		{"EqualValues other value", false, func(t TestingT) { EqualValues(t, 2, int64(1)) }},
 		{"Empty nil slice", true, func(t TestingT) { Empty(t, []int(nil)) }},

@@ -2,6 +2,7 @@
 // run is doing as it goes: each package as it starts and as it finishes,
 // with its time; the output of every failed test; and, whenever nothing has
 // been printed for a while, which packages are still building or running.
+// A skipped test's note is printed too, so a skip never goes unexplained.
 // With -v it also passes every test's output through, as go test -v does.
 //
 // gotestsum formats the same stream well, but prints nothing when a package
@@ -120,8 +121,20 @@ func (p *progress) handle(e event) (failed bool) {
 			p.printf("%s", e.Output)
 		}
 		p.output[id] = append(p.output[id], e.Output)
-	case e.Test != "" && (e.Action == "pass" || e.Action == "skip"):
-		p.counts[e.Action]++
+	case e.Test != "" && e.Action == "pass":
+		p.counts["pass"]++
+		delete(p.output, id)
+	case e.Test != "" && e.Action == "skip":
+		// A skip says why (a database that refused its DSN, a missing
+		// binary): that note is printed even without -v.
+		p.counts["skip"]++
+		if !p.verbose {
+			for _, line := range p.output[id] {
+				if !strings.HasPrefix(strings.TrimSpace(line), "=== ") {
+					p.printf("%s", line)
+				}
+			}
+		}
 		delete(p.output, id)
 	case e.Test != "" && e.Action == "fail":
 		p.counts["fail"]++

@@ -29,7 +29,8 @@ var (
 )
 
 // store is the Redis side of the middleware. Each method is one round trip
-// (two the first time a script meets a server that lacks it) and is safe to
+// (two the first time a script meets a server that lacks it; obtainClaiming
+// sends the lock and the claim as one pipeline) and is safe to
 // repeat: go-redis resends a command whose reply was lost, so every script
 // answers a repeat the way it answered the original.
 type store struct {

@@ -481,7 +481,11 @@ func duplicateDuringSlowStep(t *testing.T, a, b *shop, entered <-chan struct{}, 
 	t.Helper()
 	c := a.client()
 	done := a.postAsync(c, "/payments", "slow-step", `{}`)
-	<-entered
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stalled step never came: its hook matches nothing")
+	}
 	time.Sleep(past)
 	dup = b.post(c, "/payments", "slow-step", `{}`)
 	return (<-done).must(t), dup

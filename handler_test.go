@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -171,16 +170,13 @@ func TestDuplicateWhileRunningWaitsThenReplays(t *testing.T) {
 				s.defaultHandler(w, r)
 			}
 			c := s.client()
-			var first answer
-			done := make(chan struct{})
-			go func() { defer close(done); first = s.post(c, "/payments", "slow", `{}`) }()
+			firstDone := s.postAsync(c, "/payments", "slow", `{}`)
 			require.Eventually(t, func() bool { return s.execs.Load() == 1 }, 5*time.Second, time.Millisecond)
-			dupDone := make(chan answer)
-			go func() { dupDone <- other.post(c, "/payments", "slow", `{}`) }()
+			dupDone := other.postAsync(c, "/payments", "slow", `{}`)
 			time.Sleep(50 * time.Millisecond)
 			close(release)
-			dup := <-dupDone
-			<-done
+			dup := (<-dupDone).must(t)
+			first := (<-firstDone).must(t)
 			require.Equal(t, http.StatusCreated, first.status)
 			require.Equal(t, first.body, dup.body)
 			require.Equal(t, "true", dup.header.Get(ReplayedHeader))
@@ -209,13 +205,12 @@ func TestDuplicatePastWaitBoundGets409(t *testing.T) {
 			release := make(chan struct{})
 			s.handler = func(w http.ResponseWriter, r *http.Request) { <-release; s.defaultHandler(w, r) }
 			c := s.client()
-			done := make(chan struct{})
-			go func() { defer close(done); s.post(c, "/payments", "slow", `{}`) }()
+			done := s.postAsync(c, "/payments", "slow", `{}`)
 			require.Eventually(t, func() bool { return s.execs.Load() == 1 }, 5*time.Second, time.Millisecond)
 			start := time.Now()
 			dup := other.post(c, "/payments", "slow", `{}`)
 			close(release)
-			<-done
+			(<-done).must(t)
 			requireProblem(t, dup, http.StatusConflict, "in-progress")
 			require.Equal(t, "3", dup.header.Get("Retry-After"), "one lease, the default 3 s")
 			require.GreaterOrEqual(t, time.Since(start), 90*time.Millisecond, "it waited before giving up")
@@ -338,15 +333,29 @@ func TestClientDisconnectStillStoresTheAnswer(t *testing.T) {
 	s := newShop(t)
 	c := s.client()
 	tok := s.token(c)
-	finished := make(chan error, 1)
+	started, finished := make(chan struct{}, 1), make(chan error, 1)
 	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case started <- struct{}{}:
+		default:
+		}
 		time.Sleep(200 * time.Millisecond) // the client gives up meanwhile
 		finished <- r.Context().Err()
 		s.defaultHandler(w, r)
 	}
 	req := httpRequest(t, s, c, tok)
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	// The client gives up once the handler runs: a timeout of its own could
+	// run out before the request even reached the server on a loaded
+	// machine, and then no handler would ever finish.
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	go func() {
+		select {
+		case <-started:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
 	_, err := c.Do(req.WithContext(ctx))
 	require.Error(t, err, "the first POST was aborted")
 	require.NoError(t, <-finished, "the handler's context outlived the client")
@@ -405,19 +414,17 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 	const tokens, perToken = 5, 100
 	for range tokens {
 		tok := a.token(c)
-		var wg sync.WaitGroup
-		answers := make(chan answer, perToken)
+		answers := make([]<-chan asyncAnswer, perToken)
 		for i := range perToken {
 			s := a
 			if i%2 == 1 {
 				s = b // two instances behind one Redis
 			}
-			wg.Go(func() { answers <- s.post(c, "/orders", tok, `{"n":1}`) })
+			answers[i] = s.postAsync(c, "/orders", tok, `{"n":1}`)
 		}
-		wg.Wait()
-		close(answers)
 		var bodies []string
-		for ans := range answers {
+		for _, pending := range answers {
+			ans := (<-pending).must(t)
 			require.Contains(t, []int{http.StatusCreated, http.StatusConflict}, ans.status, ans.body)
 			if ans.status == http.StatusCreated {
 				bodies = append(bodies, ans.body)

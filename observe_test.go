@@ -33,7 +33,9 @@ func (l *eventLog) last(t *testing.T) Event {
 
 func TestObserverSeesEveryOutcome(t *testing.T) {
 	var log eventLog
-	s := newShop(t, WithObserver(log.observe), WithWaitTimeout(100*time.Millisecond))
+	// A wait bound of a second: the duplicate below that waits must get
+	// there, and be released, within it, on a loaded machine too.
+	s := newShop(t, WithObserver(log.observe), WithWaitTimeout(time.Second))
 	other := newShopOn(t, s.rdb, WithObserver(log.observe), WithKeyPrefix("test-"+t.Name()))
 	c := s.client()
 
@@ -61,19 +63,17 @@ func TestObserverSeesEveryOutcome(t *testing.T) {
 	// A duplicate that waits on the same instance, then one past the bound.
 	release := make(chan struct{})
 	s.handler = func(w http.ResponseWriter, r *http.Request) { <-release; s.defaultHandler(w, r) }
-	done := make(chan struct{})
-	go func() { defer close(done); s.post(c, "/payments", "slow", `{}`) }()
+	done := s.postAsync(c, "/payments", "slow", `{}`)
 	require.Eventually(t, func() bool { return s.execs.Load() == 3 }, 5*time.Second, time.Millisecond)
 	s.post(c, "/payments", "slow", `{}`)
 	require.Equal(t, Conflict, log.last(t).Outcome)
 	require.ErrorIs(t, log.last(t).Err, ErrInProgress)
-	require.GreaterOrEqual(t, log.last(t).Wait, 90*time.Millisecond)
-	waiter := make(chan struct{})
-	go func() { defer close(waiter); s.post(c, "/payments", "slow", `{}`) }()
-	time.Sleep(50 * time.Millisecond) // the duplicate is waiting (bound: 100 ms)
+	require.GreaterOrEqual(t, log.last(t).Wait, 900*time.Millisecond)
+	waiter := s.postAsync(c, "/payments", "slow", `{}`)
+	time.Sleep(300 * time.Millisecond) // the duplicate is waiting (bound: 1 s)
 	close(release)
-	<-done
-	<-waiter
+	(<-done).must(t)
+	(<-waiter).must(t)
 	log.mu.Lock()
 	defer log.mu.Unlock()
 	waited := slices.IndexFunc(log.events, func(e Event) bool { return e.Outcome == Waited })

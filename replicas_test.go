@@ -143,8 +143,11 @@ func TestLeaseLostBeforeTheHandlerStarts(t *testing.T) {
 	k := clientKeys("stolen", identityOf(false, "/payments", "stolen"))
 	thief := primary.Client(t)
 	rdb.AddHook(beforeCommand{isWait, func(ctx context.Context) {
-		thief.Del(ctx, k.lock)             // the lease lapsed and another instance took the key
-		time.Sleep(250 * time.Millisecond) // the watchdog renews, and finds the lock gone
+		thief.Del(ctx, k.lock) // the lease lapsed and another instance took the key
+		// The watchdog renews, and finds the lock gone. A whole lease, so
+		// that a watchdog late on a loaded machine changes nothing: by then
+		// the lease has run out by the clock as well.
+		time.Sleep(300 * time.Millisecond)
 	}})
 	a := s.post(s.client(), "/payments", "stolen", `{}`)
 	requireProblem(t, a, http.StatusServiceUnavailable, "store-unavailable")

@@ -44,9 +44,10 @@ func TestEveryKeyHasATTL(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 		a.defaultHandler(w, r)
 	}
-	go a.post(c, "/payments", "waited", `{}`)
+	waited := a.postAsync(c, "/payments", "waited", `{}`)
 	time.Sleep(50 * time.Millisecond)
 	b.post(c, "/payments", "waited", `{}`)
+	(<-waited).must(t)
 
 	ctx := context.Background()
 	keys, err := rdb.Keys(ctx, "idem:*").Result()

@@ -148,18 +148,22 @@ func TestWatchdogKeepsLockForSlowHandler(t *testing.T) {
 	prefix := "test-" + t.Name()
 	rdb := redistest.Client(t, prefix)
 	// WithRetryAbandoned makes a lost lease visible as a second execution.
-	opts := []Option{WithKeyPrefix(prefix), WithLockLease(300 * time.Millisecond), WithRetryAbandoned()}
+	// A renewal is due every third of a lease, and a stall of the machine
+	// past the rest of it loses the lease: 1 s leaves room for the stalls
+	// of a loaded machine under the race detector (300 ms did not).
+	const lease = time.Second
+	opts := []Option{WithKeyPrefix(prefix), WithLockLease(lease), WithRetryAbandoned()}
 	a := newShopOn(t, rdb, opts...)
 	b := newShopOn(t, rdb, opts...)
 	slow := func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(1200 * time.Millisecond) // four leases
+		time.Sleep(4 * lease)
 		a.defaultHandler(w, r)
 	}
 	a.handler, b.handler = slow, slow
 	c := a.client()
 	done := a.postAsync(c, "/payments", "slow", `{}`)
 	require.Eventually(t, func() bool { return a.execs.Load() == 1 }, 5*time.Second, time.Millisecond)
-	time.Sleep(700 * time.Millisecond) // past two leases
+	time.Sleep(2*lease + lease/3) // past two leases
 	dup := b.post(c, "/payments", "slow", `{}`)
 	first := (<-done).must(t)
 	require.Equal(t, first.body, dup.body)
@@ -167,15 +171,33 @@ func TestWatchdogKeepsLockForSlowHandler(t *testing.T) {
 	require.EqualValues(t, 1, a.execs.Load()+b.execs.Load())
 }
 
-// crashAfterClaim leaves a claimed key behind as an instance that died
-// mid-handler would: the lock's lease runs out and no response is stored.
-func crashAfterClaim(t *testing.T, s *shop, k keys, fp string) {
-	ctx := context.Background()
-	lock, err := s.idem.store.obtain(ctx, k)
-	require.NoError(t, err)
-	c, err := s.idem.store.claim(ctx, k, lock.Token(), fp)
-	require.NoError(t, err)
-	require.Equal(t, outcomeClaimed, c.outcome)
+// crashAfterClaim leaves a claimed key behind as an instance that died (or
+// paused) mid-handler would: nothing renews the lock, and no response is
+// stored. It returns once the lease has run out, with the dead executor's
+// lock value and claim.
+func crashAfterClaim(t *testing.T, s *shop, k keys, fp string) (string, claim) {
+	t.Helper()
+	// A deadline of the test's own: without one redislock bounds the obtain
+	// by the lease, which a stall of a loaded machine can outlast.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	for range 100 {
+		lock, err := s.idem.store.obtain(ctx, k)
+		require.NoError(t, err)
+		c, err := s.idem.store.claim(ctx, k, lock.Token(), fp)
+		require.NoError(t, err)
+		if c.outcome == outcomeLost {
+			// Redis ran the claim only after the lease had run out (a stall
+			// between the two steps): it claimed nothing. Claim again.
+			continue
+		}
+		require.Equal(t, outcomeClaimed, c.outcome)
+		require.Eventually(t, func() bool { return s.rdb.Exists(ctx, k.lock).Val() == 0 },
+			10*time.Second, time.Millisecond, "the lease runs out")
+		return lock.Token(), c
+	}
+	t.Fatal("in 100 attempts no claim ran within its lease")
+	return "", claim{}
 }
 
 func TestAbandonedExecution(t *testing.T) {
@@ -189,7 +211,6 @@ func TestAbandonedExecution(t *testing.T) {
 			req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
 			fp := fingerprint(req, []byte(`{}`))
 			crashAfterClaim(t, s, clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "k")), string(fp[:]))
-			time.Sleep(150 * time.Millisecond)
 			a := s.post(s.client(), "/payments", "k", `{}`)
 			if retry {
 				require.Equal(t, http.StatusCreated, a.status)
@@ -204,23 +225,23 @@ func TestAbandonedExecution(t *testing.T) {
 
 func TestStaleExecutorCannotOverwrite(t *testing.T) {
 	s := newShop(t, WithLockLease(100*time.Millisecond), WithRetryAbandoned())
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
 	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "k"))
-	stale, err := s.idem.store.obtain(ctx, k)
-	require.NoError(t, err)
-	_, err = s.idem.store.claim(ctx, k, stale.Token(), "fp")
-	require.NoError(t, err)
-	time.Sleep(150 * time.Millisecond) // the stale executor pauses past its lease
+	stale, _ := crashAfterClaim(t, s, k, "fp") // the stale executor pauses past its lease
 
-	fresh, err := s.idem.store.obtain(ctx, k)
+	// The new executor's lease does not run out during the test, however
+	// slow the machine: this test is about the stale one's.
+	fresh := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix), WithLockLease(time.Minute), WithRetryAbandoned()).store
+	lock, err := fresh.obtain(ctx, k)
 	require.NoError(t, err)
-	c, err := s.idem.store.claim(ctx, k, fresh.Token(), "fp")
+	c, err := fresh.claim(ctx, k, lock.Token(), "fp")
 	require.NoError(t, err)
 	require.Equal(t, outcomeClaimed, c.outcome, "the new executor took over")
-	_, err = s.idem.store.complete(ctx, k, fresh.Token(), fingerprintSum{}, 1, &record{status: 201, body: []byte("fresh")}, time.Hour)
+	_, err = fresh.complete(ctx, k, lock.Token(), fingerprintSum{}, 1, &record{status: 201, body: []byte("fresh")}, time.Hour)
 	require.NoError(t, err)
 
-	_, err = s.idem.store.complete(ctx, k, stale.Token(), fingerprintSum{}, 1, &record{status: 500, body: []byte("stale")}, time.Hour)
+	_, err = s.idem.store.complete(ctx, k, stale, fingerprintSum{}, 1, &record{status: 500, body: []byte("stale")}, time.Hour)
 	require.ErrorIs(t, err, ErrLockLost)
 	a := s.post(s.client(), "/payments", "k", ``)
 	require.Equal(t, 422, a.status, "fingerprint differs from the test's claim")
@@ -279,12 +300,8 @@ func TestFencingTokensGrowWithEveryExecution(t *testing.T) {
 	// A key whose first executor vanished: the retry's token is higher.
 	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "c"))
 	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
-	lock, err := s.idem.store.obtain(t.Context(), k)
-	require.NoError(t, err)
 	fp := fingerprint(req, []byte(`{}`))
-	crashed, err := s.idem.store.claim(t.Context(), k, lock.Token(), string(fp[:]))
-	require.NoError(t, err)
-	time.Sleep(150 * time.Millisecond)
+	_, crashed := crashAfterClaim(t, s, k, string(fp[:]))
 	s.post(c, "/payments", "c", `{}`)
 
 	require.Len(t, seen, 3)

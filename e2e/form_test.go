@@ -104,7 +104,11 @@ func (e *env) testBackAndResubmit(t *testing.T) {
 			var landed []string
 			for i := range 2 {
 				if i > 0 {
-					require.NoError(t, chromedp.Do(tab, chromedp.Evaluate[chromedp.Void](`history.back()`), onHomePage))
+					// Back once the evaluation has answered: a navigation
+					// that starts first can cut the answer off ("Inspected
+					// target navigated or closed"), as it does on a busy
+					// machine. onHomePage waits for the page either way.
+					require.NoError(t, chromedp.Do(tab, chromedp.Evaluate[chromedp.Void](`setTimeout(() => history.back())`), onHomePage))
 				}
 				require.NoError(t, chromedp.Do(tab, clicks(submit, 1, 0), onOrderPage))
 				location, err := chromedp.Run(tab, chromedp.Location())

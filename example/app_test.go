@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -68,17 +69,23 @@ func TestDoubleClickedFormPlacesOneOrder(t *testing.T) {
 	// Two submissions 50 ms apart while the back end takes 200 ms.
 	var wg sync.WaitGroup
 	locations := make([]string, 2)
+	statuses := make([]int, 2)
+	errs := make([]error, 2)
 	for i := range 2 {
 		wg.Go(func() {
 			time.Sleep(time.Duration(i) * 50 * time.Millisecond)
 			resp, err := c.PostForm(srv.URL+"/orders", form)
-			require.NoError(t, err)
+			if err != nil {
+				errs[i] = err
+				return
+			}
 			resp.Body.Close()
-			require.Equal(t, http.StatusSeeOther, resp.StatusCode)
-			locations[i] = resp.Header.Get("Location")
+			statuses[i], locations[i] = resp.StatusCode, resp.Header.Get("Location")
 		})
 	}
 	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	require.Equal(t, []int{http.StatusSeeOther, http.StatusSeeOther}, statuses)
 	require.Equal(t, locations[0], locations[1])
 	require.Equal(t, 1, countOf[Order](t, srv.URL, "/orders"))
 
@@ -116,13 +123,21 @@ func TestJSONOrdersAndPayments(t *testing.T) {
 	tokResp.Body.Close()
 	require.Equal(t, 3600, tok.ExpiresIn)
 
-	post := func(base, path, key, body string) *http.Response {
+	// tryPost may run on any goroutine; post, on the test's only.
+	tryPost := func(base, path, key, body string) (*http.Response, error) {
 		req, _ := http.NewRequest(http.MethodPost, base+path, strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", key)
 		resp, err := c.Do(req)
-		require.NoError(t, err)
+		if err != nil {
+			return nil, err
+		}
 		resp.Body.Close()
+		return resp, nil
+	}
+	post := func(base, path, key, body string) *http.Response {
+		resp, err := tryPost(base, path, key, body)
+		require.NoError(t, err)
 		return resp
 	}
 	first := post(srv.URL, "/orders", tok.Token, `{"item":"tea","quantity":1}`)
@@ -134,13 +149,24 @@ func TestJSONOrdersAndPayments(t *testing.T) {
 
 	// Ten concurrent retries of one payment, spread over both instances.
 	var wg sync.WaitGroup
+	statuses := make([]int, 10)
+	errs := make([]error, 10)
 	for i := range 10 {
 		base := []string{srv.URL, other.URL}[i%2]
 		wg.Go(func() {
-			require.Equal(t, http.StatusCreated, post(base, "/payments", "pay-1", `{"amount":500,"currency":"eur"}`).StatusCode)
+			resp, err := tryPost(base, "/payments", "pay-1", `{"amount":500,"currency":"eur"}`)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			statuses[i] = resp.StatusCode
 		})
 	}
 	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	for _, status := range statuses {
+		require.Equal(t, http.StatusCreated, status)
+	}
 	require.Equal(t, http.StatusCreated, post(srv.URL, "/payments", "pay-2", `{"amount":700,"currency":"eur"}`).StatusCode)
 	require.Equal(t, 2, countOf[Payment](t, other.URL, "/payments"))
 	require.Equal(t, 1, countOf[Order](t, other.URL, "/orders"))
@@ -201,18 +227,23 @@ func TestConcurrentCancelsChangeTheOrderOnce(t *testing.T) {
 	submitTwice(t, browser(t), srv.URL)
 
 	statuses := make(chan int, 10)
+	errs := make([]error, 10)
 	var wg sync.WaitGroup
 	for i := range 10 {
 		base := []string{srv.URL, other.URL}[i%2]
 		wg.Go(func() {
 			resp, err := http.Post(base+"/orders/1/cancel", "application/json", nil)
-			require.NoError(t, err)
+			if err != nil {
+				errs[i] = err
+				return
+			}
 			resp.Body.Close()
 			statuses <- resp.StatusCode
 		})
 	}
 	wg.Wait()
 	close(statuses)
+	require.NoError(t, errors.Join(errs...))
 	counts := map[int]int{}
 	for s := range statuses {
 		counts[s]++

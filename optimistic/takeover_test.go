@@ -98,8 +98,11 @@ func TestFencingStopsAPausedExecutor(t *testing.T) {
 		// failing test must not leave A's handler blocked, or Close waits.
 		t.Cleanup(func() { wakeA(); px.resume() })
 
-		answerA := make(chan answer, 1)
-		go func() { answerA <- pay(t, srvA.URL) }()
+		answerA := make(chan paid, 1)
+		go func() {
+			a, err := tryPay(srvA.URL)
+			answerA <- paid{a, err}
+		}()
 		tokenA := receive(t, started)
 		px.pause() // A stalls mid-handler; its lease runs out in 100 ms
 
@@ -131,7 +134,9 @@ func TestFencingStopsAPausedExecutor(t *testing.T) {
 
 		// A's own client still gets A's answer, but the middleware refused
 		// to store it over B's: the record keeps B's response.
-		require.Equal(t, answer{status: http.StatusCreated, body: "A"}, receive(t, answerA))
+		a := receive(t, answerA)
+		require.NoError(t, a.err)
+		require.Equal(t, answer{status: http.StatusCreated, body: "A"}, a.answer)
 		require.Contains(t, logs.String(), "lock lost")
 		replay := pay(t, srvA.URL)
 		require.Equal(t, answer{status: http.StatusCreated, body: "B", replayed: true}, replay)
@@ -147,15 +152,32 @@ type answer struct {
 
 func pay(t *testing.T, base string) answer {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, base+"/orders/1/pay", strings.NewReader(`{"amount":10}`))
+	a, err := tryPay(base)
 	require.NoError(t, err)
+	return a
+}
+
+// tryPay is pay for a goroutine that is not the test's: it returns the
+// error for the test to check.
+func tryPay(base string) (answer, error) {
+	req, err := http.NewRequest(http.MethodPost, base+"/orders/1/pay", strings.NewReader(`{"amount":10}`))
+	if err != nil {
+		return answer{}, err
+	}
 	req.Header.Set(idempotency.KeyHeader, "order-1-payment")
 	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
-	require.NoError(t, err)
+	if err != nil {
+		return answer{}, err
+	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return answer{status: resp.StatusCode, body: string(body), replayed: resp.Header.Get(idempotency.ReplayedHeader) == "true"}
+	return answer{status: resp.StatusCode, body: string(body), replayed: resp.Header.Get(idempotency.ReplayedHeader) == "true"}, err
+}
+
+// paid is what tryPay returned.
+type paid struct {
+	answer
+	err error
 }
 
 // receive bounds every wait of the test, so a regression fails instead of

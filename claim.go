@@ -46,9 +46,9 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 		// abandoned, the handler never run.
 		l.end()
 		if errors.Is(err, errTooFewReplicas) {
-			m.release(c, l.k, l.value(), 0)
+			m.release(c.ctx, l.k, l.value(), 0)
 		} else {
-			m.undoInBackground(c, l.k, l.value())
+			m.undoInBackground(l.k, l.value())
 		}
 		return nil, refuse(unavailable(err))
 	}
@@ -62,7 +62,7 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 			// another instance may own the key by now, so the handler must
 			// not start. Nothing ran; the claim is undone if still ours.
 			l.end()
-			m.release(c, l.k, l.value(), 0)
+			m.release(c.ctx, l.k, l.value(), 0)
 			return nil, refuse(unavailable(ErrLockLost))
 		}
 		l.fence, c.fence = cl.fence, cl.fence
@@ -138,14 +138,16 @@ func (m *Middleware) acquire(c *call, k keys) (l *lease, r *rode, err error) {
 			if r != nil {
 				// The lock's reply was lost, but the claim behind it may
 				// have run under it: undo it, as a claim that failed.
-				m.undoInBackground(c, k, r.value)
+				m.undoInBackground(k, r.value)
 			}
 			return nil, nil, unavailable(err)
 		}
 		if r != nil && r.err == nil && r.claim.outcome == outcomeClaimed {
 			// go-redis resent the pipeline after our lock ran out: the first
-			// claim stands under our lock value, with nobody to run it.
-			m.undoInBackground(c, k, r.value)
+			// claim stands under our lock value, with nobody to run it. Redis
+			// answers, so it is undone now, before this request tries again
+			// and would find it abandoned.
+			m.release(c.ctx, k, r.value, 0)
 		}
 		if r != nil && r.err == nil && decisive(r.claim.outcome) {
 			return nil, r, nil

@@ -93,25 +93,35 @@ const (
 // runs after the middleware's wait timeout, ErrKeyReused when its Input
 // differs, ErrInterrupted when an earlier run ended without a result (its
 // instance died), ErrNotReplayable when the result was larger than
-// WithMaxResponseBytes, or an error wrapping ErrStoreUnavailable when Redis
-// does not answer (then fn did not run). fn's context is not cancelled
-// when ctx is: once started, fn finishes (within WithExecutionTimeout), so
-// that a retry finds its result; it is cancelled with ErrLockLost if the
-// lease is lost. fn may call Release to give the key up.
+// WithMaxResponseBytes or could not be encoded, or an error wrapping
+// ErrStoreUnavailable when Redis does not answer (then fn did not run).
+//
+// fn's context is not cancelled when ctx is: once started, fn finishes
+// (within WithExecutionTimeout), so that a retry finds its result; it is
+// cancelled with ErrLockLost if the lease is lost. fn may call Release to
+// give the key up. Under WithFailOpen a Redis that does not answer lets fn
+// run unprotected instead: with ctx itself, no fencing token, nothing
+// stored.
 func Do[T any](ctx context.Context, m *Middleware, key Key, fn func(ctx context.Context) (T, error), opts ...DoOption) (T, error) {
 	cfg := doConfig{codec: JSON}
 	for _, o := range opts {
 		o(&cfg)
 	}
 	var zero T
+	early := func(o Outcome, err error) (T, error) {
+		if cfg.outcome != nil {
+			*cfg.outcome = o
+		}
+		return zero, err
+	}
 	switch {
 	case key.ID == "":
-		return zero, ErrMissingKey
+		return early(Rejected, ErrMissingKey)
 	case !validKey(key.ID, m.cfg.maxKeyLen):
-		return zero, ErrInvalidKey
+		return early(Rejected, ErrInvalidKey)
 	}
 	if err := ctx.Err(); err != nil {
-		return zero, err // a caller that is gone starts nothing
+		return early(ClientGone, err) // a caller that is gone starts nothing
 	}
 	now := time.Now()
 	c := &call{ctx: ctx, start: now, deadline: now.Add(m.cfg.wait), scope: key.Scope, key: key.ID}
@@ -164,15 +174,20 @@ func runFunction[T any](m *Middleware, c *call, l *lease, cfg *doConfig, fn func
 	exec := &execution{fence: l.fence}
 	ctx, cancel := context.WithTimeout(withExecution(ctx, exec), m.cfg.execTimeout)
 	defer cancel()
-	returned := false
+	ran, stored := false, false
 	defer func() {
-		if !returned {
-			m.release(c, l.k, l.value(), 0)
-			l.end()
+		if stored {
+			return
 		}
+		if !ran { // fn panicked: nothing of it stands, a retry runs
+			m.release(c.ctx, l.k, l.value(), 0)
+		}
+		// A panic after fn ran (in the codec) must not run it twice: the key
+		// stays claimed, and reads as interrupted once its lease runs out.
+		l.end()
 	}()
 	out.value, out.err = fn(ctx)
-	returned = true
+	ran = true
 	exec.settle()
 
 	d := StoreDecision{TTL: m.cfg.recordTTL}
@@ -197,7 +212,9 @@ func runFunction[T any](m *Middleware, c *call, l *lease, cfg *doConfig, fn func
 	if rec != nil && len(rec.body) > m.cfg.maxResponse {
 		rec = nil // kept as executed, not replayable
 	}
-	return m.storeAnswer(c, l, rec, d)
+	v := m.storeAnswer(c, l, rec, d)
+	stored = true
+	return v
 }
 
 // inputFingerprint is a function call's fingerprint: its input's digest,

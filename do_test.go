@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -289,13 +290,16 @@ func TestDoResultThatCannotBeEncoded(t *testing.T) {
 func TestDoKeysNeverMeetRequestKeys(t *testing.T) {
 	prefix := "test-" + t.Name()
 	m := New(redistest.Client(t, prefix), WithKeyPrefix(prefix),
-		WithScope(func(*http.Request) (string, error) { return "orders", nil }))
+		WithScope(func(r *http.Request) (string, error) { return r.Header.Get("Tenant"), nil }))
 	h := m.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
-	r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{}`))
-	r.Header.Set(KeyHeader, "msg-1")
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, r)
-	require.Equal(t, http.StatusCreated, w.Code)
+	for _, tenant := range []string{"orders", "f:orders"} { // the second is what a Do scope once became
+		r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{}`))
+		r.Header.Set(KeyHeader, "msg-1")
+		r.Header.Set("Tenant", tenant)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		require.Equal(t, http.StatusCreated, w.Code)
+	}
 	for _, scope := range []string{"orders", "f:orders"} {
 		v, err := Do(context.Background(), m, Key{Scope: scope, ID: "msg-1", Input: []byte("other")},
 			func(context.Context) (string, error) { return "ran", nil })
@@ -309,7 +313,8 @@ func TestDoKeysNeverMeetRequestKeys(t *testing.T) {
 func TestDoAgainstAnUnreachableRedisLeavesFewGoroutines(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true, MaxRetries: -1})
 	defer rdb.Close()
-	m := New(rdb, WithStoreTimeout(100*time.Millisecond), WithLockLease(5*time.Second))
+	m := New(rdb, WithStoreTimeout(100*time.Millisecond), WithLockLease(500*time.Millisecond),
+		WithLogger(slog.New(slog.DiscardHandler)))
 	before := runtime.NumGoroutine()
 	errs := make(chan error, 300)
 	var wg sync.WaitGroup
@@ -324,7 +329,57 @@ func TestDoAgainstAnUnreachableRedisLeavesFewGoroutines(t *testing.T) {
 	for err := range errs {
 		require.ErrorIs(t, err, ErrStoreUnavailable)
 	}
-	// Undos retry for a lease (5 s), so they are all still there: at most
-	// maxBackgroundUndos (32) of them, plus go-redis's own dialling.
+	// Undos retry for a lease (500 ms), so most are still there: queued,
+	// worked by at most undoWorkers (32) goroutines, plus go-redis's own
+	// dialling.
 	require.Less(t, runtime.NumGoroutine(), before+100, "a goroutine per call would leave 300")
+}
+
+// A codec that panics after fn ran must neither run fn again nor keep the
+// key locked for ever: the lease ends, and a duplicate finds the run
+// interrupted.
+func TestDoPanicAfterTheRunEndsTheLease(t *testing.T) {
+	m, other := twoInstances(t, WithLockLease(300*time.Millisecond), WithStoreTimeout(100*time.Millisecond))
+	runs := 0
+	fn := func(context.Context) (string, error) { runs++; return "x", nil }
+	require.Panics(t, func() { Do(context.Background(), m, Key{ID: "k"}, fn, UseCodec(panickyCodec{})) })
+	time.Sleep(400 * time.Millisecond) // past the lease, had nobody renewed it
+	_, err := Do(context.Background(), other, Key{ID: "k"}, fn)
+	require.ErrorIs(t, err, ErrInterrupted)
+	require.Equal(t, 1, runs)
+}
+
+type panickyCodec struct{}
+
+func (panickyCodec) Marshal(any) ([]byte, error) { panic("codec bug") }
+func (panickyCodec) Unmarshal([]byte, any) error { return nil }
+
+// Every queued undo is done, however many arrive at once: none is dropped
+// while the queue has room.
+func TestEveryQueuedUndoIsDone(t *testing.T) {
+	prefix := "test-" + t.Name()
+	rdb := redistest.Client(t, prefix)
+	m := New(rdb, WithKeyPrefix(prefix))
+	var claimed []keys
+	var values []string
+	for i := range 200 {
+		c := &call{ctx: context.Background(), scope: "s", key: fmt.Sprint("k", i)}
+		c.id = identityOfKind('f', c.scope, c.key)
+		k := m.redisKeys(c)
+		lock, r, err := m.store.obtainClaiming(context.Background(), k, "fp")
+		require.NoError(t, err)
+		require.Equal(t, outcomeClaimed, r.claim.outcome)
+		claimed, values = append(claimed, k), append(values, lock.Token())
+	}
+	for i, k := range claimed {
+		m.undoInBackground(k, values[i])
+	}
+	require.Eventually(t, func() bool {
+		for _, k := range claimed {
+			if rdb.Exists(context.Background(), k.record).Val() == 1 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "every claim undone")
 }

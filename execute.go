@@ -27,21 +27,29 @@ func (m *Middleware) execute(c *call, l *lease) verdict {
 			}
 		}
 	}
-	returned := false
+	ran, stored := false, false
 	defer func() {
-		if !returned {
+		if stored {
+			return
+		}
+		if !ran {
 			// The handler panicked. Nothing is stored as its answer; the key
 			// is released so that a retry runs, and the panic carries on to
 			// the server's recoverer.
-			m.release(c, l.k, l.value(), 0)
-			l.end()
+			m.release(c.ctx, l.k, l.value(), 0)
 		}
+		// A panic after the handler ran (in a store policy) must not run it
+		// twice: the key stays claimed, and reads as interrupted once the
+		// lease, which ends here, runs out.
+		l.end()
 	}()
 	c.next.ServeHTTP(rw, c.r.WithContext(ctx))
-	returned = true
+	ran = true
 	rec := rw.finish()
 	exec.settle()
-	return m.storeAnswer(c, l, rec, m.cfg.decide(c.r, exec, rw.status))
+	v := m.storeAnswer(c, l, rec, m.cfg.decide(c.r, exec, rw.status))
+	stored = true
+	return v
 }
 
 // storeAnswer keeps the handler's answer for every duplicate (rec nil: executed,
@@ -49,7 +57,7 @@ func (m *Middleware) execute(c *call, l *lease) verdict {
 func (m *Middleware) storeAnswer(c *call, l *lease, rec *record, d StoreDecision) verdict {
 	defer l.end()
 	if d.Release {
-		m.release(c, l.k, l.value(), 0)
+		m.release(c.ctx, l.k, l.value(), 0)
 		return verdict{outcome: Executed, released: true}
 	}
 	expires := time.Now().Add(d.TTL) // before the store: never overstated
@@ -95,11 +103,11 @@ func (m *Middleware) storeAnswer(c *call, l *lease, rec *record, d StoreDecision
 // for up to retryFor, for a claim whose reply never came: one left behind
 // reads as an interrupted execution for the whole record TTL, although its
 // handler never ran.
-func (m *Middleware) release(c *call, k keys, value string, retryFor time.Duration) {
+func (m *Middleware) release(ctx context.Context, k keys, value string, retryFor time.Duration) {
 	deadline := time.Now().Add(retryFor)
 	for pause := 50 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
-		ctx, cancel := m.store.stepContext(c.ctx)
-		err := m.store.release(ctx, k, value)
+		step, cancel := m.store.stepContext(ctx)
+		err := m.store.release(step, k, value)
 		cancel()
 		if err == nil {
 			return
@@ -110,29 +118,6 @@ func (m *Middleware) release(c *call, k keys, value string, retryFor time.Durati
 			return
 		}
 		time.Sleep(pause)
-	}
-}
-
-// maxBackgroundUndos bounds the undos going on at once. During an outage
-// every request's claim fails, nearly all without reaching Redis, and a
-// goroutine each retrying for a lease would be thousands, all knocking on
-// a Redis that is coming back.
-const maxBackgroundUndos = 32
-
-// undoInBackground releases, in the background, a claim that may have run
-// without us hearing back: the client's 503 must not wait for a Redis that
-// just failed us. Past maxBackgroundUndos the claim is left to its lease,
-// after which a retry finds it interrupted (or, with WithRetryAbandoned,
-// runs it).
-func (m *Middleware) undoInBackground(c *call, k keys, value string) {
-	select {
-	case m.undos <- struct{}{}:
-		go func() {
-			defer func() { <-m.undos }()
-			m.release(c, k, value, m.cfg.lease)
-		}()
-	default:
-		m.cfg.logger.Warn("idempotency: too many claims to undo at once; this one is left to its lease", "key", k.record)
 	}
 }
 

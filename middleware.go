@@ -19,7 +19,7 @@ type Middleware struct {
 	store   *store
 	flights flights
 	cache   *responseCache
-	undos   chan struct{} // one slot per undo going on in the background
+	undos   undos
 }
 
 // New returns a Middleware that keeps its state in client, which may be a
@@ -29,7 +29,7 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 	if client == nil {
 		panic("idempotency: nil Redis client")
 	}
-	m := &Middleware{cfg: newConfig(opts), undos: make(chan struct{}, maxBackgroundUndos)}
+	m := &Middleware{cfg: newConfig(opts), undos: newUndos()}
 	m.store = newStore(client, &m.cfg)
 	m.cache = newResponseCache(m.cfg.cacheEntries, m.cfg.cacheBytes)
 	if known, enabled := contextTimeouts(client); known && !enabled {

@@ -114,7 +114,10 @@ func LogObserver(l *slog.Logger) func(Event) {
 			attrs = append(attrs, slog.String("error", e.Err.Error()))
 		}
 		ctx := e.Context
-		if ctx == nil { // an Event built by hand
+		switch { // an Event built by hand may lack it
+		case ctx == nil && e.Request != nil:
+			ctx = e.Request.Context()
+		case ctx == nil:
 			ctx = context.Background()
 		}
 		l.LogAttrs(ctx, level, "idempotency", attrs...)

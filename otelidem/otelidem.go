@@ -72,7 +72,10 @@ func NewObserver(opts ...Option) (func(idempotency.Event), error) {
 
 	return func(e idempotency.Event) {
 		ctx := e.Context
-		if ctx == nil { // an Event built by hand
+		switch { // an Event built by hand may lack it
+		case ctx == nil && e.Request != nil:
+			ctx = e.Request.Context()
+		case ctx == nil:
 			ctx = context.Background()
 		}
 		mode := "key"

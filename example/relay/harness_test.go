@@ -122,7 +122,15 @@ func startInProcess(t *testing.T, rdb *redistest.Server, latency time.Duration) 
 	return &inProcess{
 		log: &orderLog{rdb: client, list: "relay:orders", work: latency,
 			instance: fmt.Sprintf("relay-%d", instances.Add(1))},
-		mw: idempotency.New(client, idempotency.WithRetryAbandoned(), idempotency.WithLogger(testLogger(t))),
+		// A lease longer than the outage test stops Redis for (at most
+		// 20 s): a write of the side effect that is in flight when Redis
+		// stops then lands, and is stored, before anyone may take the key
+		// over. A shorter lease would cancel the run while its write
+		// waits in Redis's buffer, release the key on the error, and let
+		// the redelivery append a second entry to the list, which nothing
+		// fences: the limit docs/queues.md describes.
+		mw: idempotency.New(client, idempotency.WithRetryAbandoned(), idempotency.WithLockLease(30*time.Second),
+			idempotency.WithLogger(testLogger(t))),
 	}
 }
 

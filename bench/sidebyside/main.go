@@ -190,11 +190,11 @@ func countRedis(ctx context.Context, cfg config, dir, redisAddr string, rdb *red
 		return nil, err
 	}
 	defer proxy.close()
-	mon, err := startMonitor(redisAddr)
+	mon, err := redistest.AttachMonitor(redisAddr)
 	if err != nil {
 		return nil, err
 	}
-	defer mon.close() // MONITOR slows Redis down: off before any throughput run
+	defer mon.Close() // MONITOR slows Redis down: off before any throughput run
 
 	var counts []redisCount
 	for _, k := range kinds {
@@ -241,7 +241,7 @@ func countRedis(ctx context.Context, cfg config, dir, redisAddr string, rdb *red
 	return counts, nil
 }
 
-func countCase(ctx context.Context, cfg config, k kind, name string, a, b *instance, rdb *redis.Client, proxy *tripCounter, mon *monitor) (redisCount, error) {
+func countCase(ctx context.Context, cfg config, k kind, name string, a, b *instance, rdb *redis.Client, proxy *tripCounter, mon *redistest.Monitor) (redisCount, error) {
 	rc := redisCount{Server: k.Name, Case: name, Requests: cfg.count}
 	n := cfg.count + 1 // the last one for MONITOR
 	keys := make([]string, n)
@@ -309,7 +309,7 @@ func countCase(ctx context.Context, cfg config, k kind, name string, a, b *insta
 	}
 
 	proxy.startLog()
-	rc.OneMonitor, err = mon.capture(ctx, rdb, func() error { return request(cfg.count) })
+	rc.OneMonitor, err = monitorLines(ctx, mon, rdb, func() error { return request(cfg.count) })
 	rc.OneRequest = proxy.stopLog()
 	return rc, err
 }

@@ -4,9 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -64,67 +62,21 @@ func callsDelta(before, after map[string]int64) (map[string]int64, int64) {
 	return delta, total
 }
 
-// monitor collects the lines of a MONITOR connection.
-type monitor struct {
-	conn   net.Conn
-	mu     sync.Mutex
-	lines  []string
-	notify chan struct{}
-}
-
-func startMonitor(addr string) (*monitor, error) {
-	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		return nil, err
-	}
-	r := bufio.NewReader(conn)
-	conn.Write([]byte("MONITOR\r\n"))
-	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if ok, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(ok, "+OK") {
-		conn.Close()
-		return nil, fmt.Errorf("MONITOR answered %q, %v", ok, err)
-	}
-	conn.SetReadDeadline(time.Time{})
-	m := &monitor{conn: conn, notify: make(chan struct{}, 1)}
-	go func() {
-		for {
-			line, err := r.ReadString('\n')
-			if err != nil {
-				return
-			}
-			m.mu.Lock()
-			m.lines = append(m.lines, strings.TrimSpace(line))
-			m.mu.Unlock()
-			select {
-			case m.notify <- struct{}{}:
-			default:
-			}
+// monitorLines runs step and returns what MONITOR showed meanwhile, each
+// line as monitorLine renders it.
+func monitorLines(ctx context.Context, mon *redistest.Monitor, rdb *redis.Client, step func() error) ([]string, error) {
+	lines, err := mon.Lines(ctx, rdb, func() error {
+		if err := step(); err != nil {
+			return err
 		}
-	}()
-	return m, nil
-}
-
-func (m *monitor) close() { m.conn.Close() }
-
-// capture runs step between two ECHO markers and returns the monitor lines
-// in between: what clients sent, and (marked "lua") what scripts ran.
-func (m *monitor) capture(ctx context.Context, rdb *redis.Client, step func() error) ([]string, error) {
-	start, err := m.mark(ctx, rdb)
+		time.Sleep(50 * time.Millisecond) // anything a server sends after answering
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	if err := step(); err != nil {
-		return nil, err
-	}
-	time.Sleep(50 * time.Millisecond) // anything a server sends after answering
-	end, err := m.mark(ctx, rdb)
-	if err != nil {
-		return nil, err
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	var out []string
-	for _, line := range m.lines[start+1 : end] {
+	for _, line := range lines {
 		if l := monitorLine(line); l != "" {
 			out = append(out, l)
 		}
@@ -202,31 +154,6 @@ func printable(s string) bool {
 		}
 	}
 	return true
-}
-
-func (m *monitor) mark(ctx context.Context, rdb *redis.Client) (int, error) {
-	b := make([]byte, 8)
-	rand.Read(b)
-	marker := "monitor-mark-" + hex.EncodeToString(b)
-	if err := rdb.Echo(ctx, marker).Err(); err != nil {
-		return 0, err
-	}
-	deadline := time.After(5 * time.Second)
-	for {
-		m.mu.Lock()
-		for i := len(m.lines) - 1; i >= 0; i-- {
-			if strings.Contains(m.lines[i], marker) {
-				m.mu.Unlock()
-				return i, nil
-			}
-		}
-		m.mu.Unlock()
-		select {
-		case <-m.notify:
-		case <-deadline:
-			return 0, errors.New("MONITOR never showed its marker")
-		}
-	}
 }
 
 // A tripCounter is a TCP proxy in front of Redis that counts round trips:

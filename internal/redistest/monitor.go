@@ -5,7 +5,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -27,15 +30,29 @@ type Monitor struct {
 // StartMonitor attaches a monitor to the server at addr until t ends.
 func StartMonitor(t testing.TB, addr string) *Monitor {
 	t.Helper()
-	conn, err := net.Dial("tcp", addr)
+	m, err := AttachMonitor(addr)
 	if err != nil {
-		t.Fatalf("redistest: monitor: %v", err)
+		t.Fatalf("redistest: %v", err)
+	}
+	t.Cleanup(m.Close)
+	return m
+}
+
+// AttachMonitor attaches a monitor to the server at addr, for code that has
+// no testing.TB (the benchmark driver); Close ends it.
+func AttachMonitor(addr string) (*Monitor, error) {
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("monitor: %w", err)
 	}
 	r := bufio.NewReader(conn)
 	conn.Write([]byte("MONITOR\r\n"))
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if ok, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(ok, "+OK") {
-		t.Fatalf("redistest: MONITOR answered %q, %v", ok, err)
+		conn.Close()
+		return nil, fmt.Errorf("MONITOR answered %q, %v", ok, err)
 	}
+	conn.SetReadDeadline(time.Time{})
 	m := &Monitor{conn: conn, notify: make(chan struct{}, 1)}
 	go func() {
 		for {
@@ -52,21 +69,22 @@ func StartMonitor(t testing.TB, addr string) *Monitor {
 			}
 		}
 	}()
-	t.Cleanup(func() { conn.Close() })
-	return m
+	return m, nil
 }
+
+// Close detaches the monitor.
+func (m *Monitor) Close() { m.conn.Close() }
 
 // Count runs step and returns the commands clients sent meanwhile, by name,
 // leaving out connection handshakes (HELLO, CLIENT …) that a pool makes once.
 func (m *Monitor) Count(t testing.TB, rdb *redis.Client, step func()) []string {
 	t.Helper()
-	start := m.mark(t, rdb)
-	step()
-	end := m.mark(t, rdb)
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	lines, err := m.Lines(context.Background(), rdb, func() error { step(); return nil })
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
 	var cmds []string
-	for _, line := range m.lines[start+1 : end] {
+	for _, line := range lines {
 		// +1700000000.123456 [0 127.0.0.1:50000] "evalsha" "…"; a script's
 		// own commands show [0 lua].
 		_, rest, _ := strings.Cut(line, "[")
@@ -83,14 +101,33 @@ func (m *Monitor) Count(t testing.TB, rdb *redis.Client, step func()) []string {
 	return cmds
 }
 
+// Lines runs step between two ECHO markers sent through rdb and returns the
+// monitor lines in between, as MONITOR printed them: what clients sent, and
+// (marked "lua") what scripts ran.
+func (m *Monitor) Lines(ctx context.Context, rdb *redis.Client, step func() error) ([]string, error) {
+	start, err := m.mark(ctx, rdb)
+	if err != nil {
+		return nil, err
+	}
+	if err := step(); err != nil {
+		return nil, err
+	}
+	end, err := m.mark(ctx, rdb)
+	if err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.lines[start+1 : end]), nil
+}
+
 // mark sends a unique ECHO and returns the index of its monitor line.
-func (m *Monitor) mark(t testing.TB, rdb *redis.Client) int {
-	t.Helper()
+func (m *Monitor) mark(ctx context.Context, rdb *redis.Client) (int, error) {
 	b := make([]byte, 8)
 	rand.Read(b)
 	marker := "monitor-mark-" + hex.EncodeToString(b)
-	if err := rdb.Echo(context.Background(), marker).Err(); err != nil {
-		t.Fatalf("redistest: %v", err)
+	if err := rdb.Echo(ctx, marker).Err(); err != nil {
+		return 0, err
 	}
 	deadline := time.After(5 * time.Second)
 	for {
@@ -98,14 +135,14 @@ func (m *Monitor) mark(t testing.TB, rdb *redis.Client) int {
 		for i := len(m.lines) - 1; i >= 0; i-- {
 			if strings.Contains(m.lines[i], marker) {
 				m.mu.Unlock()
-				return i
+				return i, nil
 			}
 		}
 		m.mu.Unlock()
 		select {
 		case <-m.notify:
 		case <-deadline:
-			t.Fatalf("redistest: monitor never saw its marker")
+			return 0, errors.New("MONITOR never showed its marker")
 		}
 	}
 }

@@ -168,30 +168,14 @@ func runFunction[T any](m *Middleware, c *call, l *lease, cfg *doConfig, fn func
 		out.value, out.err = fn(c.ctx)
 		return verdict{}
 	}
-	ctx, lost := context.WithCancelCause(context.WithoutCancel(c.ctx))
-	defer lost(nil)
-	l.wd.notify(func() { lost(ErrLockLost) })
-	exec := &execution{fence: l.fence}
-	ctx, cancel := context.WithTimeout(withExecution(ctx, exec), m.cfg.execTimeout)
-	defer cancel()
-	ran, stored := false, false
-	defer func() {
-		if stored {
-			return
-		}
-		if !ran { // fn panicked: nothing of it stands, a retry runs
-			m.release(c.ctx, l.k, l.value(), 0)
-		}
-		// A panic after fn ran (in the codec) must not run it twice: the key
-		// stays claimed, and reads as interrupted once its lease runs out.
-		l.end()
-	}()
+	ctx, r := m.startRun(c, l)
+	defer r.finish()
 	out.value, out.err = fn(ctx)
-	ran = true
-	exec.settle()
+	r.ran = true
+	r.exec.settle()
 
 	d := StoreDecision{TTL: m.cfg.recordTTL}
-	if exec.state.Load() == execReleased {
+	if r.exec.state.Load() == execReleased {
 		d = StoreDecision{Release: true}
 	}
 	rec := &record{status: statusResult}
@@ -213,7 +197,7 @@ func runFunction[T any](m *Middleware, c *call, l *lease, cfg *doConfig, fn func
 		rec = nil // kept as executed, not replayable
 	}
 	v := m.storeAnswer(c, l, rec, d)
-	stored = true
+	r.stored = true
 	return v
 }
 

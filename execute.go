@@ -9,47 +9,69 @@ import (
 
 // execute runs the handler once under the lease and stores its answer.
 func (m *Middleware) execute(c *call, l *lease) verdict {
-	// Once the key is claimed the handler must finish: a client that gives
-	// up (a double-clicking browser aborts its first POST) retries and must
-	// find this execution's result, not a half-done one. The context ends
-	// when the lease is lost: another instance may own the key by then.
-	ctx, lost := context.WithCancelCause(context.WithoutCancel(c.ctx))
-	defer lost(nil)
-	l.wd.notify(func() { lost(ErrLockLost) })
-	exec := &execution{fence: l.fence}
-	ctx, cancel := context.WithTimeout(withExecution(ctx, exec), m.cfg.execTimeout)
-	defer cancel()
+	ctx, r := m.startRun(c, l)
+	defer r.finish()
 	rw := newRecorder(c.w, m.cfg.maxResponse, m.cfg.storable)
 	if m.cfg.expiryHeader != "" {
+		exec := r.exec // not r itself: a closure over r would move it to the heap
 		rw.stamp = func(status int, h http.Header) {
 			if d := m.cfg.decide(c.r, exec, status); !d.Release {
 				m.cfg.stampExpiry(h, d.TTL)
 			}
 		}
 	}
-	ran, stored := false, false
-	defer func() {
-		if stored {
-			return
-		}
-		if !ran {
-			// The handler panicked. Nothing is stored as its answer; the key
-			// is released so that a retry runs, and the panic carries on to
-			// the server's recoverer.
-			m.release(c.ctx, l.k, l.value(), 0)
-		}
-		// A panic after the handler ran (in a store policy) must not run it
-		// twice: the key stays claimed, and reads as interrupted once the
-		// lease, which ends here, runs out.
-		l.end()
-	}()
 	c.next.ServeHTTP(rw, c.r.WithContext(ctx))
-	ran = true
+	r.ran = true
 	rec := rw.finish()
-	exec.settle()
-	v := m.storeAnswer(c, l, rec, m.cfg.decide(c.r, exec, rw.status))
-	stored = true
+	r.exec.settle()
+	v := m.storeAnswer(c, l, rec, m.cfg.decide(c.r, r.exec, rw.status))
+	r.stored = true
 	return v
+}
+
+// A run is one execution of a handler (execute) or a function (Do) under
+// its lease: the context it runs with, and what becomes of the key when
+// something panics.
+type run struct {
+	m           *Middleware
+	c           *call
+	l           *lease
+	exec        *execution
+	cancel      context.CancelFunc
+	lost        context.CancelCauseFunc
+	ran, stored bool // set by the caller as the run gets there
+}
+
+// startRun gives the context of a run. Once the key is claimed the run
+// must finish: a client that gives up (a double-clicking browser aborts its
+// first POST) retries and must find this execution's result, not a
+// half-done one. The context ends when the lease is lost, since another
+// instance may own the key by then, or after the execution timeout. Defer
+// finish.
+func (m *Middleware) startRun(c *call, l *lease) (context.Context, run) {
+	r := run{m: m, c: c, l: l, exec: &execution{fence: l.fence}}
+	ctx, lost := context.WithCancelCause(context.WithoutCancel(c.ctx))
+	r.lost = lost
+	l.wd.notify(func() { lost(ErrLockLost) })
+	ctx, r.cancel = context.WithTimeout(withExecution(ctx, r.exec), m.cfg.execTimeout)
+	return ctx, r
+}
+
+// finish ends a run's context and, when the run did not get its answer
+// stored (a panic), settles the key: a run that never returned is
+// released, so that a retry runs and the panic carries on to the server's
+// recoverer; one that returned but panicked after (in a store policy, in a
+// codec) must not run twice, so its key stays claimed and reads as
+// interrupted once the lease, which ends here, runs out.
+func (r *run) finish() {
+	if !r.stored {
+		if !r.ran {
+			r.m.release(r.c.ctx, r.l.k, r.l.value(), 0)
+		}
+		r.l.end()
+	}
+	r.cancel()
+	r.lost(nil)
 }
 
 // storeAnswer keeps the handler's answer for every duplicate (rec nil: executed,

@@ -74,6 +74,18 @@ type Event struct {
 	StoredFor time.Duration
 }
 
+// Mode names how the call was keyed: "token" (Protect), "key" (ProtectKey)
+// or "function" (Do), as LogObserver and otelidem label it.
+func (e Event) Mode() string {
+	switch {
+	case e.Request == nil:
+		return "function"
+	case e.TokenMode:
+		return "token"
+	}
+	return "key"
+}
+
 // WithObserver calls fn once for every request on a protected route (those
 // let through unprotected included, as Unprotected), after it was
 // answered, from the request's goroutine: keep it fast. LogObserver and the
@@ -93,17 +105,10 @@ func LogObserver(l *slog.Logger) func(Event) {
 			level = slog.LevelInfo
 		}
 		attrs := []slog.Attr{slog.String("outcome", e.Outcome.String())}
-		mode := "key"
-		switch {
-		case e.Request == nil:
-			mode = "function"
-		case e.TokenMode:
-			mode = "token"
-		}
 		if e.Request != nil {
 			attrs = append(attrs, slog.String("method", e.Request.Method), slog.String("path", e.Request.URL.Path))
 		}
-		attrs = append(attrs, slog.Duration("duration", e.Duration), slog.String("mode", mode))
+		attrs = append(attrs, slog.Duration("duration", e.Duration), slog.String("mode", e.Mode()))
 		if e.Wait > 0 {
 			attrs = append(attrs, slog.Duration("wait", e.Wait))
 		}

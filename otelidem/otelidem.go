@@ -78,16 +78,9 @@ func NewObserver(opts ...Option) (func(idempotency.Event), error) {
 		case ctx == nil:
 			ctx = context.Background()
 		}
-		mode := "key"
-		switch {
-		case e.Request == nil:
-			mode = "function"
-		case e.TokenMode:
-			mode = "token"
-		}
 		attrs := attribute.NewSet(
 			attribute.String("idempotency.outcome", e.Outcome.String()),
-			attribute.String("idempotency.mode", mode),
+			attribute.String("idempotency.mode", e.Mode()),
 			attribute.Bool("idempotency.from_cache", e.FromCache),
 		)
 		requests.Add(ctx, 1, metric.WithAttributeSet(attrs))

@@ -498,15 +498,7 @@ func duplicateDuringSlowStep(t *testing.T, a, b *shop, entered <-chan struct{}, 
 // answers 503, and its retry gets the duplicate's answer: one execution.
 func TestLockAndClaimReplySlowerThanTheLease(t *testing.T) {
 	prefix := "test-" + t.Name()
-	slow := redistest.Client(t, prefix).(*redis.Client)
-	claiming := make(chan struct{}, 1)
-	slow.AddHook(afterPipeline{
-		match: func(cmd redis.Cmder) bool {
-			args := cmd.Args()
-			return len(args) > 1 && (args[1] == claimScript.Hash() || args[1] == claimSource)
-		},
-		do: signalThenSleep(claiming, 700*time.Millisecond),
-	})
+	slow, claiming := slowClaimReplies(t, prefix, 700*time.Millisecond)
 	opts := []Option{WithKeyPrefix(prefix), WithLockLease(300 * time.Millisecond),
 		WithStoreTimeout(2 * time.Second), WithRetryAbandoned()}
 	a := newShopOn(t, slow, opts...)
@@ -529,15 +521,7 @@ func TestLockAndClaimReplySlowerThanTheLease(t *testing.T) {
 // handler that started on it, and a duplicate on another instance waits.
 func TestLockRenewedAtOnceAfterALateReply(t *testing.T) {
 	prefix := "test-" + t.Name()
-	slow := redistest.Client(t, prefix).(*redis.Client)
-	claiming := make(chan struct{}, 1)
-	slow.AddHook(afterPipeline{
-		match: func(cmd redis.Cmder) bool {
-			args := cmd.Args()
-			return len(args) > 1 && (args[1] == claimScript.Hash() || args[1] == claimSource)
-		},
-		do: signalThenSleep(claiming, 420*time.Millisecond), // 0.7 of the lease
-	})
+	slow, claiming := slowClaimReplies(t, prefix, 420*time.Millisecond) // 0.7 of the lease
 	opts := []Option{WithKeyPrefix(prefix), WithLockLease(600 * time.Millisecond),
 		WithStoreTimeout(2 * time.Second), WithRetryAbandoned()}
 	a := newShopOn(t, slow, opts...)
@@ -553,6 +537,21 @@ func TestLockRenewedAtOnceAfterALateReply(t *testing.T) {
 	require.Equal(t, first.body, dup.body)
 	require.EqualValues(t, 1, a.execs.Load())
 	require.Zero(t, b.execs.Load(), "the duplicate found the key held, not abandoned")
+}
+
+// slowClaimReplies is a client whose replies to the lock-and-claim
+// pipeline come back d late; claiming says when the first such reply came.
+func slowClaimReplies(t *testing.T, prefix string, d time.Duration) (*redis.Client, <-chan struct{}) {
+	slow := redistest.Client(t, prefix).(*redis.Client)
+	claiming := make(chan struct{}, 1)
+	slow.AddHook(afterPipeline{
+		match: func(cmd redis.Cmder) bool {
+			args := cmd.Args()
+			return len(args) > 1 && (args[1] == claimScript.Hash() || args[1] == claimSource)
+		},
+		do: signalThenSleep(claiming, d),
+	})
+	return slow, claiming
 }
 
 // warmScripts has the test's Redis load the scripts, through a shop of its

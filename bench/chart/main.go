@@ -51,7 +51,7 @@ func main() {
 		if *gobench != "" {
 			section += "\n" + benchTable(*gobench)
 		}
-		if err := replaceSection(*readme, section); err != nil {
+		if err := report.ReplaceSection(*readme, beginMarker, endMarker, section); err != nil {
 			log.Fatalf("chart: %v", err)
 		}
 	}
@@ -94,18 +94,4 @@ func benchTable(path string) string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", name, ns, bytes, allocs)
 	}
 	return b.String()
-}
-
-func replaceSection(path, section string) error {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	text := string(data)
-	begin, end := strings.Index(text, beginMarker), strings.Index(text, endMarker)
-	if begin < 0 || end < begin {
-		return fmt.Errorf("%s has no %s … %s section", path, beginMarker, endMarker)
-	}
-	text = text[:begin+len(beginMarker)] + "\n" + section + text[end:]
-	return os.WriteFile(path, []byte(text), 0o644)
 }

@@ -1,4 +1,5 @@
-// Package report is the JSON that bench/load writes and bench/chart reads.
+// Package report is the JSON that bench/load writes and bench/chart reads,
+// and the rewriting of the documentation's benchmark sections.
 package report
 
 // Report is what one run of the load driver measured.

@@ -16,7 +16,6 @@ import (
 	"context"
 	_ "embed"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -30,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	docs "github.com/onceonly/idempotency/bench/report"
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -150,7 +150,7 @@ func runAll(ctx context.Context, cfg config) (err error) {
 	md := rep.markdown()
 	fmt.Print("\n" + md)
 	if cfg.docs != "" {
-		if err := replaceSection(cfg.docs, md); err != nil {
+		if err := docs.ReplaceSection(cfg.docs, beginMarker, endMarker, md); err != nil {
 			return err
 		}
 		log.Printf("%s updated", cfg.docs)
@@ -434,20 +434,6 @@ func measure(ctx context.Context, cfg config, k kind, in *instance, round int, w
 	r.OK = len(problems) == 0
 	r.Problem = strings.Join(problems, "; ")
 	return r, nil
-}
-
-func replaceSection(path, section string) error {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	text := string(data)
-	begin, end := strings.Index(text, beginMarker), strings.Index(text, endMarker)
-	if begin < 0 || end < begin {
-		return errors.New(path + " has no " + beginMarker + " … " + endMarker + " section")
-	}
-	text = text[:begin+len(beginMarker)] + "\n" + section + text[end:]
-	return os.WriteFile(path, []byte(text), 0o644)
 }
 
 const (

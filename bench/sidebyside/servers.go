@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/onceonly/idempotency/bench/peers/peer"
+	"github.com/onceonly/idempotency/internal/redistest"
 )
 
 // A kind is one of the compared servers.
@@ -143,7 +143,7 @@ type instance struct {
 }
 
 func startInstance(ctx context.Context, dir string, k kind, name, redisAddr string, lifetime time.Duration) (*instance, error) {
-	port, err := freePort()
+	port, err := redistest.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -201,13 +201,4 @@ func post(url, key string) (*http.Response, []byte, error) {
 	body, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	return resp, body, err
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -72,7 +72,7 @@ func stopAll() {
 // StartServer starts a private redis-server on a free loopback port with no
 // persistence. Extra args are appended to its command line.
 func StartServer(args ...string) (*Server, error) {
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -136,8 +136,8 @@ func (s *Server) Stop() {
 	})
 }
 
-// freePort asks the kernel for a free loopback port.
-func freePort() (int, error) {
+// FreePort asks the kernel for a free loopback port.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err

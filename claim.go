@@ -66,6 +66,9 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 			return nil, refuse(unavailable(ErrLockLost))
 		}
 		l.fence, c.fence = cl.fence, cl.fence
+		if cl.retaken && m.cfg.outcomes != nil {
+			return m.recoverAnswer(c, l)
+		}
 		return l, verdict{}
 	case outcomeDone:
 		m.cache.put(c.id, c.fp, cl.rec, m.cacheExpiry(cl.rec))

@@ -32,6 +32,7 @@ type config struct {
 	logger          *slog.Logger
 	failOpen        bool
 	retryAbandoned  bool
+	outcomes        OutcomeStore
 	replicaAcks     int
 	replicaWait     time.Duration
 	sessionCookie   string

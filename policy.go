@@ -66,9 +66,11 @@ func WithReleaseOnServerError() Option {
 	})
 }
 
-// execution is what a protected handler's context carries: its fencing
-// token, and what becomes of its answer.
+// execution is what a protected handler's context carries: who it is
+// (ExecutionOf), its fencing token, and what becomes of its answer.
 type execution struct {
+	key   string // the record's Redis key
+	fp    fingerprintSum
 	fence uint64
 	state atomic.Int32 // running, released or decided
 	// decision is the policy's answer, taken once, when the status went

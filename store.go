@@ -43,7 +43,7 @@ type store struct {
 
 func newStore(client redis.UniversalClient, cfg *config) *store {
 	retry := "0"
-	if cfg.retryAbandoned {
+	if cfg.retryAbandoned || cfg.outcomes != nil {
 		retry = "1"
 	}
 	return &store{
@@ -70,6 +70,7 @@ const (
 type claim struct {
 	outcome claimOutcome
 	fence   uint64  // outcomeClaimed only
+	retaken bool    // outcomeClaimed: an abandoned execution taken over
 	rec     *record // outcomeDone only
 }
 
@@ -117,7 +118,7 @@ func (s *store) claimReply(k keys, cmd *redis.Cmd) (claim, error) {
 		if err != nil || fence == 0 {
 			return claim{}, fmt.Errorf("idempotency: bad fencing token %q", text)
 		}
-		return claim{outcome: outcomeClaimed, fence: fence}, nil
+		return claim{outcome: outcomeClaimed, fence: fence, retaken: len(reply) > 2}, nil
 	case "done":
 		rec, ttl, err := decodeReply(reply[1:])
 		if err != nil {

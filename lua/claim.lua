@@ -12,7 +12,8 @@
 -- token it accepted can refuse a write from an executor whose lease ran out
 -- and whose key was taken over.
 --
--- Replies: {'claimed', f} run the handler; {'done', c, h, b, ttl} replay
+-- Replies: {'claimed', f} run the handler ({'claimed', f, 'retaken'} when
+-- it takes an abandoned execution over); {'done', c, h, b, ttl} replay
 -- (ttl: the record's remaining milliseconds);
 -- {'unknown'}, {'mismatch'}, {'big'}, {'abandoned'}, {'lost'}.
 -- Every reply but 'claimed' releases our lock. Running the script again with
@@ -63,7 +64,7 @@ if st then
   local fence = math.max(tonumber(rec[7]) + 1, now_us)
   redis.call('HINCRBY', KEYS[1], 'n', 1)
   redis.call('HSET', KEYS[1], 'o', ARGV[1], 'f', string.format('%.0f', fence))
-  return {'claimed', string.format('%.0f', fence)}
+  return {'claimed', string.format('%.0f', fence), 'retaken'}
 end
 
 local t = redis.call('TIME')

@@ -1,0 +1,185 @@
+package sqlidem_test
+
+import (
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/onceonly/idempotency/internal/sqltest"
+	"github.com/onceonly/idempotency/sqlidem"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// bank is a transfer endpoint on a SQL database, protected by the
+// middleware with the outcome store: a second execution of a transfer
+// would show as a wrong balance.
+type bank struct {
+	t        *testing.T
+	db       *sqltest.DB
+	store    *sqlidem.Store
+	rdb      redis.UniversalClient
+	accounts string
+	srv      *httptest.Server
+	runs     atomic.Int64 // transfers that ran fn
+	// before, when set, runs before the transaction (an executor paused
+	// after its claim); inside, inside it, after fn's writes.
+	before, inside func(idempotency.Execution)
+
+	mu    sync.Mutex
+	execs map[string]idempotency.Execution // by Idempotency-Key
+}
+
+var dialects = map[sqltest.Kind]sqlidem.Dialect{
+	sqltest.SQLite: sqlidem.SQLite, sqltest.PostgreSQL: sqlidem.PostgreSQL, sqltest.MySQL: sqlidem.MySQL,
+}
+
+func newBank(t *testing.T, d *sqltest.DB, opts ...idempotency.Option) *bank {
+	t.Helper()
+	b := &bank{t: t, db: d, execs: map[string]idempotency.Execution{}}
+	store, err := sqlidem.New(d.DB, dialects[d.Kind], sqlidem.WithTable(d.Table(t, "outcomes")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, store.CreateTable(t.Context()))
+	b.store = store
+	b.accounts = d.Table(t, "accounts")
+	must(t, exec(d.DB, "CREATE TABLE "+b.accounts+" (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL)"))
+	must(t, exec(d.DB, "INSERT INTO "+b.accounts+" (id, balance) VALUES (1, 1000000), (2, 0)"))
+
+	prefix := "sqlidem-" + strings.NewReplacer("/", "-", " ", "_").Replace(t.Name())
+	b.rdb = redistest.Client(t, prefix)
+	m := idempotency.New(b.rdb, append([]idempotency.Option{
+		idempotency.WithKeyPrefix(prefix), idempotency.WithOutcomeStore(store),
+		idempotency.WithLockLease(2 * time.Second),
+		// Every request goes to Redis, as on a second instance: this one's
+		// cache would replay what the tests make Redis forget.
+		idempotency.WithResponseCache(0, 0),
+	}, opts...)...)
+	paused := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if e, ok := idempotency.ExecutionOf(r.Context()); ok {
+			b.mu.Lock()
+			b.execs[r.Header.Get("Idempotency-Key")] = e
+			b.mu.Unlock()
+			if b.before != nil {
+				b.before(e)
+			}
+		}
+		store.Handler(b.transfer).ServeHTTP(w, r)
+	})
+	b.srv = httptest.NewServer(m.ProtectKey(paused))
+	t.Cleanup(b.srv.Close)
+	return b
+}
+
+// transfer moves amount from account 1 to account 2.
+func (b *bank) transfer(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error {
+	var in struct{ Amount int64 }
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Amount <= 0 {
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		return errors.New("bad amount")
+	}
+	ctx := r.Context()
+	q := b.db.Rebind("UPDATE " + b.accounts + " SET balance = balance + ? WHERE id = ?")
+	if _, err := tx.ExecContext(ctx, q, -in.Amount, 1); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, q, in.Amount, 2); err != nil {
+		return err
+	}
+	if b.inside != nil {
+		e, _ := idempotency.ExecutionOf(ctx)
+		b.inside(e)
+	}
+	n := b.runs.Add(1)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"transfer":%d,"amount":%d}`, n, in.Amount)
+	return nil
+}
+
+type reply struct {
+	status   int
+	body     string
+	replayed bool
+	problem  string
+}
+
+func (b *bank) post(key string, amount int64) reply {
+	b.t.Helper()
+	req, _ := http.NewRequest("POST", b.srv.URL+"/transfers", strings.NewReader(fmt.Sprintf(`{"amount":%d}`, amount)))
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	rp := reply{status: res.StatusCode, body: string(body), replayed: res.Header.Get(idempotency.ReplayedHeader) == "true"}
+	if strings.HasPrefix(res.Header.Get("Content-Type"), "application/problem+json") {
+		var p struct{ Type string }
+		json.Unmarshal(body, &p)
+		rp.problem = strings.TrimPrefix(p.Type, idempotency.ProblemTypeBase)
+	}
+	return rp
+}
+
+// balances returns accounts 1 and 2.
+func (b *bank) balances() (int64, int64) {
+	b.t.Helper()
+	var from, to int64
+	must(b.t, b.db.QueryRow("SELECT balance FROM "+b.accounts+" WHERE id = 1").Scan(&from))
+	must(b.t, b.db.QueryRow("SELECT balance FROM "+b.accounts+" WHERE id = 2").Scan(&to))
+	return from, to
+}
+
+func (b *bank) execution(key string) idempotency.Execution {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e, ok := b.execs[key]
+	if !ok {
+		b.t.Fatalf("no execution seen for key %q", key)
+	}
+	return e
+}
+
+// abandon makes the key's Redis record read as an execution whose
+// instance stopped before it stored an answer: claimed by a lock value
+// nobody holds, with no answer.
+func (b *bank) abandon(key string) {
+	b.t.Helper()
+	rec := b.execution(key).Key
+	ctx := b.t.Context()
+	must(b.t, b.rdb.HSet(ctx, rec, "st", "run", "o", "an-executor-that-died").Err())
+	must(b.t, b.rdb.HDel(ctx, rec, "c", "h", "b").Err())
+}
+
+func (b *bank) redisState(key string) string {
+	st, _ := b.rdb.HGet(b.t.Context(), b.execution(key).Key, "st").Result()
+	return st
+}
+
+func exec(db *sql.DB, query string) error {
+	_, err := db.Exec(query)
+	return err
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

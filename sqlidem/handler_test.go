@@ -1,0 +1,78 @@
+package sqlidem_test
+
+import (
+	"testing"
+
+	"github.com/onceonly/idempotency/internal/sqltest"
+)
+
+func TestTransferCommitsOnceAndReplays(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		b := newBank(t, d)
+		first := b.post("k1", 70)
+		if first.status != 201 || first.replayed {
+			t.Fatalf("first: %+v", first)
+		}
+		again := b.post("k1", 70)
+		if again.status != 201 || !again.replayed || again.body != first.body {
+			t.Fatalf("duplicate: %+v, first %+v", again, first)
+		}
+		if from, to := b.balances(); from != 1000000-70 || to != 70 {
+			t.Fatalf("balances %d, %d after one transfer of 70", from, to)
+		}
+		row, ok, err := b.store.Lookup(t.Context(), b.execution("k1").Key)
+		must(t, err)
+		if !ok || !row.Done || row.Answer.Status != 201 || string(row.Answer.Body) != first.body ||
+			row.Fence != b.execution("k1").Fence || row.Answer.Fingerprint != b.execution("k1").Fingerprint {
+			t.Fatalf("outcome row %+v (found %v); want the first answer under its fence and fingerprint", row, ok)
+		}
+	})
+}
+
+func TestRedisForgetsButSQLRemembers(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		b := newBank(t, d)
+		first := b.post("k1", 5)
+		must(t, b.rdb.Del(t.Context(), b.execution("k1").Key).Err()) // a flush, an eviction, a failover
+		again := b.post("k1", 5)
+		if again.status != 201 || !again.replayed || again.body != first.body {
+			t.Fatalf("after Redis forgot: %+v, first %+v", again, first)
+		}
+		if b.runs.Load() != 1 {
+			t.Fatalf("transfer ran %d times", b.runs.Load())
+		}
+		if from, _ := b.balances(); from != 1000000-5 {
+			t.Fatalf("balance %d", from)
+		}
+		if st := b.redisState("k1"); st != "done" {
+			t.Fatalf("Redis record state %q after the replay; want it stored again", st)
+		}
+		// The same key for another transfer is refused, not run.
+		must(t, b.rdb.Del(t.Context(), b.execution("k1").Key).Err())
+		if other := b.post("k1", 6); other.status != 422 || other.problem != "key-reused" {
+			t.Fatalf("key reused after Redis forgot: %+v", other)
+		}
+		if b.runs.Load() != 1 {
+			t.Fatalf("transfer ran %d times", b.runs.Load())
+		}
+	})
+}
+
+func TestFailedTransferCommitsNothingAndReleasesTheKey(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		b := newBank(t, d)
+		if bad := b.post("k1", -1); bad.status != 422 || bad.replayed {
+			t.Fatalf("bad amount: %+v", bad)
+		}
+		if row, ok, err := b.store.Lookup(t.Context(), b.execution("k1").Key); err != nil || ok {
+			t.Fatalf("row %+v (found %v, %v) after a rolled-back transfer", row, ok, err)
+		}
+		// Released: the corrected request under the same key runs.
+		if fixed := b.post("k1", 3); fixed.status != 201 || fixed.replayed {
+			t.Fatalf("corrected retry: %+v", fixed)
+		}
+		if from, to := b.balances(); from != 1000000-3 || to != 3 {
+			t.Fatalf("balances %d, %d", from, to)
+		}
+	})
+}

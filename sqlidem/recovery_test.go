@@ -1,0 +1,142 @@
+package sqlidem_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/sqltest"
+)
+
+// An abandoned execution that committed: the retry replays the committed
+// answer and stores it in Redis, and the transfer does not run again.
+func TestRecoveryReplaysACommittedAnswer(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		b := newBank(t, d)
+		first := b.post("k1", 40)
+		b.abandon("k1")
+		again := b.post("k1", 40)
+		if again.status != 201 || !again.replayed || again.body != first.body {
+			t.Fatalf("retry of an abandoned execution that committed: %+v, first %+v", again, first)
+		}
+		if b.runs.Load() != 1 {
+			t.Fatalf("transfer ran %d times", b.runs.Load())
+		}
+		if st := b.redisState("k1"); st != "done" {
+			t.Fatalf("Redis record state %q after recovery; want the answer stored", st)
+		}
+		if from, to := b.balances(); from != 1000000-40 || to != 40 {
+			t.Fatalf("balances %d, %d", from, to)
+		}
+	})
+}
+
+// An abandoned execution that committed nothing: the retry runs the
+// transfer again, under a higher fencing token, once.
+func TestRecoveryRunsAgainWhenNothingCommitted(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		b := newBank(t, d)
+		b.post("k1", 0) // rolled back and released: nothing committed
+		b.post("k1", 9) // commits
+		committed := b.execution("k1")
+		// Now pretend the commit never happened and the instance died.
+		must(t, b.store.Forget(t.Context(), committed.Key))
+		b.abandon("k1")
+		retry := b.post("k1", 9)
+		if retry.status != 201 || retry.replayed {
+			t.Fatalf("retry of an abandoned execution that committed nothing: %+v", retry)
+		}
+		rerun := b.execution("k1")
+		if rerun.Fence <= committed.Fence {
+			t.Fatalf("rerun fence %d not above the abandoned one %d", rerun.Fence, committed.Fence)
+		}
+		row, ok, err := b.store.Lookup(t.Context(), rerun.Key)
+		must(t, err)
+		if !ok || !row.Done || row.Fence != rerun.Fence {
+			t.Fatalf("outcome row %+v (found %v); want the rerun's", row, ok)
+		}
+		if again := b.post("k1", 9); !again.replayed || again.body != retry.body {
+			t.Fatalf("duplicate after the rerun: %+v", again)
+		}
+	})
+}
+
+// Without an outcome store, the same abandoned execution is answered 409
+// interrupted: a Redis record alone cannot say whether it committed.
+func TestWithoutOutcomeStoreAbandonedIsInterrupted(t *testing.T) {
+	d := sqltest.Open(t, sqltest.SQLite)
+	b := newBank(t, d, idempotency.WithOutcomeStore(nil))
+	b.post("k1", 1)
+	b.abandon("k1")
+	if r := b.post("k1", 1); r.status != 409 || r.problem != "interrupted" {
+		t.Fatalf("got %+v; want 409 interrupted", r)
+	}
+}
+
+// A stale executor, paused after its claim while recovery fenced its key
+// for a newer execution, cannot commit: its transfer never runs.
+func TestStaleExecutorPausedBeforeItsTransaction(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		b := newBank(t, d)
+		b.before = func(e idempotency.Execution) {
+			// Another instance took the key over meanwhile.
+			_, committed, err := b.store.Recover(context.Background(), e.Key, e.Fence+1)
+			if err != nil || committed {
+				t.Errorf("Recover: committed %v, %v", committed, err)
+			}
+		}
+		r := b.post("k1", 11)
+		if r.status != 409 || r.problem != "in-progress" {
+			t.Fatalf("stale executor answered %+v; want 409 in-progress", r)
+		}
+		if b.runs.Load() != 0 {
+			t.Fatal("the stale executor's transfer ran")
+		}
+		if from, to := b.balances(); from != 1000000 || to != 0 {
+			t.Fatalf("balances %d, %d after a refused transfer", from, to)
+		}
+	})
+}
+
+// The same, paused inside its transaction after its writes: the writes
+// roll back with the outcome row that cannot go in.
+func TestStaleExecutorPausedInsideItsTransaction(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		if d.Kind == sqltest.SQLite {
+			t.Skip("SQLite has one writer at a time: the paused transaction holds it, so no other " +
+				"execution can fence or commit until it ends (covered by the paused-before test)")
+		}
+		b := newBank(t, d)
+		b.inside = func(e idempotency.Execution) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, committed, err := b.store.Recover(ctx, e.Key, e.Fence+1)
+			if err != nil || committed {
+				t.Errorf("Recover: committed %v, %v", committed, err)
+			}
+		}
+		r := b.post("k1", 11)
+		if r.status != 409 || r.problem != "in-progress" {
+			t.Fatalf("stale executor answered %+v; want 409 in-progress", r)
+		}
+		if from, to := b.balances(); from != 1000000 || to != 0 {
+			t.Fatalf("balances %d, %d: the stale executor's writes committed", from, to)
+		}
+		row, ok, err := b.store.Lookup(t.Context(), b.execution("k1").Key)
+		must(t, err)
+		if !ok || row.Done || row.Fence != b.execution("k1").Fence+1 {
+			t.Fatalf("row %+v (found %v); want the newer execution's fence", row, ok)
+		}
+	})
+}
+
+func TestNewRefusesBadOptions(t *testing.T) {
+	d := sqltest.Open(t, sqltest.SQLite)
+	for _, name := range []string{"", "a;b", "1x", "a.b.c", "x y", strings.Repeat("a", 64)} {
+		if _, err := newStore(d, name); err == nil {
+			t.Errorf("table %q accepted", name)
+		}
+	}
+}

@@ -1,0 +1,182 @@
+package sqlidem
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/onceonly/idempotency"
+)
+
+// DefaultTable is the outcome table's name unless WithTable names another.
+const DefaultTable = "idempotency_outcomes"
+
+// A Store keeps protected handlers' answers in a SQL table, committed in
+// the same transaction as the handlers' own writes (see Handler). It is an
+// idempotency.OutcomeStore: give it to the middleware with
+// idempotency.WithOutcomeStore, and an abandoned execution is recovered
+// from it instead of being answered 409 interrupted.
+//
+// The table holds one row per key:
+//
+//	record_key   the key's Redis record name (idempotency.Execution.Key)
+//	fingerprint  the request's fingerprint, hex ('' in a fence row)
+//	fence        the fencing token of the execution that wrote the row
+//	state        'done': an answer committed with the handler's writes;
+//	             'fenced': nothing committed, and executions with a lower
+//	             fence may no longer commit (written by recovery)
+//	status, header (JSON), body   the answer ('done' rows)
+//	written_ms   when the row was written, Unix milliseconds (see Purge)
+//
+// A Store is safe for concurrent use.
+type Store struct {
+	db      *sql.DB
+	dialect Dialect
+	table   string
+	onError func(http.ResponseWriter, *http.Request, error)
+
+	selectRow, insertDone, updateFenced, upsertFence string
+}
+
+// An Option configures a Store.
+type Option func(*Store)
+
+// WithTable names the outcome table (default DefaultTable), optionally
+// qualified by a schema.
+func WithTable(name string) Option { return func(s *Store) { s.table = name } }
+
+// WithErrorHandler sets what answers a request whose transaction did not
+// commit: err wraps idempotency.ErrStoreUnavailable when the database
+// failed, idempotency.ErrInProgress when a newer execution owns the key,
+// idempotency.ErrKeyReused when the key's committed answer is another
+// request's, and is the handler's own error otherwise. Default
+// idempotency.DefaultErrorHandler, which never shows err's text.
+func WithErrorHandler(fn func(http.ResponseWriter, *http.Request, error)) Option {
+	return func(s *Store) { s.onError = fn }
+}
+
+// New returns a Store on db, which speaks dialect. It checks the options,
+// not the database: call CreateTable, or create the table yourself from
+// the DDL CreateTable runs.
+func New(db *sql.DB, dialect Dialect, opts ...Option) (*Store, error) {
+	s := &Store{db: db, dialect: dialect, table: DefaultTable, onError: idempotency.DefaultErrorHandler}
+	for _, opt := range opts {
+		opt(s)
+	}
+	switch {
+	case db == nil:
+		return nil, errors.New("sqlidem: nil *sql.DB")
+	case dialect < SQLite || dialect > MySQL:
+		return nil, fmt.Errorf("sqlidem: unknown dialect %v", dialect)
+	case !validTable(s.table):
+		return nil, fmt.Errorf("sqlidem: invalid table name %q", s.table)
+	}
+	t, d := s.table, s.dialect
+	s.selectRow = d.bind("SELECT state, fingerprint, fence, status, header, body FROM " + t + " WHERE record_key = ?")
+	s.insertDone = d.bind("INSERT INTO " + t +
+		" (record_key, fingerprint, fence, state, status, header, body, written_ms) VALUES (?, ?, ?, 'done', ?, ?, ?, ?)")
+	s.updateFenced = d.bind("UPDATE " + t + " SET fingerprint = ?, fence = ?, state = 'done', status = ?, header = ?, body = ?, written_ms = ?" +
+		" WHERE record_key = ? AND state = 'fenced' AND fence <= ?")
+	s.upsertFence = d.fenceUpsert(t)
+	return s, nil
+}
+
+// CreateTable creates the outcome table if it does not exist.
+func (s *Store) CreateTable(ctx context.Context) error {
+	_, err := s.db.ExecContext(ctx, s.dialect.createTable(s.table))
+	return err
+}
+
+// DDL returns the statement CreateTable runs, for migration tools.
+func (s *Store) DDL() string { return s.dialect.createTable(s.table) }
+
+// A Row is what the table holds for one key.
+type Row struct {
+	Done   bool // an answer was committed; otherwise a fence row
+	Fence  uint64
+	Answer idempotency.Answer // Done rows only
+}
+
+// querier is a *sql.DB or a *sql.Tx.
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Lookup returns the key's row, or ok false when it has none.
+func (s *Store) Lookup(ctx context.Context, key string) (row Row, ok bool, err error) {
+	return s.lookup(ctx, s.db, key)
+}
+
+func (s *Store) lookup(ctx context.Context, q querier, key string) (Row, bool, error) {
+	var (
+		state, fp, header string
+		fence             int64
+		status            int
+		body              []byte
+	)
+	err := q.QueryRowContext(ctx, s.selectRow, key).Scan(&state, &fp, &fence, &status, &header, &body)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Row{}, false, nil
+	}
+	if err != nil {
+		return Row{}, false, err
+	}
+	row := Row{Done: state == "done", Fence: uint64(fence)}
+	if row.Done {
+		row.Answer = idempotency.Answer{Status: status, Body: body, Fingerprint: fp}
+		if err := json.Unmarshal([]byte(header), &row.Answer.Header); err != nil {
+			return Row{}, false, fmt.Errorf("sqlidem: header of %q: %w", key, err)
+		}
+	}
+	return row, true, nil
+}
+
+// Recover implements idempotency.OutcomeStore: it returns the answer
+// committed for key, or, when there is none, writes (or raises) the key's
+// fence row to fence, after which an execution with a lower fence can no
+// longer commit.
+func (s *Store) Recover(ctx context.Context, key string, fence uint64) (idempotency.Answer, bool, error) {
+	if row, ok, err := s.lookup(ctx, s.db, key); err != nil || (ok && row.Done) {
+		return row.Answer, ok && row.Done, err
+	}
+	if _, err := s.db.ExecContext(ctx, s.upsertFence, key, int64(fence), time.Now().UnixMilli()); err != nil {
+		return idempotency.Answer{}, false, err
+	}
+	// The abandoned executor may have committed just before the fence.
+	row, ok, err := s.lookup(ctx, s.db, key)
+	switch {
+	case err != nil:
+		return idempotency.Answer{}, false, err
+	case !ok:
+		return idempotency.Answer{}, false, fmt.Errorf("sqlidem: fence row of %q vanished", key)
+	case row.Done:
+		return row.Answer, true, nil
+	case row.Fence > fence:
+		return idempotency.Answer{}, false, fmt.Errorf("sqlidem: %q is fenced by a newer execution (%d > %d)", key, row.Fence, fence)
+	}
+	return idempotency.Answer{}, false, nil
+}
+
+// Forget deletes the key's row, committed answer or fence alike. A retry
+// of the key then runs the handler again (once Redis has forgotten the key
+// too): for an operator who has established that its writes were undone.
+func (s *Store) Forget(ctx context.Context, key string) error {
+	_, err := s.db.ExecContext(ctx, s.dialect.bind("DELETE FROM "+s.table+" WHERE record_key = ?"), key)
+	return err
+}
+
+// Purge deletes the rows written before cutoff and reports how many went.
+// Keep rows at least as long as Redis keeps records (idempotency's
+// WithRecordTTL, 24 hours by default) and as long as clients may retry:
+// a retry that finds neither replays nothing and runs again.
+func (s *Store) Purge(ctx context.Context, cutoff time.Time) (int64, error) {
+	res, err := s.db.ExecContext(ctx, s.dialect.bind("DELETE FROM "+s.table+" WHERE written_ms < ?"), cutoff.UnixMilli())
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}

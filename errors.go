@@ -63,7 +63,7 @@ var problems = []*problem{
 	{err: ErrNotReplayable, status: http.StatusConflict, slug: "not-replayable",
 		title: "Response not replayable", detail: "The request was executed, but its response was streamed or too large to store."},
 	{err: ErrInterrupted, status: http.StatusConflict, slug: "interrupted",
-		title: "Original execution interrupted", detail: "The request was claimed by a server that stopped before storing a response; its outcome is unknown."},
+		title: "Original execution interrupted", detail: "The request was claimed by a server that stopped before storing a response; its outcome is unknown. An operator settles the key with idemctl."},
 	{err: ErrUnreadableRecord, status: http.StatusConflict, slug: "unreadable-record",
 		title: "Stored response unreadable", detail: "The request was executed, but its stored response cannot be read; it cannot be replayed, and retrying will not change that."},
 	{err: ErrStoreUnavailable, status: http.StatusServiceUnavailable, slug: "store-unavailable", retryAfter: true,

@@ -152,7 +152,7 @@ func (d *testDB) createTable(t *testing.T, columns ...string) string {
 	defs := make([]string, len(columns))
 	for i, c := range columns {
 		col, rest, _ := strings.Cut(c, " ")
-		defs[i] = d.dialect.quote(col) + " " + rest
+		defs[i] = d.dialect.Quote(col) + " " + rest
 	}
 	_, err := d.db.ExecContext(t.Context(), "CREATE TABLE "+name+" ("+strings.Join(defs, ", ")+")")
 	require.NoError(t, err)
@@ -198,7 +198,7 @@ func (d *testDB) rebind(query string) string {
 	for _, r := range query {
 		if r == '?' {
 			n++
-			b.WriteString(d.dialect.placeholder(n))
+			b.WriteString(d.dialect.Placeholder(n))
 			continue
 		}
 		b.WriteRune(r)

@@ -62,7 +62,7 @@ type quotedTable struct {
 }
 
 func (t Table) quoted() (quotedTable, error) {
-	if !t.Dialect.valid() {
+	if !t.Dialect.Valid() {
 		return quotedTable{}, fmt.Errorf("optimistic: table %q has no valid Dialect (%v)", t.Name, t.Dialect)
 	}
 	t.ID = orDefault(t.ID, "id")
@@ -76,7 +76,7 @@ func (t Table) quoted() (quotedTable, error) {
 			return quotedTable{}, err
 		}
 	}
-	q := t.Dialect.quote
+	q := t.Dialect.Quote
 	return quotedTable{dialect: t.Dialect, name: q(t.Name), id: q(t.ID),
 		version: q(t.Version), fence: q(t.Fence), raw: t}, nil
 }
@@ -107,7 +107,7 @@ func (s *statement) write(parts ...string) {
 // param adds a parameter and returns its placeholder.
 func (s *statement) param(v any) string {
 	s.args = append(s.args, v)
-	return s.dialect.placeholder(len(s.args))
+	return s.dialect.Placeholder(len(s.args))
 }
 
 // update builds UPDATE name SET <set…>, <guard> = <guardValue> WHERE id = ?
@@ -133,7 +133,7 @@ func (q quotedTable) update(id any, set []Assignment, reserved []string, guardVa
 			return nil, fmt.Errorf("optimistic: %s: column %q is set twice", q.raw.Name, a.Column)
 		}
 		seen[key] = true
-		s.write(q.dialect.quote(a.Column), " = ", s.param(a.Value), ", ")
+		s.write(q.dialect.Quote(a.Column), " = ", s.param(a.Value), ", ")
 	}
 	s.write(guardValue(s), " WHERE ", q.id, " = ", s.param(id), " AND ", cond(s))
 	return s, nil

@@ -61,7 +61,7 @@ func TestUpdate(t *testing.T) {
 		t.Run("custom column names", func(t *testing.T) {
 			name := d.createTable(t, "key VARCHAR(20) PRIMARY KEY", "rev BIGINT NOT NULL DEFAULT 0", "select VARCHAR(10)")
 			custom := Table{Dialect: d.dialect, Name: name, ID: "key", Version: "rev"}
-			_, err := d.db.ExecContext(ctx, "INSERT INTO "+name+" ("+d.dialect.quote("key")+") VALUES ('k')")
+			_, err := d.db.ExecContext(ctx, "INSERT INTO "+name+" ("+d.dialect.Quote("key")+") VALUES ('k')")
 			require.NoError(t, err)
 			v, err := custom.Update(ctx, d.db, "k", 0, Set("select", "a"))
 			require.NoError(t, err)

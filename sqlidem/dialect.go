@@ -2,57 +2,28 @@ package sqlidem
 
 import (
 	"fmt"
-	"strconv"
-	"strings"
+
+	"github.com/onceonly/idempotency/internal/sqldialect"
 )
 
 // Dialect is the SQL flavour of the database that holds the outcomes. There
 // is no default: a wrong guess turns every statement into a syntax error.
-type Dialect uint8
+// It is the same type as optimistic.Dialect.
+type Dialect = sqldialect.Dialect
 
 const (
 	// SQLite: ? placeholders, ON CONFLICT upserts.
-	SQLite Dialect = iota + 1
+	SQLite = sqldialect.SQLite
 	// PostgreSQL: $1, $2, … placeholders, ON CONFLICT upserts.
-	PostgreSQL
+	PostgreSQL = sqldialect.PostgreSQL
 	// MySQL and MariaDB: ? placeholders, ON DUPLICATE KEY upserts.
-	MySQL
+	MySQL = sqldialect.MySQL
 )
 
-func (d Dialect) String() string {
-	switch d {
-	case SQLite:
-		return "SQLite"
-	case PostgreSQL:
-		return "PostgreSQL"
-	case MySQL:
-		return "MySQL"
-	}
-	return "Dialect(" + strconv.Itoa(int(d)) + ")"
-}
-
-// bind rewrites a statement written with ? placeholders for d.
-func (d Dialect) bind(query string) string {
-	if d != PostgreSQL {
-		return query
-	}
-	var b strings.Builder
-	n := 0
-	for _, r := range query {
-		if r == '?' {
-			n++
-			b.WriteString("$" + strconv.Itoa(n))
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
-
-// createTable is the DDL of the outcome table in d. The record key is
-// compared byte for byte (MySQL's default collations would fold case, and
-// two keys that differ in case are two requests).
-func (d Dialect) createTable(table string) string {
+// createTable is the DDL of the outcome table (quoted) in d. The record key
+// is compared byte for byte (MySQL's default collations would fold case,
+// and two keys that differ in case are two requests).
+func createTable(d Dialect, table string) string {
 	key, text, blob := "TEXT", "TEXT", "BLOB"
 	switch d {
 	case PostgreSQL:
@@ -75,41 +46,18 @@ func (d Dialect) createTable(table string) string {
 // fenceUpsert writes a fence row for a key with nothing committed, or
 // raises the fence of one; a committed answer is never touched.
 // Arguments: key, fence, written_ms.
-func (d Dialect) fenceUpsert(table string) string {
-	insert := "INSERT INTO " + table + ` AS o (record_key, fingerprint, fence, state, status, header, body, written_ms)
+func fenceUpsert(d Dialect, table string) string {
+	const columns = ` (record_key, fingerprint, fence, state, status, header, body, written_ms)
 	VALUES (?, '', ?, 'fenced', 0, '', NULL, ?)`
 	if d == MySQL {
-		insert = "INSERT INTO " + table + ` (record_key, fingerprint, fence, state, status, header, body, written_ms)
-	VALUES (?, '', ?, 'fenced', 0, '', NULL, ?)`
 		// written_ms first: once fence is assigned, the condition reads
 		// the new value.
-		return d.bind(insert + `
+		return "INSERT INTO " + table + columns + `
 	ON DUPLICATE KEY UPDATE
 	written_ms = IF(state = 'fenced' AND fence < VALUES(fence), VALUES(written_ms), written_ms),
-	fence = IF(state = 'fenced' AND fence < VALUES(fence), VALUES(fence), fence)`)
+	fence = IF(state = 'fenced' AND fence < VALUES(fence), VALUES(fence), fence)`
 	}
-	return d.bind(insert + `
+	return d.Bind("INSERT INTO " + table + " AS o" + columns + `
 	ON CONFLICT (record_key) DO UPDATE SET fence = excluded.fence, written_ms = excluded.written_ms
 	WHERE o.state = 'fenced' AND o.fence < excluded.fence`)
-}
-
-// validTable reports whether s is a plain SQL name, optionally qualified
-// by a schema: letters, digits and underscores, not starting with a digit.
-// Validation keeps injection out of the statements the name goes into.
-func validTable(s string) bool {
-	parts := strings.Split(s, ".")
-	if len(parts) > 2 {
-		return false
-	}
-	for _, p := range parts {
-		if p == "" || len(p) > 63 || (p[0] >= '0' && p[0] <= '9') {
-			return false
-		}
-		for _, c := range p {
-			if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
-				return false
-			}
-		}
-	}
-	return true
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/sqldialect"
 )
 
 // DefaultTable is the outcome table's name unless WithTable names another.
@@ -39,7 +40,8 @@ type Store struct {
 	table   string
 	onError func(http.ResponseWriter, *http.Request, error)
 
-	selectRow, insertDone, updateFenced, upsertFence string
+	// Statements, built once by New.
+	ddl, selectRow, insertDone, updateFenced, upsertFence, forget, purge string
 }
 
 // An Option configures a Store.
@@ -70,29 +72,33 @@ func New(db *sql.DB, dialect Dialect, opts ...Option) (*Store, error) {
 	switch {
 	case db == nil:
 		return nil, errors.New("sqlidem: nil *sql.DB")
-	case dialect < SQLite || dialect > MySQL:
+	case !dialect.Valid():
 		return nil, fmt.Errorf("sqlidem: unknown dialect %v", dialect)
-	case !validTable(s.table):
-		return nil, fmt.Errorf("sqlidem: invalid table name %q", s.table)
+	case !sqldialect.ValidName(s.table, true):
+		return nil, fmt.Errorf("sqlidem: invalid table name %q: use letters, digits and underscores, "+
+			"not starting with a digit, and at most one dot for a schema", s.table)
 	}
-	t, d := s.table, s.dialect
-	s.selectRow = d.bind("SELECT state, fingerprint, fence, status, header, body FROM " + t + " WHERE record_key = ?")
-	s.insertDone = d.bind("INSERT INTO " + t +
+	t, d := dialect.Quote(s.table), s.dialect
+	s.ddl = createTable(d, t)
+	s.selectRow = d.Bind("SELECT state, fingerprint, fence, status, header, body FROM " + t + " WHERE record_key = ?")
+	s.insertDone = d.Bind("INSERT INTO " + t +
 		" (record_key, fingerprint, fence, state, status, header, body, written_ms) VALUES (?, ?, ?, 'done', ?, ?, ?, ?)")
-	s.updateFenced = d.bind("UPDATE " + t + " SET fingerprint = ?, fence = ?, state = 'done', status = ?, header = ?, body = ?, written_ms = ?" +
+	s.updateFenced = d.Bind("UPDATE " + t + " SET fingerprint = ?, fence = ?, state = 'done', status = ?, header = ?, body = ?, written_ms = ?" +
 		" WHERE record_key = ? AND state = 'fenced' AND fence <= ?")
-	s.upsertFence = d.fenceUpsert(t)
+	s.upsertFence = fenceUpsert(d, t)
+	s.forget = d.Bind("DELETE FROM " + t + " WHERE record_key = ?")
+	s.purge = d.Bind("DELETE FROM " + t + " WHERE written_ms < ?")
 	return s, nil
 }
 
 // CreateTable creates the outcome table if it does not exist.
 func (s *Store) CreateTable(ctx context.Context) error {
-	_, err := s.db.ExecContext(ctx, s.dialect.createTable(s.table))
+	_, err := s.db.ExecContext(ctx, s.ddl)
 	return err
 }
 
 // DDL returns the statement CreateTable runs, for migration tools.
-func (s *Store) DDL() string { return s.dialect.createTable(s.table) }
+func (s *Store) DDL() string { return s.ddl }
 
 // A Row is what the table holds for one key.
 type Row struct {
@@ -165,7 +171,7 @@ func (s *Store) Recover(ctx context.Context, key string, fence uint64) (idempote
 // of the key then runs the handler again (once Redis has forgotten the key
 // too): for an operator who has established that its writes were undone.
 func (s *Store) Forget(ctx context.Context, key string) error {
-	_, err := s.db.ExecContext(ctx, s.dialect.bind("DELETE FROM "+s.table+" WHERE record_key = ?"), key)
+	_, err := s.db.ExecContext(ctx, s.forget, key)
 	return err
 }
 
@@ -174,7 +180,7 @@ func (s *Store) Forget(ctx context.Context, key string) error {
 // WithRecordTTL, 24 hours by default) and as long as clients may retry:
 // a retry that finds neither replays nothing and runs again.
 func (s *Store) Purge(ctx context.Context, cutoff time.Time) (int64, error) {
-	res, err := s.db.ExecContext(ctx, s.dialect.bind("DELETE FROM "+s.table+" WHERE written_ms < ?"), cutoff.UnixMilli())
+	res, err := s.db.ExecContext(ctx, s.purge, cutoff.UnixMilli())
 	if err != nil {
 		return 0, err
 	}

@@ -1,13 +1,8 @@
 package sqlidem
 
 import (
-	"context"
 	"database/sql"
-	"encoding/json"
-	"errors"
-	"fmt"
 	"net/http"
-	"time"
 
 	"github.com/onceonly/idempotency"
 )
@@ -40,12 +35,14 @@ type TxFunc func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error
 // any, is sent unstored (a 422 for a request that a corrected retry may
 // fix); otherwise the error handler answers (see WithErrorHandler). A
 // failure to commit is answered idempotency.ErrStoreUnavailable, the key
-// released, unless the commit turns out to have happened.
+// released, unless the commit turns out to have happened. Inside fn,
+// return an error rather than call idempotency.Release: a committed answer
+// is the key's answer for as long as its row lives, whatever Redis keeps.
 //
 // fn must do all its writes in tx: the database's answer about the outcome
 // row is what makes a second execution's writes roll back. Calls to other
-// systems are not covered; pass them the request's key (see
-// idempotency.Execution) so that they deduplicate too.
+// systems are not covered; pass them a key derived from the request's (see
+// idempotency.ExecutionOf) so that they deduplicate too.
 //
 // Outside a protected execution (a route the middleware lets through
 // unprotected), fn runs in a transaction with no outcome row.
@@ -56,101 +53,28 @@ func (s *Store) Handler(fn TxFunc) http.Handler {
 			s.serveUnprotected(w, r, fn)
 			return
 		}
-		s.serve(w, r, exec, fn)
+		buf := newBuffer()
+		o := s.commitOnce(r.Context(), exec, func(tx *sql.Tx) (idempotency.Answer, error) {
+			if err := fn(tx, buf, r); err != nil {
+				return idempotency.Answer{}, err
+			}
+			return idempotency.Answer{Status: buf.code(), Header: buf.stored(), Body: buf.body.Bytes()}, nil
+		})
+		switch o.verdict {
+		case committed:
+			buf.writeTo(w)
+		case replayed:
+			writeReplay(w, o.answer)
+		case rolledBack:
+			s.rolledBack(w, r, buf, o.err)
+		default:
+			s.refuse(w, r, o.err)
+		}
 	})
 }
 
-func (s *Store) serve(w http.ResponseWriter, r *http.Request, exec idempotency.Execution, fn TxFunc) {
-	ctx := r.Context()
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
-		s.refuse(w, r, unavailable(err))
-		return
-	}
-	defer tx.Rollback() // after a commit, a no-op
-	row, found, err := s.lookup(ctx, tx, exec.Key)
-	switch {
-	case err != nil:
-		s.refuse(w, r, unavailable(err))
-		return
-	case found && row.Done:
-		tx.Rollback()
-		s.replay(w, r, exec, row.Answer)
-		return
-	case found && row.Fence > exec.Fence:
-		s.refuse(w, r, idempotency.ErrInProgress)
-		return
-	}
-	buf := newBuffer()
-	if err := fn(tx, buf, r); err != nil {
-		tx.Rollback()
-		s.rolledBack(w, r, buf, err)
-		return
-	}
-	err = s.writeOutcome(ctx, tx, exec, buf, found)
-	if err == nil {
-		err = tx.Commit()
-	}
-	if err != nil {
-		tx.Rollback()
-		s.afterFailedCommit(w, r, exec, buf, err)
-		return
-	}
-	buf.writeTo(w)
-}
-
-// errFenced: the key's fence row names a newer execution than ours.
-var errFenced = errors.New("sqlidem: a newer execution fenced the key")
-
-// writeOutcome puts the answer's row in tx: a new row, or the fence row
-// recovery wrote for this execution.
-func (s *Store) writeOutcome(ctx context.Context, tx *sql.Tx, exec idempotency.Execution, buf *buffer, fenced bool) error {
-	header, err := json.Marshal(buf.stored())
-	if err != nil {
-		return err
-	}
-	now, fence := time.Now().UnixMilli(), int64(exec.Fence)
-	if !fenced {
-		_, err := tx.ExecContext(ctx, s.insertDone, exec.Key, exec.Fingerprint, fence, buf.code(), string(header), buf.body.Bytes(), now)
-		return err
-	}
-	res, err := tx.ExecContext(ctx, s.updateFenced, exec.Fingerprint, fence, buf.code(), string(header), buf.body.Bytes(), now, exec.Key, fence)
-	if err != nil {
-		return err
-	}
-	if n, err := res.RowsAffected(); err != nil || n != 1 {
-		return errors.Join(errFenced, err)
-	}
-	return nil
-}
-
-// afterFailedCommit answers when the outcome row or the commit failed: the
-// database may have committed after all (its reply lost), another
-// execution may have committed first, or nothing committed.
-func (s *Store) afterFailedCommit(w http.ResponseWriter, r *http.Request, exec idempotency.Execution, buf *buffer, cause error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
-	defer cancel()
-	row, found, err := s.lookup(ctx, s.db, exec.Key)
-	switch {
-	case err != nil:
-		s.refuse(w, r, unavailable(errors.Join(cause, err)))
-	case found && row.Done && row.Fence == exec.Fence && row.Answer.Fingerprint == exec.Fingerprint:
-		buf.writeTo(w) // ours: the commit went through
-	case found && row.Done:
-		s.replay(w, r, exec, row.Answer)
-	case found && row.Fence > exec.Fence, errors.Is(cause, errFenced):
-		s.refuse(w, r, idempotency.ErrInProgress)
-	default:
-		s.refuse(w, r, unavailable(cause))
-	}
-}
-
-// replay answers with a committed answer, if it is this request's.
-func (s *Store) replay(w http.ResponseWriter, r *http.Request, exec idempotency.Execution, a idempotency.Answer) {
-	if a.Fingerprint != exec.Fingerprint {
-		s.refuse(w, r, idempotency.ErrKeyReused)
-		return
-	}
+// writeReplay sends a committed answer as a replay.
+func writeReplay(w http.ResponseWriter, a idempotency.Answer) {
 	h := w.Header()
 	for name, values := range a.Header {
 		h[name] = append([]string(nil), values...)
@@ -195,11 +119,4 @@ func (s *Store) serveUnprotected(w http.ResponseWriter, r *http.Request, fn TxFu
 		return
 	}
 	buf.writeTo(w)
-}
-
-// unavailable wraps a database failure so that errors.Is finds both
-// idempotency.ErrStoreUnavailable (a 503 that says nothing ran) and the
-// cause.
-func unavailable(err error) error {
-	return fmt.Errorf("%w: %w", idempotency.ErrStoreUnavailable, err)
 }

@@ -1,0 +1,133 @@
+package sqlidem
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/onceonly/idempotency"
+)
+
+// What became of one execution's transaction.
+type verdict int
+
+const (
+	committed  verdict = iota + 1 // the work and its answer committed together
+	replayed                      // another execution's answer was committed: it answers
+	rolledBack                    // the work failed; nothing committed
+	refused                       // nothing committed, and the work must not be retried here
+)
+
+type outcome struct {
+	verdict verdict
+	answer  idempotency.Answer // replayed: the committed answer
+	err     error              // rolledBack: the work's error; refused: why
+}
+
+// work does an execution's writes in tx and returns the answer to commit
+// with them.
+type work func(tx *sql.Tx) (idempotency.Answer, error)
+
+// commitOnce is the protocol both Handler and Run follow for an execution:
+//
+//  1. BEGIN, then read the key's row: an answer committed already is
+//     replayed without doing the work (an answer committed for a different
+//     request under the key is refused as idempotency.ErrKeyReused); a fence
+//     above this execution's token means it is stale
+//     (idempotency.ErrInProgress).
+//  2. Do the work in the transaction.
+//  3. Write the answer's row last, then COMMIT. When either fails, the row
+//     is read again to learn what happened (see afterFailedCommit).
+func (s *Store) commitOnce(ctx context.Context, exec idempotency.Execution, do work) outcome {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return outcome{verdict: refused, err: unavailable(err)}
+	}
+	defer tx.Rollback() // after a commit, a no-op
+	row, found, err := s.lookup(ctx, tx, exec.Key)
+	switch {
+	case err != nil:
+		return outcome{verdict: refused, err: unavailable(err)}
+	case found && row.Done:
+		return replay(exec, row.Answer)
+	case found && row.Fence > exec.Fence:
+		return outcome{verdict: refused, err: idempotency.ErrInProgress}
+	}
+	answer, err := do(tx)
+	if err != nil {
+		return outcome{verdict: rolledBack, err: err}
+	}
+	err = s.writeAnswer(ctx, tx, exec, answer, found)
+	if err == nil {
+		err = tx.Commit()
+	}
+	if err != nil {
+		tx.Rollback()
+		return s.afterFailedCommit(ctx, exec, err)
+	}
+	return outcome{verdict: committed}
+}
+
+// errFenced: the key's fence row names a newer execution than ours.
+var errFenced = errors.New("sqlidem: a newer execution fenced the key")
+
+// writeAnswer puts the answer's row in tx: a new row, or the fence row
+// recovery wrote for this execution.
+func (s *Store) writeAnswer(ctx context.Context, tx *sql.Tx, exec idempotency.Execution, a idempotency.Answer, fenced bool) error {
+	header, err := json.Marshal(a.Header)
+	if err != nil {
+		return err
+	}
+	now, fence := time.Now().UnixMilli(), int64(exec.Fence)
+	if !fenced {
+		_, err := tx.ExecContext(ctx, s.insertDone, exec.Key, exec.Fingerprint, fence, a.Status, string(header), a.Body, now)
+		return err
+	}
+	res, err := tx.ExecContext(ctx, s.updateFenced, exec.Fingerprint, fence, a.Status, string(header), a.Body, now, exec.Key, fence)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		return errors.Join(errFenced, err)
+	}
+	return nil
+}
+
+// afterFailedCommit learns what happened when the answer's row or the
+// commit failed: the database may have committed after all (its reply
+// lost), another execution may have committed first, or nothing committed.
+func (s *Store) afterFailedCommit(ctx context.Context, exec idempotency.Execution, cause error) outcome {
+	// The execution's context may be what ended the transaction.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	row, found, err := s.lookup(ctx, s.db, exec.Key)
+	switch {
+	case err != nil:
+		return outcome{verdict: refused, err: unavailable(errors.Join(cause, err))}
+	case found && row.Done && row.Fence == exec.Fence && row.Answer.Fingerprint == exec.Fingerprint:
+		return outcome{verdict: committed} // ours: the commit went through
+	case found && row.Done:
+		return replay(exec, row.Answer)
+	case found && row.Fence > exec.Fence, errors.Is(cause, errFenced):
+		return outcome{verdict: refused, err: idempotency.ErrInProgress}
+	}
+	return outcome{verdict: refused, err: unavailable(cause)}
+}
+
+// replay answers with a committed answer, if it is this request's.
+func replay(exec idempotency.Execution, a idempotency.Answer) outcome {
+	if a.Fingerprint != exec.Fingerprint {
+		return outcome{verdict: refused, err: idempotency.ErrKeyReused}
+	}
+	return outcome{verdict: replayed, answer: a}
+}
+
+// unavailable wraps a database failure so that errors.Is finds both
+// idempotency.ErrStoreUnavailable (a 503 that says nothing ran) and the
+// cause.
+func unavailable(err error) error {
+	return fmt.Errorf("%w: %w", idempotency.ErrStoreUnavailable, err)
+}

@@ -1,0 +1,123 @@
+package sqlidem_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/onceonly/idempotency/internal/sqltest"
+	"github.com/onceonly/idempotency/sqlidem"
+)
+
+type receipt struct {
+	Charge int64 `json:"charge"`
+	Run    int64 `json:"run"`
+}
+
+// ledger is a queue consumer that charges once per message through Do and
+// Run: a second execution would show as a second ledger row.
+type ledger struct {
+	t      *testing.T
+	d      *sqltest.DB
+	store  *sqlidem.Store
+	m      *idempotency.Middleware
+	table  string
+	runs   atomic.Int64
+	record string // the last execution's Redis record
+	fail   error  // when set, the charge fails after its write
+}
+
+func newLedger(t *testing.T, d *sqltest.DB) *ledger {
+	l := &ledger{t: t, d: d, table: d.Table(t, "ledger")}
+	store, err := sqlidem.New(d.DB, dialects[d.Kind], sqlidem.WithTable(d.Table(t, "outcomes")))
+	must(t, err)
+	must(t, store.CreateTable(t.Context()))
+	must(t, exec(d.DB, "CREATE TABLE "+l.table+" (msg VARCHAR(64) NOT NULL, amount BIGINT NOT NULL)"))
+	prefix := "sqlidem-run-" + string(d.Kind)
+	rdb := redistest.Client(t, prefix)
+	l.store = store
+	l.m = idempotency.New(rdb, idempotency.WithKeyPrefix(prefix), idempotency.WithOutcomeStore(store),
+		idempotency.WithResponseCache(0, 0), idempotency.WithLockLease(2*time.Second))
+	return l
+}
+
+func (l *ledger) consume(msg string, amount int64, opts ...idempotency.DoOption) (receipt, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	key := idempotency.Key{Scope: "payments-queue", ID: msg, Input: []byte(msg)}
+	return idempotency.Do(ctx, l.m, key, func(ctx context.Context) (receipt, error) {
+		e, _ := idempotency.ExecutionOf(ctx)
+		l.record = e.Key
+		return sqlidem.Run(ctx, l.store, func(ctx context.Context, tx *sql.Tx) (receipt, error) {
+			if _, err := tx.ExecContext(ctx, l.d.Rebind("INSERT INTO "+l.table+" (msg, amount) VALUES (?, ?)"), msg, amount); err != nil {
+				return receipt{}, err
+			}
+			if l.fail != nil {
+				return receipt{}, l.fail
+			}
+			return receipt{Charge: amount, Run: l.runs.Add(1)}, nil
+		})
+	}, opts...)
+}
+
+func (l *ledger) rows() int {
+	var n int
+	must(l.t, l.d.QueryRow("SELECT COUNT(*) FROM "+l.table).Scan(&n))
+	return n
+}
+
+func TestRunCommitsOnceThroughDo(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		l := newLedger(t, d)
+		first, err := l.consume("m1", 30)
+		must(t, err)
+		again, err := l.consume("m1", 30)
+		must(t, err)
+		if again != first || l.runs.Load() != 1 || l.rows() != 1 {
+			t.Fatalf("redelivery got %+v (first %+v); runs %d, ledger rows %d", again, first, l.runs.Load(), l.rows())
+		}
+
+		// Redis forgets: Run finds the committed result and does not charge.
+		rdb := redistest.Client(t, "sqlidem-run-"+string(d.Kind))
+		must(t, rdb.Del(t.Context(), l.record).Err())
+		afterLoss, err := l.consume("m1", 30)
+		must(t, err)
+		if afterLoss != first || l.runs.Load() != 1 || l.rows() != 1 {
+			t.Fatalf("after Redis forgot: %+v; runs %d, rows %d", afterLoss, l.runs.Load(), l.rows())
+		}
+
+		// Abandoned after the commit: recovery returns the committed result.
+		must(t, rdb.HSet(t.Context(), l.record, "st", "run", "o", "an-executor-that-died").Err())
+		must(t, rdb.HDel(t.Context(), l.record, "c", "h", "b").Err())
+		var o idempotency.Outcome
+		recovered, err := l.consume("m1", 30, idempotency.ReportOutcome(&o))
+		must(t, err)
+		if recovered != first || o != idempotency.Replayed || l.rows() != 1 {
+			t.Fatalf("recovered %+v (%v); rows %d", recovered, o, l.rows())
+		}
+	})
+}
+
+func TestRunFailureCommitsNothingAndReleases(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		l := newLedger(t, d)
+		l.fail = errors.New("card declined")
+		// Even with StoreErrors the key is released: nothing committed.
+		if _, err := l.consume("m1", 5, idempotency.StoreErrors()); !errors.Is(err, l.fail) {
+			t.Fatalf("err %v", err)
+		}
+		if l.rows() != 0 {
+			t.Fatalf("%d ledger rows after a failed charge", l.rows())
+		}
+		l.fail = nil
+		r, err := l.consume("m1", 5)
+		if err != nil || r.Charge != 5 || l.rows() != 1 {
+			t.Fatalf("retry: %+v, %v; rows %d", r, err, l.rows())
+		}
+	})
+}

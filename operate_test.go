@@ -1,0 +1,322 @@
+package idempotency
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/onceonly/idempotency/internal/require"
+	"github.com/redis/go-redis/v9"
+)
+
+// interruptedPayment leaves the payment with key claimed by an instance
+// that died before storing an answer, and returns its keys and the
+// fingerprint (hex) of the request that claimed it.
+func interruptedPayment(t *testing.T, s *shop, key string) (keys, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
+	fp := fingerprint(req, []byte(`{}`))
+	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", key))
+	crashAfterClaim(t, s, k, string(fp[:]))
+	return k, hex.EncodeToString(fp[:])
+}
+
+// runningPayment claims the payment with key under a lease that outlasts
+// the test, as an instance still running its handler does.
+func runningPayment(t *testing.T, s *shop, key string) keys {
+	t.Helper()
+	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", key))
+	live := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix), WithLockLease(time.Minute)).store
+	lock, err := live.obtain(t.Context(), k)
+	require.NoError(t, err)
+	c, err := live.claim(t.Context(), k, lock.Token(), "fp")
+	require.NoError(t, err)
+	require.Equal(t, outcomeClaimed, c.outcome)
+	return k
+}
+
+func TestInspect(t *testing.T) {
+	s := newShop(t, WithLockLease(100*time.Millisecond))
+	ctx := t.Context()
+	c := s.client()
+
+	done := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "done"))
+	first := s.post(c, "/payments", "done", `{}`)
+	require.Equal(t, http.StatusCreated, first.status)
+	for _, name := range []string{done.record, done.lock, done.waiters()} {
+		st, err := s.idem.Inspect(ctx, name)
+		require.NoError(t, err, name)
+		require.Equal(t, done.record, st.Key, "named by %s", name)
+		require.Equal(t, "done", st.State)
+		require.False(t, st.Interrupted)
+		require.Equal(t, http.StatusCreated, st.Status)
+		require.EqualValues(t, len(first.body), st.BodySize)
+		require.EqualValues(t, 1, st.Executions)
+		require.Positive(t, st.Fence)
+		require.Len(t, st.Fingerprint, 64)
+		require.True(t, st.TTL > 0 && st.TTL <= 24*time.Hour, st.TTL)
+		require.Empty(t, st.Lock)
+	}
+
+	k, fp := interruptedPayment(t, s, "interrupted")
+	st, err := s.idem.Inspect(ctx, k.record)
+	require.NoError(t, err)
+	require.Equal(t, "run", st.State)
+	require.True(t, st.Interrupted)
+	require.Equal(t, fp, st.Fingerprint)
+	require.NotEmpty(t, st.Owner)
+	require.Empty(t, st.Lock)
+	require.Zero(t, st.Status)
+
+	running := runningPayment(t, s, "running")
+	st, err = s.idem.Inspect(ctx, running.lock)
+	require.NoError(t, err)
+	require.Equal(t, "run", st.State)
+	require.False(t, st.Interrupted, "its executor holds the lock")
+	require.Equal(t, st.Owner, st.Lock)
+	require.True(t, st.LockTTL > 0 && st.LockTTL <= time.Minute, st.LockTTL)
+
+	s.rdb.Set(ctx, running.waiters(), 1, time.Minute)
+	st, err = s.idem.Inspect(ctx, running.record)
+	require.NoError(t, err)
+	require.True(t, st.Waiting)
+
+	none := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "never"))
+	st, err = s.idem.Inspect(ctx, none.record)
+	require.NoError(t, err)
+	require.Equal(t, KeyState{Key: none.record, State: "none", Fingerprint: ""}, st)
+
+	_, err = s.idem.Inspect(ctx, "elsewhere:"+none.record)
+	require.ErrorContains(t, err, "names no record")
+}
+
+func TestInspectKeyNames(t *testing.T) {
+	const tok = "0d3c1a55-8c1e-4f7e-9d59-3c3f8a1b2c4d"
+	key := keys{record: "p:{kAbC}:r", lock: "p:{kAbC}:l"}
+	token := keys{record: "p:{tXyZ}:r:" + tok, lock: "p:{tXyZ}:l:" + tok, token: tok}
+	for _, tc := range []struct {
+		name string
+		want keys
+	}{
+		{"p:{kAbC}:r", key},
+		{"p:{kAbC}:l", key},
+		{"p:{kAbC}:r:w", key},
+		{"p:{tXyZ}:r:" + tok, token},
+		{"p:{tXyZ}:l:" + tok, token},
+		{"p:{tXyZ}:r:" + tok + ":w", token},
+		{"p:{kAbC}:l:w", keys{}},
+		{"p:{tXyZ}:tokens", keys{}},
+		{"p:{tXyZ}:r:", keys{}},
+		{"p:{tXyZ}:r:a:b", keys{}},
+		{"p:{k}:r", keys{}},
+		{"p:{kAbC}:x", keys{}},
+		{"p:kAbC:r", keys{}},
+		{"q:{kAbC}:r", keys{}},
+		{"pp:{kAbC}:r", keys{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := keysNamed("p", tc.name)
+			if tc.want == (keys{}) {
+				require.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// fakeRecord writes a key-mode record as claim.lua would, under a tag of
+// its own, without a request.
+func fakeRecord(ctx context.Context, p redis.Cmdable, prefix string, n int, state, owner string) keys {
+	k := clientKeys(prefix, identityOf(false, "/fake", fmt.Sprint(n)))
+	p.HSet(ctx, k.record, "st", state, "o", owner, "fp", "fp", "n", 1, "f", 1000+n)
+	p.PExpire(ctx, k.record, time.Hour)
+	return k
+}
+
+func TestInterrupted(t *testing.T) {
+	// Glob characters in the prefix are matched as themselves: keys under
+	// base+"x" must not be listed.
+	base := "test-interrupted"
+	rdb := redistest.Client(t, base)
+	s := newShopOn(t, rdb, WithKeyPrefix(base+"[x]*"), WithLockLease(100*time.Millisecond))
+	ctx := t.Context()
+
+	var want []string
+	_, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		// More than a SCAN page, so that the walk takes several steps.
+		for i := range 2500 {
+			switch {
+			case i%1000 == 7:
+				want = append(want, fakeRecord(ctx, p, s.idem.cfg.prefix, i, "run", "dead").record)
+			case i%1000 == 8: // running: the lock holds the owner's value
+				k := fakeRecord(ctx, p, s.idem.cfg.prefix, i, "run", "alive")
+				p.Set(ctx, k.lock, "alive", time.Hour)
+				p.Set(ctx, k.waiters(), 1, time.Hour)
+			case i%1000 == 9: // another prefix that the unescaped glob would match
+				fakeRecord(ctx, p, base+"x", i, "run", "dead")
+			default:
+				k := fakeRecord(ctx, p, s.idem.cfg.prefix, i, "done", "gone")
+				p.Set(ctx, k.waiters(), 1, time.Hour)
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	k, _ := interruptedPayment(t, s, "real")
+	want = append(want, k.record)
+
+	var got []string
+	for st, err := range s.idem.Interrupted(ctx) {
+		require.NoError(t, err)
+		require.True(t, st.Interrupted)
+		got = append(got, st.Key)
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	require.Equal(t, want, got)
+
+	n := 0
+	for range s.idem.Interrupted(ctx) {
+		n++
+		break
+	}
+	require.Equal(t, 1, n, "breaking out stops the walk")
+}
+
+func TestInterruptedOnCluster(t *testing.T) {
+	prefix := "test-interrupted-cluster"
+	rdb := redistest.Cluster(t, prefix)
+	m := New(rdb, WithKeyPrefix(prefix))
+	ctx := t.Context()
+	var want []string
+	for i := range 60 { // spread over every master
+		state := map[bool]string{true: "run", false: "done"}[i%2 == 0]
+		k := fakeRecord(ctx, rdb, prefix, i, state, "dead")
+		if state == "run" {
+			want = append(want, k.record)
+		}
+	}
+	var got []string
+	for st, err := range m.Interrupted(ctx) {
+		require.NoError(t, err)
+		got = append(got, st.Key)
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	require.Equal(t, want, got)
+}
+
+func TestResolve(t *testing.T) {
+	s := newShop(t, WithLockLease(100*time.Millisecond))
+	ctx := t.Context()
+	c := s.client()
+	k, fp := interruptedPayment(t, s, "k")
+	requireProblem(t, s.post(c, "/payments", "k", `{}`), http.StatusConflict, "interrupted")
+	before := s.rdb.PTTL(ctx, k.record).Val()
+
+	answer := Answer{
+		Status: http.StatusCreated,
+		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/payments/7"},
+			"Set-Cookie": {"flash=created"}},
+		Body:        []byte(`{"payment":7}`),
+		Fingerprint: fp,
+	}
+	bad := answer
+	bad.Fingerprint = strings.Repeat("00", 32)
+	require.ErrorIs(t, s.idem.Resolve(ctx, k.record, bad), ErrKeyReused)
+	bad.Fingerprint = "0011"
+	require.ErrorContains(t, s.idem.Resolve(ctx, k.record, bad), "not 32 bytes")
+	bad = answer
+	bad.Status = 0
+	require.ErrorContains(t, s.idem.Resolve(ctx, k.record, bad), "not an HTTP status")
+	st, err := s.idem.Inspect(ctx, k.record)
+	require.NoError(t, err)
+	require.True(t, st.Interrupted, "a refused answer changed nothing")
+
+	require.NoError(t, s.idem.Resolve(ctx, k.lock, answer), "named by its lock")
+	replay := s.post(c, "/payments", "k", `{}`)
+	require.Equal(t, http.StatusCreated, replay.status, replay.body)
+	require.Equal(t, `{"payment":7}`, replay.body)
+	require.Equal(t, "true", replay.header.Get(ReplayedHeader))
+	require.Equal(t, "/payments/7", replay.header.Get("Location"))
+	require.Empty(t, replay.header.Get("Set-Cookie"), "stored headers only")
+	require.Zero(t, s.execs.Load())
+	after := s.rdb.PTTL(ctx, k.record).Val()
+	require.True(t, after > 0 && after <= before, "the record keeps its TTL: %v, then %v", before, after)
+
+	err = s.idem.Resolve(ctx, k.record, answer)
+	require.ErrorIs(t, err, ErrNotInterrupted)
+	require.ErrorContains(t, err, "has a stored answer")
+
+	running := runningPayment(t, s, "running")
+	err = s.idem.Resolve(ctx, running.record, answer)
+	require.ErrorIs(t, err, ErrNotInterrupted)
+	require.ErrorContains(t, err, "its executor holds the lock")
+	require.Equal(t, "run", s.rdb.HGet(ctx, running.record, "st").Val())
+
+	none := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "never"))
+	require.ErrorIs(t, s.idem.Resolve(ctx, none.record, answer), ErrNotInterrupted)
+	require.Zero(t, s.rdb.Exists(ctx, none.record).Val(), "no record is made up")
+}
+
+func TestResolveKeepsTheRecordsFingerprint(t *testing.T) {
+	s := newShop(t, WithLockLease(100*time.Millisecond))
+	k, _ := interruptedPayment(t, s, "k")
+	require.NoError(t, s.idem.Resolve(t.Context(), k.record, Answer{Status: http.StatusAccepted}))
+	a := s.post(s.client(), "/payments", "k", `{}`)
+	require.Equal(t, http.StatusAccepted, a.status)
+	require.Equal(t, "true", a.header.Get(ReplayedHeader))
+}
+
+func TestForget(t *testing.T) {
+	s := newShop(t, WithLockLease(100*time.Millisecond))
+	ctx := t.Context()
+	c := s.client()
+	k, _ := interruptedPayment(t, s, "k")
+	require.NoError(t, s.idem.Forget(ctx, k.record))
+	a := s.post(c, "/payments", "k", `{}`)
+	require.Equal(t, http.StatusCreated, a.status)
+	require.Empty(t, a.header.Get(ReplayedHeader))
+	require.EqualValues(t, 1, s.execs.Load(), "the retry ran")
+
+	err := s.idem.Forget(ctx, k.record)
+	require.ErrorIs(t, err, ErrNotInterrupted)
+	require.ErrorContains(t, err, "has a stored answer")
+	require.Equal(t, a.body, s.post(c, "/payments", "k", `{}`).body)
+
+	running := runningPayment(t, s, "running")
+	require.ErrorIs(t, s.idem.Forget(ctx, running.record), ErrNotInterrupted)
+	require.Equal(t, "run", s.rdb.HGet(ctx, running.record, "st").Val())
+}
+
+func TestForgetTokenMode(t *testing.T) {
+	s := newShop(t, WithResponseCache(0, 0)) // a duplicate must reach Redis
+	ctx := t.Context()
+	c := s.client()
+	records := make(chan string, 1)
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		e, _ := ExecutionOf(r.Context())
+		records <- e.Key
+		s.defaultHandler(w, r)
+	}
+	tok := s.token(c)
+	require.Equal(t, http.StatusCreated, s.post(c, "/orders", tok, `{}`).status)
+	record := <-records
+	// As the instance that ran it would have left it had it died before
+	// the store.
+	require.NoError(t, s.rdb.HSet(ctx, record, "st", "run", "o", "an-executor-that-died").Err())
+	require.NoError(t, s.rdb.HDel(ctx, record, "c", "h", "b").Err())
+	requireProblem(t, s.post(c, "/orders", tok, `{}`), http.StatusConflict, "interrupted")
+
+	require.NoError(t, s.idem.Forget(ctx, record+":w"))
+	requireProblem(t, s.post(c, "/orders", tok, `{}`), http.StatusUnprocessableEntity, "token-not-found")
+	require.EqualValues(t, 1, s.execs.Load())
+}

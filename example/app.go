@@ -16,6 +16,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/example/internal/bank"
 	"github.com/onceonly/idempotency/optimistic"
 	"github.com/redis/go-redis/v9"
 )
@@ -31,8 +32,8 @@ type app struct {
 }
 
 // newApp wires the shop's routes: token mode for orders, key mode for
-// payments.
-func newApp(rdb redis.UniversalClient, cfg config) http.Handler {
+// payments and for the transfers of accounts (nil: no transfer routes).
+func newApp(rdb redis.UniversalClient, cfg config, accounts *bank.Bank) http.Handler {
 	a := &app{idem: idempotency.New(rdb), store: shopStore{rdb: rdb}, cfg: cfg}
 	// Payments are API calls: a client library may serialize the same JSON
 	// with other key order or spacing on a retry, which is still the same
@@ -55,6 +56,9 @@ func newApp(rdb redis.UniversalClient, cfg config) http.Handler {
 	r.With(payments.ProtectKey).Post("/payments", a.createPayment)
 	r.Get("/payments", a.listPayments)
 	registerCallbacks(r, rdb, cfg.callbackLatency)
+	if accounts != nil {
+		registerTransfers(r, rdb, accounts)
+	}
 	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
 		writeProblem(w, http.StatusNotFound, "not-found", "there is nothing at this address")
 	})

@@ -23,7 +23,7 @@ func TestMain(m *testing.M) { redistest.Main(m, func() { removeBinary() }) }
 
 // startShop serves the example app on rdb, as `go run ./example` would.
 func startShop(t *testing.T, rdb redis.UniversalClient, cfg config) *httptest.Server {
-	srv := httptest.NewServer(newApp(rdb, cfg))
+	srv := httptest.NewServer(newApp(rdb, cfg, nil))
 	t.Cleanup(srv.Close)
 	return srv
 }

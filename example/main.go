@@ -8,10 +8,18 @@
 // (host:port,host:port,…) a Redis Cluster. ADDR (default :8080) is where it
 // listens, ORDER_LATENCY (default 0) and PAYMENT_LATENCY (default 300ms) how
 // slow its back ends are.
+//
+// Account balances (POST /transfers, GET /accounts) live in SQL: an
+// embedded SQLite in a temporary file by default, the SQLite file that -db
+// or DB_PATH names, or the PostgreSQL or MySQL/MariaDB database of
+// DATABASE_URL (postgres://user:password@host:5432/dbname or
+// mysql://user:password@tcp(host:3306)/dbname). Instances that share a
+// Redis must share the database too, to be one shop.
 package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -23,6 +31,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/onceonly/idempotency/example/internal/bank"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -34,6 +43,8 @@ func main() {
 }
 
 func run() error {
+	dbPath := flag.String("db", os.Getenv("DB_PATH"), "the SQLite `file` of the accounts (default DB_PATH, else a temporary file)")
+	flag.Parse()
 	cfg, err := configFromEnv()
 	if err != nil {
 		return err
@@ -43,9 +54,14 @@ func run() error {
 		return err
 	}
 	defer closeRedis()
+	accounts, closeDB, err := openBank(*dbPath)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
 
 	srv := &http.Server{
-		Handler: newApp(rdb, cfg),
+		Handler: newApp(rdb, cfg, accounts),
 		// A client that sends its headers or body slowly (or never stops
 		// sending) must not hold a connection and a goroutine for ever;
 		// the middleware reads a protected request's whole body before the
@@ -153,6 +169,43 @@ func connect() (redis.UniversalClient, func(), error) {
 		"Its data is lost on exit and it cannot be shared by several instances.")
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 	return rdb, func() { rdb.Close(); mr.Close() }, nil
+}
+
+// openBank opens the accounts' database (see the package comment), creates
+// its tables if they are missing, and opens the demo accounts.
+func openBank(sqlitePath string) (*bank.Bank, func(), error) {
+	url, cleanup := os.Getenv("DATABASE_URL"), func() {}
+	switch {
+	case url != "":
+		slog.Info("example: accounts in the database of DATABASE_URL")
+	case sqlitePath != "":
+		slog.Info("example: accounts in SQLite", "file", sqlitePath)
+	default:
+		dir, err := os.MkdirTemp("", "shop-")
+		if err != nil {
+			return nil, nil, err
+		}
+		sqlitePath, cleanup = dir+"/accounts.db", func() { os.RemoveAll(dir) }
+		slog.Warn("example: DATABASE_URL and DB_PATH are not set; accounts in an embedded SQLite in a temporary file, " +
+			"deleted on exit: " + sqlitePath)
+	}
+	db, dialect, err := bank.Open(url, sqlitePath)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	closeDB := func() { db.Close(); cleanup() }
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := bank.New(db, dialect, "shop_")
+	if err == nil {
+		err = b.Setup(ctx, bank.DemoAccounts)
+	}
+	if err != nil {
+		closeDB()
+		return nil, nil, fmt.Errorf("%v database: %w", dialect, err)
+	}
+	return b, closeDB, nil
 }
 
 func ping(rdb redis.UniversalClient) error {

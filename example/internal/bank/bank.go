@@ -1,0 +1,157 @@
+// Package bank is the example shop's account transfers: balances in SQL,
+// moved by a handler whose writes and answer commit in one transaction
+// (sqlidem), so that a transfer executed twice would show as a wrong
+// balance. The shop serves it, and so does the crash trial's server, which
+// must run the very same handler.
+package bank
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/onceonly/idempotency/sqlidem"
+)
+
+// A Bank keeps accounts and the transfers between them in three tables
+// named after one prefix: PREFIXaccounts, PREFIXtransfers and the outcome
+// table PREFIXidempotency_outcomes.
+type Bank struct {
+	db       *sql.DB
+	dialect  sqlidem.Dialect
+	outcomes *sqlidem.Store
+
+	accounts, transfers string
+}
+
+// New returns a Bank on db. It touches no table: Setup creates them.
+func New(db *sql.DB, dialect sqlidem.Dialect, prefix string) (*Bank, error) {
+	outcomes, err := sqlidem.New(db, dialect, sqlidem.WithTable(prefix+sqlidem.DefaultTable))
+	if err != nil {
+		return nil, err
+	}
+	return &Bank{
+		db: db, dialect: dialect, outcomes: outcomes,
+		accounts: prefix + "accounts", transfers: prefix + "transfers",
+	}, nil
+}
+
+// Outcomes is the store the transfers' answers commit in: the middleware
+// that protects Transfer recovers from it (idempotency.WithOutcomeStore).
+func (b *Bank) Outcomes() *sqlidem.Store { return b.outcomes }
+
+// DB is the database the bank lives in.
+func (b *Bank) DB() *sql.DB { return b.db }
+
+// Tables names the bank's accounts and transfers tables.
+func (b *Bank) Tables() (accounts, transfers string) { return b.accounts, b.transfers }
+
+// DemoAccounts are the accounts a new shop opens with, in cents.
+var DemoAccounts = map[string]int64{"alice": 100_000, "bob": 50_000, "carol": 25_000}
+
+// Setup creates the bank's tables if they are missing and opens every
+// account of seed that does not exist yet with its balance. Several
+// instances may run it at once.
+func (b *Bank) Setup(ctx context.Context, seed map[string]int64) error {
+	if err := b.outcomes.CreateTable(ctx); err != nil {
+		return fmt.Errorf("outcome table: %w", err)
+	}
+	for _, ddl := range []string{
+		"CREATE TABLE IF NOT EXISTS " + b.accounts + ` (
+	id      VARCHAR(32) PRIMARY KEY,
+	balance BIGINT NOT NULL
+)`,
+		"CREATE TABLE IF NOT EXISTS " + b.transfers + ` (
+	id           VARCHAR(40) PRIMARY KEY,
+	from_account VARCHAR(32) NOT NULL,
+	to_account   VARCHAR(32) NOT NULL,
+	amount       BIGINT NOT NULL,
+	created_ms   BIGINT NOT NULL
+)`,
+	} {
+		if _, err := b.db.ExecContext(ctx, ddl); err != nil {
+			return err
+		}
+	}
+	open := "INSERT INTO " + b.accounts + " (id, balance) VALUES (?, ?) ON CONFLICT (id) DO NOTHING"
+	if b.dialect == sqlidem.MySQL {
+		open = "INSERT IGNORE INTO " + b.accounts + " (id, balance) VALUES (?, ?)"
+	}
+	for id, balance := range seed {
+		if _, err := b.db.ExecContext(ctx, b.bind(open), id, balance); err != nil {
+			return fmt.Errorf("opening account %q: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// An Account is one balance, in cents.
+type Account struct {
+	ID      string `json:"id"`
+	Balance int64  `json:"balance"`
+}
+
+// Accounts returns every account, by id.
+func (b *Bank) Accounts(ctx context.Context) ([]Account, error) {
+	rows, err := b.db.QueryContext(ctx, "SELECT id, balance FROM "+b.accounts+" ORDER BY id")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []Account{}
+	for rows.Next() {
+		var a Account
+		if err := rows.Scan(&a.ID, &a.Balance); err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, rows.Err()
+}
+
+// ListAccounts answers GET /accounts.
+func (b *Bank) ListAccounts(w http.ResponseWriter, r *http.Request) {
+	accounts, err := b.Accounts(r.Context())
+	if err != nil {
+		writeProblem(w, http.StatusServiceUnavailable, "database-unavailable", "the accounts cannot be read now; try again")
+		return
+	}
+	writeJSON(w, http.StatusOK, accounts)
+}
+
+// bind rewrites a statement written with ? placeholders for PostgreSQL.
+func (b *Bank) bind(query string) string {
+	if b.dialect != sqlidem.PostgreSQL {
+		return query
+	}
+	var s strings.Builder
+	n := 0
+	for _, c := range query {
+		if c == '?' {
+			n++
+			s.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		s.WriteRune(c)
+	}
+	return s.String()
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+// writeProblem writes an RFC 9457 problem, as the rest of the shop does.
+func writeProblem(w http.ResponseWriter, status int, slug, detail string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{
+		"type": "/problems/" + slug, "title": http.StatusText(status), "status": status, "detail": detail,
+	})
+}

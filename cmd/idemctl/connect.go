@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/sqlidem"
+	"github.com/redis/go-redis/v9"
+)
+
+// A session is what a command works with: the middleware's view of Redis
+// and, with -db, the outcome store.
+type session struct {
+	idem     *idempotency.Middleware
+	outcomes *sqlidem.Store // nil without -db
+	timeout  time.Duration
+	closers  []func() error
+}
+
+func connect(ctx context.Context, o options, stderr io.Writer) (*session, error) {
+	s := &session{timeout: o.timeout}
+	rdb, err := openRedis(o)
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, rdb.Close)
+	// The middleware's own warnings (an evicting Redis) concern the
+	// operator too.
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	s.idem = idempotency.New(rdb, idempotency.WithKeyPrefix(o.prefix), idempotency.WithLogger(logger))
+	if o.dsn == "" {
+		return s, nil
+	}
+	d, err := databaseOf(o.dsn, o.driver)
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	db, err := sql.Open(d.driver, d.dsn)
+	if err != nil {
+		s.close()
+		return nil, usagef("-db: %v", err)
+	}
+	s.closers = append(s.closers, db.Close)
+	if s.outcomes, err = sqlidem.New(db, d.dialect, sqlidem.WithTable(o.table)); err != nil {
+		s.close()
+		return nil, usagef("%v", err)
+	}
+	step, cancel := s.step(ctx)
+	defer cancel()
+	if err := db.PingContext(step); err != nil {
+		s.close()
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	return s, nil
+}
+
+func openRedis(o options) (redis.UniversalClient, error) {
+	if o.cluster != "" {
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: strings.Split(o.cluster, ","), ContextTimeoutEnabled: true,
+		}), nil
+	}
+	opts, err := redis.ParseURL(o.redisURL)
+	if err != nil {
+		return nil, usagef("-redis: %v", err)
+	}
+	// Step deadlines bound the sockets too.
+	opts.ContextTimeoutEnabled = true
+	return redis.NewClient(opts), nil
+}
+
+// step bounds one round of work against Redis or SQL.
+func (s *session) step(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.timeout)
+}
+
+func (s *session) close() {
+	for _, c := range s.closers {
+		c()
+	}
+}

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/onceonly/idempotency/sqlidem"
+)
+
+const usageText = `idemctl shows the keys of the idempotency middleware and settles the
+ones left interrupted (claimed by an instance that stopped before it
+stored an answer).
+
+Usage:
+  idemctl [flags] show KEY             what Redis, and with -db SQL, hold for KEY
+  idemctl [flags] interrupted          list the interrupted keys
+  idemctl [flags] resolve -replay KEY  store the answer SQL committed for KEY in
+                                       Redis, so that retries replay it (needs -db)
+  idemctl [flags] resolve -forget KEY  delete KEY's record, so that a retry runs
+                                       the handler again
+
+KEY is a record's Redis key as the middleware logs it (the "key" attribute),
+or the key of its lock or its waiters flag. resolve asks for confirmation
+(type yes) unless -yes is given.
+
+Flags, before or after the command:
+  -redis URL        Redis, redis://[user:password@]host:port/db (default $REDIS_URL)
+  -cluster ADDRS    a Redis Cluster instead, host:port,host:port,…
+                    (default $REDIS_CLUSTER_ADDRS)
+  -prefix P         the middleware's key prefix (WithKeyPrefix; default idem)
+  -db DSN           the database of the sqlidem outcome store (default
+                    $DATABASE_URL); postgres://, mysql://, sqlite: and file:
+                    DSNs name their driver, others need -driver
+  -driver D         sqlite, postgres or mysql
+  -table T          the outcome table (default idempotency_outcomes)
+  -timeout D        bound of each step against Redis or SQL (default 10s)
+  -limit N          interrupted: stop after N keys (default 1000; 0: all)
+  -yes              resolve: do not ask for confirmation
+
+Exit status: 0 success, 1 failure, 2 usage error.
+`
+
+// options are the flags of every command.
+type options struct {
+	redisURL, cluster, prefix string
+	dsn, driver, table        string
+	timeout                   time.Duration
+	limit                     int
+	replay, forget, yes       bool
+}
+
+// A command is a parsed command line, ready to run.
+type command struct {
+	name string
+	key  string
+	opts options
+}
+
+// usageError is a command line that names nothing to run.
+type usageError struct{ error }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+var errHelp = errors.New("help requested")
+
+// flagSet registers every flag on fs, defaulting to what o holds, so that
+// flags may come before and after the command name.
+func flagSet(name string, o *options) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // run reports errors once, with usageText for -h
+	fs.StringVar(&o.redisURL, "redis", o.redisURL, "")
+	fs.StringVar(&o.cluster, "cluster", o.cluster, "")
+	fs.StringVar(&o.prefix, "prefix", o.prefix, "")
+	fs.StringVar(&o.dsn, "db", o.dsn, "")
+	fs.StringVar(&o.driver, "driver", o.driver, "")
+	fs.StringVar(&o.table, "table", o.table, "")
+	fs.DurationVar(&o.timeout, "timeout", o.timeout, "")
+	fs.IntVar(&o.limit, "limit", o.limit, "")
+	fs.BoolVar(&o.replay, "replay", o.replay, "")
+	fs.BoolVar(&o.forget, "forget", o.forget, "")
+	fs.BoolVar(&o.yes, "yes", o.yes, "")
+	return fs
+}
+
+// parse reads a command line: flags, the command, and its arguments, with
+// flags also accepted between and after the arguments.
+func parse(args []string, getenv func(string) string) (*command, error) {
+	c := &command{opts: options{
+		redisURL: getenv("REDIS_URL"), cluster: getenv("REDIS_CLUSTER_ADDRS"), prefix: "idem",
+		dsn: getenv("DATABASE_URL"), table: sqlidem.DefaultTable, timeout: 10 * time.Second, limit: 1000,
+	}}
+	words, err := positionals(flagSet("idemctl", &c.opts), args)
+	if err != nil {
+		return nil, err
+	}
+	if len(words) == 0 {
+		return nil, usagef("no command: show, interrupted or resolve")
+	}
+	c.name = words[0]
+	want := map[string]int{"show": 1, "interrupted": 0, "resolve": 1}
+	n, known := want[c.name]
+	switch {
+	case !known:
+		return nil, usagef("unknown command %q: show, interrupted or resolve", c.name)
+	case len(words)-1 != n:
+		return nil, usagef("%s takes %d argument(s), got %d", c.name, n, len(words)-1)
+	case n == 1:
+		c.key = words[1]
+	}
+	o := c.opts
+	switch {
+	case c.name == "resolve" && o.replay == o.forget:
+		return nil, usagef("resolve needs one of -replay and -forget")
+	case c.name != "resolve" && (o.replay || o.forget || o.yes):
+		return nil, usagef("-replay, -forget and -yes belong to resolve")
+	case c.name == "resolve" && o.replay && o.dsn == "":
+		return nil, usagef("resolve -replay reads the committed answer from SQL: pass -db or set DATABASE_URL")
+	case o.redisURL == "" && o.cluster == "":
+		return nil, usagef("no Redis: pass -redis URL (or -cluster ADDRS), or set REDIS_URL")
+	case strings.ContainsAny(o.prefix, "{}"):
+		return nil, usagef("-prefix %q: a key prefix has no braces", o.prefix)
+	case o.timeout <= 0:
+		return nil, usagef("-timeout must be positive")
+	case o.limit < 0:
+		return nil, usagef("-limit must be 0 (all) or more")
+	}
+	return c, nil
+}
+
+// positionals parses args with fs and returns the words that are not
+// flags, wherever they stand.
+func positionals(fs *flag.FlagSet, args []string) ([]string, error) {
+	var words []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, errHelp
+			}
+			return nil, usageError{err}
+		}
+		if fs.NArg() == 0 {
+			return words, nil
+		}
+		words = append(words, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// run connects and runs the command.
+func (c *command) run(ctx context.Context, stdin io.Reader, stdout, stderr io.Writer) error {
+	s, err := connect(ctx, c.opts, stderr)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	switch c.name {
+	case "show":
+		return s.show(ctx, stdout, c.key)
+	case "interrupted":
+		return s.listInterrupted(ctx, stdout, stderr, c.opts.limit)
+	}
+	return s.resolve(ctx, stdin, stdout, c.key, c.opts)
+}

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/onceonly/idempotency"
+)
+
+// resolve settles an interrupted key: -replay stores the answer SQL
+// committed for it, -forget deletes its record. It says what it is about
+// to do and asks first, unless -yes.
+func (s *session) resolve(ctx context.Context, stdin io.Reader, out io.Writer, key string, o options) error {
+	st, err := s.inspect(ctx, key)
+	if err != nil {
+		return err
+	}
+	if !st.Interrupted {
+		return fmt.Errorf("%s is not interrupted (%s); nothing changed", st.Key, stateOf(st))
+	}
+	found, err := s.lookup(ctx, st.Key)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s is interrupted: fence %d, %d execution(s), record TTL %s.\n",
+		st.Key, st.Fence, st.Executions, duration(st.TTL))
+	if o.replay {
+		if !found.committed(st) {
+			return fmt.Errorf("nothing to replay: SQL holds %s; nothing changed", found.describe(st))
+		}
+		a := found.row.Answer
+		fmt.Fprintf(out, "SQL holds its committed answer: status %d, %d bytes.\n"+
+			"Store that answer in Redis, so that every retry is replayed it?\n", a.Status, len(a.Body))
+	} else {
+		if found.committed(st) {
+			fmt.Fprintf(out, "SQL holds its committed answer: resolve -replay would replay it. After -forget\n"+
+				"the retry runs the handler, which replays it only if it commits through sqlidem.\n")
+		}
+		fmt.Fprintf(out, "Delete its record, so that the next retry runs the handler again?\n")
+	}
+	if !o.yes {
+		fmt.Fprint(out, "Type yes to go on: ")
+		if !confirmed(stdin) {
+			return errors.New("not confirmed; nothing changed")
+		}
+	}
+
+	step, cancel := s.step(ctx)
+	defer cancel()
+	if o.replay {
+		err = s.idem.Resolve(step, st.Key, found.row.Answer)
+	} else {
+		err = s.idem.Forget(step, st.Key)
+	}
+	switch {
+	case errors.Is(err, idempotency.ErrNotInterrupted), errors.Is(err, idempotency.ErrKeyReused):
+		return fmt.Errorf("%w; nothing changed", err)
+	case err != nil:
+		return err
+	case o.replay:
+		fmt.Fprintf(out, "Replayed: %s now answers status %d to every retry.\n", st.Key, found.row.Answer.Status)
+	default:
+		fmt.Fprintf(out, "Forgotten: %s has no record; the next retry runs the handler.\n", st.Key)
+	}
+	return nil
+}
+
+// confirmed reads one line and reports whether it is the word yes.
+func confirmed(stdin io.Reader) bool {
+	line, _ := bufio.NewReader(stdin).ReadString('\n')
+	return strings.TrimSpace(line) == "yes"
+}

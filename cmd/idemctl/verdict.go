@@ -1,0 +1,40 @@
+package main
+
+import (
+	"strings"
+
+	"github.com/onceonly/idempotency"
+)
+
+// verdict says in one line what a key's state means and what settles it.
+// found is nil without -db.
+func verdict(st idempotency.KeyState, found *sqlAnswer) string {
+	key := shellQuote(st.Key)
+	switch {
+	case st.State == "none":
+		return "no record (never claimed, expired, or forgotten): a retry runs the handler"
+	case st.State == "done":
+		return "done: every retry is replayed the stored answer"
+	case st.State == "big":
+		return "executed: retries are answered 409 not-replayable until the record expires"
+	case !st.Interrupted:
+		return "running: wait for its executor to store an answer"
+	case found == nil:
+		return "interrupted; its outcome is unknown. If it took effect and SQL committed its answer, " +
+			"`idemctl -db DSN resolve -replay " + key + "` replays it; if it had no effect, " +
+			"`idemctl resolve -forget " + key + "` lets a retry run again"
+	case found.committed(st):
+		return "interrupted; SQL holds a committed answer: `idemctl resolve -replay " + key + "` replays it"
+	case found.found && found.row.Done:
+		return "interrupted; SQL's answer is another request's under the same key, so it cannot be replayed: " +
+			"find out whether this request took effect before `idemctl resolve -forget " + key + "`"
+	}
+	return "interrupted; SQL holds no committed answer: if the route commits through sqlidem, it had no effect, " +
+		"and `idemctl resolve -forget " + key + "` lets a retry run again"
+}
+
+// shellQuote quotes s for a POSIX shell, so that a suggested command can
+// be pasted whatever the prefix holds.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

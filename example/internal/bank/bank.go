@@ -28,9 +28,10 @@ type Bank struct {
 	accounts, transfers string
 }
 
-// New returns a Bank on db. It touches no table: Setup creates them.
-func New(db *sql.DB, dialect sqlidem.Dialect, prefix string) (*Bank, error) {
-	outcomes, err := sqlidem.New(db, dialect, sqlidem.WithTable(prefix+sqlidem.DefaultTable))
+// New returns a Bank on db. It touches no table: Setup creates them. opts
+// configure the outcome store; its table is the bank's.
+func New(db *sql.DB, dialect sqlidem.Dialect, prefix string, opts ...sqlidem.Option) (*Bank, error) {
+	outcomes, err := sqlidem.New(db, dialect, append(opts, sqlidem.WithTable(prefix+sqlidem.DefaultTable))...)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,507 @@
+//go:build linux
+
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/example/internal/bank"
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/onceonly/idempotency/internal/sqltest"
+	"github.com/onceonly/idempotency/sqlidem"
+	"github.com/redis/go-redis/v9"
+)
+
+// The crash trials: protected transfers on two server processes, one of
+// which dies by SIGKILL at every point of a request again and again, while
+// every request is retried on the other until it is answered. They prove
+// what the outcome store promises: no transfer runs twice, no answer is
+// lost or differs from the committed one, and no key is left interrupted.
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+var dialects = map[sqltest.Kind]sqlidem.Dialect{
+	sqltest.SQLite: sqlidem.SQLite, sqltest.PostgreSQL: sqlidem.PostgreSQL, sqltest.MySQL: sqlidem.MySQL,
+}
+
+// A trial is what one run does to the servers.
+type trial struct {
+	requests int
+	workers  int
+	// killAt is the victim's KILL_AT: the fraction of the requests that
+	// reach each point on which it dies there.
+	killAt string
+	// randomKills: the test also kills the victim at random moments,
+	// cutting whatever it has in flight.
+	randomKills bool
+	// flushes: FLUSHALL on Redis this many times, evenly through the run.
+	flushes int
+	// hedged is the fraction of requests sent to both servers at once, so
+	// that two executions of one key meet (in SQL, once Redis forgot).
+	hedged float64
+	// within bounds the whole run; requests unanswered by then are lost.
+	within time.Duration
+	// minKills is how often the victim must have died at each point for
+	// the trial to count as a test of that point.
+	minKills int
+}
+
+// Requests per database: SQLite runs the full thousand; the servers
+// share their two cores with the database's own processes, so PostgreSQL
+// and MariaDB run fewer to keep the suite's time in bounds.
+var requestsFor = map[sqltest.Kind]int{sqltest.SQLite: 1000, sqltest.PostgreSQL: 1000, sqltest.MySQL: 1000}
+
+func TestCrashTrials(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a server and kills it some hundred times")
+	}
+	bin := buildServer(t, t.TempDir())
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		n := requestsFor[d.Kind]
+		t.Run("kills", func(t *testing.T) {
+			runTrial(t, bin, d, trial{
+				requests: n, workers: 8, randomKills: true, within: 80 * time.Second, minKills: 5,
+				killAt: "before=0.04,inside=0.04,committed=0.04,stored=0.04",
+			})
+		})
+		t.Run("redis-flushed", func(t *testing.T) {
+			runTrial(t, bin, d, trial{
+				requests: n, workers: 8, randomKills: true, flushes: 8, hedged: 0.25, within: 80 * time.Second,
+				killAt: "before=0.015,inside=0.015,committed=0.015,stored=0.015",
+			})
+		})
+	})
+}
+
+// A transferRequest is one protected request and what became of it.
+type transferRequest struct {
+	key, body string
+	from, to  string
+	amount    int64
+
+	attempts int
+	answered bool
+	answer   string // the body of its 201
+	failure  string // why it was given up
+}
+
+// hedge sends r to both servers at once and merges what became of both
+// sends: answered when both were, with the one answer both must have got.
+func hedge(ctx context.Context, client *http.Client, r *transferRequest, victim, survivor *instance, counts *tally) {
+	twin := *r
+	var wg sync.WaitGroup
+	wg.Go(func() { send(ctx, client, &twin, survivor, survivor, counts) })
+	send(ctx, client, r, victim, survivor, counts)
+	wg.Wait()
+	r.attempts += twin.attempts
+	switch {
+	case !twin.answered:
+		r.answered, r.failure = false, "its twin: "+twin.failure
+	case r.answered && twin.answer != r.answer:
+		r.answered, r.failure = false, fmt.Sprintf("two answers: %s and %s", r.answer, twin.answer)
+	}
+}
+
+// tally counts what the clients saw.
+type tally struct {
+	transport, inProgress, unavailable, internal, interrupted, other atomic.Int64
+}
+
+func runTrial(t *testing.T, bin string, d *sqltest.DB, tr trial) {
+	ctx := t.Context()
+	prefix := d.Table(t, "trial") + "_"
+	t.Cleanup(func() {
+		for _, table := range []string{"accounts", "transfers", sqlidem.DefaultTable} {
+			d.Exec("DROP TABLE IF EXISTS " + prefix + table)
+		}
+	})
+	b, err := bank.New(d.DB, dialects[d.Kind], prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := map[string]int64{}
+	var ids []string
+	for i := range 6 {
+		id := fmt.Sprint("acct-", i)
+		seed[id], ids = 1_000_000_000, append(ids, id)
+	}
+	if err := b.Setup(ctx, seed); err != nil {
+		t.Fatal(err)
+	}
+
+	rs := redistest.Private(t)
+	env := []string{"REDIS_URL=redis://" + rs.Addr(), "TABLE_PREFIX=" + prefix, "LOCK_LEASE=400ms"}
+	switch d.Kind {
+	case sqltest.SQLite:
+		path, _, _ := strings.Cut(strings.TrimPrefix(d.DSN, "file:"), "?")
+		env = append(env, "DB_PATH="+path)
+	case sqltest.PostgreSQL:
+		env = append(env, "DATABASE_URL="+d.DSN)
+	case sqltest.MySQL:
+		env = append(env, "DATABASE_URL=mysql://"+d.DSN)
+	}
+	killLog := filepath.Join(t.TempDir(), "kills.log")
+	victim := newInstance(t, bin, "victim", append(env, "KILL_AT="+tr.killAt, "KILL_LOG="+killLog)...)
+	survivor := newInstance(t, bin, "survivor", env...)
+	victim.keepAlive(t)
+	survivor.keepAlive(t)
+
+	reqs := make([]*transferRequest, tr.requests)
+	for i := range reqs {
+		from := rand.IntN(len(ids))
+		to := (from + 1 + rand.IntN(len(ids)-1)) % len(ids)
+		r := &transferRequest{key: fmt.Sprintf("trial-%05d", i), from: ids[from], to: ids[to], amount: 1 + rand.Int64N(10_000)}
+		r.body = fmt.Sprintf(`{"from":%q,"to":%q,"amount":%d}`, r.from, r.to, r.amount)
+		reqs[i] = r
+	}
+
+	began := time.Now()
+	runCtx, cancel := context.WithTimeout(ctx, tr.within)
+	defer cancel()
+	var (
+		counts      tally
+		answered    atomic.Int64
+		randomKills atomic.Int64
+		flushed     atomic.Int64
+		hedged      atomic.Int64
+		background  sync.WaitGroup
+		stopBg      = make(chan struct{})
+	)
+	if tr.randomKills {
+		background.Go(func() {
+			for {
+				select {
+				case <-stopBg:
+					return
+				case <-time.After(time.Duration(150+rand.IntN(750)) * time.Millisecond):
+				}
+				if victim.kill() {
+					randomKills.Add(1)
+				}
+			}
+		})
+	}
+	if tr.flushes > 0 {
+		rdb := rs.Client(t)
+		background.Go(func() {
+			for next := 1; next <= tr.flushes; {
+				select {
+				case <-stopBg:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+				if answered.Load() >= int64(next*tr.requests/(tr.flushes+1)) {
+					if err := rdb.FlushAll(context.Background()).Err(); err != nil {
+						t.Errorf("FLUSHALL: %v", err)
+					}
+					flushed.Add(1)
+					next++
+				}
+			}
+		})
+	}
+
+	client := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: tr.workers}}
+	queue := make(chan *transferRequest)
+	var workers sync.WaitGroup
+	for range tr.workers {
+		workers.Go(func() {
+			for r := range queue {
+				if rand.Float64() < tr.hedged {
+					hedged.Add(1)
+					hedge(runCtx, client, r, victim, survivor, &counts)
+				} else {
+					send(runCtx, client, r, victim, survivor, &counts)
+				}
+				if r.answered {
+					answered.Add(1)
+				}
+			}
+		})
+	}
+	for _, r := range reqs {
+		queue <- r
+	}
+	close(queue)
+	workers.Wait()
+	close(stopBg)
+	background.Wait()
+	duration := time.Since(began)
+	victim.stop()
+	survivor.stop()
+
+	// What the database holds.
+	_, transfersTable := b.Tables()
+	outcomes := map[string]bool{} // committed answer bodies
+	doneRows, otherRows := 0, 0
+	rows, err := d.QueryContext(ctx, "SELECT state, body FROM "+prefix+sqlidem.DefaultTable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var state string
+		var body []byte
+		if err := rows.Scan(&state, &body); err != nil {
+			t.Fatal(err)
+		}
+		if state == "done" {
+			doneRows++
+			outcomes[string(body)] = true
+		} else {
+			otherRows++
+		}
+	}
+	rows.Close()
+	type row struct {
+		from, to string
+		amount   int64
+	}
+	transfers := map[string]row{}
+	rows, err = d.QueryContext(ctx, "SELECT id, from_account, to_account, amount FROM "+transfersTable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id string
+		var r row
+		if err := rows.Scan(&id, &r.from, &r.to, &r.amount); err != nil {
+			t.Fatal(err)
+		}
+		transfers[id] = r
+	}
+	rows.Close()
+	balances := map[string]int64{}
+	accounts, err := b.Accounts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range accounts {
+		balances[a.ID] = a.Balance
+	}
+
+	// Every request's answer against the database.
+	var lost, notCommitted, wrongTransfer int
+	want := map[string]int64{}
+	for id, v := range seed {
+		want[id] = v
+	}
+	answeredIDs := map[string]bool{}
+	attempts := 0
+	for _, r := range reqs {
+		attempts += r.attempts
+		if !r.answered {
+			lost++
+			if lost <= 5 {
+				t.Errorf("%s: no answer after %d attempts: %s", r.key, r.attempts, r.failure)
+			}
+			continue
+		}
+		want[r.from] -= r.amount
+		want[r.to] += r.amount
+		if !outcomes[r.answer] {
+			notCommitted++
+			if notCommitted <= 5 {
+				t.Errorf("%s: answered %s, which is no committed answer", r.key, r.answer)
+			}
+			continue
+		}
+		var receipt bank.Receipt
+		json.Unmarshal([]byte(r.answer), &receipt)
+		got, ok := transfers[receipt.Transfer.ID]
+		if !ok || got != (row{r.from, r.to, r.amount}) || answeredIDs[receipt.Transfer.ID] {
+			wrongTransfer++
+			t.Errorf("%s: answered transfer %q, which the database holds as %+v (found %v, answered before %v)",
+				r.key, receipt.Transfer.ID, got, ok, answeredIDs[receipt.Transfer.ID])
+		}
+		answeredIDs[receipt.Transfer.ID] = true
+	}
+	doubleWrites := len(transfers) - tr.requests
+	if doubleWrites != 0 || doneRows != tr.requests || otherRows != 0 {
+		t.Errorf("%d requests: %d transfers written, %d outcome rows done and %d others", tr.requests, len(transfers), doneRows, otherRows)
+	}
+	for id, v := range want {
+		if balances[id] != v {
+			t.Errorf("account %s holds %d; the answered transfers leave %d", id, balances[id], v)
+		}
+	}
+	if n := counts.interrupted.Load(); n > 0 {
+		t.Errorf("%d answers were 409 interrupted", n)
+	}
+
+	// What Redis holds: no key left claimed without its lock, and how many
+	// executions were taken over.
+	orphans, takenOver := redisRecords(t, rs.Client(t))
+	if orphans > 0 {
+		t.Errorf("%d Redis records left in state run without their lock", orphans)
+	}
+	kills := killCounts(t, killLog)
+	if t.Failed() {
+		for _, in := range []*instance{victim, survivor} {
+			raw, _ := os.ReadFile(in.logs.Name())
+			for line := range strings.Lines(string(raw)) {
+				if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+					t.Logf("%s: %s", filepath.Base(in.logs.Name()), strings.TrimSpace(line))
+				}
+			}
+		}
+	}
+	recovered, reran := logCounts(t, victim.logs.Name(), survivor.logs.Name())
+	if lives := survivor.lives.Load(); lives != 1 {
+		t.Errorf("the survivor had %d lives; it is never killed", lives)
+	}
+	for _, point := range []string{before, inside, committed, stored} {
+		if kills[point] < tr.minKills {
+			t.Errorf("%d kills at %s: too few to test it", kills[point], point)
+		}
+	}
+	t.Logf("%v: %d requests in %v; kills: before %d, inside %d, committed %d, stored %d, at random %d (%d lives); "+
+		"Redis flushed %d times, %d requests hedged; %d retries (%d transport errors, %d in-progress, %d unavailable, %d 500 internal, %d other); "+
+		"recoveries: %d records taken over, %d committed answers recovered, %d reruns after nothing committed; "+
+		"double writes %d, lost answers %d, answers not committed %d, wrong transfers %d, interrupted %d+%d",
+		d.Kind, tr.requests, duration.Round(time.Millisecond),
+		kills[before], kills[inside], kills[committed], kills[stored], randomKills.Load(), victim.lives.Load(),
+		flushed.Load(), hedged.Load(), attempts-tr.requests-int(hedged.Load()), counts.transport.Load(), counts.inProgress.Load(), counts.unavailable.Load(), counts.internal.Load(), counts.other.Load(),
+		takenOver, recovered, reran,
+		doubleWrites, lost, notCommitted, wrongTransfer, counts.interrupted.Load(), orphans)
+}
+
+// send posts r, first to the victim when it is up (three times in four)
+// and then to the survivor, until a 201 answers it. 409 in-progress and 503
+// are retried, as a client following Retry-After would, only sooner, and
+// so is 500 internal (see below).
+func send(ctx context.Context, client *http.Client, r *transferRequest, victim, survivor *instance, counts *tally) {
+	target := survivor
+	if rand.IntN(4) > 0 && victim.up.Load() {
+		target = victim
+	}
+	for ; r.attempts < 200; r.attempts++ {
+		if ctx.Err() != nil {
+			r.failure = "the trial's time ran out"
+			return
+		}
+		if r.attempts > 0 {
+			target = survivor
+			time.Sleep(time.Duration(20+rand.IntN(30)) * time.Millisecond)
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, target.url+"/transfers", strings.NewReader(r.body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", r.key)
+		resp, err := client.Do(req)
+		if err != nil {
+			counts.transport.Add(1)
+			r.failure = err.Error()
+			continue
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			counts.transport.Add(1)
+			r.failure = err.Error()
+			continue
+		}
+		problem := ""
+		if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/problem+json") {
+			var p struct{ Type string }
+			json.Unmarshal(body, &p)
+			problem = strings.TrimPrefix(p.Type, idempotency.ProblemTypeBase)
+		}
+		switch {
+		case resp.StatusCode == http.StatusCreated:
+			r.attempts++
+			r.answered, r.answer = true, string(body)
+			return
+		case resp.StatusCode == http.StatusConflict && problem == "in-progress":
+			counts.inProgress.Add(1)
+		case resp.StatusCode == http.StatusServiceUnavailable:
+			counts.unavailable.Add(1)
+		case resp.StatusCode == http.StatusInternalServerError && problem == "internal":
+			// sqlidem answers so when the transfer's statement failed
+			// because its context ended: the lease was lost (Redis forgot
+			// the lock) and the middleware cancelled the run. Nothing of
+			// that execution committed and the key is released, so a retry
+			// gets the key's one answer; but to the client a 500 reads as
+			// final, so the trial counts these apart.
+			counts.internal.Add(1)
+		case problem == "interrupted":
+			counts.interrupted.Add(1)
+		default:
+			counts.other.Add(1)
+			r.attempts++
+			r.failure = fmt.Sprintf("answered %d %s", resp.StatusCode, body)
+			return // not an answer to retry: the trial fails on it
+		}
+		r.failure = fmt.Sprintf("answered %d %s", resp.StatusCode, body)
+	}
+}
+
+// redisRecords counts the key-mode records left in state run without
+// their lock, and those whose execution was taken over (n > 1).
+func redisRecords(t *testing.T, rdb *redis.Client) (orphans, takenOver int) {
+	ctx := t.Context()
+	iter := rdb.Scan(ctx, 0, "*:r", 1000).Iterator()
+	for iter.Next(ctx) {
+		name := iter.Val()
+		f, err := rdb.HMGet(ctx, name, "st", "n").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f[1] != nil && f[1] != "1" {
+			takenOver++
+		}
+		if f[0] == "run" {
+			lock := strings.TrimSuffix(name, "r") + "l"
+			if n, _ := rdb.Exists(ctx, lock).Result(); n == 0 {
+				orphans++
+			}
+		}
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return orphans, takenOver
+}
+
+// killCounts reads the victim's kill log: one line per kill, its point.
+func killCounts(t *testing.T, path string) map[string]int {
+	out := map[string]int{}
+	f, err := os.Open(path)
+	if os.IsNotExist(err) {
+		return out
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		out[s.Text()]++
+	}
+	return out
+}
+
+// logCounts counts the middleware's recoveries in the servers' logs.
+func logCounts(t *testing.T, paths ...string) (recovered, reran int) {
+	for _, path := range paths {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		recovered += strings.Count(string(raw), "recovered an abandoned execution's committed answer")
+		reran += strings.Count(string(raw), "an abandoned execution committed nothing; running the handler again")
+	}
+	return recovered, reran
+}

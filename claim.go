@@ -80,6 +80,10 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 	case outcomeBig:
 		err = ErrNotReplayable
 	case outcomeAbandoned:
+		// Only a person can tell whether it took effect: name the key,
+		// for idemctl.
+		m.cfg.logger.Warn("idempotency: key interrupted: the instance that claimed it stopped before storing "+
+			"an answer; inspect and settle it with idemctl", "key", k.record)
 		err = ErrInterrupted
 	case outcomeUnreadable:
 		err = ErrUnreadableRecord

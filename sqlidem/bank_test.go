@@ -1,6 +1,7 @@
 package sqlidem_test
 
 import (
+	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
@@ -37,6 +38,8 @@ type bank struct {
 	// before, when set, runs before the transaction (an executor paused
 	// after its claim); inside, inside it, after fn's writes.
 	before, inside func(idempotency.Execution)
+	// first, when set, runs in the transaction before any write.
+	first func(ctx context.Context)
 
 	mu    sync.Mutex
 	execs map[string]idempotency.Execution // by Idempotency-Key
@@ -92,6 +95,9 @@ func (b *bank) transfer(tx *sql.Tx, w http.ResponseWriter, r *http.Request) erro
 		return errors.New("bad amount")
 	}
 	ctx := r.Context()
+	if b.first != nil {
+		b.first(ctx)
+	}
 	q := b.db.Rebind("UPDATE " + b.accounts + " SET balance = balance + ? WHERE id = ?")
 	if _, err := tx.ExecContext(ctx, q, -in.Amount, 1); err != nil {
 		return err

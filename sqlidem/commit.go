@@ -58,6 +58,11 @@ func (s *Store) commitOnce(ctx context.Context, exec idempotency.Execution, do w
 	}
 	answer, err := do(tx)
 	if err != nil {
+		if ctx.Err() != nil {
+			// The work failed because the execution's context ended, not
+			// of its own accord: no answer of its own to give.
+			return outcome{verdict: refused, err: ended(ctx)}
+		}
 		return outcome{verdict: rolledBack, err: err}
 	}
 	err = s.writeAnswer(ctx, tx, exec, answer, found)
@@ -115,6 +120,17 @@ func (s *Store) afterFailedCommit(ctx context.Context, exec idempotency.Executio
 		return outcome{verdict: refused, err: idempotency.ErrInProgress}
 	}
 	return outcome{verdict: refused, err: unavailable(cause)}
+}
+
+// ended says why an execution's context ended: the lease was lost (the
+// key belongs to another execution now, or will once a retry takes it
+// over: ErrInProgress, to be retried), or its time ran out.
+func ended(ctx context.Context) error {
+	cause := context.Cause(ctx)
+	if errors.Is(cause, idempotency.ErrLockLost) {
+		return fmt.Errorf("%w: %w", idempotency.ErrInProgress, cause)
+	}
+	return unavailable(cause)
 }
 
 // replay answers with a committed answer, if it is this request's.

@@ -140,3 +140,34 @@ func TestNewRefusesBadOptions(t *testing.T) {
 		}
 	}
 }
+
+// An execution whose lease is lost mid-transaction (Redis forgot its lock,
+// or stalled past the lease) is cancelled by the middleware: its writes
+// roll back, and its client is told to retry, never a 500.
+func TestLeaseLostMidTransactionAnswersInProgress(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		b := newBank(t, d, idempotency.WithLockLease(300*time.Millisecond))
+		b.first = func(ctx context.Context) {
+			lock := strings.TrimSuffix(b.execution("k1").Key, "r") + "l"
+			if err := b.rdb.Del(context.Background(), lock).Err(); err != nil {
+				t.Error(err)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(10 * time.Second):
+				t.Error("the run's context outlived its lease by 10 s")
+			}
+		}
+		r := b.post("k1", 8)
+		if r.status != 409 || r.problem != "in-progress" {
+			t.Fatalf("lease lost mid-transaction: %+v; want 409 in-progress", r)
+		}
+		if from, to := b.balances(); from != 1000000 || to != 0 {
+			t.Fatalf("balances %d, %d", from, to)
+		}
+		b.first = nil
+		if retry := b.post("k1", 8); retry.status != 201 || retry.replayed {
+			t.Fatalf("retry: %+v", retry)
+		}
+	})
+}

@@ -118,7 +118,7 @@ func hedge(ctx context.Context, client *http.Client, r *transferRequest, victim,
 
 // tally counts what the clients saw.
 type tally struct {
-	transport, inProgress, unavailable, internal, interrupted, other atomic.Int64
+	transport, inProgress, unavailable, interrupted, other atomic.Int64
 }
 
 func runTrial(t *testing.T, bin string, d *sqltest.DB, tr trial) {
@@ -369,20 +369,19 @@ func runTrial(t *testing.T, bin string, d *sqltest.DB, tr trial) {
 		}
 	}
 	t.Logf("%v: %d requests in %v; kills: before %d, inside %d, committed %d, stored %d, at random %d (%d lives); "+
-		"Redis flushed %d times, %d requests hedged; %d retries (%d transport errors, %d in-progress, %d unavailable, %d 500 internal, %d other); "+
+		"Redis flushed %d times, %d requests hedged; %d retries (%d transport errors, %d in-progress, %d unavailable, %d other); "+
 		"recoveries: %d records taken over, %d committed answers recovered, %d reruns after nothing committed; "+
 		"double writes %d, lost answers %d, answers not committed %d, wrong transfers %d, interrupted %d+%d",
 		d.Kind, tr.requests, duration.Round(time.Millisecond),
 		kills[before], kills[inside], kills[committed], kills[stored], randomKills.Load(), victim.lives.Load(),
-		flushed.Load(), hedged.Load(), attempts-tr.requests-int(hedged.Load()), counts.transport.Load(), counts.inProgress.Load(), counts.unavailable.Load(), counts.internal.Load(), counts.other.Load(),
+		flushed.Load(), hedged.Load(), attempts-tr.requests-int(hedged.Load()), counts.transport.Load(), counts.inProgress.Load(), counts.unavailable.Load(), counts.other.Load(),
 		takenOver, recovered, reran,
 		doubleWrites, lost, notCommitted, wrongTransfer, counts.interrupted.Load(), orphans)
 }
 
 // send posts r, first to the victim when it is up (three times in four)
 // and then to the survivor, until a 201 answers it. 409 in-progress and 503
-// are retried, as a client following Retry-After would, only sooner, and
-// so is 500 internal (see below).
+// are retried, as a client following Retry-After would, only sooner.
 func send(ctx context.Context, client *http.Client, r *transferRequest, victim, survivor *instance, counts *tally) {
 	target := survivor
 	if rand.IntN(4) > 0 && victim.up.Load() {
@@ -428,14 +427,6 @@ func send(ctx context.Context, client *http.Client, r *transferRequest, victim, 
 			counts.inProgress.Add(1)
 		case resp.StatusCode == http.StatusServiceUnavailable:
 			counts.unavailable.Add(1)
-		case resp.StatusCode == http.StatusInternalServerError && problem == "internal":
-			// sqlidem answers so when the transfer's statement failed
-			// because its context ended: the lease was lost (Redis forgot
-			// the lock) and the middleware cancelled the run. Nothing of
-			// that execution committed and the key is released, so a retry
-			// gets the key's one answer; but to the client a 500 reads as
-			// final, so the trial counts these apart.
-			counts.internal.Add(1)
 		case problem == "interrupted":
 			counts.interrupted.Add(1)
 		default:

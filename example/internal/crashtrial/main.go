@@ -3,7 +3,9 @@
 // Command crashtrial serves the shop's transfers (POST /transfers, GET
 // /accounts) with the same handler and outcome store as the shop, and kills
 // itself with SIGKILL at chosen points of a request, for the crash trials
-// in this directory. It is a test fixture, not a server to deploy.
+// in this directory, or stops itself with SIGSTOP at one point of a chosen
+// request, for the stale-executor trial. It is a test fixture, not a server
+// to deploy.
 //
 // Environment: ADDR, REDIS_URL, DATABASE_URL or DB_PATH, and
 //
@@ -13,6 +15,9 @@
 //	KILL_AT       point=fraction,…: the fraction of requests that die at
 //	              each point (before, inside, committed, stored)
 //	KILL_LOG      a file that gets one line, the point, before each kill
+//	PAUSE_AT      a point (before or inside) where a request carrying the
+//	              header Crash-Trial-Pause: 1 stops the whole process with
+//	              SIGSTOP, until a SIGCONT
 package main
 
 import (
@@ -58,6 +63,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	pauseAt := os.Getenv("PAUSE_AT")
+	if pauseAt != "" && pauseAt != before && pauseAt != inside {
+		return fmt.Errorf("PAUSE_AT: %q is neither %s nor %s", pauseAt, before, inside)
+	}
 	lease := 400 * time.Millisecond
 	if v := os.Getenv("LOCK_LEASE"); v != "" {
 		if lease, err = time.ParseDuration(v); err != nil {
@@ -85,7 +94,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	k := &killer{fractions: kills, log: os.Getenv("KILL_LOG")}
+	k := &killer{fractions: kills, log: os.Getenv("KILL_LOG"), pauseAt: pauseAt, logger: logger}
 	m := idempotency.New(rdb, idempotency.WithOutcomeStore(b.Outcomes()),
 		idempotency.WithFingerprint(idempotency.CanonicalJSON),
 		idempotency.WithLockLease(lease),
@@ -121,10 +130,30 @@ func parseKillAt(s string) (map[string]float64, error) {
 }
 
 // A killer ends the process at a point, for a fraction of the requests
-// that reach it.
+// that reach it, or stops it there for the request that asks.
 type killer struct {
 	fractions map[string]float64
 	log       string
+	pauseAt   string
+	logger    *slog.Logger
+}
+
+// pauseHeader asks a server started with PAUSE_AT to stop at that point
+// while it serves this request.
+const pauseHeader = "Crash-Trial-Pause"
+
+// maybePause stops the whole process with SIGSTOP at point when r asks
+// for it. A stopped process keeps its connections, its open transaction
+// and its locks, but renews no lease, as in a long GC pause or a frozen
+// VM, until it gets SIGCONT. The caller carries on from here then, as a
+// paused executor would.
+func (k *killer) maybePause(point string, r *http.Request) {
+	if k.pauseAt != point || r.Header.Get(pauseHeader) != "1" {
+		return
+	}
+	k.logger.Info("crashtrial: stopping", "point", point, "key", r.Header.Get("Idempotency-Key"))
+	stopSelf()
+	k.logger.Info("crashtrial: continued", "point", point, "key", r.Header.Get("Idempotency-Key"))
 }
 
 // maybeDie kills the process with SIGKILL, as a crash or an OOM kill
@@ -150,6 +179,7 @@ func (k *killer) maybeDie(point string) {
 func (k *killer) before(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		k.maybeDie(before)
+		k.maybePause(before, r)
 		next.ServeHTTP(w, r)
 	})
 }
@@ -160,6 +190,7 @@ func (k *killer) inside(fn func(*sql.Tx, http.ResponseWriter, *http.Request) err
 		err := fn(tx, w, r)
 		if err == nil {
 			k.maybeDie(inside)
+			k.maybePause(inside, r)
 		}
 		return err
 	}

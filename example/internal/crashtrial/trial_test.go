@@ -121,9 +121,11 @@ type tally struct {
 	transport, inProgress, unavailable, interrupted, other atomic.Int64
 }
 
-func runTrial(t *testing.T, bin string, d *sqltest.DB, tr trial) {
-	ctx := t.Context()
-	prefix := d.Table(t, "trial") + "_"
+// openBank sets up a bank with seed's accounts on d, in tables of its own
+// that are dropped when t ends, and returns it with its table prefix and
+// the environment that points a server at it.
+func openBank(t *testing.T, d *sqltest.DB, seed map[string]int64) (b *bank.Bank, prefix string, env []string) {
+	prefix = d.Table(t, "trial") + "_"
 	t.Cleanup(func() {
 		for _, table := range []string{"accounts", "transfers", sqlidem.DefaultTable} {
 			d.Exec("DROP TABLE IF EXISTS " + prefix + table)
@@ -133,18 +135,10 @@ func runTrial(t *testing.T, bin string, d *sqltest.DB, tr trial) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	seed := map[string]int64{}
-	var ids []string
-	for i := range 6 {
-		id := fmt.Sprint("acct-", i)
-		seed[id], ids = 1_000_000_000, append(ids, id)
-	}
-	if err := b.Setup(ctx, seed); err != nil {
+	if err := b.Setup(t.Context(), seed); err != nil {
 		t.Fatal(err)
 	}
-
-	rs := redistest.Private(t)
-	env := []string{"REDIS_URL=redis://" + rs.Addr(), "TABLE_PREFIX=" + prefix, "LOCK_LEASE=400ms"}
+	env = []string{"TABLE_PREFIX=" + prefix}
 	switch d.Kind {
 	case sqltest.SQLite:
 		path, _, _ := strings.Cut(strings.TrimPrefix(d.DSN, "file:"), "?")
@@ -154,6 +148,21 @@ func runTrial(t *testing.T, bin string, d *sqltest.DB, tr trial) {
 	case sqltest.MySQL:
 		env = append(env, "DATABASE_URL=mysql://"+d.DSN)
 	}
+	return b, prefix, env
+}
+
+func runTrial(t *testing.T, bin string, d *sqltest.DB, tr trial) {
+	ctx := t.Context()
+	seed := map[string]int64{}
+	var ids []string
+	for i := range 6 {
+		id := fmt.Sprint("acct-", i)
+		seed[id], ids = 1_000_000_000, append(ids, id)
+	}
+	b, prefix, env := openBank(t, d, seed)
+
+	rs := redistest.Private(t)
+	env = append(env, "REDIS_URL=redis://"+rs.Addr(), "LOCK_LEASE=400ms")
 	killLog := filepath.Join(t.TempDir(), "kills.log")
 	victim := newInstance(t, bin, "victim", append(env, "KILL_AT="+tr.killAt, "KILL_LOG="+killLog)...)
 	survivor := newInstance(t, bin, "survivor", env...)

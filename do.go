@@ -170,6 +170,7 @@ func runFunction[T any](m *Middleware, c *call, l *lease, cfg *doConfig, fn func
 	}
 	ctx, r := m.startRun(c, l)
 	defer r.finish()
+	r.exec.codec = cfg.codec
 	out.value, out.err = fn(ctx)
 	r.ran = true
 	r.exec.settle()

@@ -38,9 +38,11 @@ var ErrNotInterrupted = errors.New("idempotency: key is not interrupted")
 
 // KeyState is what Redis holds for one key, read in one step.
 type KeyState struct {
-	// Key names the key's record, as the middleware's log lines and
-	// Execution.Key do.
-	Key string
+	// Record names the key's record in Redis, as the middleware's log
+	// lines do; Key is its durable name, Execution.Key, under which an
+	// outcome store keeps its answer (the record's name without the key
+	// prefix).
+	Record, Key string
 	// State is "run" (claimed, no answer stored yet), "done" (an answer
 	// is stored), "big" (executed, its answer not replayable) or "none"
 	// (no record: never claimed, expired, or forgotten).
@@ -68,14 +70,15 @@ type KeyState struct {
 	Waiting bool
 }
 
-// Inspect reads the key named key: its record's name (KeyState.Key), or
-// the name of its lock or waiters flag.
+// Inspect reads the key named key: its record's name (KeyState.Record),
+// its durable name (KeyState.Key, Execution.Key), or the name of its lock
+// or waiters flag.
 func (m *Middleware) Inspect(ctx context.Context, key string) (KeyState, error) {
 	k, err := keysNamed(m.cfg.prefix, key)
 	if err != nil {
 		return KeyState{}, err
 	}
-	return keyState(k, inspectScript.Run(ctx, m.store.client, k.operated()))
+	return m.keyState(k, inspectScript.Run(ctx, m.store.client, k.operated()))
 }
 
 // scanPage is how many keys one SCAN step looks at, and so the most a
@@ -110,8 +113,8 @@ func (m *Middleware) Interrupted(ctx context.Context) iter.Seq2[KeyState, error]
 					return
 				}
 				for _, s := range states {
-					if s.Interrupted && !seen[s.Key] {
-						seen[s.Key] = true
+					if s.Interrupted && !seen[s.Record] {
+						seen[s.Record] = true
 						if !yield(s, nil) {
 							return
 						}
@@ -157,7 +160,7 @@ func (m *Middleware) inspectPage(ctx context.Context, node redis.UniversalClient
 			// to another master (a resharding).
 			cmd = inspectScript.Run(ctx, m.store.client, k.operated())
 		}
-		s, err := keyState(k, cmd)
+		s, err := m.keyState(k, cmd)
 		if err != nil {
 			return nil, err
 		}
@@ -275,6 +278,9 @@ func (k keys) operated() []string { return []string{k.record, k.lock, k.waiters(
 // keysNamed returns the keys of the record that name belongs to: the
 // record's own name, its lock's or its waiters flag's (see keys.go).
 func keysNamed(prefix, name string) (keys, error) {
+	if strings.HasPrefix(name, "{") { // a durable name: the record's without the prefix
+		name = prefix + ":" + name
+	}
 	bad := fmt.Errorf("idempotency: %q names no record, lock or waiters flag under the key prefix %q", name, prefix)
 	rest, ok := strings.CutPrefix(name, prefix+":{")
 	end := strings.Index(rest, "}:")
@@ -298,7 +304,7 @@ func keysNamed(prefix, name string) (keys, error) {
 }
 
 // keyState reads inspect.lua's reply.
-func keyState(k keys, cmd *redis.Cmd) (KeyState, error) {
+func (m *Middleware) keyState(k keys, cmd *redis.Cmd) (KeyState, error) {
 	r, err := cmd.Slice()
 	if err != nil {
 		return KeyState{}, err
@@ -309,7 +315,7 @@ func keyState(k keys, cmd *redis.Cmd) (KeyState, error) {
 	text := func(i int) string { s, _ := r[i].(string); return s }
 	number := func(i int) int64 { n, _ := r[i].(int64); return n }
 	s := KeyState{
-		Key: k.record, State: text(0), Owner: text(1),
+		Record: k.record, Key: m.durableKey(k), State: text(0), Owner: text(1),
 		Fingerprint: hex.EncodeToString([]byte(text(2))),
 		BodySize:    number(6), TTL: remaining(number(7)),
 		Lock: text(8), LockTTL: remaining(number(9)), Waiting: number(10) == 1,

@@ -49,10 +49,12 @@ func TestInspect(t *testing.T) {
 	done := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "done"))
 	first := s.post(c, "/payments", "done", `{}`)
 	require.Equal(t, http.StatusCreated, first.status)
-	for _, name := range []string{done.record, done.lock, done.waiters()} {
+	durable := strings.TrimPrefix(done.record, s.idem.cfg.prefix+":")
+	for _, name := range []string{done.record, done.lock, done.waiters(), durable} {
 		st, err := s.idem.Inspect(ctx, name)
 		require.NoError(t, err, name)
-		require.Equal(t, done.record, st.Key, "named by %s", name)
+		require.Equal(t, done.record, st.Record, "named by %s", name)
+		require.Equal(t, durable, st.Key, "named by %s", name)
 		require.Equal(t, "done", st.State)
 		require.False(t, st.Interrupted)
 		require.Equal(t, http.StatusCreated, st.Status)
@@ -90,7 +92,7 @@ func TestInspect(t *testing.T) {
 	none := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "never"))
 	st, err = s.idem.Inspect(ctx, none.record)
 	require.NoError(t, err)
-	require.Equal(t, KeyState{Key: none.record, State: "none", Fingerprint: ""}, st)
+	require.Equal(t, KeyState{Record: none.record, Key: strings.TrimPrefix(none.record, s.idem.cfg.prefix+":"), State: "none"}, st)
 
 	_, err = s.idem.Inspect(ctx, "elsewhere:"+none.record)
 	require.ErrorContains(t, err, "names no record")
@@ -177,7 +179,7 @@ func TestInterrupted(t *testing.T) {
 	for st, err := range s.idem.Interrupted(ctx) {
 		require.NoError(t, err)
 		require.True(t, st.Interrupted)
-		got = append(got, st.Key)
+		got = append(got, st.Record)
 	}
 	slices.Sort(got)
 	slices.Sort(want)
@@ -207,7 +209,7 @@ func TestInterruptedOnCluster(t *testing.T) {
 	var got []string
 	for st, err := range m.Interrupted(ctx) {
 		require.NoError(t, err)
-		got = append(got, st.Key)
+		got = append(got, st.Record)
 	}
 	slices.Sort(got)
 	slices.Sort(want)
@@ -304,7 +306,7 @@ func TestForgetTokenMode(t *testing.T) {
 	records := make(chan string, 1)
 	s.handler = func(w http.ResponseWriter, r *http.Request) {
 		e, _ := ExecutionOf(r.Context())
-		records <- e.Key
+		records <- s.idem.cfg.prefix + ":" + e.Key
 		s.defaultHandler(w, r)
 	}
 	tok := s.token(c)

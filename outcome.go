@@ -36,15 +36,19 @@ type Answer struct {
 // Execution describes the protected execution a context belongs to: what
 // an OutcomeStore records with the handler's writes.
 type Execution struct {
-	// Key names the key's record in Redis, as the middleware's log lines
-	// do. It is the same for every request with the key, and an outcome
-	// store's primary key.
+	// Key identifies the idempotency key durably: the same for every
+	// request with the key, and an outcome store's primary key. It is the
+	// name of the key's Redis record without the key prefix
+	// (WithKeyPrefix), so that it survives a change of prefix.
 	Key string
 	// Fingerprint is the request's fingerprint in hex. A duplicate has the
 	// same one; a request that reuses the key for another has not.
 	Fingerprint string
 	// Fence is the execution's fencing token (see FencingToken).
 	Fence uint64
+	// Codec encodes the result of a function run by Do (UseCodec); nil
+	// for a handler.
+	Codec Codec
 }
 
 // ExecutionOf returns the protected execution that ctx belongs to, or ok
@@ -54,13 +58,17 @@ func ExecutionOf(ctx context.Context) (e Execution, ok bool) {
 	if !ok {
 		return Execution{}, false
 	}
-	return Execution{Key: x.key, Fingerprint: hex.EncodeToString(x.fp[:]), Fence: x.fence}, true
+	return Execution{Key: x.key, Fingerprint: hex.EncodeToString(x.fp[:]), Fence: x.fence, Codec: x.codec}, true
 }
+
+// durableKey is Execution.Key of k: its record's name without the prefix.
+func (m *Middleware) durableKey(k keys) string { return k.record[len(m.cfg.prefix)+1:] }
 
 // WithOutcomeStore lets the middleware recover abandoned executions from s
 // rather than answer 409 interrupted. Every handler behind the middleware
 // must commit its writes and its answer through s (sqlidem's Handler does):
 // recovery runs a handler again whenever s holds no answer for its key, so
 // a handler that wrote elsewhere would write twice. Protect other routes
-// with a Middleware of their own.
+// with a Middleware of their own. Default none: an abandoned execution is
+// answered 409 interrupted (or run again, with WithRetryAbandoned).
 func WithOutcomeStore(s OutcomeStore) Option { return func(c *config) { c.outcomes = s } }

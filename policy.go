@@ -72,6 +72,7 @@ type execution struct {
 	key   string // the record's Redis key
 	fp    fingerprintSum
 	fence uint64
+	codec Codec        // Do's, for a function
 	state atomic.Int32 // running, released or decided
 	// decision is the policy's answer, taken once, when the status went
 	// out (for the expiry header) or when the handler returned.

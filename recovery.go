@@ -13,7 +13,7 @@ import (
 // nothing, the store has fenced it out and the handler runs again under l.
 func (m *Middleware) recoverAnswer(c *call, l *lease) (*lease, verdict) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), m.cfg.execTimeout)
-	a, committed, err := m.cfg.outcomes.Recover(ctx, l.k.record, l.fence)
+	a, committed, err := m.cfg.outcomes.Recover(ctx, m.durableKey(l.k), l.fence)
 	cancel()
 	if err == nil && !committed && l.wd.isLost() {
 		err = ErrLockLost // another instance may have taken the key over: it runs, not us
@@ -42,6 +42,12 @@ func (m *Middleware) recoverAnswer(c *call, l *lease) (*lease, verdict) {
 		l.end()
 		m.letGo(c, l)
 		return nil, refuse(ErrUnreadableRecord)
+	}
+	if len(a.Body) > m.cfg.maxResponse {
+		// As for an answer recorded over the limit: executed, and not
+		// replayed to duplicates.
+		m.storeAnswer(c, l, nil, StoreDecision{TTL: m.cfg.recordTTL})
+		return nil, refuse(ErrNotReplayable)
 	}
 	rec := m.recordOf(a)
 	m.cfg.logger.Info("idempotency: recovered an abandoned execution's committed answer", "key", l.k.record)

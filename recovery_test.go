@@ -95,6 +95,36 @@ func TestRecoveryFromAnOutcomeStore(t *testing.T) {
 	})
 }
 
+// go-redis resends a pipeline whose reply was lost: a resent takeover
+// claim must still say it took the execution over, or recovery is skipped.
+func TestResentTakeoverSaysRetaken(t *testing.T) {
+	s := newShop(t, WithLockLease(100*time.Millisecond), WithOutcomeStore(&fakeOutcomes{}))
+	ctx := t.Context()
+	fp := abandonedPayment(t, s)
+	raw, _ := hex.DecodeString(fp)
+	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "k"))
+	lock, err := s.idem.store.obtain(ctx, k)
+	require.NoError(t, err)
+	for range 2 {
+		c, err := s.idem.store.claim(ctx, k, lock.Token(), string(raw))
+		require.NoError(t, err)
+		require.Equal(t, outcomeClaimed, c.outcome)
+		require.True(t, c.retaken)
+	}
+}
+
+// A committed answer over WithMaxResponseBytes is treated as one recorded
+// over it: executed, not replayed.
+func TestRecoveredAnswerOverTheLimit(t *testing.T) {
+	outcomes := &fakeOutcomes{}
+	s := newShop(t, WithLockLease(100*time.Millisecond), WithOutcomeStore(outcomes), WithMaxResponseBytes(8))
+	fp := abandonedPayment(t, s)
+	outcomes.answer = &Answer{Status: 201, Body: []byte("0123456789"), Fingerprint: fp}
+	requireProblem(t, s.post(s.client(), "/payments", "k", `{}`), 409, "not-replayable")
+	requireProblem(t, s.post(s.client(), "/payments", "k", `{}`), 409, "not-replayable")
+	require.Zero(t, s.execs.Load())
+}
+
 func TestExecutionOf(t *testing.T) {
 	s := newShop(t)
 	var got Execution
@@ -105,7 +135,9 @@ func TestExecutionOf(t *testing.T) {
 	}
 	s.post(s.client(), "/payments", "k", `{}`)
 	require.True(t, ok)
-	require.Equal(t, clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "k")).record, got.Key)
+	record := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "k")).record
+	require.Equal(t, strings.TrimPrefix(record, s.idem.cfg.prefix+":"), got.Key, "the record's name without the prefix")
+	require.Nil(t, got.Codec, "a handler has no codec")
 	require.Len(t, got.Fingerprint, 64)
 	require.NotZero(t, got.Fence)
 	_, ok = ExecutionOf(context.Background())

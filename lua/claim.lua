@@ -27,10 +27,15 @@ local function unlock()
   end
 end
 
-local rec = redis.call('HMGET', KEYS[1], 'st', 'o', 'fp', 'c', 'h', 'b', 'f')
+local rec = redis.call('HMGET', KEYS[1], 'st', 'o', 'fp', 'c', 'h', 'b', 'f', 'n')
 local st = rec[1]
 if st then
   if st == 'run' and rec[2] == ARGV[1] then
+    if rec[8] and rec[8] ~= '1' then
+      -- Our own takeover, resent: it says so again (a fresh claim writes
+      -- n = 1, and only a takeover raises it).
+      return {'claimed', rec[7], 'retaken'}
+    end
     return {'claimed', rec[7]}
   end
   if rec[3] ~= ARGV[2] then

@@ -69,7 +69,7 @@ func WithReleaseOnServerError() Option {
 // execution is what a protected handler's context carries: who it is
 // (ExecutionOf), its fencing token, and what becomes of its answer.
 type execution struct {
-	key   string // the record's Redis key
+	key   string // Execution.Key
 	fp    fingerprintSum
 	fence uint64
 	codec Codec        // Do's, for a function

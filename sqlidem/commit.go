@@ -3,7 +3,6 @@ package sqlidem
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -61,7 +60,7 @@ func (s *Store) commitOnce(ctx context.Context, exec idempotency.Execution, do w
 		if ctx.Err() != nil {
 			// The work failed because the execution's context ended, not
 			// of its own accord: no answer of its own to give.
-			return outcome{verdict: refused, err: ended(ctx)}
+			return outcome{verdict: refused, err: endedBecause(ctx)}
 		}
 		return outcome{verdict: rolledBack, err: err}
 	}
@@ -82,7 +81,7 @@ var errFenced = errors.New("sqlidem: a newer execution fenced the key")
 // writeAnswer puts the answer's row in tx: a new row, or the fence row
 // recovery wrote for this execution.
 func (s *Store) writeAnswer(ctx context.Context, tx *sql.Tx, exec idempotency.Execution, a idempotency.Answer, fenced bool) error {
-	header, err := json.Marshal(a.Header)
+	header, err := encodeHeader(a.Header)
 	if err != nil {
 		return err
 	}
@@ -105,8 +104,10 @@ func (s *Store) writeAnswer(ctx context.Context, tx *sql.Tx, exec idempotency.Ex
 // commit failed: the database may have committed after all (its reply
 // lost), another execution may have committed first, or nothing committed.
 func (s *Store) afterFailedCommit(ctx context.Context, exec idempotency.Execution, cause error) outcome {
-	// The execution's context may be what ended the transaction.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	// The execution's context may be what ended the transaction: the
+	// check runs on, for as long as a statement may take.
+	ended := ctx
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), checkTimeout)
 	defer cancel()
 	row, found, err := s.lookup(ctx, s.db, exec.Key)
 	switch {
@@ -118,14 +119,19 @@ func (s *Store) afterFailedCommit(ctx context.Context, exec idempotency.Executio
 		return replay(exec, row.Answer)
 	case found && row.Fence > exec.Fence, errors.Is(cause, errFenced):
 		return outcome{verdict: refused, err: idempotency.ErrInProgress}
+	case ended.Err() != nil:
+		return outcome{verdict: refused, err: endedBecause(ended)}
 	}
 	return outcome{verdict: refused, err: unavailable(cause)}
 }
 
-// ended says why an execution's context ended: the lease was lost (the
+// checkTimeout bounds the read that learns what a failed commit did.
+const checkTimeout = 5 * time.Second
+
+// endedBecause says why an execution's context ended: the lease was lost (the
 // key belongs to another execution now, or will once a retry takes it
 // over: ErrInProgress, to be retried), or its time ran out.
-func ended(ctx context.Context) error {
+func endedBecause(ctx context.Context) error {
 	cause := context.Cause(ctx)
 	if errors.Is(cause, idempotency.ErrLockLost) {
 		return fmt.Errorf("%w: %w", idempotency.ErrInProgress, cause)

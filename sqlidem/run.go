@@ -10,20 +10,10 @@ import (
 	"github.com/onceonly/idempotency"
 )
 
-// A RunOption configures Run.
-type RunOption func(*runConfig)
-
-type runConfig struct{ codec idempotency.Codec }
-
-// RunCodec encodes Run's result for its row. It must be the codec the
-// idempotency.Do around Run uses (idempotency.UseCodec), since Do decodes
-// a recovered answer with it. Default idempotency.JSON, Do's default.
-func RunCodec(c idempotency.Codec) RunOption { return func(rc *runConfig) { rc.codec = c } }
-
 // Run is Handler for a function protected by idempotency.Do: call it
 // inside the function given to Do, with Do's context. It runs fn in a
 // transaction and commits fn's result in the same transaction, in a row
-// keyed by Do's key:
+// keyed by Do's key, encoded with Do's codec (idempotency.UseCodec):
 //
 //	receipt, err := idempotency.Do(ctx, durable, key, func(ctx context.Context) (Receipt, error) {
 //		return sqlidem.Run(ctx, outcomes, func(ctx context.Context, tx *sql.Tx) (Receipt, error) {
@@ -40,15 +30,15 @@ func RunCodec(c idempotency.Codec) RunOption { return func(rc *runConfig) { rc.c
 //
 // Outside Do (no protected execution in ctx), fn runs in a transaction
 // with no outcome row.
-func Run[T any](ctx context.Context, s *Store, fn func(ctx context.Context, tx *sql.Tx) (T, error), opts ...RunOption) (T, error) {
-	cfg := runConfig{codec: idempotency.JSON}
-	for _, o := range opts {
-		o(&cfg)
-	}
+func Run[T any](ctx context.Context, s *Store, fn func(ctx context.Context, tx *sql.Tx) (T, error)) (T, error) {
 	var zero T
 	exec, protected := idempotency.ExecutionOf(ctx)
 	if !protected {
 		return runUnprotected(ctx, s, fn)
+	}
+	codec := exec.Codec // Do's: a recovered row must decode as Do's own record
+	if codec == nil {
+		return zero, errors.New("sqlidem: Run outside a function run by idempotency.Do (use Handler for a handler)")
 	}
 	var result T
 	o := s.commitOnce(ctx, exec, func(tx *sql.Tx) (idempotency.Answer, error) {
@@ -56,7 +46,7 @@ func Run[T any](ctx context.Context, s *Store, fn func(ctx context.Context, tx *
 		if err != nil {
 			return idempotency.Answer{}, err
 		}
-		body, err := cfg.codec.Marshal(v)
+		body, err := codec.Marshal(v)
 		if err != nil {
 			return idempotency.Answer{}, fmt.Errorf("sqlidem: encoding the result: %w", err)
 		}
@@ -74,7 +64,7 @@ func Run[T any](ctx context.Context, s *Store, fn func(ctx context.Context, tx *
 				fmt.Errorf("sqlidem: committed status %d is not a function's result", o.answer.Status))
 		}
 		var v T
-		if err := cfg.codec.Unmarshal(o.answer.Body, &v); err != nil {
+		if err := codec.Unmarshal(o.answer.Body, &v); err != nil {
 			return zero, errors.Join(idempotency.ErrUnreadableRecord, err)
 		}
 		return v, nil

@@ -3,7 +3,6 @@ package sqlidem
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -41,7 +40,7 @@ type Store struct {
 	onError func(http.ResponseWriter, *http.Request, error)
 
 	// Statements, built once by New.
-	ddl, selectRow, insertDone, updateFenced, upsertFence, forget, purge string
+	ddl, selectRow, insertDone, updateFenced, upsertFence, purge string
 }
 
 // An Option configures a Store.
@@ -86,7 +85,6 @@ func New(db *sql.DB, dialect Dialect, opts ...Option) (*Store, error) {
 	s.updateFenced = d.Bind("UPDATE " + t + " SET fingerprint = ?, fence = ?, state = 'done', status = ?, header = ?, body = ?, written_ms = ?" +
 		" WHERE record_key = ? AND state = 'fenced' AND fence <= ?")
 	s.upsertFence = fenceUpsert(d, t)
-	s.forget = d.Bind("DELETE FROM " + t + " WHERE record_key = ?")
 	s.purge = d.Bind("DELETE FROM " + t + " WHERE written_ms < ?")
 	return s, nil
 }
@@ -134,7 +132,7 @@ func (s *Store) lookup(ctx context.Context, q querier, key string) (Row, bool, e
 	row := Row{Done: state == "done", Fence: uint64(fence)}
 	if row.Done {
 		row.Answer = idempotency.Answer{Status: status, Body: body, Fingerprint: fp}
-		if err := json.Unmarshal([]byte(header), &row.Answer.Header); err != nil {
+		if row.Answer.Header, err = decodeHeader([]byte(header)); err != nil {
 			return Row{}, false, fmt.Errorf("sqlidem: header of %q: %w", key, err)
 		}
 	}
@@ -165,14 +163,6 @@ func (s *Store) Recover(ctx context.Context, key string, fence uint64) (idempote
 		return idempotency.Answer{}, false, fmt.Errorf("sqlidem: %q is fenced by a newer execution (%d > %d)", key, row.Fence, fence)
 	}
 	return idempotency.Answer{}, false, nil
-}
-
-// Forget deletes the key's row, committed answer or fence alike. A retry
-// of the key then runs the handler again (once Redis has forgotten the key
-// too): for an operator who has established that its writes were undone.
-func (s *Store) Forget(ctx context.Context, key string) error {
-	_, err := s.db.ExecContext(ctx, s.forget, key)
-	return err
 }
 
 // Purge deletes the rows written before cutoff and reports how many went.

@@ -1,4 +1,4 @@
-package sqlidem_test
+package servertest_test
 
 import (
 	"testing"
@@ -33,7 +33,7 @@ func TestRedisForgetsButSQLRemembers(t *testing.T) {
 	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
 		b := newBank(t, d)
 		first := b.post("k1", 5)
-		must(t, b.rdb.Del(t.Context(), b.execution("k1").Key).Err()) // a flush, an eviction, a failover
+		must(t, b.rdb.Del(t.Context(), b.record("k1")).Err()) // a flush, an eviction, a failover
 		again := b.post("k1", 5)
 		if again.status != 201 || !again.replayed || again.body != first.body {
 			t.Fatalf("after Redis forgot: %+v, first %+v", again, first)
@@ -48,7 +48,7 @@ func TestRedisForgetsButSQLRemembers(t *testing.T) {
 			t.Fatalf("Redis record state %q after the replay; want it stored again", st)
 		}
 		// The same key for another transfer is refused, not run.
-		must(t, b.rdb.Del(t.Context(), b.execution("k1").Key).Err())
+		must(t, b.rdb.Del(t.Context(), b.record("k1")).Err())
 		if other := b.post("k1", 6); other.status != 422 || other.problem != "key-reused" {
 			t.Fatalf("key reused after Redis forgot: %+v", other)
 		}

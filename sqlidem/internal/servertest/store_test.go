@@ -1,4 +1,4 @@
-package sqlidem_test
+package servertest_test
 
 import (
 	"time"

@@ -1,4 +1,4 @@
-package sqlidem_test
+package servertest_test
 
 import (
 	"context"
@@ -17,7 +17,12 @@ func TestRecoveryReplaysACommittedAnswer(t *testing.T) {
 		b := newBank(t, d)
 		first := b.post("k1", 40)
 		b.abandon("k1")
+		entered := b.entered.Load()
 		again := b.post("k1", 40)
+		if b.entered.Load() != entered || b.recovered.Load() != 1 {
+			t.Fatalf("handler entered %d times, Recover called %d times; want the middleware to recover the answer itself",
+				b.entered.Load()-entered, b.recovered.Load())
+		}
 		if again.status != 201 || !again.replayed || again.body != first.body {
 			t.Fatalf("retry of an abandoned execution that committed: %+v, first %+v", again, first)
 		}
@@ -42,9 +47,12 @@ func TestRecoveryRunsAgainWhenNothingCommitted(t *testing.T) {
 		b.post("k1", 9) // commits
 		committed := b.execution("k1")
 		// Now pretend the commit never happened and the instance died.
-		must(t, b.store.Forget(t.Context(), committed.Key))
+		must(t, exec(d.DB, "DELETE FROM "+b.outcomes))
 		b.abandon("k1")
 		retry := b.post("k1", 9)
+		if b.recovered.Load() != 1 {
+			t.Fatalf("Recover called %d times; want once, by the retry that took over", b.recovered.Load())
+		}
 		if retry.status != 201 || retry.replayed {
 			t.Fatalf("retry of an abandoned execution that committed nothing: %+v", retry)
 		}
@@ -148,7 +156,7 @@ func TestLeaseLostMidTransactionAnswersInProgress(t *testing.T) {
 	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
 		b := newBank(t, d, idempotency.WithLockLease(300*time.Millisecond))
 		b.first = func(ctx context.Context) {
-			lock := strings.TrimSuffix(b.execution("k1").Key, "r") + "l"
+			lock := strings.TrimSuffix(b.record("k1"), "r") + "l"
 			if err := b.rdb.Del(context.Background(), lock).Err(); err != nil {
 				t.Error(err)
 			}

@@ -1,4 +1,4 @@
-package sqlidem_test
+package servertest_test
 
 import (
 	"context"
@@ -28,13 +28,17 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 // middleware with the outcome store: a second execution of a transfer
 // would show as a wrong balance.
 type bank struct {
-	t        *testing.T
-	db       *sqltest.DB
-	store    *sqlidem.Store
-	rdb      redis.UniversalClient
-	accounts string
-	srv      *httptest.Server
-	runs     atomic.Int64 // transfers that ran fn
+	t         *testing.T
+	db        *sqltest.DB
+	store     *sqlidem.Store
+	rdb       redis.UniversalClient
+	prefix    string // the middleware's key prefix
+	accounts  string
+	srv       *httptest.Server
+	outcomes  string       // the outcome table
+	entered   atomic.Int64 // protected requests that reached the handler
+	recovered atomic.Int64 // calls of the store's Recover
+	runs      atomic.Int64 // transfers that ran fn
 	// before, when set, runs before the transaction (an executor paused
 	// after its claim); inside, inside it, after fn's writes.
 	before, inside func(idempotency.Execution)
@@ -52,7 +56,8 @@ var dialects = map[sqltest.Kind]sqlidem.Dialect{
 func newBank(t *testing.T, d *sqltest.DB, opts ...idempotency.Option) *bank {
 	t.Helper()
 	b := &bank{t: t, db: d, execs: map[string]idempotency.Execution{}}
-	store, err := sqlidem.New(d.DB, dialects[d.Kind], sqlidem.WithTable(d.Table(t, "outcomes")))
+	b.outcomes = d.Table(t, "outcomes")
+	store, err := sqlidem.New(d.DB, dialects[d.Kind], sqlidem.WithTable(b.outcomes))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,9 +68,9 @@ func newBank(t *testing.T, d *sqltest.DB, opts ...idempotency.Option) *bank {
 	must(t, exec(d.DB, "INSERT INTO "+b.accounts+" (id, balance) VALUES (1, 1000000), (2, 0)"))
 
 	prefix := "sqlidem-" + strings.NewReplacer("/", "-", " ", "_").Replace(t.Name())
-	b.rdb = redistest.Client(t, prefix)
+	b.prefix, b.rdb = prefix, redistest.Client(t, prefix)
 	m := idempotency.New(b.rdb, append([]idempotency.Option{
-		idempotency.WithKeyPrefix(prefix), idempotency.WithOutcomeStore(store),
+		idempotency.WithKeyPrefix(prefix), idempotency.WithOutcomeStore(countingRecover{store, &b.recovered}),
 		idempotency.WithLockLease(2 * time.Second),
 		// Every request goes to Redis, as on a second instance: this one's
 		// cache would replay what the tests make Redis forget.
@@ -73,6 +78,7 @@ func newBank(t *testing.T, d *sqltest.DB, opts ...idempotency.Option) *bank {
 	}, opts...)...)
 	paused := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if e, ok := idempotency.ExecutionOf(r.Context()); ok {
+			b.entered.Add(1)
 			b.mu.Lock()
 			b.execs[r.Header.Get("Idempotency-Key")] = e
 			b.mu.Unlock()
@@ -167,14 +173,17 @@ func (b *bank) execution(key string) idempotency.Execution {
 // nobody holds, with no answer.
 func (b *bank) abandon(key string) {
 	b.t.Helper()
-	rec := b.execution(key).Key
+	rec := b.record(key)
 	ctx := b.t.Context()
 	must(b.t, b.rdb.HSet(ctx, rec, "st", "run", "o", "an-executor-that-died").Err())
 	must(b.t, b.rdb.HDel(ctx, rec, "c", "h", "b").Err())
 }
 
+// record names the key's Redis record: its durable name under the prefix.
+func (b *bank) record(key string) string { return b.prefix + ":" + b.execution(key).Key }
+
 func (b *bank) redisState(key string) string {
-	st, _ := b.rdb.HGet(b.t.Context(), b.execution(key).Key, "st").Result()
+	st, _ := b.rdb.HGet(b.t.Context(), b.record(key), "st").Result()
 	return st
 }
 
@@ -188,4 +197,15 @@ func must(t testing.TB, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// countingRecover counts the middleware's calls of Recover.
+type countingRecover struct {
+	*sqlidem.Store
+	calls *atomic.Int64
+}
+
+func (c countingRecover) Recover(ctx context.Context, key string, fence uint64) (idempotency.Answer, bool, error) {
+	c.calls.Add(1)
+	return c.Store.Recover(ctx, key, fence)
 }

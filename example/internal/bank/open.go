@@ -4,10 +4,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // postgres:// URLs
+	"github.com/onceonly/idempotency/internal/dburl"
 	"github.com/onceonly/idempotency/sqlidem"
 	_ "modernc.org/sqlite" // pure Go: a bare machine has no C compiler
 )
@@ -16,36 +16,50 @@ import (
 //
 //	postgres://user:password@host:5432/dbname?sslmode=disable   PostgreSQL (pgx)
 //	mysql://user:password@tcp(host:3306)/dbname                  MySQL or MariaDB
+//	mysql://user:password@host:3306/dbname                       the same
 //
-// The MySQL form is go-sql-driver/mysql's DSN behind a mysql:// scheme, as
-// golang-migrate writes it. With no databaseURL, it opens (or creates) the
-// SQLite file at sqlitePath.
+// The first MySQL form is go-sql-driver/mysql's DSN behind a mysql://
+// scheme, as golang-migrate writes it; the second is a URL, whose
+// password's special characters are percent-encoded. idemctl reads
+// DATABASE_URL the same way (internal/dburl). With no databaseURL, it
+// opens (or creates) the SQLite file at sqlitePath.
 func Open(databaseURL, sqlitePath string) (*sql.DB, sqlidem.Dialect, error) {
-	driver, dsn, dialect := "sqlite", SQLiteDSN(sqlitePath), sqlidem.SQLite
-	switch {
-	case databaseURL == "":
-		if sqlitePath == "" {
-			return nil, 0, errors.New("no database: name a DATABASE_URL or a SQLite file")
-		}
-	case strings.HasPrefix(databaseURL, "postgres://"), strings.HasPrefix(databaseURL, "postgresql://"):
-		driver, dsn, dialect = "pgx", databaseURL, sqlidem.PostgreSQL
-	case strings.HasPrefix(databaseURL, "mysql://"):
-		dsn = strings.TrimPrefix(databaseURL, "mysql://")
-		// Checked here so that a mistake is named at start-up, without
-		// quoting the URL, which may hold a password.
-		if _, err := mysql.ParseDSN(dsn); err != nil {
-			return nil, 0, errors.New("DATABASE_URL: a mysql:// URL is mysql://user:password@tcp(host:port)/dbname")
-		}
-		driver, dialect = "mysql", sqlidem.MySQL
-	default:
-		return nil, 0, errors.New("DATABASE_URL must start with postgres:// or mysql://")
-	}
-	db, err := sql.Open(driver, dsn)
+	d, err := source(databaseURL, sqlitePath)
 	if err != nil {
-		return nil, 0, fmt.Errorf("opening the %v database: %w", dialect, err)
+		return nil, 0, err
+	}
+	db, err := sql.Open(d.Driver, d.DSN)
+	if err != nil {
+		return nil, 0, fmt.Errorf("opening the %v database: %w", d.Dialect, err)
 	}
 	db.SetMaxOpenConns(16)
-	return db, dialect, nil
+	return db, d.Dialect, nil
+}
+
+// source names the driver and DSN of Open's database. Its errors never
+// quote the URL, which may hold a password.
+func source(databaseURL, sqlitePath string) (dburl.Database, error) {
+	if databaseURL == "" {
+		if sqlitePath == "" {
+			return dburl.Database{}, errors.New("no database: name a DATABASE_URL or a SQLite file")
+		}
+		return dburl.Database{Driver: dburl.SQLite, DSN: SQLiteDSN(sqlitePath), Dialect: sqlidem.SQLite}, nil
+	}
+	d, err := dburl.Parse(databaseURL)
+	switch {
+	case errors.Is(err, dburl.ErrUnknownScheme), err == nil && d.Dialect == sqlidem.SQLite:
+		// A SQLite file is DB_PATH's, so that it gets SQLiteDSN's options.
+		return dburl.Database{}, errors.New("DATABASE_URL must start with postgres:// or mysql://")
+	case err != nil:
+		return dburl.Database{}, fmt.Errorf("DATABASE_URL: %w", err)
+	case d.Dialect == sqlidem.MySQL:
+		// Checked here so that a mistake is named at start-up.
+		if _, err := mysql.ParseDSN(d.DSN); err != nil {
+			return dburl.Database{}, errors.New("DATABASE_URL: a mysql:// URL is mysql://user:password@tcp(host:port)/dbname " +
+				"or mysql://user:password@host:port/dbname")
+		}
+	}
+	return d, nil
 }
 
 // SQLiteDSN is the DSN of a SQLite file that several connections, and

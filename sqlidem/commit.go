@@ -43,13 +43,13 @@ type work func(tx *sql.Tx) (idempotency.Answer, error)
 func (s *Store) commitOnce(ctx context.Context, exec idempotency.Execution, do work) outcome {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return outcome{verdict: refused, err: unavailable(err)}
+		return outcome{verdict: refused, err: failed(ctx, err)}
 	}
 	defer tx.Rollback() // after a commit, a no-op
 	row, found, err := s.lookup(ctx, tx, exec.Key)
 	switch {
 	case err != nil:
-		return outcome{verdict: refused, err: unavailable(err)}
+		return outcome{verdict: refused, err: failed(ctx, err)}
 	case found && row.Done:
 		return replay(exec, row.Answer)
 	case found && row.Fence > exec.Fence:
@@ -119,10 +119,8 @@ func (s *Store) afterFailedCommit(ctx context.Context, exec idempotency.Executio
 		return replay(exec, row.Answer)
 	case found && row.Fence > exec.Fence, errors.Is(cause, errFenced):
 		return outcome{verdict: refused, err: idempotency.ErrInProgress}
-	case ended.Err() != nil:
-		return outcome{verdict: refused, err: endedBecause(ended)}
 	}
-	return outcome{verdict: refused, err: unavailable(cause)}
+	return outcome{verdict: refused, err: failed(ended, cause)}
 }
 
 // checkTimeout bounds the read that learns what a failed commit did.
@@ -145,6 +143,15 @@ func replay(exec idempotency.Execution, a idempotency.Answer) outcome {
 		return outcome{verdict: refused, err: idempotency.ErrKeyReused}
 	}
 	return outcome{verdict: replayed, answer: a}
+}
+
+// failed is the error of a database step that failed: after why the
+// execution's context ended, if it did, or else the database's failure.
+func failed(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return endedBecause(ctx)
+	}
+	return unavailable(err)
 }
 
 // unavailable wraps a database failure so that errors.Is finds both

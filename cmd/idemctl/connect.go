@@ -42,13 +42,13 @@ func connect(ctx context.Context, o options, stderr io.Writer) (*session, error)
 		s.close()
 		return nil, err
 	}
-	db, err := sql.Open(d.driver, d.dsn)
+	db, err := sql.Open(d.Driver, d.DSN)
 	if err != nil {
 		s.close()
 		return nil, usagef("-db: %v", err)
 	}
 	s.closers = append(s.closers, db.Close)
-	if s.outcomes, err = sqlidem.New(db, d.dialect, sqlidem.WithTable(o.table)); err != nil {
+	if s.outcomes, err = sqlidem.New(db, d.Dialect, sqlidem.WithTable(o.table)); err != nil {
 		s.close()
 		return nil, usagef("%v", err)
 	}

@@ -1,90 +1,59 @@
 package main
 
 import (
-	"net"
-	"net/url"
-	"strings"
+	"errors"
 
 	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
+	"github.com/onceonly/idempotency/internal/dburl"
 	"github.com/onceonly/idempotency/sqlidem"
 	_ "modernc.org/sqlite" // registers "sqlite"; pure Go, so no C compiler is needed
 )
 
-// A database is what -db and -driver name: a database/sql driver, its DSN
-// and the outcome store's dialect.
-type database struct {
-	driver, dsn string
-	dialect     sqlidem.Dialect
-}
-
-// databaseOf reads -db and -driver. Without -driver, a DSN's scheme names
-// the database: postgres:// and postgresql:// PostgreSQL, mysql:// MySQL
-// (rewritten into go-sql-driver's own form), sqlite: (the rest is a path)
-// and file: SQLite.
-func databaseOf(dsn, driver string) (database, error) {
-	scheme, _, _ := strings.Cut(dsn, ":")
+// databaseOf reads -db and -driver. Without -driver, the URL names the
+// database as it does for the example service (internal/dburl): -db
+// defaults to $DATABASE_URL, so the service's environment serves both.
+// -driver names it for a DSN without such a scheme, or one whose scheme
+// says otherwise.
+func databaseOf(dsn, driver string) (dburl.Database, error) {
+	d, err := dburl.Parse(dsn)
 	if driver == "" {
-		switch strings.ToLower(scheme) {
-		case "postgres", "postgresql":
-			driver = "postgres"
-		case "mysql":
-			driver = "mysql"
-		case "sqlite", "file":
-			driver = "sqlite"
-		default:
-			return database{}, usagef("cannot tell the database from -db; pass -driver sqlite, postgres or mysql")
+		switch {
+		case errors.Is(err, dburl.ErrUnknownScheme):
+			return d, usagef("cannot tell the database from -db; pass -driver sqlite, postgres or mysql")
+		case err != nil:
+			return d, usagef("-db: %v", err)
 		}
+		return d, checked(d)
 	}
+	var forced dburl.Database
 	switch driver {
 	case "sqlite":
-		if rest, ok := strings.CutPrefix(dsn, "sqlite:"); ok {
-			dsn = strings.TrimPrefix(rest, "//")
-		}
-		return database{driver: "sqlite", dsn: dsn, dialect: sqlidem.SQLite}, nil
+		forced = dburl.Database{Driver: dburl.SQLite, Dialect: sqlidem.SQLite}
 	case "postgres", "postgresql", "pgx":
-		return database{driver: "pgx", dsn: dsn, dialect: sqlidem.PostgreSQL}, nil
+		forced = dburl.Database{Driver: dburl.Pgx, Dialect: sqlidem.PostgreSQL}
 	case "mysql", "mariadb":
-		dsn, err := mysqlDSN(dsn)
-		if err != nil {
-			return database{}, err
-		}
-		return database{driver: "mysql", dsn: dsn, dialect: sqlidem.MySQL}, nil
+		forced = dburl.Database{Driver: dburl.MySQL, Dialect: sqlidem.MySQL}
+	default:
+		return dburl.Database{}, usagef("-driver %q: use sqlite, postgres or mysql", driver)
 	}
-	return database{}, usagef("-driver %q: use sqlite, postgres or mysql", driver)
+	if err == nil && d.Dialect == forced.Dialect {
+		return d, checked(d)
+	}
+	forced.DSN = dsn
+	return forced, checked(forced)
 }
 
-// mysqlDSN rewrites mysql://user:password@host:port/db?params into
-// go-sql-driver's user:password@tcp(host:port)/db?params; a DSN in that
-// form already is returned as it is.
-func mysqlDSN(dsn string) (string, error) {
-	if !strings.HasPrefix(strings.ToLower(dsn), "mysql://") {
-		return dsn, nil
+// checked parses a MySQL DSN once, so that a bad parameter is a usage
+// error now rather than a failure to connect. go-sql-driver's errors quote
+// a parameter or the database name, never the password.
+func checked(d dburl.Database) error {
+	if d.Driver != dburl.MySQL {
+		return nil
 	}
-	u, err := url.Parse(dsn)
-	if err != nil {
-		return "", usagef("-db: %v", err)
+	if _, err := mysql.ParseDSN(d.DSN); err != nil {
+		return usagef("-db: %v; a mysql:// URL is mysql://user:password@host:port/dbname "+
+			"or mysql://user:password@tcp(host:port)/dbname", err)
 	}
-	c := mysql.NewConfig()
-	c.User = u.User.Username()
-	c.Passwd, _ = u.User.Password()
-	c.Net, c.Addr = "tcp", u.Host
-	if u.Port() == "" {
-		c.Addr = net.JoinHostPort(u.Hostname(), "3306")
-	}
-	c.DBName = strings.TrimPrefix(u.Path, "/")
-	out := c.FormatDSN()
-	if u.RawQuery != "" {
-		sep := "?"
-		if strings.Contains(out, "?") {
-			sep = "&"
-		}
-		// Parsed once more, so that a bad parameter is a usage error now.
-		parsed, err := mysql.ParseDSN(out + sep + u.RawQuery)
-		if err != nil {
-			return "", usagef("-db: %v", err)
-		}
-		out = parsed.FormatDSN()
-	}
-	return out, nil
+	return nil
 }

@@ -17,18 +17,21 @@ import (
 // A session is what a command works with: the middleware's view of Redis
 // and, with -db, the outcome store.
 type session struct {
+	rdb      redis.UniversalClient
 	idem     *idempotency.Middleware
 	outcomes *sqlidem.Store // nil without -db
 	timeout  time.Duration
 	closers  []func() error
+	clocks   map[string]time.Duration // Redis TIME minus ours, by node (clock.go)
 }
 
 func connect(ctx context.Context, o options, stderr io.Writer) (*session, error) {
-	s := &session{timeout: o.timeout}
+	s := &session{timeout: o.timeout, clocks: map[string]time.Duration{}}
 	rdb, err := openRedis(o)
 	if err != nil {
 		return nil, err
 	}
+	s.rdb = rdb
 	s.closers = append(s.closers, rdb.Close)
 	// The middleware's own warnings (an evicting Redis) concern the
 	// operator too.

@@ -24,23 +24,35 @@ Usage:
   idemctl [flags] resolve -forget KEY  delete KEY's record, so that a retry runs
                                        the handler again
 
-KEY is a record's Redis key as the middleware logs it (the "key" attribute),
-or the key of its lock or its waiters flag. resolve asks for confirmation
-(type yes) unless -yes is given.
+KEY is a record's Redis key as the middleware logs it (the "key" attribute,
+PREFIX:{...}:r), its durable name (the same without "PREFIX:", which is
+Execution.Key and sqlidem's record_key), or the key of its lock or its
+waiters flag. resolve asks for confirmation (type yes) unless -yes is given.
 
 Flags, before or after the command:
   -redis URL        Redis, redis://[user:password@]host:port/db (default $REDIS_URL)
   -cluster ADDRS    a Redis Cluster instead, host:port,host:port,…
                     (default $REDIS_CLUSTER_ADDRS)
   -prefix P         the middleware's key prefix (WithKeyPrefix; default idem)
-  -db DSN           the database of the sqlidem outcome store (default
-                    $DATABASE_URL); postgres://, mysql://, sqlite: and file:
-                    DSNs name their driver, others need -driver
+  -db URL           the database of the sqlidem outcome store (default
+                    $DATABASE_URL): postgres://…, mysql://user:pw@host:port/db,
+                    mysql://user:pw@tcp(host:port)/db, sqlite:PATH or file:PATH;
+                    another DSN needs -driver
   -driver D         sqlite, postgres or mysql
   -table T          the outcome table (default idempotency_outcomes)
   -timeout D        bound of each step against Redis or SQL (default 10s)
   -limit N          interrupted: stop after N keys (default 1000; 0: all)
-  -yes              resolve: do not ask for confirmation
+
+  -min-age D        resolve refuses, and show warns of, an interrupted key
+                    claimed less than D ago (default 2m): until its execution
+                    timeout (WithExecutionTimeout, 30s by default) ends it, an
+                    executor whose lease lapsed in a Redis stall or a pause
+                    may still be running, and looks interrupted all the same.
+                    Keep D above the service's execution timeout.
+
+resolve's flags:
+  -force            settle a key younger than -min-age anyway
+  -yes              do not ask for confirmation
 
 Exit status: 0 success, 1 failure, 2 usage error.
 `
@@ -49,9 +61,10 @@ Exit status: 0 success, 1 failure, 2 usage error.
 type options struct {
 	redisURL, cluster, prefix string
 	dsn, driver, table        string
-	timeout                   time.Duration
+	timeout, minAge           time.Duration
 	limit                     int
 	replay, forget, yes       bool
+	force                     bool
 }
 
 // A command is a parsed command line, ready to run.
@@ -67,6 +80,13 @@ type usageError struct{ error }
 func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
 
 var errHelp = errors.New("help requested")
+
+// defaultMinAge is comfortably above the middleware's default execution
+// timeout (30 s), after which no executor of the key can still be running.
+const defaultMinAge = 2 * time.Minute
+
+// resolveOnly names the flags that only resolve reads.
+var resolveOnly = map[string]bool{"replay": true, "forget": true, "yes": true, "force": true}
 
 // flagSet registers every flag on fs, defaulting to what o holds, so that
 // flags may come before and after the command name.
@@ -84,6 +104,8 @@ func flagSet(name string, o *options) *flag.FlagSet {
 	fs.BoolVar(&o.replay, "replay", o.replay, "")
 	fs.BoolVar(&o.forget, "forget", o.forget, "")
 	fs.BoolVar(&o.yes, "yes", o.yes, "")
+	fs.BoolVar(&o.force, "force", o.force, "")
+	fs.DurationVar(&o.minAge, "min-age", o.minAge, "")
 	return fs
 }
 
@@ -93,11 +115,19 @@ func parse(args []string, getenv func(string) string) (*command, error) {
 	c := &command{opts: options{
 		redisURL: getenv("REDIS_URL"), cluster: getenv("REDIS_CLUSTER_ADDRS"), prefix: "idem",
 		dsn: getenv("DATABASE_URL"), table: sqlidem.DefaultTable, timeout: 10 * time.Second, limit: 1000,
+		minAge: defaultMinAge,
 	}}
-	words, err := positionals(flagSet("idemctl", &c.opts), args)
+	fs := flagSet("idemctl", &c.opts)
+	words, err := positionals(fs, args)
 	if err != nil {
 		return nil, err
 	}
+	var misplaced []string
+	fs.Visit(func(f *flag.Flag) {
+		if resolveOnly[f.Name] {
+			misplaced = append(misplaced, "-"+f.Name)
+		}
+	})
 	if len(words) == 0 {
 		return nil, usagef("no command: show, interrupted or resolve")
 	}
@@ -116,8 +146,9 @@ func parse(args []string, getenv func(string) string) (*command, error) {
 	switch {
 	case c.name == "resolve" && o.replay == o.forget:
 		return nil, usagef("resolve needs one of -replay and -forget")
-	case c.name != "resolve" && (o.replay || o.forget || o.yes):
-		return nil, usagef("-replay, -forget and -yes belong to resolve")
+	case c.name != "resolve" && len(misplaced) > 0:
+		verb := map[bool]string{true: "belongs", false: "belong"}[len(misplaced) == 1]
+		return nil, usagef("%s %s to resolve", strings.Join(misplaced, ", "), verb)
 	case c.name == "resolve" && o.replay && o.dsn == "":
 		return nil, usagef("resolve -replay reads the committed answer from SQL: pass -db or set DATABASE_URL")
 	case o.redisURL == "" && o.cluster == "":
@@ -126,6 +157,8 @@ func parse(args []string, getenv func(string) string) (*command, error) {
 		return nil, usagef("-prefix %q: a key prefix has no braces", o.prefix)
 	case o.timeout <= 0:
 		return nil, usagef("-timeout must be positive")
+	case o.minAge < 0:
+		return nil, usagef("-min-age must be 0 or more")
 	case o.limit < 0:
 		return nil, usagef("-limit must be 0 (all) or more")
 	}
@@ -160,7 +193,7 @@ func (c *command) run(ctx context.Context, stdin io.Reader, stdout, stderr io.Wr
 	defer s.close()
 	switch c.name {
 	case "show":
-		return s.show(ctx, stdout, c.key)
+		return s.show(ctx, stdout, c.key, c.opts.minAge)
 	case "interrupted":
 		return s.listInterrupted(ctx, stdout, stderr, c.opts.limit)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParse(t *testing.T) {
@@ -17,6 +18,21 @@ func TestParse(t *testing.T) {
 	if c.name != "resolve" || c.key != "K" || !o.replay || !o.yes || o.prefix != "shop" ||
 		o.redisURL != env["REDIS_URL"] || o.dsn != env["DATABASE_URL"] {
 		t.Errorf("flags before, between and after the words: %+v", c)
+	}
+	if o.minAge != 2*time.Minute || o.force {
+		t.Errorf("resolve's defaults: -min-age %v, -force %v", o.minAge, o.force)
+	}
+
+	c, err = parse([]string{"resolve", "-forget", "-force", "-min-age", "10m", "K"}, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := c.opts; o.minAge != 10*time.Minute || !o.force {
+		t.Errorf("-min-age %v, -force %v", o.minAge, o.force)
+	}
+	c, err = parse([]string{"show", "-min-age", "1m", "K"}, func(k string) string { return env[k] })
+	if err != nil || c.opts.minAge != time.Minute {
+		t.Errorf("show takes -min-age for its verdict: %v", err)
 	}
 }
 
@@ -32,7 +48,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"interrupted", "a"}, "interrupted takes 0"},
 		{[]string{"resolve", "K"}, "one of -replay and -forget"},
 		{[]string{"resolve", "-replay", "-forget", "K"}, "one of -replay and -forget"},
-		{[]string{"show", "-yes", "K"}, "belong to resolve"},
+		{[]string{"show", "-yes", "K"}, "-yes belongs to resolve"},
+		{[]string{"-force", "interrupted", "-yes"}, "-force, -yes belong to resolve"},
+		{[]string{"-min-age", "-1s", "resolve", "-forget", "K"}, "-min-age must be 0 or more"},
 		{[]string{"-db", "", "resolve", "-replay", "K"}, "pass -db or set DATABASE_URL"},
 		{[]string{"-redis", "", "show", "K"}, "no Redis"},
 		{[]string{"-prefix", "a{b}", "show", "K"}, "has no braces"},

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -57,9 +58,9 @@ func goTool() string {
 
 // service is a transfer route as a service runs it, on a real Redis and a
 // SQLite file: /transfers commits its answer through sqlidem, and /plain is
-// a route without SQL. durable recovers abandoned executions from the
-// outcome store; plain is the same service without it, so that what
-// answers a retry there is Redis alone.
+// a route without SQL, /slow one whose handler waits for the test. durable
+// recovers abandoned executions from the outcome store; plain is the same
+// service without it, so that what answers a retry there is Redis alone.
 type service struct {
 	t              *testing.T
 	rdb            redis.UniversalClient
@@ -69,13 +70,15 @@ type service struct {
 	transfers      atomic.Int64 // transfer transactions that ran
 	handled        atomic.Int64 // requests that reached a handler through plain
 
-	mu      sync.Mutex
-	records map[string]string // record key by Idempotency-Key
+	entered, release chan struct{} // /slow's handler has started; let it finish
+
+	mu   sync.Mutex
+	keys map[string]string // Execution.Key by Idempotency-Key
 }
 
 func newService(t *testing.T) *service {
 	t.Helper()
-	s := &service{t: t, records: map[string]string{}}
+	s := &service{t: t, keys: map[string]string{}, entered: make(chan struct{}, 1), release: make(chan struct{})}
 	s.prefix = "idemctl-" + strings.NewReplacer("/", "-", " ", "_").Replace(t.Name())
 	s.rdb = redistest.Client(t, s.prefix)
 	s.db = sqltest.Open(t, sqltest.SQLite)
@@ -101,6 +104,7 @@ func newService(t *testing.T) *service {
 	mux = http.NewServeMux()
 	mux.Handle("POST /transfers", plain.ProtectKey(s.remember(s.count(transfer))))
 	mux.Handle("POST /plain", plain.ProtectKey(s.remember(s.count(http.HandlerFunc(answer)))))
+	mux.Handle("POST /slow", plain.ProtectKey(s.remember(http.HandlerFunc(s.slow))))
 	s.plain = httptest.NewServer(mux)
 	t.Cleanup(s.plain.Close)
 	return s
@@ -112,6 +116,7 @@ func (s *service) transfer(tx *sql.Tx, w http.ResponseWriter, r *http.Request) e
 		return err
 	}
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Transfer", strconv.FormatInt(n, 10))
 	w.WriteHeader(http.StatusCreated)
 	fmt.Fprintf(w, `{"transfer":%d}`, n)
 	return nil
@@ -122,12 +127,19 @@ func answer(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(w, "accepted")
 }
 
-// remember notes the record key of each protected execution.
+// slow is a handler that runs until the test releases it.
+func (s *service) slow(w http.ResponseWriter, r *http.Request) {
+	s.entered <- struct{}{}
+	<-s.release
+	w.WriteHeader(http.StatusAccepted)
+}
+
+// remember notes the durable key of each protected execution.
 func (s *service) remember(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if e, ok := idempotency.ExecutionOf(r.Context()); ok {
 			s.mu.Lock()
-			s.records[r.Header.Get(idempotency.KeyHeader)] = e.Key
+			s.keys[r.Header.Get(idempotency.KeyHeader)] = e.Key
 			s.mu.Unlock()
 		}
 		next.ServeHTTP(w, r)
@@ -141,20 +153,27 @@ func (s *service) count(next http.Handler) http.Handler {
 	})
 }
 
-func (s *service) record(key string) string {
+// durableKey is the Execution.Key of the client's key, the outcome
+// table's record_key.
+func (s *service) durableKey(key string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec, ok := s.records[key]
+	d, ok := s.keys[key]
 	if !ok {
 		s.t.Fatalf("no execution of key %q", key)
 	}
-	return rec
+	return d
 }
+
+// record is the Redis key of the client's key's record, as the middleware
+// logs it.
+func (s *service) record(key string) string { return s.prefix + ":" + s.durableKey(key) }
 
 type reply struct {
 	status   int
 	body     string
 	replayed bool
+	header   http.Header
 }
 
 func (s *service) post(srv *httptest.Server, path, key string) reply {
@@ -166,16 +185,21 @@ func (s *service) post(srv *httptest.Server, path, key string) reply {
 	must(s.t, err)
 	defer res.Body.Close()
 	body, _ := io.ReadAll(res.Body)
-	return reply{res.StatusCode, string(body), res.Header.Get(idempotency.ReplayedHeader) == "true"}
+	return reply{res.StatusCode, string(body), res.Header.Get(idempotency.ReplayedHeader) == "true", res.Header}
 }
 
 // abandon makes key's record read as an execution whose instance stopped
-// before it stored an answer: claimed under a lock value nobody holds.
-func (s *service) abandon(key string) string {
+// before it stored an answer, claimed ago: under a lock value nobody
+// holds, and with the fence (Redis TIME in microseconds) of that claim.
+func (s *service) abandon(key string, ago time.Duration) string {
 	s.t.Helper()
+	ctx := s.t.Context()
 	rec := s.record(key)
-	must(s.t, s.rdb.HSet(s.t.Context(), rec, "st", "run", "o", "an-executor-that-died").Err())
-	must(s.t, s.rdb.HDel(s.t.Context(), rec, "c", "h", "b").Err())
+	now, err := s.rdb.Time(ctx).Result()
+	must(s.t, err)
+	fence := now.Add(-ago).UnixMicro()
+	must(s.t, s.rdb.HSet(ctx, rec, "st", "run", "o", "an-executor-that-died", "f", fence).Err())
+	must(s.t, s.rdb.HDel(ctx, rec, "c", "h", "b").Err())
 	return rec
 }
 
@@ -240,32 +264,38 @@ func TestReplay(t *testing.T) {
 	if first.status != http.StatusCreated {
 		t.Fatalf("first transfer: %d %s", first.status, first.body)
 	}
-	rec := s.abandon("t1")
+	rec := s.abandon("t1", 10*time.Minute)
+	durable := s.durableKey("t1")
 	if r := s.post(s.plain, "/transfers", "t1"); r.status != http.StatusConflict {
 		t.Fatalf("retry of an interrupted key without an outcome store: %d %s", r.status, r.body)
 	}
 
-	r := s.idemctl("", true, "show", rec)
-	expect(t, r, 0, "run, interrupted", "SQL holds a committed answer", "idemctl resolve -replay '"+rec+"'",
-		"committed answer, status 201")
-	r = s.idemctl("", true, "interrupted")
-	expect(t, r, 0, rec+"  fence=", "executions=1", "sql=answer")
+	// Either name of the key shows it, under both names; SQL is read by
+	// the durable one, and the commands it suggests name the record.
+	for _, name := range []string{rec, durable} {
+		r := s.idemctl("", true, "show", name)
+		expect(t, r, 0, "key          "+rec+"\n", "durable key  "+durable+" (", "run, interrupted",
+			"claimed      10m", "SQL holds a committed answer", "idemctl resolve -replay '"+rec+"'",
+			"committed answer, status 201")
+	}
+	r := s.idemctl("", true, "interrupted")
+	expect(t, r, 0, rec+"  fence=", "age=10m", "executions=1", "sql=answer")
 	if !strings.Contains(r.stderr, "1 interrupted key(s)") {
 		t.Errorf("stderr %q lacks the count", r.stderr)
 	}
 
 	for _, stdin := range []string{"", "no\n", "y\n"} {
 		r = s.idemctl(stdin, true, "resolve", "-replay", rec)
-		expect(t, r, 1, "Type yes to go on")
+		expect(t, r, 1, "claimed 10m", "Type yes to go on")
 		if !strings.Contains(r.stderr, "not confirmed; nothing changed") || s.state(rec) != "run" {
 			t.Fatalf("stdin %q: the key changed without confirmation: %q, state %q", stdin, r.stderr, s.state(rec))
 		}
 	}
-	r = s.idemctl("yes\n", true, "resolve", "-replay", rec)
+	r = s.idemctl("yes\n", true, "resolve", "-replay", durable)
 	expect(t, r, 0, "Replayed: "+rec+" now answers status 201")
 
 	retry := s.post(s.plain, "/transfers", "t1")
-	if retry != (reply{http.StatusCreated, first.body, true}) {
+	if retry.status != http.StatusCreated || retry.body != first.body || !retry.replayed || retry.header.Get("X-Transfer") != "1" {
 		t.Errorf("retry after resolve -replay: %+v, want the first answer %q replayed", retry, first.body)
 	}
 	if n, h := s.transfers.Load(), s.handled.Load(); n != 1 || h != 0 {
@@ -283,7 +313,7 @@ func TestForget(t *testing.T) {
 	if r := s.post(s.plain, "/plain", "p1"); r.status != http.StatusAccepted {
 		t.Fatalf("first request: %d %s", r.status, r.body)
 	}
-	rec := s.abandon("p1")
+	rec := s.abandon("p1", 3*time.Minute)
 
 	expect(t, s.idemctl("", false, "show", rec), 0, "its outcome is unknown", "resolve -forget '"+rec+"'")
 	expect(t, s.idemctl("", true, "show", rec), 0, "SQL", "no row for this key", "SQL holds no committed answer")

@@ -8,8 +8,9 @@ import (
 	"github.com/onceonly/idempotency"
 )
 
-// listInterrupted prints the interrupted keys, one a line, and a count on
-// errw, so that out holds nothing but keys and their figures.
+// listInterrupted prints the interrupted keys, one a line, named as the
+// middleware logs them, and a count on errw, so that out holds nothing but
+// keys and their figures. age is the claim's (see claimAge).
 func (s *session) listInterrupted(ctx context.Context, out, errw io.Writer, limit int) error {
 	n := 0
 	for st, err := range s.idem.Interrupted(ctx) {
@@ -20,8 +21,12 @@ func (s *session) listInterrupted(ctx context.Context, out, errw io.Writer, limi
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "%s  fence=%d  executions=%d  ttl=%s%s\n",
-			st.Key, st.Fence, st.Executions, duration(st.TTL), sqlColumn(st, found))
+		claimed, err := s.claimAge(ctx, st)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "%s  fence=%d  age=%s  executions=%d  ttl=%s%s\n",
+			st.Record, st.Fence, since(claimed), st.Executions, duration(st.TTL), sqlColumn(st, found))
 		if n++; n == limit {
 			fmt.Fprintf(errw, "stopped after %d keys (-limit); there may be more\n", n)
 			return nil

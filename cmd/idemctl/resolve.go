@@ -12,22 +12,36 @@ import (
 )
 
 // resolve settles an interrupted key: -replay stores the answer SQL
-// committed for it, -forget deletes its record. It says what it is about
-// to do and asks first, unless -yes.
+// committed for it, -forget deletes its record. It refuses a key claimed
+// less than -min-age ago, whose executor may still run (see claimAge),
+// unless -force. It says what it is about to do and asks first, unless
+// -yes.
 func (s *session) resolve(ctx context.Context, stdin io.Reader, out io.Writer, key string, o options) error {
 	st, err := s.inspect(ctx, key)
 	if err != nil {
 		return err
 	}
 	if !st.Interrupted {
-		return fmt.Errorf("%s is not interrupted (%s); nothing changed", st.Key, stateOf(st))
+		return fmt.Errorf("%s is not interrupted (%s); nothing changed", st.Record, stateOf(st))
+	}
+	claimed, err := s.claimAge(ctx, st)
+	if err != nil {
+		return err
+	}
+	if claimed < o.minAge && !o.force {
+		return fmt.Errorf("%s was claimed %s, less than -min-age %s: its executor may still be running "+
+			"(a lease lapses in a Redis stall or a pause, and the handler runs on until its execution timeout). "+
+			"Wait, or pass -force if you know it stopped; nothing changed", st.Record, age(claimed), o.minAge)
 	}
 	found, err := s.lookup(ctx, st.Key)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "%s is interrupted: fence %d, %d execution(s), record TTL %s.\n",
-		st.Key, st.Fence, st.Executions, duration(st.TTL))
+	fmt.Fprintf(out, "%s is interrupted: claimed %s, fence %d, %d execution(s), record TTL %s.\n",
+		st.Record, age(claimed), st.Fence, st.Executions, duration(st.TTL))
+	if claimed < o.minAge {
+		fmt.Fprintf(out, "That is less than -min-age %s: settle it only if you know its executor stopped (-force).\n", o.minAge)
+	}
 	if o.replay {
 		if !found.committed(st) {
 			return fmt.Errorf("nothing to replay: SQL holds %s; nothing changed", found.describe(st))
@@ -52,9 +66,9 @@ func (s *session) resolve(ctx context.Context, stdin io.Reader, out io.Writer, k
 	step, cancel := s.step(ctx)
 	defer cancel()
 	if o.replay {
-		err = s.idem.Resolve(step, st.Key, found.row.Answer)
+		err = s.idem.Resolve(step, st.Record, found.row.Answer)
 	} else {
-		err = s.idem.Forget(step, st.Key)
+		err = s.idem.Forget(step, st.Record)
 	}
 	switch {
 	case errors.Is(err, idempotency.ErrNotInterrupted), errors.Is(err, idempotency.ErrKeyReused):
@@ -62,9 +76,9 @@ func (s *session) resolve(ctx context.Context, stdin io.Reader, out io.Writer, k
 	case err != nil:
 		return err
 	case o.replay:
-		fmt.Fprintf(out, "Replayed: %s now answers status %d to every retry.\n", st.Key, found.row.Answer.Status)
+		fmt.Fprintf(out, "Replayed: %s now answers status %d to every retry.\n", st.Record, found.row.Answer.Status)
 	default:
-		fmt.Fprintf(out, "Forgotten: %s has no record; the next retry runs the handler.\n", st.Key)
+		fmt.Fprintf(out, "Forgotten: %s has no record; the next retry runs the handler.\n", st.Record)
 	}
 	return nil
 }

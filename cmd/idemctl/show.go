@@ -11,8 +11,9 @@ import (
 	"github.com/onceonly/idempotency/sqlidem"
 )
 
-// show prints what Redis, and with -db SQL, hold for key, and a verdict.
-func (s *session) show(ctx context.Context, out io.Writer, key string) error {
+// show prints what Redis, and with -db SQL, hold for key, and a verdict,
+// which warns of an interrupted key claimed less than minAge ago.
+func (s *session) show(ctx context.Context, out io.Writer, key string, minAge time.Duration) error {
 	st, err := s.inspect(ctx, key)
 	if err != nil {
 		return err
@@ -21,11 +22,19 @@ func (s *session) show(ctx context.Context, out io.Writer, key string) error {
 	if err != nil {
 		return err
 	}
+	var claimed time.Duration
+	if st.State != "none" {
+		if claimed, err = s.claimAge(ctx, st); err != nil {
+			return err
+		}
+	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	line := func(name, format string, args ...any) { fmt.Fprintf(tw, name+"\t"+format+"\n", args...) }
-	line("key", "%s", st.Key)
+	line("key", "%s", st.Record)
+	line("durable key", "%s (Execution.Key, sqlidem's record_key)", st.Key)
 	line("state", "%s", stateOf(st))
 	if st.State != "none" {
+		line("claimed", "%s, by Redis TIME", age(claimed))
 		line("fingerprint", "%s", st.Fingerprint)
 		line("fence", "%d", st.Fence)
 		line("executions", "%d", st.Executions)
@@ -39,7 +48,7 @@ func (s *session) show(ctx context.Context, out io.Writer, key string) error {
 	if found != nil {
 		line("SQL", "%s", found.describe(st))
 	}
-	line("verdict", "%s", verdict(st, found))
+	line("verdict", "%s", verdict(st, found, claimed, minAge))
 	return tw.Flush()
 }
 
@@ -55,7 +64,8 @@ type sqlAnswer struct {
 	row   sqlidem.Row
 }
 
-// lookup reads key's row from the outcome table; nil without -db.
+// lookup reads the row of key, a durable name (KeyState.Key), from the
+// outcome table; nil without -db.
 func (s *session) lookup(ctx context.Context, key string) (*sqlAnswer, error) {
 	if s.outcomes == nil {
 		return nil, nil

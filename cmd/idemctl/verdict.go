@@ -2,14 +2,16 @@ package main
 
 import (
 	"strings"
+	"time"
 
 	"github.com/onceonly/idempotency"
 )
 
 // verdict says in one line what a key's state means and what settles it.
-// found is nil without -db.
-func verdict(st idempotency.KeyState, found *sqlAnswer) string {
-	key := shellQuote(st.Key)
+// found is nil without -db; claimed is the claim's age, and minAge the
+// age under which resolve refuses an interrupted key.
+func verdict(st idempotency.KeyState, found *sqlAnswer, claimed, minAge time.Duration) string {
+	key := shellQuote(st.Record)
 	switch {
 	case st.State == "none":
 		return "no record (never claimed, expired, or forgotten): a retry runs the handler"
@@ -19,6 +21,10 @@ func verdict(st idempotency.KeyState, found *sqlAnswer) string {
 		return "executed: retries are answered 409 not-replayable until the record expires"
 	case !st.Interrupted:
 		return "running: wait for its executor to store an answer"
+	case claimed < minAge:
+		return "maybe still running: claimed " + age(claimed) + ", under -min-age " + minAge.String() +
+			", and an executor whose lease lapsed (a Redis stall, a pause) looks interrupted until its " +
+			"execution timeout ends it. Look again later; resolve refuses it until then, unless -force"
 	case found == nil:
 		return "interrupted; its outcome is unknown. If it took effect and SQL committed its answer, " +
 			"`idemctl -db DSN resolve -replay " + key + "` replays it; if it had no effect, " +

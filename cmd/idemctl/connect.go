@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"strings"
 	"time"
 
@@ -36,7 +38,13 @@ func connect(ctx context.Context, o options, stderr io.Writer) (*session, error)
 	// The middleware's own warnings (an evicting Redis) concern the
 	// operator too.
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s.idem = idempotency.New(rdb, idempotency.WithKeyPrefix(o.prefix), idempotency.WithLogger(logger))
+	opts := []idempotency.Option{idempotency.WithKeyPrefix(o.prefix), idempotency.WithLogger(logger)}
+	if o.replayHeaders != nil {
+		// Resolve stores the headers this Middleware would: the service's
+		// allowlist, when it has one.
+		opts = append(opts, idempotency.WithReplayHeaders(o.replayHeaders...))
+	}
+	s.idem = idempotency.New(rdb, opts...)
 	if o.dsn == "" {
 		return s, nil
 	}
@@ -66,17 +74,33 @@ func connect(ctx context.Context, o options, stderr io.Writer) (*session, error)
 
 func openRedis(o options) (redis.UniversalClient, error) {
 	if o.cluster != "" {
-		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: strings.Split(o.cluster, ","), ContextTimeoutEnabled: true,
-		}), nil
+		opts := &redis.ClusterOptions{Addrs: strings.Split(o.cluster, ",")}
+		if strings.Contains(o.cluster, "://") {
+			var err error
+			if opts, err = redis.ParseClusterURL(o.cluster); err != nil {
+				return nil, usagef("-cluster: %v", unquoted(err))
+			}
+		}
+		opts.ContextTimeoutEnabled = true
+		return redis.NewClusterClient(opts), nil
 	}
 	opts, err := redis.ParseURL(o.redisURL)
 	if err != nil {
-		return nil, usagef("-redis: %v", err)
+		return nil, usagef("-redis: %v", unquoted(err))
 	}
 	// Step deadlines bound the sockets too.
 	opts.ContextTimeoutEnabled = true
 	return redis.NewClient(opts), nil
+}
+
+// unquoted drops the URL that url.Parse's errors quote: it may hold a
+// password.
+func unquoted(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
 }
 
 // step bounds one round of work against Redis or SQL.

@@ -31,7 +31,8 @@ waiters flag. resolve asks for confirmation (type yes) unless -yes is given.
 
 Flags, before or after the command:
   -redis URL        Redis, redis://[user:password@]host:port/db (default $REDIS_URL)
-  -cluster ADDRS    a Redis Cluster instead, host:port,host:port,…
+  -cluster ADDRS    a Redis Cluster instead: host:port,host:port,… or a URL,
+                    redis://[user:password@]host:port?addr=host:port&addr=…
                     (default $REDIS_CLUSTER_ADDRS)
   -prefix P         the middleware's key prefix (WithKeyPrefix; default idem)
   -db URL           the database of the sqlidem outcome store (default
@@ -52,6 +53,9 @@ Flags, before or after the command:
 
 resolve's flags:
   -force            settle a key younger than -min-age anyway
+  -replay-headers H the service's WithReplayHeaders, comma-separated: -replay
+                    then stores only those headers (default: every header but
+                    Set-Cookie and the hop-by-hop ones, the middleware's default)
   -yes              do not ask for confirmation
 
 Exit status: 0 success, 1 failure, 2 usage error.
@@ -65,6 +69,7 @@ type options struct {
 	limit                     int
 	replay, forget, yes       bool
 	force                     bool
+	replayHeaders             []string // nil: the middleware's default
 }
 
 // A command is a parsed command line, ready to run.
@@ -86,7 +91,7 @@ var errHelp = errors.New("help requested")
 const defaultMinAge = 2 * time.Minute
 
 // resolveOnly names the flags that only resolve reads.
-var resolveOnly = map[string]bool{"replay": true, "forget": true, "yes": true, "force": true}
+var resolveOnly = map[string]bool{"replay": true, "forget": true, "yes": true, "force": true, "replay-headers": true}
 
 // flagSet registers every flag on fs, defaulting to what o holds, so that
 // flags may come before and after the command name.
@@ -106,6 +111,15 @@ func flagSet(name string, o *options) *flag.FlagSet {
 	fs.BoolVar(&o.yes, "yes", o.yes, "")
 	fs.BoolVar(&o.force, "force", o.force, "")
 	fs.DurationVar(&o.minAge, "min-age", o.minAge, "")
+	fs.Func("replay-headers", "", func(v string) error {
+		o.replayHeaders = []string{}
+		for name := range strings.SplitSeq(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				o.replayHeaders = append(o.replayHeaders, name)
+			}
+		}
+		return nil
+	})
 	return fs
 }
 

@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 func TestParse(t *testing.T) {
@@ -19,20 +22,47 @@ func TestParse(t *testing.T) {
 		o.redisURL != env["REDIS_URL"] || o.dsn != env["DATABASE_URL"] {
 		t.Errorf("flags before, between and after the words: %+v", c)
 	}
-	if o.minAge != 2*time.Minute || o.force {
-		t.Errorf("resolve's defaults: -min-age %v, -force %v", o.minAge, o.force)
+	if o.minAge != 2*time.Minute || o.force || o.replayHeaders != nil {
+		t.Errorf("resolve's defaults: -min-age %v, -force %v, -replay-headers %q", o.minAge, o.force, o.replayHeaders)
 	}
 
-	c, err = parse([]string{"resolve", "-forget", "-force", "-min-age", "10m", "K"}, func(k string) string { return env[k] })
+	c, err = parse([]string{"resolve", "-forget", "-force", "-min-age", "10m", "-replay-headers", "Location, X-Id", "K"},
+		func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o := c.opts; o.minAge != 10*time.Minute || !o.force {
-		t.Errorf("-min-age %v, -force %v", o.minAge, o.force)
+	if o := c.opts; o.minAge != 10*time.Minute || !o.force || !slices.Equal(o.replayHeaders, []string{"Location", "X-Id"}) {
+		t.Errorf("-min-age %v, -force %v, -replay-headers %q", o.minAge, o.force, o.replayHeaders)
 	}
 	c, err = parse([]string{"show", "-min-age", "1m", "K"}, func(k string) string { return env[k] })
 	if err != nil || c.opts.minAge != time.Minute {
 		t.Errorf("show takes -min-age for its verdict: %v", err)
+	}
+}
+
+// A cluster is named by its addresses, or by a URL that can carry a
+// user and password.
+func TestClusterOptions(t *testing.T) {
+	for _, tc := range []struct {
+		cluster, user, password string
+		addrs                   []string
+	}{
+		{"h1:7000,h2:7001", "", "", []string{"h1:7000", "h2:7001"}},
+		{"redis://ops:p%40ss@h1:7000?addr=h2:7001&addr=h3:7002", "ops", "p@ss", []string{"h1:7000", "h2:7001", "h3:7002"}},
+	} {
+		rdb, err := openRedis(options{cluster: tc.cluster})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := rdb.(*redis.ClusterClient).Options()
+		rdb.Close()
+		if o.Username != tc.user || o.Password != tc.password || !slices.Equal(o.Addrs, tc.addrs) || !o.ContextTimeoutEnabled {
+			t.Errorf("%s: %+v", tc.cluster, o)
+		}
+	}
+	_, err := openRedis(options{cluster: "redis://u:secret@h1:7000?addr=h2:7001&dial_timeout=soon"})
+	if err == nil || strings.Contains(err.Error(), "secret") {
+		t.Errorf("a bad cluster URL: %v", err)
 	}
 }
 
@@ -49,8 +79,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"resolve", "K"}, "one of -replay and -forget"},
 		{[]string{"resolve", "-replay", "-forget", "K"}, "one of -replay and -forget"},
 		{[]string{"show", "-yes", "K"}, "-yes belongs to resolve"},
-		{[]string{"-force", "interrupted", "-yes"}, "-force, -yes belong to resolve"},
+		{[]string{"-force", "interrupted", "-replay-headers", "X"}, "-force, -replay-headers belong to resolve"},
 		{[]string{"-min-age", "-1s", "resolve", "-forget", "K"}, "-min-age must be 0 or more"},
+		{[]string{"-cluster", "redis://u:secret@h:1?addr=h:2&dial_timeout=soon", "show", "K"}, "-cluster"},
 		{[]string{"-db", "", "resolve", "-replay", "K"}, "pass -db or set DATABASE_URL"},
 		{[]string{"-redis", "", "show", "K"}, "no Redis"},
 		{[]string{"-prefix", "a{b}", "show", "K"}, "has no braces"},

@@ -308,6 +308,27 @@ func TestReplay(t *testing.T) {
 	}
 }
 
+// -replay-headers stores only the service's allowlist, as its
+// WithReplayHeaders would; without it, the middleware's default policy.
+func TestReplayHeaders(t *testing.T) {
+	s := newService(t)
+	for _, key := range []string{"all", "some"} {
+		if r := s.post(s.durable, "/transfers", key); r.status != http.StatusCreated {
+			t.Fatalf("first transfer: %d %s", r.status, r.body)
+		}
+	}
+	all, some := s.abandon("all", time.Hour), s.abandon("some", time.Hour)
+	expect(t, s.idemctl("", true, "resolve", "-replay", "-yes", all), 0, "Replayed")
+	expect(t, s.idemctl("", true, "resolve", "-replay", "-yes", "-replay-headers", "content-type", some), 0, "Replayed")
+	if r := s.post(s.plain, "/transfers", "all"); !r.replayed || r.header.Get("X-Transfer") != "1" {
+		t.Errorf("replayed with the default policy: %+v", r)
+	}
+	r := s.post(s.plain, "/transfers", "some")
+	if !r.replayed || r.header.Get("X-Transfer") != "" || r.header.Get("Content-Type") != "application/json" {
+		t.Errorf("replayed with -replay-headers Content-Type: %+v", r)
+	}
+}
+
 func TestForget(t *testing.T) {
 	s := newService(t)
 	if r := s.post(s.plain, "/plain", "p1"); r.status != http.StatusAccepted {

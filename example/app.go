@@ -17,6 +17,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/example/internal/bank"
+	"github.com/onceonly/idempotency/example/internal/reply"
 	"github.com/onceonly/idempotency/optimistic"
 	"github.com/redis/go-redis/v9"
 )
@@ -60,11 +61,11 @@ func newApp(rdb redis.UniversalClient, cfg config, accounts *bank.Bank) http.Han
 		registerTransfers(r, rdb, accounts)
 	}
 	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
-		writeProblem(w, http.StatusNotFound, "not-found", "there is nothing at this address")
+		reply.Problem(w, http.StatusNotFound, "not-found", "there is nothing at this address")
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
 		w.Header().Set("Allow", strings.Join(allowedMethods(r, req.URL.Path), ", "))
-		writeProblem(w, http.StatusMethodNotAllowed, "method-not-allowed",
+		reply.Problem(w, http.StatusMethodNotAllowed, "method-not-allowed",
 			"this address does not answer "+req.Method+"; Allow lists the methods it does")
 	})
 	return r
@@ -138,7 +139,7 @@ type orderInput struct {
 func (a *app) createOrder(w http.ResponseWriter, r *http.Request) {
 	in, isForm, err := decodeOrder(r)
 	if err != nil {
-		writeProblem(w, http.StatusBadRequest, "invalid-order", err.Error())
+		reply.Problem(w, http.StatusBadRequest, "invalid-order", err.Error())
 		return
 	}
 	if err := sleep(r.Context(), a.cfg.orderLatency); err != nil {
@@ -156,7 +157,7 @@ func (a *app) createOrder(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusSeeOther) // Post/Redirect/Get
 		return
 	}
-	writeJSON(w, http.StatusCreated, o)
+	reply.JSON(w, http.StatusCreated, o)
 }
 
 func decodeOrder(r *http.Request) (orderInput, bool, error) {
@@ -191,7 +192,7 @@ func (a *app) listOrders(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, orders)
+	reply.JSON(w, http.StatusOK, orders)
 }
 
 // orderID reads the {id} of an order route.
@@ -222,7 +223,7 @@ func (a *app) showOrder(w http.ResponseWriter, r *http.Request) {
 		orderPage.Execute(w, o)
 		return
 	}
-	writeJSON(w, http.StatusOK, o)
+	reply.JSON(w, http.StatusOK, o)
 }
 
 // cancelOrder cancels a placed order. It needs no idempotency key: the
@@ -239,11 +240,11 @@ func (a *app) cancelOrder(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, errNoOrder):
 		http.NotFound(w, r)
 	case errors.Is(err, errNotCancelable):
-		writeProblem(w, http.StatusConflict, "not-cancelable", "only a placed order can be cancelled")
+		reply.Problem(w, http.StatusConflict, "not-cancelable", "only a placed order can be cancelled")
 	case err != nil:
 		a.fail(w, r, err)
 	default:
-		writeJSON(w, http.StatusOK, o)
+		reply.JSON(w, http.StatusOK, o)
 	}
 }
 
@@ -255,7 +256,7 @@ type paymentInput struct {
 func (a *app) createPayment(w http.ResponseWriter, r *http.Request) {
 	var in paymentInput
 	if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Amount <= 0 || len(in.Currency) != 3 {
-		writeProblem(w, http.StatusBadRequest, "invalid-payment",
+		reply.Problem(w, http.StatusBadRequest, "invalid-payment",
 			"body must be a JSON object with a positive amount (in cents) and a 3-letter currency")
 		return
 	}
@@ -274,7 +275,7 @@ func (a *app) createPayment(w http.ResponseWriter, r *http.Request) {
 	if errors.Is(err, optimistic.ErrStaleFence) {
 		// Another instance took this key over while we were stalled; its
 		// write stands, and our answer is never stored.
-		writeProblem(w, http.StatusConflict, "superseded", "this payment was completed by another attempt")
+		reply.Problem(w, http.StatusConflict, "superseded", "this payment was completed by another attempt")
 		return
 	}
 	if err != nil {
@@ -282,7 +283,7 @@ func (a *app) createPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Location", "/payments/"+p.ID)
-	writeJSON(w, http.StatusCreated, p)
+	reply.JSON(w, http.StatusCreated, p)
 }
 
 func (a *app) listPayments(w http.ResponseWriter, r *http.Request) {
@@ -293,7 +294,7 @@ func (a *app) listPayments(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, payments)
+	reply.JSON(w, http.StatusOK, payments)
 }
 
 // failExecuted answers a failure inside a protected handler: the answer is
@@ -302,7 +303,7 @@ func (a *app) listPayments(w http.ResponseWriter, r *http.Request) {
 // lifetime), and for a payment something did run.
 func (a *app) failExecuted(w http.ResponseWriter, r *http.Request, err error) {
 	slog.Error("example: a protected request failed", "path", r.URL.Path, "error", err)
-	writeProblem(w, http.StatusInternalServerError, "internal", "the shop could not complete the request")
+	reply.Problem(w, http.StatusInternalServerError, "internal", "the shop could not complete the request")
 }
 
 // fail answers a failure of the shop's Redis without showing it to the
@@ -313,20 +314,6 @@ func (a *app) fail(w http.ResponseWriter, r *http.Request, err error) {
 		slog.Error("example: the shop's Redis failed", "path", r.URL.Path, "error", err)
 	}
 	idempotency.DefaultErrorHandler(w, r, idempotency.ErrStoreUnavailable)
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(v)
-}
-
-func writeProblem(w http.ResponseWriter, status int, slug, detail string) {
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(map[string]any{
-		"type": "/problems/" + slug, "title": http.StatusText(status), "status": status, "detail": detail,
-	})
 }
 
 // sleep waits like a slow back end; it ends early only if the context does.

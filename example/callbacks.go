@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/example/internal/reply"
 	"github.com/onceonly/idempotency/optimistic"
 	"github.com/redis/go-redis/v9"
 )
@@ -120,7 +121,7 @@ func (cb *callbacks) handle(decode eventDecoder) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		key, ev, err := decode(r)
 		if err != nil || ev.Order <= 0 {
-			writeProblem(w, http.StatusBadRequest, "invalid-event",
+			reply.Problem(w, http.StatusBadRequest, "invalid-event",
 				"body must be an order event: a JSON object with a positive order")
 			return
 		}
@@ -140,7 +141,7 @@ func (cb *callbacks) handle(decode eventDecoder) http.HandlerFunc {
 			// Another execution took this key over while we were stalled.
 			// Its answer is the one stored: a retry gets it replayed.
 			w.Header().Set("Retry-After", "1")
-			writeProblem(w, http.StatusConflict, "superseded", "this event was handled by another attempt")
+			reply.Problem(w, http.StatusConflict, "superseded", "this event was handled by another attempt")
 			return
 		}
 		if err == nil {
@@ -151,27 +152,27 @@ func (cb *callbacks) handle(decode eventDecoder) http.HandlerFunc {
 			// Stored and replayed like any answer (a retry does not run the
 			// handler again): a write may have landed before the error.
 			slog.Error("example: callback failed", "key", key, "error", err)
-			writeProblem(w, http.StatusInternalServerError, "internal", "the callback could not be recorded")
+			reply.Problem(w, http.StatusInternalServerError, "internal", "the callback could not be recorded")
 			return
 		}
-		writeJSON(w, http.StatusOK, effect)
+		reply.JSON(w, http.StatusOK, effect)
 	}
 }
 
 func (cb *callbacks) list(w http.ResponseWriter, r *http.Request) {
 	entries, err := cb.rdb.LRange(r.Context(), callbacksKey, 0, -1).Result()
 	if err != nil {
-		writeProblem(w, http.StatusServiceUnavailable, "store-unavailable", "the callbacks could not be read")
+		reply.Problem(w, http.StatusServiceUnavailable, "store-unavailable", "the callbacks could not be read")
 		return
 	}
 	effects := make([]CallbackEffect, 0, len(entries))
 	for _, e := range entries {
 		var effect CallbackEffect
 		if err := json.Unmarshal([]byte(e), &effect); err != nil {
-			writeProblem(w, http.StatusInternalServerError, "internal", "a callback entry is corrupt")
+			reply.Problem(w, http.StatusInternalServerError, "internal", "a callback entry is corrupt")
 			return
 		}
 		effects = append(effects, effect)
 	}
-	writeJSON(w, http.StatusOK, effects)
+	reply.JSON(w, http.StatusOK, effects)
 }

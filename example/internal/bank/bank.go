@@ -8,12 +8,12 @@ package bank
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 
+	"github.com/onceonly/idempotency/example/internal/reply"
 	"github.com/onceonly/idempotency/sqlidem"
 )
 
@@ -118,10 +118,10 @@ func (b *Bank) Accounts(ctx context.Context) ([]Account, error) {
 func (b *Bank) ListAccounts(w http.ResponseWriter, r *http.Request) {
 	accounts, err := b.Accounts(r.Context())
 	if err != nil {
-		writeProblem(w, http.StatusServiceUnavailable, "database-unavailable", "the accounts cannot be read now; try again")
+		reply.Problem(w, http.StatusServiceUnavailable, "database-unavailable", "the accounts cannot be read now; try again")
 		return
 	}
-	writeJSON(w, http.StatusOK, accounts)
+	reply.JSON(w, http.StatusOK, accounts)
 }
 
 // bind rewrites a statement written with ? placeholders for PostgreSQL.
@@ -140,19 +140,4 @@ func (b *Bank) bind(query string) string {
 		s.WriteRune(c)
 	}
 	return s.String()
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(v)
-}
-
-// writeProblem writes an RFC 9457 problem, as the rest of the shop does.
-func writeProblem(w http.ResponseWriter, status int, slug, detail string) {
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(map[string]any{
-		"type": "/problems/" + slug, "title": http.StatusText(status), "status": status, "detail": detail,
-	})
 }

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"net/http"
 	"time"
+
+	"github.com/onceonly/idempotency/example/internal/reply"
 )
 
 // MaxAmount caps one transfer, in cents, far below what a BIGINT holds.
@@ -44,17 +46,17 @@ func (b *Bank) Transfer(tx *sql.Tx, w http.ResponseWriter, r *http.Request) erro
 		Amount int64  `json:"amount"`
 	}
 	if err := json.NewDecoder(r.Body).Decode(&in); err != nil {
-		writeProblem(w, http.StatusBadRequest, "invalid-transfer",
+		reply.Problem(w, http.StatusBadRequest, "invalid-transfer",
 			`body must be a JSON object such as {"from":"alice","to":"bob","amount":2500}`)
 		return errRefused
 	}
 	switch {
 	case in.Amount <= 0 || in.Amount > MaxAmount:
-		writeProblem(w, http.StatusUnprocessableEntity, "invalid-amount",
+		reply.Problem(w, http.StatusUnprocessableEntity, "invalid-amount",
 			"amount must be a whole number of cents between 1 and 100000000000")
 		return errRefused
 	case in.From == in.To:
-		writeProblem(w, http.StatusUnprocessableEntity, "same-account", "from and to must be two different accounts")
+		reply.Problem(w, http.StatusUnprocessableEntity, "same-account", "from and to must be two different accounts")
 		return errRefused
 	}
 	ctx := r.Context()
@@ -96,7 +98,7 @@ func (b *Bank) Transfer(tx *sql.Tx, w http.ResponseWriter, r *http.Request) erro
 		}
 		receipt.Balances[id] = balance
 	}
-	writeJSON(w, http.StatusCreated, receipt)
+	reply.JSON(w, http.StatusCreated, receipt)
 	return nil
 }
 
@@ -108,11 +110,11 @@ func (b *Bank) refuse(tx *sql.Tx, w http.ResponseWriter, r *http.Request, id str
 	err := tx.QueryRowContext(r.Context(), b.bind("SELECT balance FROM "+b.accounts+" WHERE id = ?"), id).Scan(&balance)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		writeProblem(w, http.StatusUnprocessableEntity, "unknown-account", "there is no account "+quote(id))
+		reply.Problem(w, http.StatusUnprocessableEntity, "unknown-account", "there is no account "+quote(id))
 	case err != nil:
 		return err
 	case debited:
-		writeProblem(w, http.StatusUnprocessableEntity, "insufficient-funds",
+		reply.Problem(w, http.StatusUnprocessableEntity, "insufficient-funds",
 			"account "+quote(id)+" holds less than the amount")
 	default:
 		return errors.New("bank: an account's update changed no row, yet it exists")

@@ -49,7 +49,7 @@ type run struct {
 // instance may own the key by then, or after the execution timeout. Defer
 // finish.
 func (m *Middleware) startRun(c *call, l *lease) (context.Context, run) {
-	r := run{m: m, c: c, l: l, exec: &execution{key: m.durableKey(l.k), fp: c.fp, fence: l.fence}}
+	r := run{m: m, c: c, l: l, exec: &execution{key: l.k.record, fp: c.fp, fence: l.fence}}
 	ctx, lost := context.WithCancelCause(context.WithoutCancel(c.ctx))
 	r.lost = lost
 	l.wd.notify(func() { lost(ErrLockLost) })

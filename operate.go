@@ -38,11 +38,9 @@ var ErrNotInterrupted = errors.New("idempotency: key is not interrupted")
 
 // KeyState is what Redis holds for one key, read in one step.
 type KeyState struct {
-	// Record names the key's record in Redis, as the middleware's log
-	// lines do; Key is its durable name, Execution.Key, under which an
-	// outcome store keeps its answer (the record's name without the key
-	// prefix).
-	Record, Key string
+	// Key names the key's record, as the middleware's log lines and
+	// Execution.Key (an outcome store's primary key) do.
+	Key string
 	// State is "run" (claimed, no answer stored yet), "done" (an answer
 	// is stored), "big" (executed, its answer not replayable) or "none"
 	// (no record: never claimed, expired, or forgotten).
@@ -70,9 +68,8 @@ type KeyState struct {
 	Waiting bool
 }
 
-// Inspect reads the key named key: its record's name (KeyState.Record),
-// its durable name (KeyState.Key, Execution.Key), or the name of its lock
-// or waiters flag.
+// Inspect reads the key named key: its record's name (KeyState.Key), or
+// the name of its lock or waiters flag.
 func (m *Middleware) Inspect(ctx context.Context, key string) (KeyState, error) {
 	k, err := keysNamed(m.cfg.prefix, key)
 	if err != nil {
@@ -113,8 +110,8 @@ func (m *Middleware) Interrupted(ctx context.Context) iter.Seq2[KeyState, error]
 					return
 				}
 				for _, s := range states {
-					if s.Interrupted && !seen[s.Record] {
-						seen[s.Record] = true
+					if s.Interrupted && !seen[s.Key] {
+						seen[s.Key] = true
 						if !yield(s, nil) {
 							return
 						}
@@ -206,7 +203,8 @@ func globEscape(s string) string {
 	return b.String()
 }
 
-// Resolve settles an interrupted key with a's answer: stored as the key's
+// Resolve settles the interrupted key that st describes, as Inspect or
+// Interrupted read it, with a's answer: stored as the key's
 // record with the headers this middleware stores, it is replayed to every
 // retry, as if the execution that was interrupted had stored it. Use it
 // when that execution took effect and its answer is known (an outcome
@@ -214,10 +212,12 @@ func globEscape(s string) string {
 //
 // a.Fingerprint, in hex, must be the fingerprint of the request that
 // claimed the key, or empty to keep it. The record keeps its remaining
-// TTL. When the key is not interrupted, Resolve returns an error wrapping
-// ErrNotInterrupted, and when a is another request's answer one wrapping
-// ErrKeyReused; then nothing has changed.
-func (m *Middleware) Resolve(ctx context.Context, key string, a Answer) error {
+// TTL. When the key is no longer interrupted by the claim st saw (it has
+// an answer, its executor holds the lock, or it was claimed anew since),
+// Resolve returns an error wrapping ErrNotInterrupted, and when a is
+// another request's answer one wrapping ErrKeyReused; then nothing has
+// changed.
+func (m *Middleware) Resolve(ctx context.Context, st KeyState, a Answer) error {
 	if a.Status < 100 || a.Status > 999 {
 		return fmt.Errorf("idempotency: %d is not an HTTP status", a.Status)
 	}
@@ -230,26 +230,33 @@ func (m *Middleware) Resolve(ctx context.Context, key string, a Answer) error {
 		fp = b
 	}
 	rec := m.recordOf(a)
-	return m.settleInterrupted(ctx, key, "answer", strconv.Itoa(rec.status), encodeHeader(rec.header), rec.body,
+	return m.settleInterrupted(ctx, st, "answer", strconv.Itoa(rec.status), encodeHeader(rec.header), rec.body,
 		fp, m.store.recordTTL)
 }
 
-// Forget settles an interrupted key by deleting its record, so that a
+// Forget settles the interrupted key that st describes by deleting its
+// record, so that a
 // retry runs the handler again: for when the execution that was
 // interrupted had no effect, or its effect was undone. A token-mode key's
 // token stays spent; its retry is answered token-not-found and asks for a
-// new token. When the key is not interrupted, Forget returns an error
-// wrapping ErrNotInterrupted and has changed nothing.
-func (m *Middleware) Forget(ctx context.Context, key string) error {
-	return m.settleInterrupted(ctx, key, "forget")
+// new token. When the key is no longer interrupted by the claim st saw,
+// Forget returns an error wrapping ErrNotInterrupted and has changed
+// nothing.
+func (m *Middleware) Forget(ctx context.Context, st KeyState) error {
+	return m.settleInterrupted(ctx, st, "forget")
 }
 
-// settleInterrupted runs settle.lua on the key named key.
-func (m *Middleware) settleInterrupted(ctx context.Context, key string, args ...any) error {
-	k, err := keysNamed(m.cfg.prefix, key)
+// settleInterrupted runs settle.lua on the key st describes, for the claim
+// st saw: a key claimed anew since may be running, stalled past its lease.
+func (m *Middleware) settleInterrupted(ctx context.Context, st KeyState, mode string, answer ...any) error {
+	k, err := keysNamed(m.cfg.prefix, st.Key)
 	if err != nil {
 		return err
 	}
+	if !st.Interrupted || st.Owner == "" {
+		return fmt.Errorf("%w: %s was not interrupted when it was inspected", ErrNotInterrupted, k.record)
+	}
+	args := append([]any{mode, st.Owner}, answer...)
 	reply, err := settleScript.Run(ctx, m.store.client, k.operated(), args...).Text()
 	if err != nil {
 		return err
@@ -265,6 +272,8 @@ func (m *Middleware) settleInterrupted(ctx context.Context, key string, args ...
 		return fmt.Errorf("%w: %s was executed, and its answer was not replayable", ErrNotInterrupted, k.record)
 	case "running":
 		return fmt.Errorf("%w: %s is running: its executor holds the lock", ErrNotInterrupted, k.record)
+	case "changed":
+		return fmt.Errorf("%w: %s was claimed anew since it was inspected", ErrNotInterrupted, k.record)
 	case "mismatch":
 		return fmt.Errorf("%w: the answer is not for the request that claimed %s (fingerprints differ)", ErrKeyReused, k.record)
 	}
@@ -278,9 +287,6 @@ func (k keys) operated() []string { return []string{k.record, k.lock, k.waiters(
 // keysNamed returns the keys of the record that name belongs to: the
 // record's own name, its lock's or its waiters flag's (see keys.go).
 func keysNamed(prefix, name string) (keys, error) {
-	if strings.HasPrefix(name, "{") { // a durable name: the record's without the prefix
-		name = prefix + ":" + name
-	}
 	bad := fmt.Errorf("idempotency: %q names no record, lock or waiters flag under the key prefix %q", name, prefix)
 	rest, ok := strings.CutPrefix(name, prefix+":{")
 	end := strings.Index(rest, "}:")
@@ -315,7 +321,7 @@ func (m *Middleware) keyState(k keys, cmd *redis.Cmd) (KeyState, error) {
 	text := func(i int) string { s, _ := r[i].(string); return s }
 	number := func(i int) int64 { n, _ := r[i].(int64); return n }
 	s := KeyState{
-		Record: k.record, Key: m.durableKey(k), State: text(0), Owner: text(1),
+		Key: k.record, State: text(0), Owner: text(1),
 		Fingerprint: hex.EncodeToString([]byte(text(2))),
 		BodySize:    number(6), TTL: remaining(number(7)),
 		Lock: text(8), LockTTL: remaining(number(9)), Waiting: number(10) == 1,

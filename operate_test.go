@@ -41,6 +41,39 @@ func runningPayment(t *testing.T, s *shop, key string) keys {
 	return k
 }
 
+// seen is what an operator's Inspect of the key named name said a moment
+// ago: interrupted, under the claim its record holds now. The scripts must
+// still refuse to settle whatever the key has become since.
+func seen(t *testing.T, s *shop, name string) KeyState {
+	t.Helper()
+	k, err := keysNamed(s.idem.cfg.prefix, name)
+	require.NoError(t, err)
+	owner := s.rdb.HGet(t.Context(), k.record, "o").Val()
+	if owner == "" {
+		owner = "a-claim-since-gone"
+	}
+	return KeyState{Key: k.record, State: "run", Interrupted: true, Owner: owner}
+}
+
+// A key claimed anew between the operator's look and the settling may be
+// running, stalled past its lease: it is left alone.
+func TestSettleRefusesAKeyClaimedAnew(t *testing.T) {
+	s := newShop(t, WithLockLease(100*time.Millisecond))
+	ctx := t.Context()
+	k, _ := interruptedPayment(t, s, "k")
+	st, err := s.idem.Inspect(ctx, k.record)
+	require.NoError(t, err)
+	require.True(t, st.Interrupted)
+	require.NoError(t, s.rdb.HSet(ctx, k.record, "o", "a-new-claim-stalled-past-its-lease").Err())
+	for _, err := range []error{s.idem.Forget(ctx, st), s.idem.Resolve(ctx, st, Answer{Status: 201})} {
+		require.ErrorIs(t, err, ErrNotInterrupted)
+		require.ErrorContains(t, err, "claimed anew")
+	}
+	require.Equal(t, "run", s.rdb.HGet(ctx, k.record, "st").Val())
+	st.Interrupted = false
+	require.ErrorIs(t, s.idem.Forget(ctx, st), ErrNotInterrupted, "a key not seen interrupted")
+}
+
 func TestInspect(t *testing.T) {
 	s := newShop(t, WithLockLease(100*time.Millisecond))
 	ctx := t.Context()
@@ -49,12 +82,10 @@ func TestInspect(t *testing.T) {
 	done := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "done"))
 	first := s.post(c, "/payments", "done", `{}`)
 	require.Equal(t, http.StatusCreated, first.status)
-	durable := strings.TrimPrefix(done.record, s.idem.cfg.prefix+":")
-	for _, name := range []string{done.record, done.lock, done.waiters(), durable} {
+	for _, name := range []string{done.record, done.lock, done.waiters()} {
 		st, err := s.idem.Inspect(ctx, name)
 		require.NoError(t, err, name)
-		require.Equal(t, done.record, st.Record, "named by %s", name)
-		require.Equal(t, durable, st.Key, "named by %s", name)
+		require.Equal(t, done.record, st.Key, "named by %s", name)
 		require.Equal(t, "done", st.State)
 		require.False(t, st.Interrupted)
 		require.Equal(t, http.StatusCreated, st.Status)
@@ -92,7 +123,7 @@ func TestInspect(t *testing.T) {
 	none := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "never"))
 	st, err = s.idem.Inspect(ctx, none.record)
 	require.NoError(t, err)
-	require.Equal(t, KeyState{Record: none.record, Key: strings.TrimPrefix(none.record, s.idem.cfg.prefix+":"), State: "none"}, st)
+	require.Equal(t, KeyState{Key: none.record, State: "none"}, st)
 
 	_, err = s.idem.Inspect(ctx, "elsewhere:"+none.record)
 	require.ErrorContains(t, err, "names no record")
@@ -179,7 +210,7 @@ func TestInterrupted(t *testing.T) {
 	for st, err := range s.idem.Interrupted(ctx) {
 		require.NoError(t, err)
 		require.True(t, st.Interrupted)
-		got = append(got, st.Record)
+		got = append(got, st.Key)
 	}
 	slices.Sort(got)
 	slices.Sort(want)
@@ -209,7 +240,7 @@ func TestInterruptedOnCluster(t *testing.T) {
 	var got []string
 	for st, err := range m.Interrupted(ctx) {
 		require.NoError(t, err)
-		got = append(got, st.Record)
+		got = append(got, st.Key)
 	}
 	slices.Sort(got)
 	slices.Sort(want)
@@ -233,17 +264,17 @@ func TestResolve(t *testing.T) {
 	}
 	bad := answer
 	bad.Fingerprint = strings.Repeat("00", 32)
-	require.ErrorIs(t, s.idem.Resolve(ctx, k.record, bad), ErrKeyReused)
+	require.ErrorIs(t, s.idem.Resolve(ctx, seen(t, s, k.record), bad), ErrKeyReused)
 	bad.Fingerprint = "0011"
-	require.ErrorContains(t, s.idem.Resolve(ctx, k.record, bad), "not 32 bytes")
+	require.ErrorContains(t, s.idem.Resolve(ctx, seen(t, s, k.record), bad), "not 32 bytes")
 	bad = answer
 	bad.Status = 0
-	require.ErrorContains(t, s.idem.Resolve(ctx, k.record, bad), "not an HTTP status")
+	require.ErrorContains(t, s.idem.Resolve(ctx, seen(t, s, k.record), bad), "not an HTTP status")
 	st, err := s.idem.Inspect(ctx, k.record)
 	require.NoError(t, err)
 	require.True(t, st.Interrupted, "a refused answer changed nothing")
 
-	require.NoError(t, s.idem.Resolve(ctx, k.lock, answer), "named by its lock")
+	require.NoError(t, s.idem.Resolve(ctx, seen(t, s, k.lock), answer), "named by its lock")
 	replay := s.post(c, "/payments", "k", `{}`)
 	require.Equal(t, http.StatusCreated, replay.status, replay.body)
 	require.Equal(t, `{"payment":7}`, replay.body)
@@ -254,25 +285,25 @@ func TestResolve(t *testing.T) {
 	after := s.rdb.PTTL(ctx, k.record).Val()
 	require.True(t, after > 0 && after <= before, "the record keeps its TTL: %v, then %v", before, after)
 
-	err = s.idem.Resolve(ctx, k.record, answer)
+	err = s.idem.Resolve(ctx, seen(t, s, k.record), answer)
 	require.ErrorIs(t, err, ErrNotInterrupted)
 	require.ErrorContains(t, err, "has a stored answer")
 
 	running := runningPayment(t, s, "running")
-	err = s.idem.Resolve(ctx, running.record, answer)
+	err = s.idem.Resolve(ctx, seen(t, s, running.record), answer)
 	require.ErrorIs(t, err, ErrNotInterrupted)
 	require.ErrorContains(t, err, "its executor holds the lock")
 	require.Equal(t, "run", s.rdb.HGet(ctx, running.record, "st").Val())
 
 	none := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "never"))
-	require.ErrorIs(t, s.idem.Resolve(ctx, none.record, answer), ErrNotInterrupted)
+	require.ErrorIs(t, s.idem.Resolve(ctx, seen(t, s, none.record), answer), ErrNotInterrupted)
 	require.Zero(t, s.rdb.Exists(ctx, none.record).Val(), "no record is made up")
 }
 
 func TestResolveKeepsTheRecordsFingerprint(t *testing.T) {
 	s := newShop(t, WithLockLease(100*time.Millisecond))
 	k, _ := interruptedPayment(t, s, "k")
-	require.NoError(t, s.idem.Resolve(t.Context(), k.record, Answer{Status: http.StatusAccepted}))
+	require.NoError(t, s.idem.Resolve(t.Context(), seen(t, s, k.record), Answer{Status: http.StatusAccepted}))
 	a := s.post(s.client(), "/payments", "k", `{}`)
 	require.Equal(t, http.StatusAccepted, a.status)
 	require.Equal(t, "true", a.header.Get(ReplayedHeader))
@@ -283,19 +314,19 @@ func TestForget(t *testing.T) {
 	ctx := t.Context()
 	c := s.client()
 	k, _ := interruptedPayment(t, s, "k")
-	require.NoError(t, s.idem.Forget(ctx, k.record))
+	require.NoError(t, s.idem.Forget(ctx, seen(t, s, k.record)))
 	a := s.post(c, "/payments", "k", `{}`)
 	require.Equal(t, http.StatusCreated, a.status)
 	require.Empty(t, a.header.Get(ReplayedHeader))
 	require.EqualValues(t, 1, s.execs.Load(), "the retry ran")
 
-	err := s.idem.Forget(ctx, k.record)
+	err := s.idem.Forget(ctx, seen(t, s, k.record))
 	require.ErrorIs(t, err, ErrNotInterrupted)
 	require.ErrorContains(t, err, "has a stored answer")
 	require.Equal(t, a.body, s.post(c, "/payments", "k", `{}`).body)
 
 	running := runningPayment(t, s, "running")
-	require.ErrorIs(t, s.idem.Forget(ctx, running.record), ErrNotInterrupted)
+	require.ErrorIs(t, s.idem.Forget(ctx, seen(t, s, running.record)), ErrNotInterrupted)
 	require.Equal(t, "run", s.rdb.HGet(ctx, running.record, "st").Val())
 }
 
@@ -306,7 +337,7 @@ func TestForgetTokenMode(t *testing.T) {
 	records := make(chan string, 1)
 	s.handler = func(w http.ResponseWriter, r *http.Request) {
 		e, _ := ExecutionOf(r.Context())
-		records <- s.idem.cfg.prefix + ":" + e.Key
+		records <- e.Key
 		s.defaultHandler(w, r)
 	}
 	tok := s.token(c)
@@ -318,7 +349,7 @@ func TestForgetTokenMode(t *testing.T) {
 	require.NoError(t, s.rdb.HDel(ctx, record, "c", "h", "b").Err())
 	requireProblem(t, s.post(c, "/orders", tok, `{}`), http.StatusConflict, "interrupted")
 
-	require.NoError(t, s.idem.Forget(ctx, record+":w"))
+	require.NoError(t, s.idem.Forget(ctx, seen(t, s, record+":w")))
 	requireProblem(t, s.post(c, "/orders", tok, `{}`), http.StatusUnprocessableEntity, "token-not-found")
 	require.EqualValues(t, 1, s.execs.Load())
 }

@@ -36,10 +36,12 @@ type Answer struct {
 // Execution describes the protected execution a context belongs to: what
 // an OutcomeStore records with the handler's writes.
 type Execution struct {
-	// Key identifies the idempotency key durably: the same for every
-	// request with the key, and an outcome store's primary key. It is the
-	// name of the key's Redis record without the key prefix
-	// (WithKeyPrefix), so that it survives a change of prefix.
+	// Key names the key's record in Redis, as the middleware's log lines
+	// do: the same for every request with the key, and an outcome store's
+	// primary key. The key prefix (WithKeyPrefix) is part of it, so that
+	// services that share Redis under their own prefixes can share an
+	// outcome table too; changing the prefix leaves the committed rows
+	// behind, as it leaves the Redis records.
 	Key string
 	// Fingerprint is the request's fingerprint in hex. A duplicate has the
 	// same one; a request that reuses the key for another has not.
@@ -60,9 +62,6 @@ func ExecutionOf(ctx context.Context) (e Execution, ok bool) {
 	}
 	return Execution{Key: x.key, Fingerprint: hex.EncodeToString(x.fp[:]), Fence: x.fence, Codec: x.codec}, true
 }
-
-// durableKey is Execution.Key of k: its record's name without the prefix.
-func (m *Middleware) durableKey(k keys) string { return k.record[len(m.cfg.prefix)+1:] }
 
 // WithOutcomeStore lets the middleware recover abandoned executions from s
 // rather than answer 409 interrupted. Every handler behind the middleware

@@ -13,7 +13,7 @@ import (
 // nothing, the store has fenced it out and the handler runs again under l.
 func (m *Middleware) recoverAnswer(c *call, l *lease) (*lease, verdict) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), m.cfg.execTimeout)
-	a, committed, err := m.cfg.outcomes.Recover(ctx, m.durableKey(l.k), l.fence)
+	a, committed, err := m.cfg.outcomes.Recover(ctx, l.k.record, l.fence)
 	cancel()
 	if err == nil && !committed && l.wd.isLost() {
 		err = ErrLockLost // another instance may have taken the key over: it runs, not us

@@ -15,7 +15,7 @@ import (
 // two apart. The fence is the claiming server's TIME in microseconds, so
 // the age is read on that server's clock, not on ours.
 func (s *session) claimAge(ctx context.Context, st idempotency.KeyState) (time.Duration, error) {
-	offset, err := s.clock(ctx, st.Record)
+	offset, err := s.clock(ctx, st.Key)
 	if err != nil {
 		return 0, err
 	}

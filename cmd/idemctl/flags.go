@@ -25,9 +25,8 @@ Usage:
                                        the handler again
 
 KEY is a record's Redis key as the middleware logs it (the "key" attribute,
-PREFIX:{...}:r), its durable name (the same without "PREFIX:", which is
-Execution.Key and sqlidem's record_key), or the key of its lock or its
-waiters flag. resolve asks for confirmation (type yes) unless -yes is given.
+PREFIX:{...}:r, which is also Execution.Key and sqlidem's record_key), or
+the key of its lock or its waiters flag. resolve asks for confirmation (type yes) unless -yes is given.
 
 Flags, before or after the command:
   -redis URL        Redis, redis://[user:password@]host:port/db (default $REDIS_URL)

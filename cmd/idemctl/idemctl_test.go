@@ -134,7 +134,7 @@ func (s *service) slow(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusAccepted)
 }
 
-// remember notes the durable key of each protected execution.
+// remember notes the record of each protected execution (Execution.Key).
 func (s *service) remember(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if e, ok := idempotency.ExecutionOf(r.Context()); ok {
@@ -153,9 +153,9 @@ func (s *service) count(next http.Handler) http.Handler {
 	})
 }
 
-// durableKey is the Execution.Key of the client's key, the outcome
-// table's record_key.
-func (s *service) durableKey(key string) string {
+// record is the Redis key of the client's key's record, as the middleware
+// logs it: its Execution.Key, and the outcome table's record_key.
+func (s *service) record(key string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	d, ok := s.keys[key]
@@ -164,10 +164,6 @@ func (s *service) durableKey(key string) string {
 	}
 	return d
 }
-
-// record is the Redis key of the client's key's record, as the middleware
-// logs it.
-func (s *service) record(key string) string { return s.prefix + ":" + s.durableKey(key) }
 
 type reply struct {
 	status   int
@@ -265,16 +261,16 @@ func TestReplay(t *testing.T) {
 		t.Fatalf("first transfer: %d %s", first.status, first.body)
 	}
 	rec := s.abandon("t1", 10*time.Minute)
-	durable := s.durableKey("t1")
+	lock := strings.TrimSuffix(rec, "r") + "l"
 	if r := s.post(s.plain, "/transfers", "t1"); r.status != http.StatusConflict {
 		t.Fatalf("retry of an interrupted key without an outcome store: %d %s", r.status, r.body)
 	}
 
-	// Either name of the key shows it, under both names; SQL is read by
-	// the durable one, and the commands it suggests name the record.
-	for _, name := range []string{rec, durable} {
+	// The record's name or its lock's shows it; the commands it suggests
+	// name the record.
+	for _, name := range []string{rec, lock} {
 		r := s.idemctl("", true, "show", name)
-		expect(t, r, 0, "key          "+rec+"\n", "durable key  "+durable+" (", "run, interrupted",
+		expect(t, r, 0, "key          "+rec+"\n", "run, interrupted",
 			"claimed      10m", "SQL holds a committed answer", "idemctl resolve -replay '"+rec+"'",
 			"committed answer, status 201")
 	}
@@ -291,7 +287,7 @@ func TestReplay(t *testing.T) {
 			t.Fatalf("stdin %q: the key changed without confirmation: %q, state %q", stdin, r.stderr, s.state(rec))
 		}
 	}
-	r = s.idemctl("yes\n", true, "resolve", "-replay", durable)
+	r = s.idemctl("yes\n", true, "resolve", "-replay", lock)
 	expect(t, r, 0, "Replayed: "+rec+" now answers status 201")
 
 	retry := s.post(s.plain, "/transfers", "t1")

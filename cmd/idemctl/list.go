@@ -26,7 +26,7 @@ func (s *session) listInterrupted(ctx context.Context, out, errw io.Writer, limi
 			return err
 		}
 		fmt.Fprintf(out, "%s  fence=%d  age=%s  executions=%d  ttl=%s%s\n",
-			st.Record, st.Fence, since(claimed), st.Executions, duration(st.TTL), sqlColumn(st, found))
+			st.Key, st.Fence, since(claimed), st.Executions, duration(st.TTL), sqlColumn(st, found))
 		if n++; n == limit {
 			fmt.Fprintf(errw, "stopped after %d keys (-limit); there may be more\n", n)
 			return nil

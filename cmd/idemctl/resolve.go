@@ -22,7 +22,7 @@ func (s *session) resolve(ctx context.Context, stdin io.Reader, out io.Writer, k
 		return err
 	}
 	if !st.Interrupted {
-		return fmt.Errorf("%s is not interrupted (%s); nothing changed", st.Record, stateOf(st))
+		return fmt.Errorf("%s is not interrupted (%s); nothing changed", st.Key, stateOf(st))
 	}
 	claimed, err := s.claimAge(ctx, st)
 	if err != nil {
@@ -31,14 +31,14 @@ func (s *session) resolve(ctx context.Context, stdin io.Reader, out io.Writer, k
 	if claimed < o.minAge && !o.force {
 		return fmt.Errorf("%s was claimed %s, less than -min-age %s: its executor may still be running "+
 			"(a lease lapses in a Redis stall or a pause, and the handler runs on until its execution timeout). "+
-			"Wait, or pass -force if you know it stopped; nothing changed", st.Record, age(claimed), o.minAge)
+			"Wait, or pass -force if you know it stopped; nothing changed", st.Key, age(claimed), o.minAge)
 	}
 	found, err := s.lookup(ctx, st.Key)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "%s is interrupted: claimed %s, fence %d, %d execution(s), record TTL %s.\n",
-		st.Record, age(claimed), st.Fence, st.Executions, duration(st.TTL))
+		st.Key, age(claimed), st.Fence, st.Executions, duration(st.TTL))
 	if claimed < o.minAge {
 		fmt.Fprintf(out, "That is less than -min-age %s: settle it only if you know its executor stopped (-force).\n", o.minAge)
 	}
@@ -66,9 +66,9 @@ func (s *session) resolve(ctx context.Context, stdin io.Reader, out io.Writer, k
 	step, cancel := s.step(ctx)
 	defer cancel()
 	if o.replay {
-		err = s.idem.Resolve(step, st.Record, found.row.Answer)
+		err = s.idem.Resolve(step, st, found.row.Answer)
 	} else {
-		err = s.idem.Forget(step, st.Record)
+		err = s.idem.Forget(step, st)
 	}
 	switch {
 	case errors.Is(err, idempotency.ErrNotInterrupted), errors.Is(err, idempotency.ErrKeyReused):
@@ -76,9 +76,9 @@ func (s *session) resolve(ctx context.Context, stdin io.Reader, out io.Writer, k
 	case err != nil:
 		return err
 	case o.replay:
-		fmt.Fprintf(out, "Replayed: %s now answers status %d to every retry.\n", st.Record, found.row.Answer.Status)
+		fmt.Fprintf(out, "Replayed: %s now answers status %d to every retry.\n", st.Key, found.row.Answer.Status)
 	default:
-		fmt.Fprintf(out, "Forgotten: %s has no record; the next retry runs the handler.\n", st.Record)
+		fmt.Fprintf(out, "Forgotten: %s has no record; the next retry runs the handler.\n", st.Key)
 	}
 	return nil
 }

@@ -30,8 +30,7 @@ func (s *session) show(ctx context.Context, out io.Writer, key string, minAge ti
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	line := func(name, format string, args ...any) { fmt.Fprintf(tw, name+"\t"+format+"\n", args...) }
-	line("key", "%s", st.Record)
-	line("durable key", "%s (Execution.Key, sqlidem's record_key)", st.Key)
+	line("key", "%s", st.Key)
 	line("state", "%s", stateOf(st))
 	if st.State != "none" {
 		line("claimed", "%s, by Redis TIME", age(claimed))
@@ -64,7 +63,7 @@ type sqlAnswer struct {
 	row   sqlidem.Row
 }
 
-// lookup reads the row of key, a durable name (KeyState.Key), from the
+// lookup reads the row of key (KeyState.Key, Execution.Key) from the
 // outcome table; nil without -db.
 func (s *session) lookup(ctx context.Context, key string) (*sqlAnswer, error) {
 	if s.outcomes == nil {

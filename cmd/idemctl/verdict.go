@@ -11,7 +11,7 @@ import (
 // found is nil without -db; claimed is the claim's age, and minAge the
 // age under which resolve refuses an interrupted key.
 func verdict(st idempotency.KeyState, found *sqlAnswer, claimed, minAge time.Duration) string {
-	key := shellQuote(st.Record)
+	key := shellQuote(st.Key)
 	switch {
 	case st.State == "none":
 		return "no record (never claimed, expired, or forgotten): a retry runs the handler"

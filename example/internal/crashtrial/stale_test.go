@@ -171,7 +171,7 @@ func staleTrial(t *testing.T, bin string, d *sqltest.DB, point string) {
 		// B fences the key beside A's open transaction, then its transfer
 		// waits for A's row locks.
 		err := waitFor(10*time.Second, func() bool {
-			row, ok, err := outcomes.Lookup(ctx, rec.durable)
+			row, ok, err := outcomes.Lookup(ctx, rec.name)
 			return err == nil && ok && !row.Done && row.Fence == bFence
 		})
 		if err != nil {
@@ -212,7 +212,7 @@ func staleTrial(t *testing.T, bin string, d *sqltest.DB, point string) {
 	t.Logf("B's client: %v", rb)
 
 	// The database: the money moved once, under one committed answer.
-	row, ok, err := outcomes.Lookup(ctx, rec.durable)
+	row, ok, err := outcomes.Lookup(ctx, rec.name)
 	if err != nil || !ok || !row.Done {
 		t.Fatalf("the key's outcome row: %+v, found %v, error %v; want a committed answer", row, ok, err)
 	}
@@ -401,8 +401,7 @@ func (in *instance) signal(sig syscall.Signal) bool {
 
 // A redisRecord is the one key-mode record of a trial's private Redis.
 type redisRecord struct {
-	name, lock string
-	durable    string // Execution.Key: the outcome row's key
+	name, lock string // name is also Execution.Key, the outcome row's key
 	state      string
 	runs       int    // executions: 2 once taken over
 	fence      uint64 // the fencing token of the latest
@@ -418,8 +417,7 @@ func readRecord(t *testing.T, rdb *redis.Client) redisRecord {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec := redisRecord{name: names[0], lock: strings.TrimSuffix(names[0], "r") + "l",
-		durable: strings.TrimPrefix(names[0], "idem:")} // the trial server's key prefix is the default
+	rec := redisRecord{name: names[0], lock: strings.TrimSuffix(names[0], "r") + "l"}
 	rec.state, _ = f[0].(string)
 	s, _ := f[1].(string)
 	rec.runs, _ = strconv.Atoi(s)

@@ -32,7 +32,6 @@ type bank struct {
 	db        *sqltest.DB
 	store     *sqlidem.Store
 	rdb       redis.UniversalClient
-	prefix    string // the middleware's key prefix
 	accounts  string
 	srv       *httptest.Server
 	outcomes  string       // the outcome table
@@ -68,7 +67,7 @@ func newBank(t *testing.T, d *sqltest.DB, opts ...idempotency.Option) *bank {
 	must(t, exec(d.DB, "INSERT INTO "+b.accounts+" (id, balance) VALUES (1, 1000000), (2, 0)"))
 
 	prefix := "sqlidem-" + strings.NewReplacer("/", "-", " ", "_").Replace(t.Name())
-	b.prefix, b.rdb = prefix, redistest.Client(t, prefix)
+	b.rdb = redistest.Client(t, prefix)
 	m := idempotency.New(b.rdb, append([]idempotency.Option{
 		idempotency.WithKeyPrefix(prefix), idempotency.WithOutcomeStore(countingRecover{store, &b.recovered}),
 		idempotency.WithLockLease(2 * time.Second),
@@ -179,8 +178,8 @@ func (b *bank) abandon(key string) {
 	must(b.t, b.rdb.HDel(ctx, rec, "c", "h", "b").Err())
 }
 
-// record names the key's Redis record: its durable name under the prefix.
-func (b *bank) record(key string) string { return b.prefix + ":" + b.execution(key).Key }
+// record names the key's Redis record, which is its Execution.Key.
+func (b *bank) record(key string) string { return b.execution(key).Key }
 
 func (b *bank) redisState(key string) string {
 	st, _ := b.rdb.HGet(b.t.Context(), b.record(key), "st").Result()

@@ -28,7 +28,6 @@ type ledger struct {
 	m      *idempotency.Middleware
 	table  string
 	runs   atomic.Int64
-	prefix string
 	record string // the last execution's Redis record
 	fail   error  // when set, the charge fails after its write
 }
@@ -40,7 +39,6 @@ func newLedger(t *testing.T, d *sqltest.DB) *ledger {
 	must(t, store.CreateTable(t.Context()))
 	must(t, exec(d.DB, "CREATE TABLE "+l.table+" (msg VARCHAR(64) NOT NULL, amount BIGINT NOT NULL)"))
 	prefix := "sqlidem-run-" + string(d.Kind)
-	l.prefix = prefix
 	rdb := redistest.Client(t, prefix)
 	l.store = store
 	l.m = idempotency.New(rdb, idempotency.WithKeyPrefix(prefix), idempotency.WithOutcomeStore(store),
@@ -54,7 +52,7 @@ func (l *ledger) consume(msg string, amount int64, opts ...idempotency.DoOption)
 	key := idempotency.Key{Scope: "payments-queue", ID: msg, Input: []byte(msg)}
 	return idempotency.Do(ctx, l.m, key, func(ctx context.Context) (receipt, error) {
 		e, _ := idempotency.ExecutionOf(ctx)
-		l.record = l.prefix + ":" + e.Key
+		l.record = e.Key
 		return sqlidem.Run(ctx, l.store, func(ctx context.Context, tx *sql.Tx) (receipt, error) {
 			if _, err := tx.ExecContext(ctx, l.d.Rebind("INSERT INTO "+l.table+" (msg, amount) VALUES (?, ?)"), msg, amount); err != nil {
 				return receipt{}, err

@@ -93,12 +93,13 @@ func openRedis(o options) (redis.UniversalClient, error) {
 	return redis.NewClient(opts), nil
 }
 
-// unquoted drops the URL that url.Parse's errors quote: it may hold a
-// password.
+// unquoted replaces url.Parse's errors, which quote the URL or a part of
+// it (`invalid port ":pa" after host` for a password with a raw /): it may
+// hold a password.
 func unquoted(err error) error {
 	var ue *url.Error
 	if errors.As(err, &ue) {
-		return ue.Err
+		return errors.New("the URL does not parse (is a /, ? or # of the password not percent-encoded?)")
 	}
 	return err
 }

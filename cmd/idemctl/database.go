@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"strings"
 
 	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
@@ -9,6 +10,10 @@ import (
 	"github.com/onceonly/idempotency/sqlidem"
 	_ "modernc.org/sqlite" // registers "sqlite"; pure Go, so no C compiler is needed
 )
+
+// driverScheme is the URL scheme of each -driver's database.
+var driverScheme = map[string]string{"sqlite": "sqlite:", "postgres": "postgres", "postgresql": "postgres",
+	"pgx": "postgres", "mysql": "mysql://", "mariadb": "mysql://"}
 
 // databaseOf reads -db and -driver. Without -driver, the URL names the
 // database as it does for the example service (internal/dburl): -db
@@ -39,6 +44,11 @@ func databaseOf(dsn, driver string) (dburl.Database, error) {
 	}
 	if err == nil && d.Dialect == forced.Dialect {
 		return d, checked(d)
+	}
+	if err != nil && !errors.Is(err, dburl.ErrUnknownScheme) && strings.HasPrefix(dsn, driverScheme[driver]) {
+		// The URL says the same database, but does not parse: its error,
+		// never the raw string, which a driver would quote back.
+		return dburl.Database{}, usagef("-db: %v", err)
 	}
 	forced.DSN = dsn
 	return forced, checked(forced)

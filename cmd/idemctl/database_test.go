@@ -47,12 +47,13 @@ func TestDatabaseOf(t *testing.T) {
 	for _, tc := range [][2]string{
 		{"app.db", ""}, {"app.db", "oracle"}, {"mysql://root@db/app?timeout=soon", ""},
 		{"mysql://root@tcp(db:3306)/app?timeout=soon", ""}, {"mysql://root:secret@db:port/app", ""},
+		{"mysql://root:sec#ret@db/app", ""}, {"mysql://root:sec/ret@db/app", "mysql"},
 	} {
 		var usage usageError
 		_, err := databaseOf(tc[0], tc[1])
 		if !errors.As(err, &usage) {
 			t.Errorf("databaseOf(%q, %q): %v, want a usage error", tc[0], tc[1], err)
-		} else if strings.Contains(err.Error(), "secret") {
+		} else if strings.Contains(err.Error(), "sec") { // nor the password's start
 			t.Errorf("databaseOf(%q, %q): %v quotes the password", tc[0], tc[1], err)
 		}
 	}

@@ -99,3 +99,22 @@ func TestUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+// A Redis URL that does not parse is refused without quoting any part of
+// it: url.Parse's message would show the start of a password with a raw /.
+func TestRedisURLErrorsQuoteNoPassword(t *testing.T) {
+	for _, flag := range []string{"-redis", "-cluster"} {
+		url := "redis://ops:pa/ssword@h:6379"
+		if flag == "-cluster" {
+			url += "?addr=h2:6379"
+		}
+		o := options{redisURL: url}
+		if flag == "-cluster" {
+			o = options{cluster: url}
+		}
+		_, err := openRedis(o)
+		if err == nil || strings.Contains(err.Error(), ":pa") || strings.Contains(err.Error(), "pa/ss") {
+			t.Errorf("%s %s: %v; want an error that quotes no part of the password", flag, url, err)
+		}
+	}
+}

@@ -71,13 +71,12 @@ func mysqlDSN(rest string) (string, error) {
 	}
 	u, err := url.Parse("mysql://" + rest)
 	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // url.Error quotes the URL
-		}
+		// Not even url.Parse's inner message: it quotes a part of the URL
+		// (`invalid port ":sec" after host`), which may be the password's
+		// start when it holds an un-encoded / ? or #.
 		return "", errors.New("dburl: a mysql:// URL is mysql://user:password@host:port/dbname " +
-			"or mysql://user:password@tcp(host:port)/dbname, with special characters of the password " +
-			"percent-encoded in the first: " + err.Error())
+			"or mysql://user:password@tcp(host:port)/dbname; this one does not parse (is a /, ? or # " +
+			"of the password not percent-encoded?)")
 	}
 	db := strings.TrimPrefix(u.EscapedPath(), "/")
 	switch {

@@ -69,6 +69,8 @@ func TestParseRefuses(t *testing.T) {
 		{"postgres without //", "postgres:secret@tcp(db)/app", true},
 		{"bad port", "mysql://root:secret@db:port/app", false},
 		{"raw # in password", "mysql://root:sec#ret@db/app", false},
+		{"raw / in password", "mysql://root:sec/ret@db/app", false},
+		{"raw ? in password", "mysql://root:sec?ret@db/app", false},
 		{"slash in database", "mysql://root:secret@db/app/more", false},
 		{"colon in user", "mysql://ro%3Aot:secret@db/app", false},
 		{"bad escape", "mysql://root:secret%zz@db/app", false},
@@ -81,7 +83,9 @@ func TestParseRefuses(t *testing.T) {
 			if errors.Is(err, ErrUnknownScheme) != tc.unknown {
 				t.Errorf("Parse(%q): %v; want ErrUnknownScheme %v", tc.url, err, tc.unknown)
 			}
-			if strings.Contains(err.Error(), "secret") || strings.Contains(err.Error(), "sec#ret") {
+			// Not even the password's start: url.Parse quotes what it
+			// takes for a port (":sec").
+			if strings.Contains(err.Error(), "sec") {
 				t.Errorf("Parse(%q): %v quotes the password", tc.url, err)
 			}
 		})

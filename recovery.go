@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"net/http"
 	"slices"
 )
@@ -19,6 +20,14 @@ func (m *Middleware) recoverAnswer(c *call, l *lease) (*lease, verdict) {
 		err = ErrLockLost // another instance may have taken the key over: it runs, not us
 	}
 	switch {
+	case errors.Is(err, ErrUnreadableRecord):
+		// It committed, and what it answered cannot be read: as for a
+		// record in Redis that cannot be decoded, retrying cannot help.
+		m.cfg.logger.Error("idempotency: an abandoned execution's committed answer cannot be read",
+			"key", l.k.record, "error", err)
+		l.end()
+		m.letGo(c, l)
+		return nil, refuse(ErrUnreadableRecord)
 	case err != nil:
 		// Whether the abandoned execution committed is still unknown. The
 		// key stays claimed under our lock value, so once the lock is gone

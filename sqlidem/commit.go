@@ -145,9 +145,13 @@ func replay(exec idempotency.Execution, a idempotency.Answer) outcome {
 	return outcome{verdict: replayed, answer: a}
 }
 
-// failed is the error of a database step that failed: after why the
-// execution's context ended, if it did, or else the database's failure.
+// failed is the error of a database step that failed: a committed answer
+// that cannot be read as such, else why the execution's context ended, if
+// it did, or else the database's failure.
 func failed(ctx context.Context, err error) error {
+	if errors.Is(err, idempotency.ErrUnreadableRecord) {
+		return err
+	}
 	if ctx.Err() != nil {
 		return endedBecause(ctx)
 	}

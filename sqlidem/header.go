@@ -2,7 +2,9 @@ package sqlidem
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -10,9 +12,12 @@ import (
 // values, readable in any SQL client. JSON strings are UTF-8, and header
 // values are bytes that need not be (RFC 9110 reads them as ISO-8859-1):
 // a value that is not valid UTF-8 would come back with U+FFFD in place of
-// its bytes. So every byte of a value is written as the character with
+// its bytes. So every byte of a value (and of a name) is written as the character with
 // its number (ISO-8859-1 into UTF-8), which JSON keeps, and read back
-// byte for byte. ASCII, nearly every header, reads as itself.
+// byte for byte. And the JSON is written in ASCII alone, every other
+// character as a \u escape, so that the column's character set cannot
+// refuse it: MySQL's latin1 (which is cp1252) has no U+0080 to U+009F.
+// ASCII, nearly every header, reads as itself.
 
 func encodeHeader(h http.Header) ([]byte, error) {
 	out := make(map[string][]string, len(h))
@@ -21,9 +26,31 @@ func encodeHeader(h http.Header) ([]byte, error) {
 		for i, v := range values {
 			latin[i] = bytesAsRunes(v)
 		}
-		out[name] = latin
+		out[bytesAsRunes(name)] = latin
 	}
-	return json.Marshal(out)
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil, err
+	}
+	return asciiJSON(b), nil
+}
+
+// asciiJSON escapes every character of b beyond ASCII, all of them inside
+// JSON strings, as \uXXXX (a surrogate pair above U+FFFF).
+func asciiJSON(b []byte) []byte {
+	out := make([]byte, 0, len(b))
+	for _, r := range string(b) {
+		switch {
+		case r < utf8.RuneSelf:
+			out = append(out, byte(r))
+		case r > 0xFFFF:
+			hi, lo := utf16.EncodeRune(r)
+			out = fmt.Appendf(out, `\u%04x\u%04x`, hi, lo)
+		default:
+			out = fmt.Appendf(out, `\u%04x`, r)
+		}
+	}
+	return out
 }
 
 func decodeHeader(data []byte) (http.Header, error) {
@@ -37,7 +64,7 @@ func decodeHeader(data []byte) (http.Header, error) {
 		for i, v := range values {
 			raw[i] = runesAsBytes(v)
 		}
-		h[name] = raw
+		h[runesAsBytes(name)] = raw
 	}
 	return h, nil
 }

@@ -133,7 +133,9 @@ func (s *Store) lookup(ctx context.Context, q querier, key string) (Row, bool, e
 	if row.Done {
 		row.Answer = idempotency.Answer{Status: status, Body: body, Fingerprint: fp}
 		if row.Answer.Header, err = decodeHeader([]byte(header)); err != nil {
-			return Row{}, false, fmt.Errorf("sqlidem: header of %q: %w", key, err)
+			// The row holds an answer, which no retry can read: the
+			// truthful answer is unreadable-record, not a store failure.
+			return Row{}, false, fmt.Errorf("%w: sqlidem: header of %q: %w", idempotency.ErrUnreadableRecord, key, err)
 		}
 	}
 	return row, true, nil

@@ -40,9 +40,12 @@ type bank struct {
 	runs      atomic.Int64 // transfers that ran fn
 	// before, when set, runs before the transaction (an executor paused
 	// after its claim); inside, inside it, after fn's writes.
-	before, inside func(idempotency.Execution)
+	before func(ctx context.Context, e idempotency.Execution)
+	inside func(idempotency.Execution)
 	// first, when set, runs in the transaction before any write.
 	first func(ctx context.Context)
+	// header, when set, is added to every transfer's answer.
+	header http.Header
 
 	mu    sync.Mutex
 	execs map[string]idempotency.Execution // by Idempotency-Key
@@ -60,7 +63,14 @@ func newBank(t *testing.T, d *sqltest.DB, opts ...idempotency.Option) *bank {
 	if err != nil {
 		t.Fatal(err)
 	}
-	must(t, store.CreateTable(t.Context()))
+	ddl := store.DDL()
+	if d.Kind == sqltest.MySQL {
+		// The character set MariaDB before 11.6 and MySQL 5.7 default
+		// to, which refuses most of U+0080 to U+009F: the header column
+		// must hold whatever bytes a header has all the same.
+		ddl += " DEFAULT CHARSET=latin1"
+	}
+	must(t, exec(d.DB, ddl))
 	b.store = store
 	b.accounts = d.Table(t, "accounts")
 	must(t, exec(d.DB, "CREATE TABLE "+b.accounts+" (id INTEGER PRIMARY KEY, balance BIGINT NOT NULL)"))
@@ -82,7 +92,7 @@ func newBank(t *testing.T, d *sqltest.DB, opts ...idempotency.Option) *bank {
 			b.execs[r.Header.Get("Idempotency-Key")] = e
 			b.mu.Unlock()
 			if b.before != nil {
-				b.before(e)
+				b.before(r.Context(), e)
 			}
 		}
 		store.Handler(b.transfer).ServeHTTP(w, r)
@@ -115,6 +125,9 @@ func (b *bank) transfer(tx *sql.Tx, w http.ResponseWriter, r *http.Request) erro
 		b.inside(e)
 	}
 	n := b.runs.Add(1)
+	for name, values := range b.header {
+		w.Header()[name] = values
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	fmt.Fprintf(w, `{"transfer":%d,"amount":%d}`, n, in.Amount)
@@ -125,6 +138,7 @@ type reply struct {
 	status   int
 	body     string
 	replayed bool
+	header   http.Header
 	problem  string
 }
 
@@ -139,7 +153,8 @@ func (b *bank) post(key string, amount int64) reply {
 	}
 	defer res.Body.Close()
 	body, _ := io.ReadAll(res.Body)
-	rp := reply{status: res.StatusCode, body: string(body), replayed: res.Header.Get(idempotency.ReplayedHeader) == "true"}
+	rp := reply{status: res.StatusCode, body: string(body), header: res.Header,
+		replayed: res.Header.Get(idempotency.ReplayedHeader) == "true"}
 	if strings.HasPrefix(res.Header.Get("Content-Type"), "application/problem+json") {
 		var p struct{ Type string }
 		json.Unmarshal(body, &p)

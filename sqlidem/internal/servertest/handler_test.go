@@ -1,6 +1,7 @@
 package servertest_test
 
 import (
+	"net/http"
 	"testing"
 
 	"github.com/onceonly/idempotency/internal/sqltest"
@@ -73,6 +74,30 @@ func TestFailedTransferCommitsNothingAndReleasesTheKey(t *testing.T) {
 		}
 		if from, to := b.balances(); from != 1000000-3 || to != 3 {
 			t.Fatalf("balances %d, %d", from, to)
+		}
+	})
+}
+
+// Header values are bytes: a replay from SQL sends them as the handler
+// did, whether they are ASCII, UTF-8 (a euro sign), or neither, and on
+// MySQL in a latin1 table too.
+func TestHeaderBytesSurviveTheOutcomeRow(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		b := newBank(t, d)
+		b.header = http.Header{"X-Fee": {"10 €"}, "Content-Disposition": {"attachment; filename=\"caf\xe9.pdf\""}}
+		first := b.post("k1", 4)
+		if first.status != 201 {
+			t.Fatalf("first: %+v", first)
+		}
+		must(t, b.rdb.Del(t.Context(), b.record("k1")).Err()) // replayed from SQL, not Redis
+		again := b.post("k1", 4)
+		if !again.replayed {
+			t.Fatalf("second: %+v", again)
+		}
+		for name, values := range b.header {
+			if got := again.header.Values(name); len(got) != 1 || got[0] != values[0] {
+				t.Errorf("%s replayed from SQL as %q; want %q", name, got, values)
+			}
 		}
 	})
 }

@@ -88,7 +88,7 @@ func TestWithoutOutcomeStoreAbandonedIsInterrupted(t *testing.T) {
 func TestStaleExecutorPausedBeforeItsTransaction(t *testing.T) {
 	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
 		b := newBank(t, d)
-		b.before = func(e idempotency.Execution) {
+		b.before = func(_ context.Context, e idempotency.Execution) {
 			// Another instance took the key over meanwhile.
 			_, committed, err := b.store.Recover(context.Background(), e.Key, e.Fence+1)
 			if err != nil || committed {
@@ -176,6 +176,55 @@ func TestLeaseLostMidTransactionAnswersInProgress(t *testing.T) {
 		b.first = nil
 		if retry := b.post("k1", 8); retry.status != 201 || retry.replayed {
 			t.Fatalf("retry: %+v", retry)
+		}
+	})
+}
+
+// A committed answer that cannot be read is answered 409 unreadable-record,
+// by recovery and by the handler's own read alike: it ran, and retrying
+// cannot change that. Never 503, never a second run.
+func TestUnreadableCommittedAnswer(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		b := newBank(t, d)
+		b.post("k1", 6)
+		must(t, exec(d.DB, "UPDATE "+b.outcomes+" SET header = 'not json'"))
+		b.abandon("k1")
+		if r := b.post("k1", 6); r.status != 409 || r.problem != "unreadable-record" {
+			t.Fatalf("recovery of an unreadable answer: %+v", r)
+		}
+		must(t, b.rdb.Del(t.Context(), b.record("k1")).Err())
+		if r := b.post("k1", 6); r.status != 409 || r.problem != "unreadable-record" {
+			t.Fatalf("the handler's read of an unreadable answer: %+v", r)
+		}
+		if b.runs.Load() != 1 {
+			t.Fatalf("transfer ran %d times", b.runs.Load())
+		}
+	})
+}
+
+// A lease lost before the transaction began (the executor paused after
+// its claim) answers in-progress too: the cancelled BEGIN or first read is
+// no failure of the database.
+func TestLeaseLostBeforeTheTransactionAnswersInProgress(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		b := newBank(t, d, idempotency.WithLockLease(300*time.Millisecond))
+		b.before = func(ctx context.Context, e idempotency.Execution) {
+			lock := strings.TrimSuffix(e.Key, "r") + "l"
+			if err := b.rdb.Del(context.Background(), lock).Err(); err != nil {
+				t.Error(err)
+			}
+			// As a paused executor wakes to find its context ended.
+			select {
+			case <-ctx.Done():
+			case <-time.After(10 * time.Second):
+				t.Error("the run's context outlived its lease by 10 s")
+			}
+		}
+		if r := b.post("k1", 8); r.status != 409 || r.problem != "in-progress" {
+			t.Fatalf("lease lost before the transaction: %+v; want 409 in-progress", r)
+		}
+		if b.runs.Load() != 0 {
+			t.Fatal("the transfer ran")
 		}
 	})
 }

@@ -34,7 +34,8 @@ type TxFunc func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error
 // (idempotency.Release), so a retry runs again: the answer fn wrote, if
 // any, is sent unstored (a 422 for a request that a corrected retry may
 // fix); otherwise the error handler answers (see WithErrorHandler). A
-// failure to commit is answered idempotency.ErrStoreUnavailable, the key
+// failure of the database is answered idempotency.ErrStoreUnavailable,
+// and a run whose lease was lost idempotency.ErrInProgress, the key
 // released, unless the commit turns out to have happened. Inside fn,
 // return an error rather than call idempotency.Release: a committed answer
 // is the key's answer for as long as its row lives, whatever Redis keeps.

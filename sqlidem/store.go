@@ -23,7 +23,8 @@ const DefaultTable = "idempotency_outcomes"
 //
 // The table holds one row per key:
 //
-//	record_key   the key's Redis record name (idempotency.Execution.Key)
+//	record_key   the key's Redis record name, prefix and all
+//	             (idempotency.Execution.Key)
 //	fingerprint  the request's fingerprint, hex ('' in a fence row)
 //	fence        the fencing token of the execution that wrote the row
 //	state        'done': an answer committed with the handler's writes;
@@ -52,9 +53,11 @@ func WithTable(name string) Option { return func(s *Store) { s.table = name } }
 
 // WithErrorHandler sets what answers a request whose transaction did not
 // commit: err wraps idempotency.ErrStoreUnavailable when the database
-// failed, idempotency.ErrInProgress when a newer execution owns the key,
-// idempotency.ErrKeyReused when the key's committed answer is another
-// request's, and is the handler's own error otherwise. Default
+// failed, idempotency.ErrInProgress when a newer execution owns the key or
+// the run's lease was lost, idempotency.ErrKeyReused when the key's
+// committed answer is another request's, idempotency.ErrUnreadableRecord
+// when that answer cannot be read, and is the handler's own error
+// otherwise. Default
 // idempotency.DefaultErrorHandler, which never shows err's text.
 func WithErrorHandler(fn func(http.ResponseWriter, *http.Request, error)) Option {
 	return func(s *Store) { s.onError = fn }

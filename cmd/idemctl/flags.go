@@ -48,7 +48,9 @@ Flags, before or after the command:
                     timeout (WithExecutionTimeout, 30s by default) ends it, an
                     executor whose lease lapsed in a Redis stall or a pause
                     may still be running, and looks interrupted all the same.
-                    Keep D above the service's execution timeout.
+                    Keep D above twice the service's execution timeout: a
+                    recovering executor may take one asking its outcome
+                    store, and another running the handler.
 
 resolve's flags:
   -force            settle a key younger than -min-age anyway

@@ -133,5 +133,18 @@ func DefaultErrorHandler(w http.ResponseWriter, _ *http.Request, err error) {
 	w.Write(p.body)
 }
 
+// WriteError answers err as the middleware protecting r's route does (its
+// WithErrorHandler, DefaultErrorHandler by default), so that code behind
+// the middleware, such as an outcome store, refuses a request in the same
+// form as the middleware's own refusals. Outside a protected execution it
+// is DefaultErrorHandler.
+func WriteError(w http.ResponseWriter, r *http.Request, err error) {
+	if e, ok := r.Context().Value(executionKey).(*execution); ok && e.onError != nil {
+		e.onError(w, r, err)
+		return
+	}
+	DefaultErrorHandler(w, r, err)
+}
+
 // StatusCode reports the HTTP status DefaultErrorHandler uses for err.
 func StatusCode(err error) int { return problemFor(err).status }

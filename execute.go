@@ -11,6 +11,7 @@ import (
 func (m *Middleware) execute(c *call, l *lease) verdict {
 	ctx, r := m.startRun(c, l)
 	defer r.finish()
+	r.exec.onError = m.cfg.errorHandler
 	rw := newRecorder(c.w, m.cfg.maxResponse, m.cfg.storable)
 	if m.cfg.expiryHeader != "" {
 		exec := r.exec // not r itself: a closure over r would move it to the heap

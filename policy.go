@@ -72,8 +72,10 @@ type execution struct {
 	key   string // Execution.Key
 	fp    fingerprintSum
 	fence uint64
-	codec Codec        // Do's, for a function
-	state atomic.Int32 // running, released or decided
+	codec Codec // Do's, for a function
+	// onError is the middleware's error handler, for a handler (WriteError).
+	onError func(http.ResponseWriter, *http.Request, error)
+	state   atomic.Int32 // running, released or decided
 	// decision is the policy's answer, taken once, when the status went
 	// out (for the expiry header) or when the handler returned.
 	decision *StoreDecision

@@ -57,8 +57,9 @@ func WithTable(name string) Option { return func(s *Store) { s.table = name } }
 // the run's lease was lost, idempotency.ErrKeyReused when the key's
 // committed answer is another request's, idempotency.ErrUnreadableRecord
 // when that answer cannot be read, and is the handler's own error
-// otherwise. Default
-// idempotency.DefaultErrorHandler, which never shows err's text.
+// otherwise. Default idempotency.WriteError: the error handler of the
+// middleware that protects the route (DefaultErrorHandler unless it was
+// given another), which never shows err's text.
 func WithErrorHandler(fn func(http.ResponseWriter, *http.Request, error)) Option {
 	return func(s *Store) { s.onError = fn }
 }
@@ -67,7 +68,7 @@ func WithErrorHandler(fn func(http.ResponseWriter, *http.Request, error)) Option
 // not the database: call CreateTable, or create the table yourself from
 // the DDL CreateTable runs.
 func New(db *sql.DB, dialect Dialect, opts ...Option) (*Store, error) {
-	s := &Store{db: db, dialect: dialect, table: DefaultTable, onError: idempotency.DefaultErrorHandler}
+	s := &Store{db: db, dialect: dialect, table: DefaultTable, onError: idempotency.WriteError}
 	for _, opt := range opts {
 		opt(s)
 	}

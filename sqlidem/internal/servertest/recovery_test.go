@@ -2,6 +2,7 @@ package servertest_test
 
 import (
 	"context"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -227,4 +228,23 @@ func TestLeaseLostBeforeTheTransactionAnswersInProgress(t *testing.T) {
 			t.Fatal("the transfer ran")
 		}
 	})
+}
+
+// sqlidem's refusals take the form of the middleware's own: its
+// WithErrorHandler, by default.
+func TestRefusalsUseTheMiddlewaresErrorHandler(t *testing.T) {
+	d := sqltest.Open(t, sqltest.SQLite)
+	b := newBank(t, d, idempotency.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
+		w.Header().Set("X-Error-Handler", "the application's")
+		w.WriteHeader(idempotency.StatusCode(err))
+	}))
+	b.before = func(_ context.Context, e idempotency.Execution) {
+		if _, _, err := b.store.Recover(context.Background(), e.Key, e.Fence+1); err != nil {
+			t.Error(err)
+		}
+	}
+	r := b.post("k1", 3)
+	if r.status != 409 || r.header.Get("X-Error-Handler") != "the application's" {
+		t.Fatalf("a stale executor's refusal: %+v; want the application's 409", r)
+	}
 }

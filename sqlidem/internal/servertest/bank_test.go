@@ -196,6 +196,21 @@ func (b *bank) abandon(key string) {
 // record names the key's Redis record, which is its Execution.Key.
 func (b *bank) record(key string) string { return b.execution(key).Key }
 
+// loseLease deletes the lock of the run on ctx, whose record is record,
+// and returns once the middleware has cancelled the run for it: as a
+// paused executor wakes to find its lease gone and its context ended.
+func (b *bank) loseLease(ctx context.Context, record string) {
+	lock := strings.TrimSuffix(record, "r") + "l"
+	if err := b.rdb.Del(context.Background(), lock).Err(); err != nil {
+		b.t.Error(err)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		b.t.Error("the run's context outlived its lease by 10 s")
+	}
+}
+
 func (b *bank) redisState(key string) string {
 	st, _ := b.rdb.HGet(b.t.Context(), b.record(key), "st").Result()
 	return st

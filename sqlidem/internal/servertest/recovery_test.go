@@ -156,17 +156,7 @@ func TestNewRefusesBadOptions(t *testing.T) {
 func TestLeaseLostMidTransactionAnswersInProgress(t *testing.T) {
 	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
 		b := newBank(t, d, idempotency.WithLockLease(300*time.Millisecond))
-		b.first = func(ctx context.Context) {
-			lock := strings.TrimSuffix(b.record("k1"), "r") + "l"
-			if err := b.rdb.Del(context.Background(), lock).Err(); err != nil {
-				t.Error(err)
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(10 * time.Second):
-				t.Error("the run's context outlived its lease by 10 s")
-			}
-		}
+		b.first = func(ctx context.Context) { b.loseLease(ctx, b.record("k1")) }
 		r := b.post("k1", 8)
 		if r.status != 409 || r.problem != "in-progress" {
 			t.Fatalf("lease lost mid-transaction: %+v; want 409 in-progress", r)
@@ -209,18 +199,7 @@ func TestUnreadableCommittedAnswer(t *testing.T) {
 func TestLeaseLostBeforeTheTransactionAnswersInProgress(t *testing.T) {
 	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
 		b := newBank(t, d, idempotency.WithLockLease(300*time.Millisecond))
-		b.before = func(ctx context.Context, e idempotency.Execution) {
-			lock := strings.TrimSuffix(e.Key, "r") + "l"
-			if err := b.rdb.Del(context.Background(), lock).Err(); err != nil {
-				t.Error(err)
-			}
-			// As a paused executor wakes to find its context ended.
-			select {
-			case <-ctx.Done():
-			case <-time.After(10 * time.Second):
-				t.Error("the run's context outlived its lease by 10 s")
-			}
-		}
+		b.before = func(ctx context.Context, e idempotency.Execution) { b.loseLease(ctx, e.Key) }
 		if r := b.post("k1", 8); r.status != 409 || r.problem != "in-progress" {
 			t.Fatalf("lease lost before the transaction: %+v; want 409 in-progress", r)
 		}

@@ -5,19 +5,13 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
-	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/go-sql-driver/mysql"
-	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/onceonly/idempotency/internal/sqltest"
 	"github.com/stretchr/testify/require"
-	_ "modernc.org/sqlite"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -29,109 +23,41 @@ type testDB struct {
 	db      *sql.DB
 }
 
-type backend struct {
-	name    string
-	dialect Dialect
-	envVar  string // empty: always available
-	open    func(t *testing.T) *sql.DB
+// backends are internal/sqltest's databases (SQLite always, PostgreSQL and
+// MySQL/MariaDB when they accept their DSN), and MySQL once more, counting
+// matched rather than changed rows: the helpers must read RowsAffected
+// right under both settings.
+var backends = []struct {
+	name      string
+	kind      sqltest.Kind
+	dialect   Dialect
+	foundRows bool
+}{
+	{"sqlite", sqltest.SQLite, SQLite, false},
+	{"postgres", sqltest.PostgreSQL, PostgreSQL, false},
+	{"mysql", sqltest.MySQL, MySQL, false},
+	{"mysql-found-rows", sqltest.MySQL, MySQL, true},
 }
 
-var backends = []backend{
-	{name: "sqlite", dialect: SQLite, open: openSQLite},
-	{name: "postgres", dialect: PostgreSQL, envVar: "POSTGRES_DSN", open: openEnv("pgx", "POSTGRES_DSN")},
-	{name: "mysql", dialect: MySQL, envVar: "MYSQL_DSN", open: openEnv("mysql", "MYSQL_DSN")},
-	// The same server again, counting matched rather than changed rows: the
-	// helpers must read RowsAffected right under both settings.
-	{name: "mysql-found-rows", dialect: MySQL, envVar: "MYSQL_DSN", open: openMySQLFoundRows},
-}
-
-// eachDB runs fn as one subtest per database: SQLite always, PostgreSQL
-// and MySQL/MariaDB when POSTGRES_DSN and MYSQL_DSN name one.
+// eachDB runs fn as one subtest per backend; one whose server does not
+// accept its DSN is skipped with the server's answer.
 func eachDB(t *testing.T, fn func(t *testing.T, d *testDB)) {
 	t.Helper()
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
-			if b.envVar != "" {
-				if why := unusable(b.envVar); why != "" {
-					t.Skip(why)
-				}
+			d := sqltest.Open(t, b.kind)
+			db := d.DB
+			if b.foundRows {
+				db = openFoundRows(t, d.DSN)
 			}
-			fn(t, &testDB{name: b.name, dialect: b.dialect, db: b.open(t)})
+			fn(t, &testDB{name: b.name, dialect: b.dialect, db: db})
 		})
 	}
 }
 
-// openSQLite opens a file database, not an in-memory one: with database/sql
-// every pooled connection to ":memory:" is a database of its own. WAL and a
-// busy timeout let several connections write in turn instead of failing
-// with SQLITE_BUSY, and _txlock=immediate makes a transaction take the
-// write lock at BEGIN, so two transactions never deadlock upgrading theirs.
-func openSQLite(t *testing.T) *sql.DB {
-	path := filepath.Join(t.TempDir(), "test.db")
-	db, err := sql.Open("sqlite", "file:"+path+
-		"?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_txlock=immediate")
-	require.NoError(t, err)
-	db.SetMaxOpenConns(8)
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
-// drivers names the database/sql driver for each DSN variable.
-var drivers = map[string]string{"POSTGRES_DSN": "pgx", "MYSQL_DSN": "mysql"}
-
-var (
-	probeMu sync.Mutex
-	probed  = map[string]string{}
-)
-
-// unusable says why the database envVar names cannot be used, or "" when
-// it can. It decides by connecting, once per variable: a port that is open
-// proves nothing (another program may listen there, or the server may
-// refuse the user, the password or the database), so the note quotes what
-// the server answered.
-func unusable(envVar string) string {
-	probeMu.Lock()
-	defer probeMu.Unlock()
-	if why, ok := probed[envVar]; ok {
-		return why
-	}
-	why := probe(envVar)
-	probed[envVar] = why
-	return why
-}
-
-func probe(envVar string) string {
-	dsn := os.Getenv(envVar)
-	if dsn == "" {
-		return envVar + " is not set; skipping"
-	}
-	db, err := sql.Open(drivers[envVar], dsn)
-	if err == nil {
-		defer db.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		err = db.PingContext(ctx)
-	}
-	if err != nil {
-		// The DSN itself is not logged: it may hold a password.
-		return fmt.Sprintf("%s does not accept a connection (%v); skipping. "+
-			"Point %s at a database its user may create tables in to run these tests.", envVar, err, envVar)
-	}
-	return ""
-}
-
-func openEnv(driver, envVar string) func(t *testing.T) *sql.DB {
-	return func(t *testing.T) *sql.DB {
-		db, err := sql.Open(driver, os.Getenv(envVar))
-		require.NoError(t, err)
-		t.Cleanup(func() { db.Close() })
-		require.NoError(t, db.PingContext(t.Context()), "%s is set but the database does not answer", envVar)
-		return db
-	}
-}
-
-func openMySQLFoundRows(t *testing.T) *sql.DB {
-	cfg, err := mysql.ParseDSN(os.Getenv("MYSQL_DSN"))
+// openFoundRows opens the MySQL database of dsn with CLIENT_FOUND_ROWS.
+func openFoundRows(t *testing.T, dsn string) *sql.DB {
+	cfg, err := mysql.ParseDSN(dsn)
 	require.NoError(t, err)
 	cfg.ClientFoundRows = true
 	db, err := sql.Open("mysql", cfg.FormatDSN())
@@ -192,19 +118,7 @@ func (d *testDB) exec(t *testing.T, query string, args ...any) {
 	require.NoError(t, err)
 }
 
-func (d *testDB) rebind(query string) string {
-	var b strings.Builder
-	n := 0
-	for _, r := range query {
-		if r == '?' {
-			n++
-			b.WriteString(d.dialect.Placeholder(n))
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
+func (d *testDB) rebind(query string) string { return d.dialect.Bind(query) }
 
 // row is what the tests read back from the accounts table.
 type row struct {

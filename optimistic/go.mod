@@ -4,12 +4,13 @@ go 1.26.8
 
 require (
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/jackc/pgx/v5 v5.12.0
 	github.com/onceonly/idempotency v0.0.0-00010101000000-000000000000
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1
 	modernc.org/sqlite v1.61.1
 )
+
+require github.com/jackc/pgx/v5 v5.12.0 // indirect
 
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
@@ -22,6 +23,7 @@ require (
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/ncruces/go-strftime v1.1.0 // indirect
+	github.com/onceonly/idempotency/internal/sqltest v0.0.0-00010101000000-000000000000
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
@@ -34,3 +36,5 @@ require (
 )
 
 replace github.com/onceonly/idempotency => ..
+
+replace github.com/onceonly/idempotency/internal/sqltest => ../internal/sqltest

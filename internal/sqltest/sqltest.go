@@ -139,22 +139,3 @@ func ping(driver, dsn string) error {
 	defer cancel()
 	return db.PingContext(ctx)
 }
-
-// Rebind rewrites a statement written with ? placeholders for d's server.
-func (d *DB) Rebind(query string) string {
-	if d.Kind != PostgreSQL {
-		return query
-	}
-	var b []byte
-	n := 0
-	for i := 0; i < len(query); i++ {
-		if query[i] == '?' {
-			n++
-			b = append(b, '$')
-			b = fmt.Appendf(b, "%d", n)
-			continue
-		}
-		b = append(b, query[i])
-	}
-	return string(b)
-}

@@ -113,7 +113,7 @@ func (b *bank) transfer(tx *sql.Tx, w http.ResponseWriter, r *http.Request) erro
 	if b.first != nil {
 		b.first(ctx)
 	}
-	q := b.db.Rebind("UPDATE " + b.accounts + " SET balance = balance + ? WHERE id = ?")
+	q := dialects[b.db.Kind].Bind("UPDATE " + b.accounts + " SET balance = balance + ? WHERE id = ?")
 	if _, err := tx.ExecContext(ctx, q, -in.Amount, 1); err != nil {
 		return err
 	}

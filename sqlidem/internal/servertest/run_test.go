@@ -54,7 +54,7 @@ func (l *ledger) consume(msg string, amount int64, opts ...idempotency.DoOption)
 		e, _ := idempotency.ExecutionOf(ctx)
 		l.record = e.Key
 		return sqlidem.Run(ctx, l.store, func(ctx context.Context, tx *sql.Tx) (receipt, error) {
-			if _, err := tx.ExecContext(ctx, l.d.Rebind("INSERT INTO "+l.table+" (msg, amount) VALUES (?, ?)"), msg, amount); err != nil {
+			if _, err := tx.ExecContext(ctx, dialects[l.d.Kind].Bind("INSERT INTO "+l.table+" (msg, amount) VALUES (?, ?)"), msg, amount); err != nil {
 				return receipt{}, err
 			}
 			if l.fail != nil {

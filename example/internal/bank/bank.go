@@ -10,8 +10,6 @@ import (
 	"database/sql"
 	"fmt"
 	"net/http"
-	"strconv"
-	"strings"
 
 	"github.com/onceonly/idempotency/example/internal/reply"
 	"github.com/onceonly/idempotency/sqlidem"
@@ -26,6 +24,8 @@ type Bank struct {
 	outcomes *sqlidem.Store
 
 	accounts, transfers string
+	// The transfer's statements, bound for the dialect once, by New.
+	debit, credit, record, balance string
 }
 
 // New returns a Bank on db. It touches no table: Setup creates them. opts
@@ -35,10 +35,15 @@ func New(db *sql.DB, dialect sqlidem.Dialect, prefix string, opts ...sqlidem.Opt
 	if err != nil {
 		return nil, err
 	}
-	return &Bank{
+	b := &Bank{
 		db: db, dialect: dialect, outcomes: outcomes,
 		accounts: prefix + "accounts", transfers: prefix + "transfers",
-	}, nil
+	}
+	b.debit = dialect.Bind("UPDATE " + b.accounts + " SET balance = balance - ? WHERE id = ? AND balance >= ?")
+	b.credit = dialect.Bind("UPDATE " + b.accounts + " SET balance = balance + ? WHERE id = ?")
+	b.record = dialect.Bind("INSERT INTO " + b.transfers + " (id, from_account, to_account, amount, created_ms) VALUES (?, ?, ?, ?, ?)")
+	b.balance = dialect.Bind("SELECT balance FROM " + b.accounts + " WHERE id = ?")
+	return b, nil
 }
 
 // Outcomes is the store the transfers' answers commit in: the middleware
@@ -83,7 +88,7 @@ func (b *Bank) Setup(ctx context.Context, seed map[string]int64) error {
 		open = "INSERT IGNORE INTO " + b.accounts + " (id, balance) VALUES (?, ?)"
 	}
 	for id, balance := range seed {
-		if _, err := b.db.ExecContext(ctx, b.bind(open), id, balance); err != nil {
+		if _, err := b.db.ExecContext(ctx, b.dialect.Bind(open), id, balance); err != nil {
 			return fmt.Errorf("opening account %q: %w", id, err)
 		}
 	}
@@ -122,22 +127,4 @@ func (b *Bank) ListAccounts(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	reply.JSON(w, http.StatusOK, accounts)
-}
-
-// bind rewrites a statement written with ? placeholders for PostgreSQL.
-func (b *Bank) bind(query string) string {
-	if b.dialect != sqlidem.PostgreSQL {
-		return query
-	}
-	var s strings.Builder
-	n := 0
-	for _, c := range query {
-		if c == '?' {
-			n++
-			s.WriteString("$" + strconv.Itoa(n))
-			continue
-		}
-		s.WriteRune(c)
-	}
-	return s.String()
 }

@@ -70,10 +70,10 @@ func (b *Bank) Transfer(tx *sql.Tx, w http.ResponseWriter, r *http.Request) erro
 		var res sql.Result
 		var err error
 		if id == in.From {
-			res, err = tx.ExecContext(ctx, b.bind("UPDATE "+b.accounts+" SET balance = balance - ? WHERE id = ? AND balance >= ?"),
+			res, err = tx.ExecContext(ctx, b.debit,
 				in.Amount, id, in.Amount)
 		} else {
-			res, err = tx.ExecContext(ctx, b.bind("UPDATE "+b.accounts+" SET balance = balance + ? WHERE id = ?"), in.Amount, id)
+			res, err = tx.ExecContext(ctx, b.credit, in.Amount, id)
 		}
 		if err != nil {
 			return err
@@ -86,14 +86,14 @@ func (b *Bank) Transfer(tx *sql.Tx, w http.ResponseWriter, r *http.Request) erro
 	}
 	t := Transfer{ID: newTransferID(), From: in.From, To: in.To, Amount: in.Amount, CreatedAt: time.Now().UTC()}
 	if _, err := tx.ExecContext(ctx,
-		b.bind("INSERT INTO "+b.transfers+" (id, from_account, to_account, amount, created_ms) VALUES (?, ?, ?, ?, ?)"),
+		b.record,
 		t.ID, t.From, t.To, t.Amount, t.CreatedAt.UnixMilli()); err != nil {
 		return err
 	}
 	receipt := Receipt{Transfer: t, Balances: map[string]int64{}}
 	for _, id := range []string{in.From, in.To} {
 		var balance int64
-		if err := tx.QueryRowContext(ctx, b.bind("SELECT balance FROM "+b.accounts+" WHERE id = ?"), id).Scan(&balance); err != nil {
+		if err := tx.QueryRowContext(ctx, b.balance, id).Scan(&balance); err != nil {
 			return err
 		}
 		receipt.Balances[id] = balance
@@ -107,7 +107,7 @@ func (b *Bank) Transfer(tx *sql.Tx, w http.ResponseWriter, r *http.Request) erro
 // short.
 func (b *Bank) refuse(tx *sql.Tx, w http.ResponseWriter, r *http.Request, id string, debited bool) error {
 	var balance int64
-	err := tx.QueryRowContext(r.Context(), b.bind("SELECT balance FROM "+b.accounts+" WHERE id = ?"), id).Scan(&balance)
+	err := tx.QueryRowContext(r.Context(), b.balance, id).Scan(&balance)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		reply.Problem(w, http.StatusUnprocessableEntity, "unknown-account", "there is no account "+quote(id))

@@ -36,7 +36,6 @@ const DefaultTable = "idempotency_outcomes"
 // A Store is safe for concurrent use.
 type Store struct {
 	db      *sql.DB
-	dialect Dialect
 	table   string
 	onError func(http.ResponseWriter, *http.Request, error)
 
@@ -68,7 +67,7 @@ func WithErrorHandler(fn func(http.ResponseWriter, *http.Request, error)) Option
 // not the database: call CreateTable, or create the table yourself from
 // the DDL CreateTable runs.
 func New(db *sql.DB, dialect Dialect, opts ...Option) (*Store, error) {
-	s := &Store{db: db, dialect: dialect, table: DefaultTable, onError: idempotency.WriteError}
+	s := &Store{db: db, table: DefaultTable, onError: idempotency.WriteError}
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -81,7 +80,7 @@ func New(db *sql.DB, dialect Dialect, opts ...Option) (*Store, error) {
 		return nil, fmt.Errorf("sqlidem: invalid table name %q: use letters, digits and underscores, "+
 			"not starting with a digit, and at most one dot for a schema", s.table)
 	}
-	t, d := dialect.Quote(s.table), s.dialect
+	t, d := dialect.Quote(s.table), dialect
 	s.ddl = createTable(d, t)
 	s.selectRow = d.Bind("SELECT state, fingerprint, fence, status, header, body FROM " + t + " WHERE record_key = ?")
 	s.insertDone = d.Bind("INSERT INTO " + t +

@@ -11,9 +11,23 @@ import (
 	_ "modernc.org/sqlite" // registers "sqlite"; pure Go, so no C compiler is needed
 )
 
-// driverScheme is the URL scheme of each -driver's database.
-var driverScheme = map[string]string{"sqlite": "sqlite:", "postgres": "postgres", "postgresql": "postgres",
-	"pgx": "postgres", "mysql": "mysql://", "mariadb": "mysql://"}
+// A driverName is what -driver may say: the database it names, and the
+// URL scheme of that database.
+type driverName struct {
+	db     dburl.Database
+	scheme string
+}
+
+var (
+	sqliteDriver   = driverName{dburl.Database{Driver: dburl.SQLite, Dialect: sqlidem.SQLite}, "sqlite:"}
+	postgresDriver = driverName{dburl.Database{Driver: dburl.Pgx, Dialect: sqlidem.PostgreSQL}, "postgres"}
+	mysqlDriver    = driverName{dburl.Database{Driver: dburl.MySQL, Dialect: sqlidem.MySQL}, "mysql://"}
+
+	driverNames = map[string]driverName{
+		"sqlite": sqliteDriver, "postgres": postgresDriver, "postgresql": postgresDriver, "pgx": postgresDriver,
+		"mysql": mysqlDriver, "mariadb": mysqlDriver,
+	}
+)
 
 // databaseOf reads -db and -driver. Without -driver, the URL names the
 // database as it does for the example service (internal/dburl): -db
@@ -31,21 +45,15 @@ func databaseOf(dsn, driver string) (dburl.Database, error) {
 		}
 		return d, checked(d)
 	}
-	var forced dburl.Database
-	switch driver {
-	case "sqlite":
-		forced = dburl.Database{Driver: dburl.SQLite, Dialect: sqlidem.SQLite}
-	case "postgres", "postgresql", "pgx":
-		forced = dburl.Database{Driver: dburl.Pgx, Dialect: sqlidem.PostgreSQL}
-	case "mysql", "mariadb":
-		forced = dburl.Database{Driver: dburl.MySQL, Dialect: sqlidem.MySQL}
-	default:
+	named, ok := driverNames[driver]
+	if !ok {
 		return dburl.Database{}, usagef("-driver %q: use sqlite, postgres or mysql", driver)
 	}
+	forced := named.db
 	if err == nil && d.Dialect == forced.Dialect {
 		return d, checked(d)
 	}
-	if err != nil && !errors.Is(err, dburl.ErrUnknownScheme) && strings.HasPrefix(dsn, driverScheme[driver]) {
+	if err != nil && !errors.Is(err, dburl.ErrUnknownScheme) && strings.HasPrefix(dsn, named.scheme) {
 		// The URL says the same database, but does not parse: its error,
 		// never the raw string, which a driver would quote back.
 		return dburl.Database{}, usagef("-db: %v", err)

@@ -175,24 +175,23 @@ func runFunction[T any](m *Middleware, c *call, l *lease, cfg *doConfig, fn func
 	r.ran = true
 	r.exec.settle()
 
-	d := StoreDecision{TTL: m.cfg.recordTTL}
-	if r.exec.state.Load() == execReleased {
-		d = StoreDecision{Release: true}
-	}
-	rec := &record{status: statusResult}
-	if out.err != nil {
-		if !cfg.storeErrors {
-			d = StoreDecision{Release: true}
-		}
+	d, rec := StoreDecision{TTL: m.cfg.recordTTL}, (*record)(nil)
+	switch {
+	case r.exec.state.Load() == execReleased, out.err != nil && !cfg.storeErrors:
+		d = StoreDecision{Release: true} // nothing is stored, so nothing is encoded
+	case out.err != nil:
 		rec = &record{status: statusStoredError, body: []byte(out.err.Error())}
-	} else if body, err := cfg.codec.Marshal(out.value); err != nil {
-		// fn ran: giving the key up would let a retry run it again. It is
-		// kept as executed and not replayable, like an answer too large.
-		m.cfg.logger.Error("idempotency: a function's result cannot be encoded; duplicates get ErrNotReplayable",
-			"key", l.k.record, "error", err)
-		rec = nil
-	} else {
-		rec.body = body
+	default:
+		body, err := cfg.codec.Marshal(out.value)
+		if err != nil {
+			// fn ran: giving the key up would let a retry run it again. It
+			// is kept as executed and not replayable, like an answer too
+			// large.
+			m.cfg.logger.Error("idempotency: a function's result cannot be encoded; duplicates get ErrNotReplayable",
+				"key", l.k.record, "error", err)
+			break
+		}
+		rec = &record{status: statusResult, body: body}
 	}
 	if rec != nil && len(rec.body) > m.cfg.maxResponse {
 		rec = nil // kept as executed, not replayable

@@ -5,8 +5,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/google/uuid"
 )
 
 // Transport is an http.RoundTripper for clients of endpoints that this
@@ -144,11 +142,7 @@ func requestKey(h http.Header) (string, error) {
 			return "", nil
 		}
 	}
-	id, err := uuid.NewRandom()
-	if err != nil {
-		return "", err
-	}
-	return id.String(), nil
+	return newToken()
 }
 
 // resendable reports whether req's body can be sent again.

@@ -98,6 +98,13 @@ func (m *Middleware) Interrupted(ctx context.Context) iter.Seq2[KeyState, error]
 		match := globEscape(m.cfg.prefix) + ":{*}:r*"
 		seen := map[string]bool{} // SCAN may return a key twice
 		for _, node := range nodes {
+			// Once per node: each page's pipeline sends EVALSHA, and a
+			// script flushed mid-walk is loaded again by the fallback in
+			// inspectPage.
+			if err := inspectScript.Load(ctx, node).Err(); err != nil {
+				yield(KeyState{}, err)
+				return
+			}
 			for cursor := uint64(0); ; {
 				names, next, err := node.Scan(ctx, cursor, match, scanPage).Result()
 				if err != nil {
@@ -136,9 +143,6 @@ func (m *Middleware) inspectPage(ctx context.Context, node redis.UniversalClient
 	}
 	if len(records) == 0 {
 		return nil, nil
-	}
-	if err := inspectScript.Load(ctx, node).Err(); err != nil {
-		return nil, err
 	}
 	cmds := make([]*redis.Cmd, len(records))
 	// Errors are read per command below.

@@ -40,6 +40,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/example/internal/orderlog"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -88,7 +89,7 @@ func parseOptions(args []string) (options, error) {
 	}
 	fs.DurationVar(&o.ackWait, "ack-wait", ackWait, "consumer AckWait: redelivery after a silent relay [RELAY_ACK_WAIT]")
 	fs.StringVar(&o.redisURL, "redis", os.Getenv("REDIS_URL"), "inprocess: Redis URL of the idempotency records and the order log [REDIS_URL]; empty runs an embedded one")
-	fs.StringVar(&o.effects, "effects", envOr("RELAY_EFFECTS", "relay:orders"), "inprocess: the Redis list each execution is appended to [RELAY_EFFECTS]")
+	fs.StringVar(&o.effects, "effects", envOr("RELAY_EFFECTS", "relay:orders"), "inprocess: the order log's Redis hash, one entry per event ([RELAY_EFFECTS]:reruns counts executions past the first) [RELAY_EFFECTS]")
 	work, err := time.ParseDuration(envOr("RELAY_WORK", "10ms"))
 	if err != nil {
 		return o, fmt.Errorf("RELAY_WORK: %w", err)
@@ -172,7 +173,7 @@ func run() error {
 		// middleware give up, would otherwise dead-letter its message.
 		// The order log's fenced state makes the takeover safe.
 		r.Middleware = idempotency.New(rdb, idempotency.WithRetryAbandoned())
-		orders := &orderLog{rdb: rdb, list: o.effects, work: o.work, instance: "pid-" + strconv.Itoa(os.Getpid()), logger: slog.Default()}
+		orders := &orderProcess{log: orderlog.New(rdb, o.effects, "pid-"+strconv.Itoa(os.Getpid())), work: o.work, logger: slog.Default()}
 		r.Process = orders.process
 		sideEffect = []any{"effects", o.effects}
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/example/internal/orderlog"
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/stretchr/testify/require"
 )
@@ -82,7 +83,7 @@ func TestProcessFailures(t *testing.T) {
 	var mu sync.Mutex
 	runs := map[int64]int{}
 	r := b.startRelay(t, processFunc{mw: s.mw, fn: func(ctx context.Context, key string, msg jetstream.Msg) error {
-		var ev orderEvent
+		var ev orderlog.Event
 		json.Unmarshal(msg.Data(), &ev)
 		mu.Lock()
 		runs[ev.Order]++
@@ -109,8 +110,9 @@ func TestProcessFailures(t *testing.T) {
 	require.Equal(t, map[int64]int{1: 5, 2: 2, -3: 1}, runs)
 	mu.Unlock()
 	effects := s.effects(t)
-	require.Len(t, effects, 1)
-	require.EqualValues(t, 2, effects[0].Order)
+	require.Len(t, effects.entries, 1)
+	require.EqualValues(t, 2, effects.entries[0].Order)
+	require.Zero(t, effects.reruns, "the failed run of order 2 wrote nothing")
 	dead := map[string]*jetstream.RawStreamMsg{}
 	for _, dl := range b.deadLetters(t) {
 		dead[dl.Header.Get("Relay-Sequence")] = dl
@@ -138,4 +140,4 @@ type processFunc struct {
 
 func (p processFunc) attach(r *Relay) { r.Process, r.Middleware = p.fn, p.mw }
 
-func (p processFunc) effects(*testing.T) []orderEffect { return nil }
+func (p processFunc) effects(*testing.T) recorded { return recorded{} }

@@ -1,0 +1,153 @@
+// Package orderlog is the side effect of an order event, as the shop's
+// callbacks and the relay's in-process mode both run it: the event's state,
+// written under the execution's fencing token, and one entry per event in a
+// log that a reader (a person, a test) checks for anything done twice.
+//
+// The entry is written once per key, whatever runs it again. A write whose
+// reply is lost (Redis stalled, a timeout) may have landed, and the
+// execution cannot tell: it fails, its key is released or taken over, and a
+// redelivery runs again. An effect that is not conditional on the message
+// key then happens twice, however well the middleware keeps its own
+// promise. So the entry goes in with HSETNX under the key, and an execution
+// that finds its event recorded already counts as a rerun instead: the
+// count shows every execution past the first, which is what a reader
+// checks against the failures that allowed them.
+package orderlog
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/optimistic"
+	"github.com/redis/go-redis/v9"
+)
+
+// MaxWork caps the extra work an event may ask for (work_ms), so that a
+// demo event cannot hold a handler for long.
+const MaxWork = 10 * time.Second
+
+// Event is what an order callback or message carries.
+type Event struct {
+	Order  int64  `json:"order"`
+	Status string `json:"status"`
+	// WorkMS adds simulated work to this one event (at most MaxWork), to
+	// show what a slow handler does to a broker's redelivery.
+	WorkMS int `json:"work_ms,omitempty"`
+}
+
+// Valid reports whether the event names an order.
+func (ev Event) Valid() bool { return ev.Order > 0 }
+
+// Work is how long handling the event takes on top of base.
+func (ev Event) Work(base time.Duration) time.Duration {
+	return base + min(time.Duration(ev.WorkMS)*time.Millisecond, MaxWork)
+}
+
+// Effect is the entry of one event: the execution that recorded it.
+type Effect struct {
+	Key       string    `json:"key"`
+	Order     int64     `json:"order"`
+	Status    string    `json:"status"`
+	Fence     uint64    `json:"fence"`
+	Instance  string    `json:"instance"`
+	HandledAt time.Time `json:"handled_at"`
+}
+
+// Log is the order log under one name. Its keys are the entries hash
+// (name), the set of reruns, "KEY FENCE" each (name:reruns), and a state
+// hash per event (name:state:DIGEST).
+type Log struct {
+	rdb      redis.UniversalClient
+	name     string
+	instance string // who ran an execution, in its entry
+	hash     optimistic.Hash
+}
+
+// New returns the log called name, written by instance.
+func New(rdb redis.UniversalClient, name, instance string) *Log {
+	return &Log{rdb: rdb, name: name, instance: instance}
+}
+
+// Record is one execution of the event under key, with ctx's fencing
+// token. It writes the event's state, refused with optimistic.ErrStaleFence
+// when another execution took the key over meanwhile, then the event's
+// entry unless the event has one. It returns the entry of this execution.
+func (l *Log) Record(ctx context.Context, key string, ev Event) (Effect, error) {
+	effect := Effect{
+		Key: key, Order: ev.Order, Status: ev.Status, Fence: idempotency.FencingToken(ctx),
+		Instance: l.instance, HandledAt: time.Now().UTC(),
+	}
+	err := l.hash.FencedSet(ctx, l.rdb, l.stateKey(key), effect.Fence, map[string]any{
+		"order": effect.Order, "status": effect.Status, "instance": effect.Instance,
+		"handled_at": effect.HandledAt.Format(time.RFC3339Nano),
+	})
+	if err != nil {
+		return effect, fmt.Errorf("recording order %d: %w", ev.Order, err)
+	}
+	entry, _ := json.Marshal(effect)
+	fresh, err := l.rdb.HSetNX(ctx, l.name, key, entry).Result()
+	if err != nil {
+		return effect, fmt.Errorf("recording order %d: %w", ev.Order, err)
+	}
+	if !fresh {
+		if err := l.countRerun(ctx, key, effect.Fence); err != nil {
+			return effect, fmt.Errorf("recording order %d: %w", ev.Order, err)
+		}
+	}
+	return effect, nil
+}
+
+// countRerun counts an execution that found its event recorded, once
+// however often it writes, unless the entry is its own: go-redis resends a
+// command whose reply was lost, and the resent HSETNX finds the entry that
+// the first one wrote.
+func (l *Log) countRerun(ctx context.Context, key string, fence uint64) error {
+	stored, err := l.rdb.HGet(ctx, l.name, key).Bytes()
+	if err != nil {
+		return err
+	}
+	var first Effect
+	if json.Unmarshal(stored, &first) == nil && first.Fence == fence {
+		return nil
+	}
+	return l.rdb.SAdd(ctx, l.rerunsKey(), key+" "+strconv.FormatUint(fence, 10)).Err()
+}
+
+// Effects returns every event's entry, in the order they were handled.
+func (l *Log) Effects(ctx context.Context) ([]Effect, error) {
+	entries, err := l.rdb.HGetAll(ctx, l.name).Result()
+	if err != nil {
+		return nil, err
+	}
+	effects := make([]Effect, 0, len(entries))
+	for key, e := range entries {
+		var effect Effect
+		if err := json.Unmarshal([]byte(e), &effect); err != nil {
+			return nil, fmt.Errorf("entry of %q: %w", key, err)
+		}
+		effects = append(effects, effect)
+	}
+	sort.Slice(effects, func(i, j int) bool { return effects[i].HandledAt.Before(effects[j].HandledAt) })
+	return effects, nil
+}
+
+// Reruns is how many executions found their event recorded already.
+func (l *Log) Reruns(ctx context.Context) (int64, error) {
+	return l.rdb.SCard(ctx, l.rerunsKey()).Result()
+}
+
+func (l *Log) rerunsKey() string { return l.name + ":reruns" }
+
+// stateKey names the hash that holds an event's state, after a digest of
+// its key (a key is the client's, of any length).
+func (l *Log) stateKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return l.name + ":state:" + hex.EncodeToString(sum[:8])
+}

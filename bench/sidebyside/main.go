@@ -330,12 +330,17 @@ type run struct {
 	wrkResult
 	// The server's own counts over the run: answers, 201s, 201 replays,
 	// handler executions. They include requests wrk cut off at its end.
-	Answers    int64  `json:"server_answers"`
-	Created    int64  `json:"server_201"`
-	Replayed   int64  `json:"server_201_replays"`
-	Executions int64  `json:"server_executions"`
-	OK         bool   `json:"ok"`
-	Problem    string `json:"problem,omitempty"`
+	Answers    int64 `json:"server_answers"`
+	Created    int64 `json:"server_201"`
+	Replayed   int64 `json:"server_201_replays"`
+	Executions int64 `json:"server_executions"`
+	// CPU per request in microseconds, over the measured run: the
+	// server's process, redis-server and wrk; 0 where it could not be read.
+	ServerCPU float64 `json:"server_cpu_us_per_request"`
+	RedisCPU  float64 `json:"redis_cpu_us_per_request"`
+	WrkCPU    float64 `json:"wrk_cpu_us_per_request"`
+	OK        bool    `json:"ok"`
+	Problem   string  `json:"problem,omitempty"`
 }
 
 func throughput(ctx context.Context, cfg config, dir, redisAddr string, rdb *redis.Client, scripts map[string]string, lifetime time.Duration) ([]run, error) {
@@ -360,7 +365,7 @@ func throughput(ctx context.Context, cfg config, dir, redisAddr string, rdb *red
 				return nil, err
 			}
 			for _, workload := range []string{"first", "duplicates"} {
-				r, err := measure(ctx, cfg, k, in, round, workload, scripts[workload])
+				r, err := measure(ctx, cfg, k, in, rdb, round, workload, scripts[workload])
 				if err != nil {
 					return nil, err
 				}
@@ -373,7 +378,7 @@ func throughput(ctx context.Context, cfg config, dir, redisAddr string, rdb *red
 	return runs, nil
 }
 
-func measure(ctx context.Context, cfg config, k kind, in *instance, round int, workload, script string) (run, error) {
+func measure(ctx context.Context, cfg config, k kind, in *instance, rdb *redis.Client, round int, workload, script string) (run, error) {
 	r := run{Round: round, Server: k.Name, Workload: workload}
 	warmArg, arg := fmt.Sprintf("w%d-", round), fmt.Sprintf("m%d-", round)
 	if workload == "duplicates" {
@@ -401,8 +406,13 @@ func measure(ctx context.Context, cfg config, k kind, in *instance, round int, w
 	args := wrkArgs(cfg.threads, cfg.conns, cfg.duration, true, script, in.url(), arg)
 	// The script is the driver's copy of its file in bench/sidebyside.
 	r.Command = "wrk " + strings.Replace(strings.Join(args, " "), filepath.Dir(script), "bench/sidebyside", 1)
+	cpu := startCPUMeter(ctx, in.cmd.Process.Pid, rdb)
 	if r.wrkResult, _, err = runWrk(ctx, args, cfg.duration); err != nil {
 		return r, err
+	}
+	r.ServerCPU, r.RedisCPU = cpu.perRequest(ctx, r.Requests)
+	if r.Requests > 0 {
+		r.WrkCPU = micros(r.CPU) / float64(r.Requests)
 	}
 	settle()
 	s1, err := in.stats()

@@ -59,6 +59,11 @@ type median struct {
 	// VsFiber and VsBare are this server's median over theirs.
 	VsFiber float64 `json:"vs_fiber"`
 	VsBare  float64 `json:"vs_bare"`
+	// CPU per request in microseconds, medians of the rounds: the
+	// server's process, redis-server and wrk.
+	ServerCPU float64 `json:"server_cpu_us_per_request"`
+	RedisCPU  float64 `json:"redis_cpu_us_per_request"`
+	WrkCPU    float64 `json:"wrk_cpu_us_per_request"`
 }
 
 func newReport(ctx context.Context, cfg config, rdb *redis.Client, builds map[string]map[string]string) *report {
@@ -135,13 +140,16 @@ func (rep *report) summarise() {
 	for _, w := range []string{"first", "duplicates"} {
 		for _, k := range kinds {
 			m := &median{Server: k.Name, Workload: w}
+			var server, redis, wrk []float64
 			for _, r := range rep.Runs {
 				if r.Server == k.Name && r.Workload == w {
 					m.Rounds = append(m.Rounds, r.RPS)
 					m.Non2xx = append(m.Non2xx, r.Non2xx)
+					server, redis, wrk = append(server, r.ServerCPU), append(redis, r.RedisCPU), append(wrk, r.WrkCPU)
 				}
 			}
 			m.RPS = medianOf(m.Rounds)
+			m.ServerCPU, m.RedisCPU, m.WrkCPU = medianOf(server), medianOf(redis), medianOf(wrk)
 			byKey[k.Name+"/"+w] = m
 			rep.Medians = append(rep.Medians, *m)
 		}
@@ -231,6 +239,33 @@ func (rep *report) markdown() string {
 		o, f, n := rep.median("ours", w), rep.median("fiber", w), rep.median("bare", w)
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.2f | %.2f |\n", workloadTitles[w],
 			thousands(o.RPS), thousands(f.RPS), thousands(n.RPS), o.VsFiber, o.VsBare)
+	}
+
+	b.WriteString("\nCPU time per request in microseconds, median of the rounds: the server's process (every " +
+		"thread, from /proc), redis-server (INFO cpu) and wrk. The three share the cores, so what a server " +
+		"asks of Redis slows it as much as its own work does:\n\n")
+	b.WriteString("| workload | CPU of | this library | Fiber | net/http alone |\n| --- | --- | ---: | ---: | ---: |\n")
+	for _, w := range []string{"first", "duplicates"} {
+		rows := []struct {
+			what string
+			of   func(median) float64
+		}{
+			{"server process", func(m median) float64 { return m.ServerCPU }},
+			{"Redis", func(m median) float64 { return m.RedisCPU }},
+			{"server and Redis", func(m median) float64 { return m.ServerCPU + m.RedisCPU }},
+			{"wrk", func(m median) float64 { return m.WrkCPU }},
+		}
+		for _, row := range rows {
+			fmt.Fprintf(&b, "| %s | %s |", map[string]string{"first": "first executions", "duplicates": "duplicates"}[w], row.what)
+			for _, k := range kinds {
+				if !k.UsesRedis && row.what == "Redis" {
+					b.WriteString(" — |")
+					continue
+				}
+				fmt.Fprintf(&b, " %.0f |", row.of(rep.median(k.Name, w)))
+			}
+			b.WriteString("\n")
+		}
 	}
 
 	b.WriteString("\nEvery run: req/s, p50 latency, non-2xx answers (wrk's count), and whether every answer was as it " +

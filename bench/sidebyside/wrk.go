@@ -20,6 +20,8 @@ type wrkResult struct {
 	SocketErrors int64   `json:"socket_errors"`
 	P50ms        float64 `json:"p50_ms"`
 	P99ms        float64 `json:"p99_ms"`
+	// CPU is wrk's own user and system time over the run.
+	CPU time.Duration `json:"-"`
 }
 
 var (
@@ -56,6 +58,7 @@ func runWrk(ctx context.Context, args []string, d time.Duration) (wrkResult, str
 	if err != nil {
 		return r, text, fmt.Errorf("wrk %s: %w\n%s", strings.Join(args, " "), err, text)
 	}
+	r.CPU = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	m := reRPS.FindStringSubmatch(text)
 	n := reRequests.FindStringSubmatch(text)
 	if m == nil || n == nil {

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Where a request's time goes, beyond req/s: with the servers, Redis and
+// wrk on the same cores, a server that makes Redis work harder is slower
+// although its own process is not. So each run also reads the CPU time
+// that the server's process, redis-server and wrk spent during it.
+
+// clockTicks is the unit of /proc/PID/stat's times: USER_HZ, which Linux
+// fixes at 100 for user space whatever the kernel's own tick rate.
+const clockTicks = 100
+
+// processCPU is the user and system CPU time of every thread of process
+// pid so far, from /proc; false where there is no /proc.
+func processCPU(pid int) (time.Duration, bool) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	// The command name (field 2) is in parentheses and may hold spaces;
+	// utime and stime are fields 14 and 15, the 12th and 13th after it.
+	text := string(data)
+	end := strings.LastIndexByte(text, ')')
+	if end < 0 {
+		return 0, false
+	}
+	f := strings.Fields(text[end+1:])
+	if len(f) < 13 {
+		return 0, false
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return time.Duration(utime+stime) * time.Second / clockTicks, true
+}
+
+// redisCPU is redis-server's CPU time so far, as it reports it (INFO cpu:
+// used_cpu_user plus used_cpu_sys, every thread of the server).
+func redisCPU(ctx context.Context, rdb *redis.Client) (time.Duration, bool) {
+	info, err := rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, false
+	}
+	var total float64
+	found := 0
+	for _, line := range strings.Split(info, "\r\n") {
+		name, value, ok := strings.Cut(line, ":")
+		if !ok || (name != "used_cpu_user" && name != "used_cpu_sys") {
+			continue
+		}
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			return 0, false
+		}
+		total += v
+		found++
+	}
+	if found != 2 {
+		return 0, false
+	}
+	return time.Duration(total * float64(time.Second)), true
+}
+
+// cpuMeter reads the CPU time of a run's server and Redis before and after
+// it.
+type cpuMeter struct {
+	pid               int
+	rdb               *redis.Client
+	server, redis     time.Duration
+	serverOK, redisOK bool
+}
+
+func startCPUMeter(ctx context.Context, pid int, rdb *redis.Client) *cpuMeter {
+	m := &cpuMeter{pid: pid, rdb: rdb}
+	m.server, m.serverOK = processCPU(pid)
+	m.redis, m.redisOK = redisCPU(ctx, rdb)
+	return m
+}
+
+// perRequest is the microseconds of CPU per request that the server and
+// Redis spent since the meter started; 0 for what could not be read.
+func (m *cpuMeter) perRequest(ctx context.Context, requests int64) (server, redis float64) {
+	if requests <= 0 {
+		return 0, 0
+	}
+	if s, ok := processCPU(m.pid); ok && m.serverOK {
+		server = micros(s-m.server) / float64(requests)
+	}
+	if r, ok := redisCPU(ctx, m.rdb); ok && m.redisOK {
+		redis = micros(r-m.redis) / float64(requests)
+	}
+	return server, redis
+}
+
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }

@@ -72,19 +72,21 @@ func redisCPU(ctx context.Context, rdb *redis.Client) (time.Duration, bool) {
 	return time.Duration(total * float64(time.Second)), true
 }
 
-// cpuMeter reads the CPU time of a run's server and Redis before and after
-// it.
+// cpuMeter reads the CPU time of a run's server and Redis, and Redis's
+// time in commands, before and after it.
 type cpuMeter struct {
 	pid               int
 	rdb               *redis.Client
 	server, redis     time.Duration
 	serverOK, redisOK bool
+	commands          map[string]commandStat
 }
 
 func startCPUMeter(ctx context.Context, pid int, rdb *redis.Client) *cpuMeter {
 	m := &cpuMeter{pid: pid, rdb: rdb}
 	m.server, m.serverOK = processCPU(pid)
 	m.redis, m.redisOK = redisCPU(ctx, rdb)
+	m.commands, _ = commandStats(ctx, rdb)
 	return m
 }
 
@@ -104,3 +106,12 @@ func (m *cpuMeter) perRequest(ctx context.Context, requests int64) (server, redi
 }
 
 func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// commandTime is commandTime since the meter started.
+func (m *cpuMeter) commandTime(ctx context.Context, requests int64) (scripts, commands float64) {
+	after, err := commandStats(ctx, m.rdb)
+	if err != nil || m.commands == nil {
+		return 0, 0
+	}
+	return commandTime(m.commands, after, requests)
+}

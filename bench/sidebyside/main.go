@@ -339,8 +339,13 @@ type run struct {
 	ServerCPU float64 `json:"server_cpu_us_per_request"`
 	RedisCPU  float64 `json:"redis_cpu_us_per_request"`
 	WrkCPU    float64 `json:"wrk_cpu_us_per_request"`
-	OK        bool    `json:"ok"`
-	Problem   string  `json:"problem,omitempty"`
+	// Redis's time in commands per request, in microseconds (INFO
+	// commandstats): in scripts, their own commands included, and in every
+	// other command.
+	ScriptTime  float64 `json:"redis_script_us_per_request"`
+	CommandTime float64 `json:"redis_command_us_per_request"`
+	OK          bool    `json:"ok"`
+	Problem     string  `json:"problem,omitempty"`
 }
 
 func throughput(ctx context.Context, cfg config, dir, redisAddr string, rdb *redis.Client, scripts map[string]string, lifetime time.Duration) ([]run, error) {
@@ -411,6 +416,7 @@ func measure(ctx context.Context, cfg config, k kind, in *instance, rdb *redis.C
 		return r, err
 	}
 	r.ServerCPU, r.RedisCPU = cpu.perRequest(ctx, r.Requests)
+	r.ScriptTime, r.CommandTime = cpu.commandTime(ctx, r.Requests)
 	if r.Requests > 0 {
 		r.WrkCPU = micros(r.CPU) / float64(r.Requests)
 	}

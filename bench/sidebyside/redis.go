@@ -19,24 +19,65 @@ import (
 // commandCalls reads INFO commandstats: calls per command, those a script
 // runs inside Redis included (they appear under their own names).
 func commandCalls(ctx context.Context, rdb *redis.Client) (map[string]int64, error) {
+	stats, err := commandStats(ctx, rdb)
+	calls := map[string]int64{}
+	for name, st := range stats {
+		calls[name] = st.calls
+	}
+	return calls, err
+}
+
+// commandStat is one line of INFO commandstats: calls, and microseconds
+// spent in them (a script's own commands included in its time).
+type commandStat struct{ calls, usec int64 }
+
+func commandStats(ctx context.Context, rdb *redis.Client) (map[string]commandStat, error) {
 	text, err := rdb.Info(ctx, "commandstats").Result()
 	if err != nil {
 		return nil, err
 	}
-	calls := map[string]int64{}
+	stats := map[string]commandStat{}
 	for line := range strings.SplitSeq(text, "\n") {
 		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
 		if !ok || !strings.HasPrefix(name, "cmdstat_") {
 			continue
 		}
+		var st commandStat
 		for field := range strings.SplitSeq(rest, ",") {
 			if v, ok := strings.CutPrefix(field, "calls="); ok {
-				n, _ := strconv.ParseInt(v, 10, 64)
-				calls[strings.TrimPrefix(name, "cmdstat_")] = n
+				st.calls, _ = strconv.ParseInt(v, 10, 64)
+			}
+			if v, ok := strings.CutPrefix(field, "usec="); ok {
+				st.usec, _ = strconv.ParseInt(v, 10, 64)
 			}
 		}
+		stats[strings.TrimPrefix(name, "cmdstat_")] = st
 	}
-	return calls, nil
+	return stats, nil
+}
+
+// commandTime is the microseconds per request that Redis spent running
+// commands between two readings of commandStats: in scripts (EVAL,
+// EVALSHA, FCALL: the commands they run included), and in every other
+// command, whether a script or the client sent it.
+func commandTime(before, after map[string]commandStat, requests int64) (scripts, commands float64) {
+	if requests <= 0 {
+		return 0, 0
+	}
+	var script, other int64
+	for name, st := range after {
+		if notServed(name) {
+			continue
+		}
+		d := st.usec - before[name].usec
+		switch name {
+		case "evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro":
+			script += d
+		default:
+			other += d
+		}
+	}
+	return float64(script) / float64(requests), float64(other) / float64(requests)
 }
 
 // notServed are commands that are not part of serving a request: the

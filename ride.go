@@ -67,7 +67,7 @@ func (s ridingScripter) ride(ctx context.Context, rider *claimRider, lockScript 
 	lock := lockScript(pipe)
 	rider.reply = pipe.EvalSha(ctx, claimScript.Hash(), rider.keys, rider.args...)
 	pipe.Exec(ctx) // each command carries its own reply or error
-	if redis.HasErrorPrefix(lock.Err(), "NOSCRIPT") {
+	if isNoScript(lock.Err()) {
 		// The server lacked the lock script, so the claim ran without the
 		// lock and its reply means nothing. redislock sends the script
 		// itself next (Eval): the claim rides again with it.
@@ -99,7 +99,7 @@ func (s *store) obtainClaiming(ctx context.Context, k keys, fingerprint string) 
 	if rider.reply == nil {
 		return lock, nil, err
 	}
-	if redis.HasErrorPrefix(rider.reply.Err(), "NOSCRIPT") {
+	if isNoScript(rider.reply.Err()) {
 		// The server lost its scripts (a restart, SCRIPT FLUSH). The claim
 		// never ran; load it for next time, and claim alone now if the lock
 		// is ours.

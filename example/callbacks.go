@@ -129,6 +129,10 @@ func (cb *callbacks) handle(decode eventDecoder) http.HandlerFunc {
 // the count of reruns in RerunsHeader.
 func (cb *callbacks) list(w http.ResponseWriter, r *http.Request) {
 	effects, err := cb.log.Effects(r.Context())
+	if errors.Is(err, orderlog.ErrCorruptEntry) {
+		reply.Problem(w, http.StatusInternalServerError, "internal", "a callback entry is corrupt")
+		return
+	}
 	if err != nil {
 		reply.Problem(w, http.StatusServiceUnavailable, "store-unavailable", "the callbacks could not be read")
 		return

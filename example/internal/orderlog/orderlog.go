@@ -19,6 +19,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -28,6 +29,9 @@ import (
 	"github.com/onceonly/idempotency/optimistic"
 	"github.com/redis/go-redis/v9"
 )
+
+// ErrCorruptEntry is an entry of the log that does not decode.
+var ErrCorruptEntry = errors.New("orderlog: corrupt entry")
 
 // MaxWork caps the extra work an event may ask for (work_ms), so that a
 // demo event cannot hold a handler for long.
@@ -130,7 +134,7 @@ func (l *Log) Effects(ctx context.Context) ([]Effect, error) {
 	for key, e := range entries {
 		var effect Effect
 		if err := json.Unmarshal([]byte(e), &effect); err != nil {
-			return nil, fmt.Errorf("entry of %q: %w", key, err)
+			return nil, fmt.Errorf("%w: entry of %q: %v", ErrCorruptEntry, key, err)
 		}
 		effects = append(effects, effect)
 	}

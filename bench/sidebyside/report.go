@@ -248,9 +248,9 @@ func (rep *report) markdown() string {
 
 	b.WriteString("\nCPU time per request in microseconds, median of the rounds: the server's process (every " +
 		"thread, from /proc), redis-server (INFO cpu) and wrk. The three share the cores, so what a server " +
-		"asks of Redis slows it as much as its own work does. Of Redis's time, INFO commandstats says how much " +
-		"went to running scripts (the commands they run included) and to commands (a script's or the " +
-		"client's); the rest is Redis reading requests and writing replies:\n\n")
+		"asks of Redis slows it as much as its own work does. INFO commandstats adds how long Redis took to run " +
+		"scripts (the commands they run included) and commands (a script's or the client's), by its own clock: " +
+		"on a busy machine that includes time Redis waited for a core, so it can exceed its CPU time:\n\n")
 	b.WriteString("| workload | CPU of | this library | Fiber | net/http alone |\n| --- | --- | ---: | ---: | ---: |\n")
 	for _, w := range []string{"first", "duplicates"} {
 		rows := []struct {

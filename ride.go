@@ -111,6 +111,12 @@ func (s *store) obtainClaiming(ctx context.Context, k keys, fingerprint string) 
 	return lock, r, err
 }
 
+// isNoScript reports whether err is Redis's NOSCRIPT. It asks go-redis
+// only about an error: HasErrorPrefix allocates even for nil.
+func isNoScript(err error) bool {
+	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
+}
+
 // lockToken is a lock value as redislock makes its own: 16 random bytes,
 // base64url. We make it so that the claim can name it before the lock is
 // known to be ours.

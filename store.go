@@ -77,7 +77,7 @@ type claim struct {
 // issue adds token to the scope's token set. An error means the token may
 // or may not have been stored; the caller must not hand it out.
 func (s *store) issue(ctx context.Context, scope, token string) error {
-	return runScript(ctx, s.client, issueScript, []string{tokenSetKey(s.cfg.prefix, scope)},
+	return issueScript.Run(ctx, s.client, []string{tokenSetKey(s.cfg.prefix, scope)},
 		token, s.tokenTTL, s.tokenCap).Err()
 }
 
@@ -96,7 +96,7 @@ func (s *store) claim(ctx context.Context, k keys, lockValue, fingerprint string
 // claimOn runs the claim through via: a dedicated connection when the claim
 // must be followed by WAIT on the same connection.
 func (s *store) claimOn(ctx context.Context, via redis.Scripter, k keys, lockValue, fingerprint string) (claim, error) {
-	return s.claimReply(k, runScript(ctx, via, claimScript, k.redisKeys(), s.claimArgs(k, lockValue, fingerprint)...))
+	return s.claimReply(k, claimScript.Run(ctx, via, k.redisKeys(), s.claimArgs(k, lockValue, fingerprint)...))
 }
 
 // claimArgs are claim.lua's ARGV.
@@ -180,7 +180,7 @@ func (s *store) complete(ctx context.Context, k keys, lockValue string, fp finge
 	if rec != nil {
 		state, status, head, body = "done", strconv.Itoa(rec.status), encodeHeader(rec.header), rec.body
 	}
-	stored, err := runScript(ctx, s.client, completeScript, []string{k.record, k.lock, k.waiters()},
+	stored, err := completeScript.Run(ctx, s.client, []string{k.record, k.lock, k.waiters()},
 		lockValue, state, status, head, body, ttl.Milliseconds(), string(fp[:]), strconv.FormatUint(fence, 10)).Int()
 	switch {
 	case err != nil:
@@ -211,24 +211,7 @@ func (s *store) release(ctx context.Context, k keys, lockValue string) error {
 	if k.tokens != "" {
 		names = append(names, k.tokens)
 	}
-	return runScript(ctx, s.client, releaseScript, names, lockValue, k.token, s.tokenCap).Err()
-}
-
-// runScript runs script by its hash, and by its source when the server
-// lacks it (NOSCRIPT), as script.Run does, but asks whether the reply is a
-// NOSCRIPT only when it is an error (isNoScript).
-func runScript(ctx context.Context, via redis.Scripter, script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	cmd := script.EvalSha(ctx, via, keys, args...)
-	if isNoScript(cmd.Err()) {
-		return script.Eval(ctx, via, keys, args...)
-	}
-	return cmd
-}
-
-// isNoScript reports whether err is Redis's NOSCRIPT. It asks go-redis
-// only about an error: its check allocates even for nil.
-func isNoScript(err error) bool {
-	return err != nil && redis.HasErrorPrefix(err, "NOSCRIPT")
+	return releaseScript.Run(ctx, s.client, names, lockValue, k.token, s.tokenCap).Err()
 }
 
 // stepContext bounds one Redis step. It outlives the request's own context:

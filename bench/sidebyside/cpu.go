@@ -72,43 +72,44 @@ func redisCPU(ctx context.Context, rdb *redis.Client) (time.Duration, bool) {
 	return time.Duration(total * float64(time.Second)), true
 }
 
-// cpuMeter reads the CPU time of a run's server and Redis, and Redis's
-// time in commands, before and after it.
-type cpuMeter struct {
-	pid               int
-	rdb               *redis.Client
-	server, redis     time.Duration
-	serverOK, redisOK bool
-	commands          map[string]commandStat
+// A runMeter reads, before and after a run, the CPU time of its server
+// and of Redis, and Redis's command statistics.
+type runMeter struct {
+	pid                 int
+	rdb                 *redis.Client
+	server, inRedis     time.Duration
+	serverOK, inRedisOK bool
+	commands            map[string]commandStat
 }
 
-func startCPUMeter(ctx context.Context, pid int, rdb *redis.Client) *cpuMeter {
-	m := &cpuMeter{pid: pid, rdb: rdb}
+func startRunMeter(ctx context.Context, pid int, rdb *redis.Client) *runMeter {
+	m := &runMeter{pid: pid, rdb: rdb}
 	m.server, m.serverOK = processCPU(pid)
-	m.redis, m.redisOK = redisCPU(ctx, rdb)
+	m.inRedis, m.inRedisOK = redisCPU(ctx, rdb)
 	m.commands, _ = commandStats(ctx, rdb)
 	return m
 }
 
-// perRequest is the microseconds of CPU per request that the server and
+// cpuPerRequest is the microseconds of CPU per request that the server and
 // Redis spent since the meter started; 0 for what could not be read.
-func (m *cpuMeter) perRequest(ctx context.Context, requests int64) (server, redis float64) {
+func (m *runMeter) cpuPerRequest(ctx context.Context, requests int64) (server, inRedis float64) {
 	if requests <= 0 {
 		return 0, 0
 	}
 	if s, ok := processCPU(m.pid); ok && m.serverOK {
 		server = micros(s-m.server) / float64(requests)
 	}
-	if r, ok := redisCPU(ctx, m.rdb); ok && m.redisOK {
-		redis = micros(r-m.redis) / float64(requests)
+	if r, ok := redisCPU(ctx, m.rdb); ok && m.inRedisOK {
+		inRedis = micros(r-m.inRedis) / float64(requests)
 	}
-	return server, redis
+	return server, inRedis
 }
 
 func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
-// commandTime is commandTime since the meter started.
-func (m *cpuMeter) commandTime(ctx context.Context, requests int64) (scripts, commands float64) {
+// commandTime is Redis's time per request in scripts and in commands since
+// the meter started (see the function commandTime).
+func (m *runMeter) commandTime(ctx context.Context, requests int64) (scripts, commands float64) {
 	after, err := commandStats(ctx, m.rdb)
 	if err != nil || m.commands == nil {
 		return 0, 0

@@ -411,12 +411,12 @@ func measure(ctx context.Context, cfg config, k kind, in *instance, rdb *redis.C
 	args := wrkArgs(cfg.threads, cfg.conns, cfg.duration, true, script, in.url(), arg)
 	// The script is the driver's copy of its file in bench/sidebyside.
 	r.Command = "wrk " + strings.Replace(strings.Join(args, " "), filepath.Dir(script), "bench/sidebyside", 1)
-	cpu := startCPUMeter(ctx, in.cmd.Process.Pid, rdb)
+	meter := startRunMeter(ctx, in.cmd.Process.Pid, rdb)
 	if r.wrkResult, _, err = runWrk(ctx, args, cfg.duration); err != nil {
 		return r, err
 	}
-	r.ServerCPU, r.RedisCPU = cpu.perRequest(ctx, r.Requests)
-	r.ScriptTime, r.CommandTime = cpu.commandTime(ctx, r.Requests)
+	r.ServerCPU, r.RedisCPU = meter.cpuPerRequest(ctx, r.Requests)
+	r.ScriptTime, r.CommandTime = meter.commandTime(ctx, r.Requests)
 	if r.Requests > 0 {
 		r.WrkCPU = micros(r.CPU) / float64(r.Requests)
 	}

@@ -143,17 +143,17 @@ func (rep *report) summarise() {
 	for _, w := range []string{"first", "duplicates"} {
 		for _, k := range kinds {
 			m := &median{Server: k.Name, Workload: w}
-			var server, redis, wrk, scripts, commands []float64
+			var server, inRedis, wrk, scripts, commands []float64
 			for _, r := range rep.Runs {
 				if r.Server == k.Name && r.Workload == w {
 					m.Rounds = append(m.Rounds, r.RPS)
 					m.Non2xx = append(m.Non2xx, r.Non2xx)
-					server, redis, wrk = append(server, r.ServerCPU), append(redis, r.RedisCPU), append(wrk, r.WrkCPU)
+					server, inRedis, wrk = append(server, r.ServerCPU), append(inRedis, r.RedisCPU), append(wrk, r.WrkCPU)
 					scripts, commands = append(scripts, r.ScriptTime), append(commands, r.CommandTime)
 				}
 			}
 			m.RPS = medianOf(m.Rounds)
-			m.ServerCPU, m.RedisCPU, m.WrkCPU = medianOf(server), medianOf(redis), medianOf(wrk)
+			m.ServerCPU, m.RedisCPU, m.WrkCPU = medianOf(server), medianOf(inRedis), medianOf(wrk)
 			m.ScriptTime, m.CommandTime = medianOf(scripts), medianOf(commands)
 			byKey[k.Name+"/"+w] = m
 			rep.Medians = append(rep.Medians, *m)
@@ -209,6 +209,8 @@ func (rep *report) failures() []string {
 	return bad
 }
 
+var shortWorkloadTitles = map[string]string{"first": "first executions", "duplicates": "duplicates"}
+
 var workloadTitles = map[string]string{
 	"first":      "first executions (a new key per request)",
 	"duplicates": "duplicates (16 connections repeating one key)",
@@ -248,34 +250,21 @@ func (rep *report) markdown() string {
 
 	b.WriteString("\nCPU time per request in microseconds, median of the rounds: the server's process (every " +
 		"thread, from /proc), redis-server (INFO cpu) and wrk. The three share the cores, so what a server " +
-		"asks of Redis slows it as much as its own work does. INFO commandstats adds how long Redis took to run " +
-		"scripts (the commands they run included) and commands (a script's or the client's), by its own clock: " +
-		"on a busy machine that includes time Redis waited for a core, so it can exceed its CPU time:\n\n")
-	b.WriteString("| workload | CPU of | this library | Fiber | net/http alone |\n| --- | --- | ---: | ---: | ---: |\n")
-	for _, w := range []string{"first", "duplicates"} {
-		rows := []struct {
-			what string
-			of   func(median) float64
-		}{
-			{"server process", func(m median) float64 { return m.ServerCPU }},
-			{"Redis", func(m median) float64 { return m.RedisCPU }},
-			{"Redis: in scripts", func(m median) float64 { return m.ScriptTime }},
-			{"Redis: in commands", func(m median) float64 { return m.CommandTime }},
-			{"server and Redis", func(m median) float64 { return m.ServerCPU + m.RedisCPU }},
-			{"wrk", func(m median) float64 { return m.WrkCPU }},
-		}
-		for _, row := range rows {
-			fmt.Fprintf(&b, "| %s | %s |", map[string]string{"first": "first executions", "duplicates": "duplicates"}[w], row.what)
-			for _, k := range kinds {
-				if !k.UsesRedis && strings.HasPrefix(row.what, "Redis") {
-					b.WriteString(" — |")
-					continue
-				}
-				fmt.Fprintf(&b, " %.0f |", row.of(rep.median(k.Name, w)))
-			}
-			b.WriteString("\n")
-		}
-	}
+		"asks of Redis slows it as much as its own work does:\n\n")
+	rep.perRequestTable(&b, []perRequestRow{
+		{"server process", func(m median) float64 { return m.ServerCPU }, false},
+		{"Redis", func(m median) float64 { return m.RedisCPU }, true},
+		{"server and Redis", func(m median) float64 { return m.ServerCPU + m.RedisCPU }, false},
+		{"wrk", func(m median) float64 { return m.WrkCPU }, false},
+	})
+	b.WriteString("\nRedis's time per request in microseconds by its own clock (INFO commandstats), median of the " +
+		"rounds: in scripts, the commands they run included, and in commands, whether a script or the client " +
+		"sent them (so the two overlap). A busy machine's waits for a core are in it too, so it can exceed " +
+		"Redis's CPU time above:\n\n")
+	rep.perRequestTable(&b, []perRequestRow{
+		{"in scripts", func(m median) float64 { return m.ScriptTime }, true},
+		{"in commands", func(m median) float64 { return m.CommandTime }, true},
+	})
 
 	b.WriteString("\nEvery run: req/s, p50 latency, non-2xx answers (wrk's count), and whether every answer was as it " +
 		"should be (the server's own count: 201s for first executions; for duplicates behind a middleware, " +
@@ -341,6 +330,32 @@ func (rep *report) markdown() string {
 		"memory of one process: two instances do not exclude each other. This library's lock is in Redis, " +
 		"shared by every instance. Regenerate with `./scripts/bench.sh`; the JSON is bench/sidebyside.json.\n")
 	return b.String()
+}
+
+// A perRequestRow is one row of a per-request table: what it shows, read
+// from a median, and whether it is about Redis (none for net/http alone).
+type perRequestRow struct {
+	what  string
+	of    func(median) float64
+	redis bool
+}
+
+// perRequestTable writes rows for each workload, a column per server.
+func (rep *report) perRequestTable(b *strings.Builder, rows []perRequestRow) {
+	b.WriteString("| workload | of | this library | Fiber | net/http alone |\n| --- | --- | ---: | ---: | ---: |\n")
+	for _, w := range []string{"first", "duplicates"} {
+		for _, row := range rows {
+			fmt.Fprintf(b, "| %s | %s |", shortWorkloadTitles[w], row.what)
+			for _, k := range kinds {
+				if row.redis && !k.UsesRedis {
+					b.WriteString(" — |")
+					continue
+				}
+				fmt.Fprintf(b, " %.0f |", row.of(rep.median(k.Name, w)))
+			}
+			b.WriteString("\n")
+		}
+	}
 }
 
 func (rep *report) count(server, c string) (redisCount, bool) {

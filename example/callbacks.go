@@ -36,7 +36,7 @@ import (
 // the execution that took it over.
 
 // callbacksLog names the order log of the callbacks.
-const callbacksLog = "shop:callbacks:orders"
+const callbacksLog = "shop:callbacks:log"
 
 // RerunsHeader carries, on GET /callbacks/orders, how many executions
 // found their event recorded already.
@@ -78,21 +78,18 @@ func relayedEvent(r *http.Request) (string, orderlog.Event, error) {
 }
 
 // cloudEvent reads a CloudEvent: in structured mode the order is the
-// event's data, in binary mode the whole body. An event is identified by
-// its id within its source, so the key joins the two: another sender's id
-// is another event.
+// event's data, in binary mode the whole body.
 func cloudEvent(r *http.Request) (string, orderlog.Event, error) {
 	var envelope struct {
-		ID     string         `json:"id"`
-		Source string         `json:"source"`
-		Data   orderlog.Event `json:"data"`
+		ID   string         `json:"id"`
+		Data orderlog.Event `json:"data"`
 	}
 	if mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mediaType == "application/cloudevents+json" {
 		err := json.NewDecoder(r.Body).Decode(&envelope)
-		return envelope.Source + " " + envelope.ID, envelope.Data, err
+		return envelope.ID, envelope.Data, err
 	}
 	err := json.NewDecoder(r.Body).Decode(&envelope.Data)
-	return r.Header.Get("Ce-Source") + " " + r.Header.Get("Ce-Id"), envelope.Data, err
+	return r.Header.Get("Ce-Id"), envelope.Data, err
 }
 
 func (cb *callbacks) handle(decode eventDecoder) http.HandlerFunc {
@@ -106,7 +103,7 @@ func (cb *callbacks) handle(decode eventDecoder) http.HandlerFunc {
 		if err := sleep(r.Context(), ev.Work(cb.latency)); err != nil {
 			return
 		}
-		effect, err := cb.log.Record(r.Context(), key, ev)
+		entry, _, err := cb.log.Record(r.Context(), key, ev)
 		if errors.Is(err, optimistic.ErrStaleFence) {
 			// Another execution took this key over while we were stalled.
 			// Its answer is the one stored: a retry gets it replayed.
@@ -121,7 +118,7 @@ func (cb *callbacks) handle(decode eventDecoder) http.HandlerFunc {
 			reply.Problem(w, http.StatusInternalServerError, "internal", "the callback could not be recorded")
 			return
 		}
-		reply.JSON(w, http.StatusOK, effect)
+		reply.JSON(w, http.StatusOK, entry)
 	}
 }
 

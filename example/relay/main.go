@@ -13,7 +13,7 @@
 // logging one line per execution:
 //
 //	go run ./example/relay -mode inprocess -publish 20
-//	redis-cli hgetall relay:orders          # with REDIS_URL set: one entry per event
+//	redis-cli hgetall relay:orders:log      # with REDIS_URL set: one entry per event
 //
 // With no NATS_URL it runs an embedded JetStream server (data kept in a
 // temporary directory until it exits) and says so; in-process with no
@@ -89,7 +89,7 @@ func parseOptions(args []string) (options, error) {
 	}
 	fs.DurationVar(&o.ackWait, "ack-wait", ackWait, "consumer AckWait: redelivery after a silent relay [RELAY_ACK_WAIT]")
 	fs.StringVar(&o.redisURL, "redis", os.Getenv("REDIS_URL"), "inprocess: Redis URL of the idempotency records and the order log [REDIS_URL]; empty runs an embedded one")
-	fs.StringVar(&o.effects, "effects", envOr("RELAY_EFFECTS", "relay:orders"), "inprocess: the order log's Redis hash, one entry per event ([RELAY_EFFECTS]:reruns holds the executions past the first) [RELAY_EFFECTS]")
+	fs.StringVar(&o.effects, "effects", envOr("RELAY_EFFECTS", "relay:orders:log"), "inprocess: the order log's Redis hash, one entry per event ([RELAY_EFFECTS]:reruns holds the executions past the first) [RELAY_EFFECTS]")
 	work, err := time.ParseDuration(envOr("RELAY_WORK", "10ms"))
 	if err != nil {
 		return o, fmt.Errorf("RELAY_WORK: %w", err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/example/internal/orderlog"
 )
 
@@ -38,12 +39,13 @@ func (o *orderProcess) process(ctx context.Context, key string, msg jetstream.Ms
 	}
 	// ErrStaleFence: another execution took the key over while this one
 	// stalled, and its outcome is the one stored; a retry replays it.
-	effect, err := o.log.Record(ctx, key, ev)
+	entry, rerun, err := o.log.Record(ctx, key, ev)
 	if err != nil {
 		return err
 	}
 	if o.logger != nil {
-		o.logger.Info("relay: order processed", "key", key, "order", ev.Order, "status", ev.Status, "fence", effect.Fence)
+		o.logger.Info("relay: order processed", "key", key, "order", ev.Order, "status", ev.Status,
+			"fence", idempotency.FencingToken(ctx), "rerun", rerun, "recorded_by_fence", entry.Fence)
 	}
 	return nil
 }

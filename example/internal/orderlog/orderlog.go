@@ -65,8 +65,10 @@ type Effect struct {
 }
 
 // Log is the order log under one name. Its keys are the entries hash
-// (name), the set of reruns, "KEY FENCE" each (name:reruns), and a state
-// hash per event (name:state:DIGEST).
+// (name), the set of reruns (name:reruns, "EVENT FENCE" each) and a state
+// hash per event (name:state:DIGEST). An event is named by its execution's
+// record key (idempotency.Execution.Key): the key a client sent, within
+// its scope, so two clients' equal keys are two events.
 type Log struct {
 	rdb      redis.UniversalClient
 	name     string
@@ -79,49 +81,59 @@ func New(rdb redis.UniversalClient, name, instance string) *Log {
 	return &Log{rdb: rdb, name: name, instance: instance}
 }
 
-// Record is one execution of the event under key, with ctx's fencing
-// token. It writes the event's state, refused with optimistic.ErrStaleFence
-// when another execution took the key over meanwhile, then the event's
-// entry unless the event has one. It returns the entry of this execution.
-func (l *Log) Record(ctx context.Context, key string, ev Event) (Effect, error) {
-	effect := Effect{
+// Record is one execution of the event that arrived under key, run in the
+// protected execution of ctx. It writes the event's state under the
+// execution's fencing token, refused with optimistic.ErrStaleFence when
+// another execution took the key over meanwhile, then the event's entry
+// unless it has one. It returns the event's entry, and rerun true when an
+// earlier execution had written it.
+func (l *Log) Record(ctx context.Context, key string, ev Event) (entry Effect, rerun bool, err error) {
+	event := key
+	if e, ok := idempotency.ExecutionOf(ctx); ok {
+		event = e.Key
+	}
+	mine := Effect{
 		Key: key, Order: ev.Order, Status: ev.Status, Fence: idempotency.FencingToken(ctx),
 		Instance: l.instance, HandledAt: time.Now().UTC(),
 	}
-	err := l.hash.FencedSet(ctx, l.rdb, l.stateKey(key), effect.Fence, map[string]any{
-		"order": effect.Order, "status": effect.Status, "instance": effect.Instance,
-		"handled_at": effect.HandledAt.Format(time.RFC3339Nano),
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("recording order %d: %w", ev.Order, err)
+		}
+	}()
+	err = l.hash.FencedSet(ctx, l.rdb, l.stateKey(event), mine.Fence, map[string]any{
+		"order": mine.Order, "status": mine.Status, "instance": mine.Instance,
+		"handled_at": mine.HandledAt.Format(time.RFC3339Nano),
 	})
 	if err != nil {
-		return effect, fmt.Errorf("recording order %d: %w", ev.Order, err)
+		return mine, false, err
 	}
-	entry, _ := json.Marshal(effect)
-	fresh, err := l.rdb.HSetNX(ctx, l.name, key, entry).Result()
-	if err != nil {
-		return effect, fmt.Errorf("recording order %d: %w", ev.Order, err)
+	encoded, _ := json.Marshal(mine)
+	fresh, err := l.rdb.HSetNX(ctx, l.name, event, encoded).Result()
+	if err != nil || fresh {
+		return mine, false, err
 	}
-	if !fresh {
-		if err := l.countRerun(ctx, key, effect.Fence); err != nil {
-			return effect, fmt.Errorf("recording order %d: %w", ev.Order, err)
-		}
-	}
-	return effect, nil
+	return l.rerun(ctx, event, mine.Fence)
 }
 
-// countRerun counts an execution that found its event recorded, once
-// however often it writes, unless the entry is its own: go-redis resends a
-// command whose reply was lost, and the resent HSETNX finds the entry that
-// the first one wrote.
-func (l *Log) countRerun(ctx context.Context, key string, fence uint64) error {
-	stored, err := l.rdb.HGet(ctx, l.name, key).Bytes()
+// rerun reads the event's entry, which an execution found there, and
+// records the execution as a rerun (once however often it writes) unless
+// the entry is its own: go-redis resends a command whose reply was lost,
+// and the resent HSETNX finds the entry that the first one wrote.
+func (l *Log) rerun(ctx context.Context, event string, fence uint64) (Effect, bool, error) {
+	stored, err := l.rdb.HGet(ctx, l.name, event).Bytes()
 	if err != nil {
-		return err
+		return Effect{}, false, err
 	}
 	var first Effect
-	if json.Unmarshal(stored, &first) == nil && first.Fence == fence {
-		return nil
+	if err := json.Unmarshal(stored, &first); err != nil {
+		return Effect{}, false, fmt.Errorf("%w: entry of %q: %v", ErrCorruptEntry, event, err)
 	}
-	return l.rdb.SAdd(ctx, l.rerunsKey(), key+" "+strconv.FormatUint(fence, 10)).Err()
+	if first.Fence == fence {
+		return first, false, nil
+	}
+	err = l.rdb.SAdd(ctx, l.rerunsKey(), event+" "+strconv.FormatUint(fence, 10)).Err()
+	return first, true, err
 }
 
 // Effects returns every event's entry, in the order they were handled.
@@ -150,8 +162,8 @@ func (l *Log) Reruns(ctx context.Context) (int64, error) {
 func (l *Log) rerunsKey() string { return l.name + ":reruns" }
 
 // stateKey names the hash that holds an event's state, after a digest of
-// its key (a key is the client's, of any length).
-func (l *Log) stateKey(key string) string {
-	sum := sha256.Sum256([]byte(key))
+// its name (a key is the client's, of any length).
+func (l *Log) stateKey(event string) string {
+	sum := sha256.Sum256([]byte(event))
 	return l.name + ":state:" + hex.EncodeToString(sum[:8])
 }

@@ -12,9 +12,8 @@ import (
 )
 
 // A run whose write landed but which failed anyway (its reply was lost) is
-// released, and the retry runs again: the event keeps one entry, and the
-// retry counts as a rerun. A write resent by the same execution is no
-// rerun.
+// released, and the retry runs again: the event keeps the first run's
+// entry, and the retry is one rerun however often it writes.
 func TestEachEventIsRecordedOnce(t *testing.T) {
 	rdb := redistest.Private(t).Client(t)
 	mw := idempotency.New(rdb)
@@ -24,27 +23,73 @@ func TestEachEventIsRecordedOnce(t *testing.T) {
 	key := idempotency.Key{Scope: "orders", ID: "order-7-paid"}
 	replyLost := errors.New("i/o timeout")
 
+	var first Effect
 	_, err := idempotency.Do(ctx, mw, key, func(ctx context.Context) (Effect, error) {
-		_, err := log.Record(ctx, key.ID, ev)
+		entry, rerun, err := log.Record(ctx, key.ID, ev)
 		require.NoError(t, err)
-		return Effect{}, replyLost
+		require.False(t, rerun)
+		first = entry
+		return entry, replyLost
 	})
 	require.ErrorIs(t, err, replyLost)
-	retried, err := idempotency.Do(ctx, mw, key, func(ctx context.Context) (Effect, error) {
-		first, err := log.Record(ctx, key.ID, ev)
-		require.NoError(t, err)
-		_, err = log.Record(ctx, key.ID, ev) // the same execution again
-		return first, err
+	_, err = idempotency.Do(ctx, mw, key, func(ctx context.Context) (Effect, error) {
+		for range 2 {
+			entry, rerun, err := log.Record(ctx, key.ID, ev)
+			require.NoError(t, err)
+			require.True(t, rerun)
+			require.Equal(t, first.Fence, entry.Fence, "the entry is the first run's")
+			require.Less(t, entry.Fence, idempotency.FencingToken(ctx))
+		}
+		return Effect{}, nil
 	})
 	require.NoError(t, err)
 
 	effects, err := log.Effects(ctx)
 	require.NoError(t, err)
 	require.Len(t, effects, 1)
-	require.Less(t, effects[0].Fence, retried.Fence, "the entry is the first run's")
 	reruns, err := log.Reruns(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, reruns)
+}
+
+// An execution that writes its entry again (go-redis resends a command
+// whose reply was lost) finds its own entry: no rerun.
+func TestAnExecutionsOwnEntryIsNoRerun(t *testing.T) {
+	rdb := redistest.Private(t).Client(t)
+	log := New(rdb, "orders", "test")
+	ctx := context.Background()
+	_, err := idempotency.Do(ctx, idempotency.New(rdb), idempotency.Key{ID: "order-9"}, func(ctx context.Context) (Effect, error) {
+		for range 2 {
+			_, rerun, err := log.Record(ctx, "order-9", Event{Order: 9, Status: "paid"})
+			require.NoError(t, err)
+			require.False(t, rerun)
+		}
+		return Effect{}, nil
+	})
+	require.NoError(t, err)
+	reruns, err := log.Reruns(ctx)
+	require.NoError(t, err)
+	require.Zero(t, reruns)
+}
+
+// Two clients' equal keys are two events: the log names an event by its
+// execution's record key, scope included.
+func TestEqualKeysOfTwoScopesAreTwoEvents(t *testing.T) {
+	rdb := redistest.Private(t).Client(t)
+	mw := idempotency.New(rdb)
+	log := New(rdb, "orders", "test")
+	ctx := context.Background()
+	for i, scope := range []string{"eu", "us"} {
+		_, err := idempotency.Do(ctx, mw, idempotency.Key{Scope: scope, ID: "e1"}, func(ctx context.Context) (Effect, error) {
+			entry, rerun, err := log.Record(ctx, "e1", Event{Order: int64(i + 1), Status: "paid"})
+			require.False(t, rerun)
+			return entry, err
+		})
+		require.NoError(t, err)
+	}
+	effects, err := log.Effects(ctx)
+	require.NoError(t, err)
+	require.Len(t, effects, 2)
 }
 
 // The state of an event is fenced: an execution whose key was taken over
@@ -63,9 +108,10 @@ func TestStaleExecutionIsRefused(t *testing.T) {
 		return Effect{}, release
 	})
 	_, err := idempotency.Do(ctx, mw, idempotency.Key{ID: "order-8"}, func(ctx context.Context) (Effect, error) {
-		return log.Record(ctx, "order-8", ev)
+		entry, _, err := log.Record(ctx, "order-8", ev)
+		return entry, err
 	})
 	require.NoError(t, err)
-	_, err = log.Record(stale, "order-8", ev)
+	_, _, err = log.Record(stale, "order-8", ev)
 	require.ErrorIs(t, err, optimistic.ErrStaleFence)
 }

@@ -23,7 +23,7 @@ import (
 //
 // Each execution records the event in the order log (internal/orderlog):
 // its state, written with the execution's fencing token, and its entry,
-// written once per key, with every execution past the first counted as a
+// written once per event, with every execution past the first counted as a
 // rerun. GET /callbacks/orders shows both, so any duplicate run the
 // middleware let through shows there.
 //

@@ -201,7 +201,10 @@ func testRedisOutage(t *testing.T, m mode) {
 
 	// A run that failed answered 500 (in-process: Process returned the
 	// write's error), or its answer never reached the relay; a 503 ran
-	// nothing. Only the messages of failed runs may run again.
+	// nothing. Only the messages of failed runs may run again. (A run that
+	// succeeded but could not store its answer is acked; the consumer's
+	// AckWait, 10 s, outlasts the lease and the store's retries, so no
+	// redelivery of it is in flight to take the key over.)
 	failedRuns := r.Stats.Status(http.StatusInternalServerError) + r.Stats.NetErrors.Load()
 	effects := s.effects(t)
 	requireOncePerMessage(t, effects, messages, failedRuns)

@@ -15,7 +15,7 @@ import (
 // orderProcess is the side effect of the in-process mode, the one the
 // example shop's POST /callbacks/orders has: after the event's simulated
 // work, each execution records the event in the order log (its state under
-// the execution's fencing token, its entry once per key).
+// the execution's fencing token, its entry once per event).
 //
 // The fence is what lets a middleware with WithRetryAbandoned take over a
 // key whose execution stalled: the stalled one can no longer write the

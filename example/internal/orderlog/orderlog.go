@@ -3,12 +3,12 @@
 // written under the execution's fencing token, and one entry per event in a
 // log that a reader (a person, a test) checks for anything done twice.
 //
-// The entry is written once per key, whatever runs it again. A write whose
+// The entry is written once per event, whatever runs it again. A write whose
 // reply is lost (Redis stalled, a timeout) may have landed, and the
 // execution cannot tell: it fails, its key is released or taken over, and a
 // redelivery runs again. An effect that is not conditional on the message
 // key then happens twice, however well the middleware keeps its own
-// promise. So the entry goes in with HSETNX under the key, and an execution
+// promise. So the entry goes in with HSETNX under the event, and an execution
 // that finds its event recorded already counts as a rerun instead: the
 // count shows every execution past the first, which is what a reader
 // checks against the failures that allowed them.
@@ -56,7 +56,10 @@ func (ev Event) Work(base time.Duration) time.Duration {
 
 // Effect is the entry of one event: the execution that recorded it.
 type Effect struct {
-	Key       string    `json:"key"`
+	Key string `json:"key"` // as the client sent it
+	// Event names the event in the log: the execution's record key, which
+	// holds the key's scope (two CloudEvent sources' equal ids differ).
+	Event     string    `json:"event"`
 	Order     int64     `json:"order"`
 	Status    string    `json:"status"`
 	Fence     uint64    `json:"fence"`
@@ -65,7 +68,7 @@ type Effect struct {
 }
 
 // Log is the order log under one name. Its keys are the entries hash
-// (name), the set of reruns (name:reruns, "EVENT FENCE" each) and a state
+// (name), the set of reruns (name:reruns, "KEY FENCE" each) and a state
 // hash per event (name:state:DIGEST). An event is named by its execution's
 // record key (idempotency.Execution.Key): the key a client sent, within
 // its scope, so two clients' equal keys are two events.
@@ -93,7 +96,7 @@ func (l *Log) Record(ctx context.Context, key string, ev Event) (entry Effect, r
 		event = e.Key
 	}
 	mine := Effect{
-		Key: key, Order: ev.Order, Status: ev.Status, Fence: idempotency.FencingToken(ctx),
+		Key: key, Event: event, Order: ev.Order, Status: ev.Status, Fence: idempotency.FencingToken(ctx),
 		Instance: l.instance, HandledAt: time.Now().UTC(),
 	}
 	defer func() {
@@ -113,26 +116,26 @@ func (l *Log) Record(ctx context.Context, key string, ev Event) (entry Effect, r
 	if err != nil || fresh {
 		return mine, false, err
 	}
-	return l.rerun(ctx, event, mine.Fence)
+	return l.rerun(ctx, mine)
 }
 
 // rerun reads the event's entry, which an execution found there, and
 // records the execution as a rerun (once however often it writes) unless
 // the entry is its own: go-redis resends a command whose reply was lost,
 // and the resent HSETNX finds the entry that the first one wrote.
-func (l *Log) rerun(ctx context.Context, event string, fence uint64) (Effect, bool, error) {
-	stored, err := l.rdb.HGet(ctx, l.name, event).Bytes()
+func (l *Log) rerun(ctx context.Context, mine Effect) (Effect, bool, error) {
+	stored, err := l.rdb.HGet(ctx, l.name, mine.Event).Bytes()
 	if err != nil {
 		return Effect{}, false, err
 	}
 	var first Effect
 	if err := json.Unmarshal(stored, &first); err != nil {
-		return Effect{}, false, fmt.Errorf("%w: entry of %q: %v", ErrCorruptEntry, event, err)
+		return Effect{}, false, fmt.Errorf("%w: entry of %q: %v", ErrCorruptEntry, mine.Event, err)
 	}
-	if first.Fence == fence {
+	if first.Fence == mine.Fence {
 		return first, false, nil
 	}
-	err = l.rdb.SAdd(ctx, l.rerunsKey(), event+" "+strconv.FormatUint(fence, 10)).Err()
+	err = l.rdb.SAdd(ctx, l.rerunsKey(), mine.Key+" "+strconv.FormatUint(mine.Fence, 10)).Err()
 	return first, true, err
 }
 

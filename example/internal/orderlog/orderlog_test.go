@@ -15,9 +15,7 @@ import (
 // released, and the retry runs again: the event keeps the first run's
 // entry, and the retry is one rerun however often it writes.
 func TestEachEventIsRecordedOnce(t *testing.T) {
-	rdb := redistest.Private(t).Client(t)
-	mw := idempotency.New(rdb)
-	log := New(rdb, "orders", "test")
+	mw, log := newLog(t)
 	ctx := context.Background()
 	ev := Event{Order: 7, Status: "paid"}
 	key := idempotency.Key{Scope: "orders", ID: "order-7-paid"}
@@ -55,10 +53,9 @@ func TestEachEventIsRecordedOnce(t *testing.T) {
 // An execution that writes its entry again (go-redis resends a command
 // whose reply was lost) finds its own entry: no rerun.
 func TestAnExecutionsOwnEntryIsNoRerun(t *testing.T) {
-	rdb := redistest.Private(t).Client(t)
-	log := New(rdb, "orders", "test")
+	mw, log := newLog(t)
 	ctx := context.Background()
-	_, err := idempotency.Do(ctx, idempotency.New(rdb), idempotency.Key{ID: "order-9"}, func(ctx context.Context) (Effect, error) {
+	_, err := idempotency.Do(ctx, mw, idempotency.Key{ID: "order-9"}, func(ctx context.Context) (Effect, error) {
 		for range 2 {
 			_, rerun, err := log.Record(ctx, "order-9", Event{Order: 9, Status: "paid"})
 			require.NoError(t, err)
@@ -75,9 +72,7 @@ func TestAnExecutionsOwnEntryIsNoRerun(t *testing.T) {
 // Two clients' equal keys are two events: the log names an event by its
 // execution's record key, scope included.
 func TestEqualKeysOfTwoScopesAreTwoEvents(t *testing.T) {
-	rdb := redistest.Private(t).Client(t)
-	mw := idempotency.New(rdb)
-	log := New(rdb, "orders", "test")
+	mw, log := newLog(t)
 	ctx := context.Background()
 	for i, scope := range []string{"eu", "us"} {
 		_, err := idempotency.Do(ctx, mw, idempotency.Key{Scope: scope, ID: "e1"}, func(ctx context.Context) (Effect, error) {
@@ -95,9 +90,7 @@ func TestEqualKeysOfTwoScopesAreTwoEvents(t *testing.T) {
 // The state of an event is fenced: an execution whose key was taken over
 // cannot write it after the execution that took it over.
 func TestStaleExecutionIsRefused(t *testing.T) {
-	rdb := redistest.Private(t).Client(t)
-	mw := idempotency.New(rdb)
-	log := New(rdb, "orders", "test")
+	mw, log := newLog(t)
 	ctx := context.Background()
 	ev := Event{Order: 8, Status: "paid"}
 
@@ -114,4 +107,10 @@ func TestStaleExecutionIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	_, _, err = log.Record(stale, "order-8", ev)
 	require.ErrorIs(t, err, optimistic.ErrStaleFence)
+}
+
+// newLog returns an order log and a middleware on a private Redis.
+func newLog(t *testing.T) (*idempotency.Middleware, *Log) {
+	rdb := redistest.Private(t).Client(t)
+	return idempotency.New(rdb), New(rdb, "orders", "test")
 }

@@ -21,10 +21,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-var dialects = map[sqltest.Kind]sqlidem.Dialect{
-	sqltest.SQLite: sqlidem.SQLite, sqltest.PostgreSQL: sqlidem.PostgreSQL, sqltest.MySQL: sqlidem.MySQL,
-}
-
 // transferShop serves the shop with its accounts in d, in tables of the
 // test's own, and says how to reach it.
 type transferShop struct {
@@ -43,7 +39,7 @@ func startTransferShop(t *testing.T, d *sqltest.DB) *transferShop {
 			d.Exec("DROP TABLE IF EXISTS " + prefix + table)
 		}
 	})
-	b, err := bank.New(d.DB, dialects[d.Kind], prefix)
+	b, err := bank.New(d.DB, d.Dialect, prefix)
 	require.NoError(t, err)
 	require.NoError(t, b.Setup(t.Context(), bank.DemoAccounts))
 	srv := httptest.NewServer(newApp(redistest.Client(t, "shop:"), config{}, b))

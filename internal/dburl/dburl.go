@@ -140,3 +140,12 @@ func isWord(s string) bool {
 	}
 	return true
 }
+
+// SQLiteDSN is the DSN of a SQLite file that several connections, and
+// several processes, write in turn: WAL and a busy timeout make a writer
+// wait rather than fail with SQLITE_BUSY, and _txlock=immediate takes the
+// write lock at BEGIN, so that two transactions never deadlock upgrading
+// their read locks.
+func SQLiteDSN(path string) string {
+	return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate"
+}

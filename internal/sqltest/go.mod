@@ -25,3 +25,7 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 )
+
+require github.com/onceonly/idempotency v0.0.0-00010101000000-000000000000
+
+replace github.com/onceonly/idempotency => ../..

@@ -19,6 +19,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceonly/idempotency/internal/dburl"
+	"github.com/onceonly/idempotency/internal/sqldialect"
+
 	_ "github.com/go-sql-driver/mysql" // MYSQL_DSN
 	_ "github.com/jackc/pgx/v5/stdlib" // POSTGRES_DSN
 	_ "modernc.org/sqlite"             // SQLite, no C compiler needed
@@ -38,6 +41,7 @@ type DB struct {
 	Kind Kind
 	// Driver and DSN open the database again, in another process too.
 	Driver, DSN string
+	Dialect     sqldialect.Dialect // the SQL it speaks (sqlidem.Dialect, optimistic.Dialect)
 	*sql.DB
 }
 
@@ -56,11 +60,11 @@ func Open(t testing.TB, kind Kind) *DB {
 	d := &DB{Kind: kind}
 	switch kind {
 	case SQLite:
-		d.Driver, d.DSN = "sqlite", SQLiteDSN(filepath.Join(t.TempDir(), "test.db"))
+		d.Driver, d.DSN, d.Dialect = dburl.SQLite, dburl.SQLiteDSN(filepath.Join(t.TempDir(), "test.db")), sqldialect.SQLite
 	case PostgreSQL:
-		d.Driver, d.DSN = "pgx", os.Getenv("POSTGRES_DSN")
+		d.Driver, d.DSN, d.Dialect = dburl.Pgx, os.Getenv("POSTGRES_DSN"), sqldialect.PostgreSQL
 	case MySQL:
-		d.Driver, d.DSN = "mysql", os.Getenv("MYSQL_DSN")
+		d.Driver, d.DSN, d.Dialect = dburl.MySQL, os.Getenv("MYSQL_DSN"), sqldialect.MySQL
 	default:
 		t.Fatalf("sqltest: unknown kind %q", kind)
 	}
@@ -77,14 +81,6 @@ func Open(t testing.TB, kind Kind) *DB {
 	t.Cleanup(func() { db.Close() })
 	d.DB = db
 	return d
-}
-
-// SQLiteDSN is the DSN of a SQLite file that several connections, and
-// several processes, write in turn: WAL and a busy timeout make a writer
-// wait rather than fail with SQLITE_BUSY, and _txlock=immediate takes the
-// write lock at BEGIN, so two transactions never deadlock upgrading theirs.
-func SQLiteDSN(path string) string {
-	return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate"
 }
 
 // Table returns a table name no other test uses, prefixed with base, and

@@ -43,12 +43,12 @@ func source(databaseURL, sqlitePath string) (dburl.Database, error) {
 		if sqlitePath == "" {
 			return dburl.Database{}, errors.New("no database: name a DATABASE_URL or a SQLite file")
 		}
-		return dburl.Database{Driver: dburl.SQLite, DSN: SQLiteDSN(sqlitePath), Dialect: sqlidem.SQLite}, nil
+		return dburl.Database{Driver: dburl.SQLite, DSN: dburl.SQLiteDSN(sqlitePath), Dialect: sqlidem.SQLite}, nil
 	}
 	d, err := dburl.Parse(databaseURL)
 	switch {
 	case errors.Is(err, dburl.ErrUnknownScheme), err == nil && d.Dialect == sqlidem.SQLite:
-		// A SQLite file is DB_PATH's, so that it gets SQLiteDSN's options.
+		// A SQLite file is DB_PATH's, so that it gets dburl.SQLiteDSN's options.
 		return dburl.Database{}, errors.New("DATABASE_URL must start with postgres:// or mysql://")
 	case err != nil:
 		return dburl.Database{}, fmt.Errorf("DATABASE_URL: %w", err)
@@ -60,13 +60,4 @@ func source(databaseURL, sqlitePath string) (dburl.Database, error) {
 		}
 	}
 	return d, nil
-}
-
-// SQLiteDSN is the DSN of a SQLite file that several connections, and
-// several processes, write in turn: WAL and a busy timeout make a writer
-// wait rather than fail with SQLITE_BUSY, and _txlock=immediate takes the
-// write lock at BEGIN, so that two transactions never deadlock upgrading
-// their read locks.
-func SQLiteDSN(path string) string {
-	return "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_txlock=immediate"
 }

@@ -39,7 +39,7 @@ func TestOpenSources(t *testing.T) {
 		want      dburl.Database
 	}{
 		{"postgres://shop@db/bank?sslmode=disable", "ignored.db", dburl.Database{Driver: "pgx", DSN: "postgres://shop@db/bank?sslmode=disable", Dialect: sqlidem.PostgreSQL}},
-		{"", "/var/lib/bank.db", dburl.Database{Driver: "sqlite", DSN: SQLiteDSN("/var/lib/bank.db"), Dialect: sqlidem.SQLite}},
+		{"", "/var/lib/bank.db", dburl.Database{Driver: "sqlite", DSN: dburl.SQLiteDSN("/var/lib/bank.db"), Dialect: sqlidem.SQLite}},
 	} {
 		if got, err := source(tc.url, tc.path); err != nil || got != tc.want {
 			t.Errorf("source(%q, %q) = %+v, %v; want %+v", tc.url, tc.path, got, err, tc.want)

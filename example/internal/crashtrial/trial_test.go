@@ -34,10 +34,6 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-var dialects = map[sqltest.Kind]sqlidem.Dialect{
-	sqltest.SQLite: sqlidem.SQLite, sqltest.PostgreSQL: sqlidem.PostgreSQL, sqltest.MySQL: sqlidem.MySQL,
-}
-
 // A trial is what one run does to the servers.
 type trial struct {
 	requests int
@@ -131,7 +127,7 @@ func openBank(t *testing.T, d *sqltest.DB, seed map[string]int64) (b *bank.Bank,
 			d.Exec("DROP TABLE IF EXISTS " + prefix + table)
 		}
 	})
-	b, err := bank.New(d.DB, dialects[d.Kind], prefix)
+	b, err := bank.New(d.DB, d.Dialect, prefix)
 	if err != nil {
 		t.Fatal(err)
 	}

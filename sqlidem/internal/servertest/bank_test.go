@@ -51,15 +51,11 @@ type bank struct {
 	execs map[string]idempotency.Execution // by Idempotency-Key
 }
 
-var dialects = map[sqltest.Kind]sqlidem.Dialect{
-	sqltest.SQLite: sqlidem.SQLite, sqltest.PostgreSQL: sqlidem.PostgreSQL, sqltest.MySQL: sqlidem.MySQL,
-}
-
 func newBank(t *testing.T, d *sqltest.DB, opts ...idempotency.Option) *bank {
 	t.Helper()
 	b := &bank{t: t, db: d, execs: map[string]idempotency.Execution{}}
 	b.outcomes = d.Table(t, "outcomes")
-	store, err := sqlidem.New(d.DB, dialects[d.Kind], sqlidem.WithTable(b.outcomes))
+	store, err := sqlidem.New(d.DB, d.Dialect, sqlidem.WithTable(b.outcomes))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +109,7 @@ func (b *bank) transfer(tx *sql.Tx, w http.ResponseWriter, r *http.Request) erro
 	if b.first != nil {
 		b.first(ctx)
 	}
-	q := dialects[b.db.Kind].Bind("UPDATE " + b.accounts + " SET balance = balance + ? WHERE id = ?")
+	q := b.db.Dialect.Bind("UPDATE " + b.accounts + " SET balance = balance + ? WHERE id = ?")
 	if _, err := tx.ExecContext(ctx, q, -in.Amount, 1); err != nil {
 		return err
 	}

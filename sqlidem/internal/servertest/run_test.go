@@ -34,7 +34,7 @@ type ledger struct {
 
 func newLedger(t *testing.T, d *sqltest.DB) *ledger {
 	l := &ledger{t: t, d: d, table: d.Table(t, "ledger")}
-	store, err := sqlidem.New(d.DB, dialects[d.Kind], sqlidem.WithTable(d.Table(t, "outcomes")))
+	store, err := sqlidem.New(d.DB, d.Dialect, sqlidem.WithTable(d.Table(t, "outcomes")))
 	must(t, err)
 	must(t, store.CreateTable(t.Context()))
 	must(t, exec(d.DB, "CREATE TABLE "+l.table+" (msg VARCHAR(64) NOT NULL, amount BIGINT NOT NULL)"))
@@ -54,7 +54,7 @@ func (l *ledger) consume(msg string, amount int64, opts ...idempotency.DoOption)
 		e, _ := idempotency.ExecutionOf(ctx)
 		l.record = e.Key
 		return sqlidem.Run(ctx, l.store, func(ctx context.Context, tx *sql.Tx) (receipt, error) {
-			if _, err := tx.ExecContext(ctx, dialects[l.d.Kind].Bind("INSERT INTO "+l.table+" (msg, amount) VALUES (?, ?)"), msg, amount); err != nil {
+			if _, err := tx.ExecContext(ctx, l.d.Dialect.Bind("INSERT INTO "+l.table+" (msg, amount) VALUES (?, ?)"), msg, amount); err != nil {
 				return receipt{}, err
 			}
 			if l.fail != nil {

@@ -10,7 +10,7 @@ import (
 )
 
 func newStore(d *sqltest.DB, table string) (*sqlidem.Store, error) {
-	return sqlidem.New(d.DB, dialects[d.Kind], sqlidem.WithTable(table))
+	return sqlidem.New(d.DB, d.Dialect, sqlidem.WithTable(table))
 }
 
 // Keys that differ only in case are two keys: MySQL's default collations

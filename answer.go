@@ -54,9 +54,9 @@ func (m *Middleware) replay(c *call, fp fingerprintSum, rec *record) verdict {
 	return verdict{outcome: Replayed, rec: rec}
 }
 
-// answer writes v, unless the handler already answered or nobody listens,
-// and reports it to the observer.
-func (m *Middleware) answer(c *call, v verdict) {
+// write writes v to the client, unless the handler already answered or
+// nobody listens.
+func (m *Middleware) write(c *call, v verdict) {
 	switch v.outcome {
 	case Replayed, Waited:
 		v.rec.write(c.w, c.r, &m.cfg)
@@ -64,5 +64,4 @@ func (m *Middleware) answer(c *call, v verdict) {
 	default:
 		m.cfg.errorHandler(c.w, c.r, v.err)
 	}
-	m.observe(c, v)
 }

@@ -15,15 +15,18 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 	k := m.redisKeys(c)
 	l, r, err := m.acquire(c, k)
 	switch {
-	case errors.Is(err, context.Canceled):
-		return nil, verdict{outcome: ClientGone}
 	case errors.Is(err, ErrStoreUnavailable) && m.cfg.failOpen:
 		m.cfg.logger.Warn("idempotency: Redis unavailable, running the handler unprotected", "error", err)
 		v := m.runUnprotected(c, err)
 		v.outcome = Executed
 		return nil, v
+	case errors.Is(err, errCallerDone):
+		return nil, m.callerDone(c)
 	case err != nil:
 		return nil, refuse(err)
+	}
+	if l != nil {
+		l.fp = c.fp
 	}
 	var cl claim
 	switch {
@@ -40,15 +43,13 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 		// reaching enough replicas. Undo it. When the primary answers (too
 		// few replicas) the undo goes first, so that the next request finds
 		// the key free rather than held by a claim that never ran.
-		// Otherwise it goes on in the background: the client's 503 must not
-		// wait for a Redis that just failed us, and when Redis cannot hear
+		// Otherwise it goes on in the background: when Redis cannot hear
 		// the undo either, the lease runs out and a retry finds the claim
 		// abandoned, the handler never run.
-		l.end()
 		if errors.Is(err, errTooFewReplicas) {
-			m.release(c.ctx, l.k, l.value(), 0)
+			l.release(c.ctx)
 		} else {
-			m.undoInBackground(l.k, l.value())
+			l.releaseLater()
 		}
 		return nil, refuse(unavailable(err))
 	}
@@ -61,13 +62,14 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 			// The lease ran out during the claim or the replica wait:
 			// another instance may own the key by now, so the handler must
 			// not start. Nothing ran; the claim is undone if still ours.
-			l.end()
-			m.release(c.ctx, l.k, l.value(), 0)
+			l.release(c.ctx)
 			return nil, refuse(unavailable(ErrLockLost))
 		}
 		l.fence, c.fence = cl.fence, cl.fence
 		if cl.retaken && m.cfg.outcomes != nil {
-			return m.recoverAnswer(c, l)
+			if runAgain, v := l.recoverAbandoned(c); !runAgain {
+				return nil, v
+			}
 		}
 		return l, verdict{}
 	case outcomeDone:
@@ -100,7 +102,7 @@ func (m *Middleware) claimKey(c *call, l *lease) (claim, error) {
 	if m.cfg.replicaAcks > 0 {
 		return m.claimReplicated(l.step, c, l)
 	}
-	return m.store.claim(l.step, l.k, l.value(), string(c.fp[:]))
+	return m.store.claim(l.step, l.k, l.token, string(c.fp[:]))
 }
 
 // acquire takes the key's lock and starts its lease, waiting while another
@@ -145,7 +147,7 @@ func (m *Middleware) acquire(c *call, k keys) (l *lease, r *rode, err error) {
 			if r != nil {
 				// The lock's reply was lost, but the claim behind it may
 				// have run under it: undo it, as a claim that failed.
-				m.undoInBackground(k, r.value)
+				m.orphanClaim(k, r.value).releaseLater()
 			}
 			return nil, nil, unavailable(err)
 		}
@@ -154,7 +156,7 @@ func (m *Middleware) acquire(c *call, k keys) (l *lease, r *rode, err error) {
 			// claim stands under our lock value, with nobody to run it. Redis
 			// answers, so it is undone now, before this request tries again
 			// and would find it abandoned.
-			m.release(c.ctx, k, r.value, 0)
+			m.orphanClaim(k, r.value).release(c.ctx)
 		}
 		if r != nil && r.err == nil && decisive(r.claim.outcome) {
 			return nil, r, nil
@@ -199,7 +201,7 @@ func (m *Middleware) differsFromRecord(c *call, k keys) bool {
 }
 
 // pause waits for a release message on sub (or plain time without one), or
-// for the client to leave.
+// for the caller's context to end: then it returns why.
 func (m *Middleware) pause(ctx context.Context, sub *redis.PubSub, d time.Duration) error {
 	if sub != nil {
 		released(ctx, sub, d)
@@ -212,10 +214,13 @@ func (m *Middleware) pause(ctx context.Context, sub *redis.PubSub, d time.Durati
 		}
 	}
 	if ctx.Err() != nil {
-		return context.Canceled
+		return errCallerDone
 	}
 	return nil
 }
+
+// errCallerDone: the caller's context ended while it waited for the lock.
+var errCallerDone = errors.New("idempotency: the caller's context ended")
 
 // cacheExpiry is when a cache entry of rec stops answering without Redis.
 func (m *Middleware) cacheExpiry(rec *record) time.Time {

@@ -127,25 +127,20 @@ func Do[T any](ctx context.Context, m *Middleware, key Key, fn func(ctx context.
 	c := &call{ctx: ctx, start: now, deadline: now.Add(m.cfg.wait), scope: key.Scope, key: key.ID}
 	c.id = identityOfKind('f', key.Scope, key.ID)
 	c.fp = inputFingerprint(key.Input)
-	var first result[T]
-	c.run = func(c *call, l *lease) verdict { return runFunction(m, c, l, &cfg, fn, &first) }
+	work := &funcRun[T]{m: m, c: c, fn: fn, cfg: &cfg}
+	c.work = work
 
-	answered := false
-	defer func() {
-		if !answered { // fn panicked; the panic goes on
-			m.observe(c, verdict{outcome: Executed, err: ErrHandlerPanicked})
-		}
-	}()
-	v := m.settle(c)
-	answered = true
-	m.observe(c, v)
+	v := m.conclude(c, func() verdict { return m.settle(c) })
 	if cfg.outcome != nil {
 		*cfg.outcome = v.outcome
 	}
-
 	switch v.outcome {
-	case Executed:
-		return first.value, first.err
+	case Executed, Unprotected:
+		if work.err != nil && (errors.Is(v.err, ErrLockLost) || errors.Is(v.err, ErrExecutionTimeout)) {
+			// The middleware cut fn off, and the key is kept: say why.
+			return work.value, fmt.Errorf("%w: %w", v.err, work.err)
+		}
+		return work.value, work.err
 	case Replayed, Waited:
 		return decodeResult[T](cfg.codec, v.rec)
 	case ClientGone:
@@ -154,52 +149,58 @@ func Do[T any](ctx context.Context, m *Middleware, key Key, fn func(ctx context.
 	return zero, v.err
 }
 
-// result is what the function returned to the call that ran it.
-type result[T any] struct {
-	value T
-	err   error
+// funcRun is Do's adapter over a key's lifecycle (lifecycle.go): it runs
+// the function and turns its result into the record duplicates get.
+type funcRun[T any] struct {
+	m        *Middleware
+	c        *call
+	fn       func(context.Context) (T, error)
+	cfg      *doConfig
+	value    T
+	err      error
+	returned bool
 }
 
-// runFunction runs fn under the lease, as execute runs a handler, and
-// stores its result (or its error, with StoreErrors). Without a lease
-// (fail open) it only runs fn.
-func runFunction[T any](m *Middleware, c *call, l *lease, cfg *doConfig, fn func(context.Context) (T, error), out *result[T]) verdict {
-	if l == nil { // WithFailOpen while Redis is down: run it, store nothing
-		out.value, out.err = fn(c.ctx)
-		return verdict{}
-	}
-	ctx, r := m.startRun(c, l)
-	defer r.finish()
-	r.exec.codec = cfg.codec
-	out.value, out.err = fn(ctx)
-	r.ran = true
-	r.exec.settle()
-
-	d, rec := StoreDecision{TTL: m.cfg.recordTTL}, (*record)(nil)
+func (f *funcRun[T]) run(ctx context.Context, x *execution) *record {
+	x.codec = f.cfg.codec
+	f.value, f.err = f.fn(ctx)
+	f.returned = true
+	var rec *record
 	switch {
-	case r.exec.state.Load() == execReleased, out.err != nil && !cfg.storeErrors:
-		d = StoreDecision{Release: true} // nothing is stored, so nothing is encoded
-	case out.err != nil:
-		rec = &record{status: statusStoredError, body: []byte(out.err.Error())}
+	case f.err != nil && !f.cfg.storeErrors:
+		return nil // released, or kept: nothing is stored, so nothing is encoded
+	case f.err != nil:
+		rec = &record{status: statusStoredError, body: []byte(f.err.Error())}
 	default:
-		body, err := cfg.codec.Marshal(out.value)
+		body, err := f.cfg.codec.Marshal(f.value)
 		if err != nil {
 			// fn ran: giving the key up would let a retry run it again. It
 			// is kept as executed and not replayable, like an answer too
 			// large.
-			m.cfg.logger.Error("idempotency: a function's result cannot be encoded; duplicates get ErrNotReplayable",
-				"key", l.k.record, "error", err)
-			break
+			f.m.cfg.logger.Error("idempotency: a function's result cannot be encoded; duplicates get ErrNotReplayable",
+				"key", x.key, "error", err)
+			return nil
 		}
 		rec = &record{status: statusResult, body: body}
 	}
-	if rec != nil && len(rec.body) > m.cfg.maxResponse {
-		rec = nil // kept as executed, not replayable
+	if len(rec.body) > f.m.cfg.maxResponse {
+		return nil // kept as executed, not replayable
 	}
-	v := m.storeAnswer(c, l, rec, d)
-	r.stored = true
-	return v
+	return rec
 }
+
+// decide: an error releases the key, so that a retry (a redelivered
+// message) runs fn again, unless StoreErrors keeps it.
+func (f *funcRun[T]) decide(*execution) StoreDecision {
+	return StoreDecision{Release: f.err != nil && !f.cfg.storeErrors, TTL: f.m.cfg.recordTTL}
+}
+
+// committed: once fn has returned, its effects are done.
+func (f *funcRun[T]) committed() bool { return f.returned }
+
+// unprotected runs fn with the caller's own context: no fencing token,
+// nothing stored (WithFailOpen while Redis is down).
+func (f *funcRun[T]) unprotected() { f.value, f.err = f.fn(f.c.ctx) }
 
 // inputFingerprint is a function call's fingerprint: its input's digest,
 // under a label of its own so that it never equals a request's.

@@ -354,7 +354,7 @@ type panickyCodec struct{}
 func (panickyCodec) Marshal(any) ([]byte, error) { panic("codec bug") }
 func (panickyCodec) Unmarshal([]byte, any) error { return nil }
 
-// Every queued undo is done, however many arrive at once: none is dropped
+// Every queued release is done, however many arrive at once: none is dropped
 // while the queue has room.
 func TestEveryQueuedUndoIsDone(t *testing.T) {
 	prefix := "test-" + t.Name()
@@ -372,7 +372,7 @@ func TestEveryQueuedUndoIsDone(t *testing.T) {
 		claimed, values = append(claimed, k), append(values, lock.Token())
 	}
 	for i, k := range claimed {
-		m.undoInBackground(k, values[i])
+		m.orphanClaim(k, values[i]).releaseLater()
 	}
 	require.Eventually(t, func() bool {
 		for _, k := range claimed {

@@ -1,7 +1,9 @@
 package idempotency
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -23,9 +25,17 @@ var (
 	ErrInterrupted      = errors.New("idempotency: original execution was interrupted")
 	ErrUnreadableRecord = errors.New("idempotency: stored response cannot be read")
 	ErrStoreUnavailable = errors.New("idempotency: store unavailable")
-	// ErrLockLost is logged, never answered: it means the handler ran but its
-	// response could not be stored because another instance owns the key now.
+	// ErrLockLost is never answered to a client. It is the cause of a run's
+	// context when the lease was lost while another executor could take the
+	// key over (see context.Cause), what Do returns with the function's
+	// error then, and what is logged when a handler's answer could not be
+	// stored because another execution owns the key now.
 	ErrLockLost = errors.New("idempotency: lock lost before the response was stored")
+	// ErrExecutionTimeout is the cause of a run's context when
+	// WithExecutionTimeout ends it, and what Do returns with the function's
+	// error then; it matches context.DeadlineExceeded too. Never answered
+	// to a client.
+	ErrExecutionTimeout = fmt.Errorf("idempotency: execution timeout: %w", context.DeadlineExceeded)
 )
 
 // ProblemTypeBase is the prefix of every problem type URI this package

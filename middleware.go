@@ -19,7 +19,7 @@ type Middleware struct {
 	store   *store
 	flights flights
 	cache   *responseCache
-	undos   undos
+	later   *later
 }
 
 // New returns a Middleware that keeps its state in client, which may be a
@@ -29,7 +29,8 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 	if client == nil {
 		panic("idempotency: nil Redis client")
 	}
-	m := &Middleware{cfg: newConfig(opts), undos: newUndos()}
+	m := &Middleware{cfg: newConfig(opts)}
+	m.later = newLater(m)
 	m.store = newStore(client, &m.cfg)
 	m.cache = newResponseCache(m.cfg.cacheEntries, m.cfg.cacheBytes)
 	if known, enabled := contextTimeouts(client); known && !enabled {
@@ -101,14 +102,13 @@ func (m *Middleware) ProtectKey(next http.Handler) http.Handler {
 // call is one protected request on its way through the middleware, and
 // what the steps learned about it that the observer reports.
 type call struct {
-	ctx context.Context // the request's, or the function caller's
-	// run runs a function call's function under the lease and stores its
-	// answer; nil for a request, whose handler execute runs.
-	run func(*call, *lease) verdict
+	ctx  context.Context // the request's, or the function caller's
+	work runner          // the handler or the function the call protects
+	// handler is work for a request, kept here to save an allocation.
+	handler handlerRun
 
 	w         http.ResponseWriter // nil for a function call
 	r         *http.Request       // nil for a function call
-	next      http.Handler
 	tokenMode bool
 	start     time.Time
 	deadline  time.Time // for waiting on another request with the same key
@@ -127,8 +127,10 @@ type call struct {
 func (m *Middleware) wrap(next http.Handler, extract KeyExtractor, tokenMode bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		now := time.Now()
-		c := &call{ctx: r.Context(), w: w, r: r, next: next, tokenMode: tokenMode,
+		c := &call{ctx: r.Context(), w: w, r: r, tokenMode: tokenMode,
 			start: now, deadline: now.Add(m.cfg.wait)}
+		c.handler = handlerRun{m: m, c: c, next: next}
+		c.work = &c.handler
 		m.serve(c, extract)
 	})
 }

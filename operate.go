@@ -220,7 +220,12 @@ func globEscape(s string) string {
 // an answer, its executor holds the lock, or it was claimed anew since),
 // Resolve returns an error wrapping ErrNotInterrupted, and when a is
 // another request's answer one wrapping ErrKeyReused; then nothing has
-// changed.
+// changed. An answer larger than WithMaxResponseBytes settles the key as
+// executed and not replayable (409 not-replayable), as a handler's would.
+// Once settled, the key is no longer the interrupted execution's: should
+// its executor only have stalled, it finds that when it wakes and stores
+// nothing. A Resolve that Redis ran but whose reply was lost and resent
+// reports success.
 func (m *Middleware) Resolve(ctx context.Context, st KeyState, a Answer) error {
 	if a.Status < 100 || a.Status > 999 {
 		return fmt.Errorf("idempotency: %d is not an HTTP status", a.Status)
@@ -233,9 +238,13 @@ func (m *Middleware) Resolve(ctx context.Context, st KeyState, a Answer) error {
 		}
 		fp = b
 	}
-	rec := m.recordOf(a)
-	return m.settleInterrupted(ctx, st, "answer", strconv.Itoa(rec.status), encodeHeader(rec.header), rec.body,
-		fp, m.store.recordTTL)
+	rec, state := m.recordOf(a), "done"
+	if len(rec.body) > m.cfg.maxResponse {
+		// As for a handler's answer over the limit: executed, and answered
+		// not-replayable rather than replayed in part or beyond the bound.
+		rec, state = newRecord(rec.status, nil, nil), "big"
+	}
+	return m.settleInterrupted(ctx, st, "answer", state, strconv.Itoa(rec.status), encodeHeader(rec.header), rec.body, fp)
 }
 
 // Forget settles the interrupted key that st describes by deleting its
@@ -245,7 +254,8 @@ func (m *Middleware) Resolve(ctx context.Context, st KeyState, a Answer) error {
 // token stays spent; its retry is answered token-not-found and asks for a
 // new token. When the key is no longer interrupted by the claim st saw,
 // Forget returns an error wrapping ErrNotInterrupted and has changed
-// nothing.
+// nothing. Should the interrupted executor only have stalled, and store
+// its answer after all before a retry ran again, that answer is the key's.
 func (m *Middleware) Forget(ctx context.Context, st KeyState) error {
 	return m.settleInterrupted(ctx, st, "forget")
 }
@@ -260,7 +270,7 @@ func (m *Middleware) settleInterrupted(ctx context.Context, st KeyState, mode st
 	if !st.Interrupted || st.Owner == "" {
 		return fmt.Errorf("%w: %s was not interrupted when it was inspected", ErrNotInterrupted, k.record)
 	}
-	args := append([]any{mode, st.Owner}, answer...)
+	args := append([]any{mode, st.Owner, m.store.recordTTL}, answer...)
 	reply, err := settleScript.Run(ctx, m.store.client, k.operated(), args...).Text()
 	if err != nil {
 		return err
@@ -330,7 +340,7 @@ func (m *Middleware) keyState(k keys, cmd *redis.Cmd) (KeyState, error) {
 		BodySize:    number(6), TTL: remaining(number(7)),
 		Lock: text(8), LockTTL: remaining(number(9)), Waiting: number(10) == 1,
 	}
-	if s.State == "" {
+	if s.State == "" || s.State == "forgotten" {
 		s.State = "none"
 	}
 	s.Status, _ = strconv.Atoi(text(3))

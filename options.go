@@ -257,6 +257,11 @@ func WithExpiryHeader(name string) Option {
 	return func(c *config) { c.expiryHeader = http.CanonicalHeaderKey(name) }
 }
 
+// takeover reports whether a retry may take over a key whose executor
+// vanished: then a run whose lease is lost must stop, since another may
+// run in its place.
+func (c *config) takeover() bool { return c.retryAbandoned || c.outcomes != nil }
+
 func newConfig(opts []Option) config {
 	var c config
 	for _, o := range opts {

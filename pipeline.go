@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"errors"
 	"time"
 )
@@ -13,15 +14,27 @@ import (
 // problem, or nothing left to write (the handler answered, or the client
 // left). answer is the one place that writes the verdict and reports it.
 func (m *Middleware) serve(c *call, extract KeyExtractor) {
-	answered := false
+	m.conclude(c, func() verdict { return m.decide(c, extract) })
+}
+
+// conclude runs a call's steps, writes the verdict they reach (for a
+// request; a function call returns it) and reports it to the observer:
+// once, also when the handler or the function panics (the panic goes on to
+// the recoverer, or to Do's caller).
+func (m *Middleware) conclude(c *call, steps func() verdict) verdict {
+	done := false
 	defer func() {
-		if !answered { // the handler panicked; the panic goes on to the recoverer
+		if !done {
 			m.observe(c, verdict{outcome: Executed, err: ErrHandlerPanicked})
 		}
 	}()
-	v := m.decide(c, extract)
-	answered = true
-	m.answer(c, v)
+	v := steps()
+	done = true
+	if c.w != nil {
+		m.write(c, v)
+	}
+	m.observe(c, v)
+	return v
 }
 
 // decide runs the steps until one of them decides.
@@ -39,16 +52,22 @@ func (m *Middleware) decide(c *call, extract KeyExtractor) verdict {
 }
 
 // settle decides an identified call: an HTTP request, or a function call
-// (Do). From here on both are the same protocol; only c.run, which runs
-// the handler or the function under the lease, differs.
+// (Do). From here on both are the same protocol; only c.work, the handler
+// or the function that the lease runs, differs.
 func (m *Middleware) settle(c *call) verdict {
 	for {
 		if v := m.fromCache(c); v.decided() {
 			return v
 		}
 		fl, leader := m.flights.join(c.id, c.fp)
-		if leader {
+		switch {
+		case leader:
 			return m.lead(c, fl)
+		case fl.fp != c.fp:
+			// Another request with this key leads here. Whether this one
+			// is the key's request is for the key's record to say, not for
+			// whoever leads: it goes to Redis by itself.
+			return m.lead(c, nil)
 		}
 		if v := m.follow(c, fl); v.decided() {
 			return v
@@ -69,12 +88,8 @@ func (m *Middleware) fromCache(c *call) verdict {
 }
 
 // follow waits for the request of this process that leads the key's flight,
-// and replays its answer. A request that differs from the leader's is
-// refused at once: waiting could not make it the same.
+// and replays its answer.
 func (m *Middleware) follow(c *call, fl *flight) verdict {
-	if fl.fp != c.fp {
-		return refuse(ErrKeyReused)
-	}
 	timer := time.NewTimer(time.Until(c.deadline))
 	defer timer.Stop()
 	began := time.Now()
@@ -85,7 +100,7 @@ func (m *Middleware) follow(c *call, fl *flight) verdict {
 		return refuse(m.inProgress())
 	case <-c.ctx.Done():
 		c.waited += time.Since(began)
-		return verdict{outcome: ClientGone} // nothing ran for this request
+		return m.callerDone(c)
 	}
 	c.waited += time.Since(began)
 	if fl.rec == nil {
@@ -94,17 +109,31 @@ func (m *Middleware) follow(c *call, fl *flight) verdict {
 	return m.replay(c, fl.fp, fl.rec)
 }
 
-// lead answers the request through Redis, and shares a stored answer with
-// the requests that follow it in this process, even when the handler
-// panics (then with nothing to share).
+// callerDone answers a call whose own context ended while it waited. A
+// client that left gets nothing (nothing ran for it), and a function's
+// caller its context's error; a request whose deadline passed (an outer
+// timeout) still gets an answer: the replay if it is here by now, else
+// in-progress, never an empty 200.
+func (m *Middleware) callerDone(c *call) verdict {
+	if c.w == nil || !errors.Is(c.ctx.Err(), context.DeadlineExceeded) {
+		return verdict{outcome: ClientGone}
+	}
+	if v := m.fromCache(c); v.decided() {
+		return v
+	}
+	return refuse(m.inProgress())
+}
+
+// lead answers the call through Redis, and shares a stored answer with the
+// calls that follow it in this process (fl), even when the work panics
+// (then with nothing to share).
 func (m *Middleware) lead(c *call, fl *flight) (v verdict) {
-	defer func() { m.flights.land(c.id, fl, v.shared()) }()
+	if fl != nil {
+		defer func() { m.flights.land(c.id, fl, v.shared()) }()
+	}
 	l, v := m.claim(c)
 	if l == nil {
 		return v
 	}
-	if c.run != nil {
-		return c.run(c, l)
-	}
-	return m.execute(c, l)
+	return l.execute(c)
 }

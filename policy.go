@@ -131,6 +131,9 @@ func (c *config) decide(r *http.Request, e *execution, status int) StoreDecision
 	return d
 }
 
+// released reports whether the work gave its key up with Release.
+func (e *execution) released() bool { return e.state.Load() == execReleased }
+
 // settle ends the handler's say in what becomes of its answer: a Release
 // after it returned takes no effect.
 func (e *execution) settle() {

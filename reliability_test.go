@@ -316,24 +316,33 @@ func TestInterruptionTrials(t *testing.T) {
 		rdb, prefix := reliabilityRedis(t)
 		h := newCounting(0)
 		panicky := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("X-Panic") == "before" {
+				panic("boom") // before any effect and before the status
+			}
 			h.ServeHTTP(w, r)
-			if r.Header.Get("X-Panic") != "" {
-				panic("boom")
+			if r.Header.Get("X-Panic") == "after" {
+				panic(http.ErrAbortHandler) // after the effect and the status
 			}
 		})
 		m := New(rdb, WithKeyPrefix(prefix)).ProtectKey(panicky)
 		for trial := range n {
+			when := [...]string{"before", "after"}[trial%2]
 			key := fmt.Sprint("panic-", trial)
 			r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{}`))
 			r.Header.Set(KeyHeader, key)
-			r.Header.Set("X-Panic", "1")
+			r.Header.Set("X-Panic", when)
 			require.Panics(t, func() { m.ServeHTTP(httptest.NewRecorder(), r) })
-			// Released: the retry runs, once, and its duplicate replays.
-			require.Equal(t, http.StatusCreated, send(m, key, `{}`).Code)
-			require.Equal(t, "true", send(m, key, `{}`).Header().Get(ReplayedHeader))
+			if when == "before" {
+				// Released: the retry runs, once, and its duplicate replays.
+				require.Equal(t, http.StatusCreated, send(m, key, `{}`).Code)
+				require.Equal(t, "true", send(m, key, `{}`).Header().Get(ReplayedHeader))
+				continue
+			}
+			// Kept: the handler may have taken effect, so no retry runs it.
+			require.Equal(t, http.StatusConflict, send(m, key, `{}`).Code)
 		}
-		t.Logf("%d panics: lock released every time, the retry ran once each (%d executions in all)", n, h.executions())
-		require.Equal(t, 2*n, h.executions())
+		t.Logf("%d panics: released before the status, kept after it (%d executions in all)", n, h.executions())
+		require.Equal(t, n, h.executions())
 	})
 	t.Run("client disconnect", func(t *testing.T) {
 		rdb, prefix := reliabilityRedis(t)

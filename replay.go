@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -99,4 +100,33 @@ func (c *config) storable(name string) bool {
 		return c.replayHeaders[name] && !hopByHop[name]
 	}
 	return name != "Set-Cookie" && !hopByHop[name]
+}
+
+// recordOf turns an answer an outcome store committed (or an operator
+// gives) into a record, keeping the headers this middleware stores, in a
+// stable order. A name the handler set without canonicalising it
+// (h["ETag"]) is kept under its canonical name, as net/http sends it.
+func (m *Middleware) recordOf(a Answer) *record {
+	names := make([]string, 0, len(a.Header))
+	values := make(map[string][]string, len(a.Header))
+	for name, vs := range a.Header {
+		canonical := http.CanonicalHeaderKey(name)
+		if !m.cfg.storable(canonical) {
+			continue
+		}
+		if _, seen := values[canonical]; !seen {
+			names = append(names, canonical)
+		}
+		values[canonical] = append(values[canonical], vs...)
+	}
+	slices.Sort(names)
+	var pairs []string
+	for _, name := range names {
+		for _, v := range values[name] {
+			pairs = append(pairs, name, v)
+		}
+	}
+	rec := newRecord(a.Status, pairs, a.Body)
+	rec.filtered = true
+	return rec
 }

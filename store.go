@@ -43,7 +43,7 @@ type store struct {
 
 func newStore(client redis.UniversalClient, cfg *config) *store {
 	retry := "0"
-	if cfg.retryAbandoned || cfg.outcomes != nil {
+	if cfg.takeover() {
 		retry = "1"
 	}
 	return &store{

@@ -5,7 +5,9 @@
 --
 -- Record fields: st state (run, done, big), o lock value of the executor,
 -- fp fingerprint, c status, h headers, b body, n executions, f fencing token,
--- x token expiry, w set when the store wrote a vanished record back.
+-- x token expiry, w set when the store wrote a vanished record back, s the
+-- claim an operator settled (settle.lua). A record in state 'forgotten' is
+-- read as no record.
 --
 -- The fencing token is Redis's clock in microseconds at the claim, and
 -- always above the key's previous one: storage that remembers the highest
@@ -29,6 +31,9 @@ end
 
 local rec = redis.call('HMGET', KEYS[1], 'st', 'o', 'fp', 'c', 'h', 'b', 'f', 'n')
 local st = rec[1]
+if st == 'forgotten' then
+  st = nil
+end
 if st then
   if st == 'run' and rec[2] == ARGV[1] then
     if rec[8] and rec[8] ~= '1' then

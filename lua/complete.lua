@@ -5,14 +5,15 @@
 -- ARGV[8] our fencing token
 -- Returns 1 when the answer is stored, 2 when it is stored although the
 -- record had vanished while the handler ran (evicted, expired, flushed), and
--- 0 when another executor owns the key now (then nothing is written). Our
--- lock is released whatever the answer. Safe to run twice.
+-- 0 when another executor owns the key now, or an operator settled it
+-- (then nothing is written). Our lock is released whatever the answer. Safe
+-- to run twice.
 local rec = redis.call('HMGET', KEYS[1], 'st', 'o', 'w')
 local stored = 0
-if not rec[1] then
-  -- No record is claimed now (a claim writes one), so our answer is the
-  -- key's: writing it back keeps a retry from running the handler a second
-  -- time. Under maxmemory the HSET must not be the script's first write
+if not rec[1] or rec[1] == 'forgotten' then
+  -- No record is claimed now (a claim writes one; an operator forgot the
+  -- claim, taking our executor for gone), so our answer is the key's:
+  -- writing it back keeps a retry from running the handler a second time. Under maxmemory the HSET must not be the script's first write
   -- (see below), so the lock goes first, and a PEXPIRE (a write that
   -- cannot grow memory) when the lock is no longer ours. 'w' tells a
   -- resend that the record was written back.

@@ -1,22 +1,34 @@
 -- settle.lua: an operator settles an interrupted key: stores a committed
--- answer as its record, or deletes the record so that a retry runs again.
+-- answer as its record, or forgets the record so that a retry runs again.
 -- KEYS[1] record hash, KEYS[2] lock, KEYS[3] waiters flag (also the channel)
 -- ARGV[1] 'answer' or 'forget', ARGV[2] the lock value of the claim the
--- operator inspected; for 'answer': ARGV[3] status, ARGV[4] headers,
--- ARGV[5] body, ARGV[6] fingerprint ('' keeps the record's), ARGV[7]
--- record TTL ms, used only when the record has none
+-- operator inspected, ARGV[3] record TTL ms, used only when the record has
+-- none; for 'answer': ARGV[4] state ('done', or 'big' for an answer over the
+-- response limit), ARGV[5] status, ARGV[6] headers, ARGV[7] body, ARGV[8]
+-- fingerprint ('' keeps the record's)
 --
 -- It acts only while the key is interrupted, the state claim.lua calls
 -- abandoned: claimed (st run) under a lock value that nobody holds the lock
 -- with. Checking inside the script is what makes it safe: a claim, a store
 -- or a takeover that runs just before sees its own result kept, one that
 -- runs just after sees the settled record.
+--
+-- A settled record names the claim it settled ('s') and no executor ('o'
+-- empty): the executor of that claim, stalled rather than gone, finds the
+-- key no longer its own when it wakes and stores nothing (complete.lua), so
+-- the key keeps one answer; and a resend of this script (go-redis resends
+-- when a reply is lost) finds its own work done and answers 'settled'
+-- again. Forget leaves such a record too, in state 'forgotten', which a
+-- claim reads as no record at all.
 -- Replies: 'settled', or why not: 'none' (no record), 'done', 'big' (an
 -- answer is stored), 'running' (the executor holds its lock), 'mismatch'
 -- (the answer is another request's), 'changed' (claimed anew since the
 -- operator looked: that claim may be running, stalled past its lease).
-local rec = redis.call('HMGET', KEYS[1], 'st', 'o', 'fp')
-if not rec[1] then
+local rec = redis.call('HMGET', KEYS[1], 'st', 'o', 'fp', 's')
+if rec[1] and rec[1] ~= 'run' and rec[4] == ARGV[2] then
+  return 'settled'
+end
+if not rec[1] or rec[1] == 'forgotten' then
   return 'none'
 end
 if rec[1] ~= 'run' then
@@ -31,16 +43,23 @@ end
 if ARGV[1] == 'forget' then
   -- A token-mode key's token is not given back: its retry is answered
   -- token-not-found and fetches a new token, as after any spent token,
-  -- rather than a form's token coming back to life hours later.
+  -- rather than a form's token coming back to life hours later. DEL first:
+  -- under maxmemory a script that has written may grow memory.
+  local ttl = redis.call('PTTL', KEYS[1])
   redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'st', 'forgotten', 's', ARGV[2])
+  if ttl <= 0 then
+    ttl = ARGV[3]
+  end
+  redis.call('PEXPIRE', KEYS[1], ttl)
 else
-  if ARGV[6] ~= '' and ARGV[6] ~= rec[3] then
+  if ARGV[8] ~= '' and ARGV[8] ~= rec[3] then
     return 'mismatch'
   end
   -- HSET first: under maxmemory it is refused before anything else ran.
-  redis.call('HSET', KEYS[1], 'st', 'done', 'c', ARGV[3], 'h', ARGV[4], 'b', ARGV[5])
+  redis.call('HSET', KEYS[1], 'st', ARGV[4], 'o', '', 's', ARGV[2], 'c', ARGV[5], 'h', ARGV[6], 'b', ARGV[7])
   if redis.call('PTTL', KEYS[1]) < 0 then
-    redis.call('PEXPIRE', KEYS[1], ARGV[7])
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
   end
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then

@@ -1,0 +1,349 @@
+package idempotency
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"time"
+
+	"github.com/bsm/redislock"
+)
+
+// A key's life, from its claim to its end, and the one rule that decides it.
+//
+// The request (or Do call) that obtains a key's lock holds a lease: the
+// lock, renewed by a watchdog, and the claim made under it (claim.go). From
+// then on the lease owns the key's fate, and every transition is one of its
+// methods below; nothing else runs the scripts that store an answer or
+// release a claim.
+//
+//	claim ─→ execute ─→ store     the answer is the key's, replayed to every duplicate
+//	  │         ├─────→ release   a retry runs again
+//	  │         └─────→ keep      the key reads interrupted (or is taken over)
+//	  └─→ release (the claim failed, or its reply was lost: undone in the background)
+//
+// The release rule: a key is released only when nothing of the run can
+// still take effect.
+//
+//	what happened                                              the key
+//	the claim failed, or its reply never came                  released
+//	the lease ran out before the work started                  released
+//	the handler panicked before its status was sent            released
+//	the function panicked (Do)                                 released
+//	Release(ctx) was called while the work ran                 released
+//	the store policy releases the answer, or the function
+//	  returned an error (Do without StoreErrors)               released
+//	  ... after the middleware had cut the run off             kept
+//	the handler panicked after its status was sent             kept
+//	any other answer                                           stored
+//
+// The middleware cuts a run off (cancels its context) when the execution
+// timeout ends it, or when its lease is lost while another executor could
+// take the key over (WithRetryAbandoned, WithOutcomeStore). Without such an
+// executor a lost lease lets the run go on: the record still names it, and
+// its answer is stored once Redis answers. A cut-off run's answer is stored
+// when the policy stores it and the key is still its own; it is never
+// released, because what the run did before it was cut off is unknown.
+//
+// A release or a store that Redis does not answer is tried again in the
+// background for up to a lease (later.go), so a brief outage neither turns
+// a released key into an interrupted one nor loses an answer.
+
+// A lease is one call's hold on a key. It begins when the lock is obtained
+// and ends when the lock is let go: by a claim that did not claim, by the
+// store of the answer, by a release or by keep. Its watchdog renews the
+// lock exactly that long, so neither a slow claim, a replica wait nor a
+// slow handler outlives it, while a crashed instance frees the key within
+// one lease.
+type lease struct {
+	m     *Middleware
+	k     keys
+	token string          // the lock's value, which the scripts check
+	lock  *redislock.Lock // nil for a claim whose lock reply never came
+	wd    *watchdog       // nil with lock
+	// step bounds the exchange that obtained the lock; the claim shares it,
+	// so the store timeout bounds the two together.
+	step    context.Context
+	endStep context.CancelFunc
+	fp      fingerprintSum // the claiming request's
+	fence   uint64         // the claim's fencing token, once claimed
+
+	// The run's context: cancelled with ErrLockLost or, by its timer, with
+	// ErrExecutionTimeout.
+	cutRun  context.CancelCauseFunc
+	stopRun context.CancelFunc
+}
+
+// startLease starts the lease of a lock obtained by an attempt that began
+// at began.
+func (m *Middleware) startLease(k keys, lock *redislock.Lock, began time.Time, step context.Context, endStep context.CancelFunc) *lease {
+	return &lease{m: m, k: k, token: lock.Token(), lock: lock, step: step, endStep: endStep,
+		wd: startWatchdog(lock, m.cfg.lease, m.cfg.storeTimeout, began)}
+}
+
+// orphanClaim is the lease of a claim made under a lock value whose lock
+// reply never came: all that can be done with it is to undo it.
+func (m *Middleware) orphanClaim(k keys, token string) *lease {
+	return &lease{m: m, k: k, token: token, endStep: func() {}}
+}
+
+// A runner runs a call's work: a handler (handlerRun) or a function
+// (funcRun). The lease runs it and decides what becomes of the key.
+type runner interface {
+	// run does the work once, on ctx, as the execution x, and returns the
+	// answer to store: nil when it cannot be replayed.
+	run(ctx context.Context, x *execution) *record
+	// decide says what the store policy makes of the answer run returned.
+	decide(x *execution) StoreDecision
+	// committed reports whether a panic now must keep the key: the
+	// handler's status went out, or the function returned.
+	committed() bool
+	// unprotected does the work without a lease (a method that is not
+	// protected, an optional key, fail-open).
+	unprotected()
+}
+
+// execute runs the call's work once under the lease and settles the key by
+// the release rule. A panic goes on to the caller's recoverer, after the
+// key was released or kept.
+func (l *lease) execute(c *call) verdict {
+	ctx, x := l.startRun(c)
+	defer l.stopRun()
+	returned, settled := false, false
+	defer func() {
+		switch {
+		case settled:
+		case !returned && !c.work.committed():
+			l.release(c.ctx)
+		default:
+			l.keep(ErrHandlerPanicked)
+		}
+	}()
+	rec := c.work.run(ctx, x)
+	returned = true
+	x.settle() // a Release from now on takes no effect
+	v := l.settle(c, x, cutOff(ctx), rec, c.work.decide(x))
+	settled = true
+	return v
+}
+
+// startRun gives the run its context. Once the key is claimed the run must
+// finish: a client that gives up (a double-clicking browser aborts its
+// first POST) retries and must find this execution's result, not a
+// half-done one; so the caller's cancellation does not reach it. The
+// middleware cuts it off only as the release rule says.
+func (l *lease) startRun(c *call) (context.Context, *execution) {
+	x := &execution{key: l.k.record, fp: c.fp, fence: l.fence}
+	ctx, cut := context.WithCancelCause(context.WithoutCancel(c.ctx))
+	l.cutRun = cut
+	if l.m.cfg.takeover() {
+		l.wd.notify(func() { cut(ErrLockLost) })
+	}
+	ctx, l.stopRun = context.WithTimeoutCause(withExecution(ctx, x), l.m.cfg.execTimeout, ErrExecutionTimeout)
+	return ctx, x
+}
+
+// cutOff is why the middleware cut the run on ctx off, or nil.
+func cutOff(ctx context.Context) error {
+	if ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(ctx)
+}
+
+// settle applies the release rule to a run that returned.
+func (l *lease) settle(c *call, x *execution, cut error, rec *record, d StoreDecision) verdict {
+	defer l.cutRun(nil)
+	switch {
+	case x.released(): // the work said so itself: it did nothing
+	case d.Release && cut != nil:
+		return l.keep(cut)
+	case !d.Release:
+		return l.store(c, rec, d.TTL)
+	}
+	l.release(c.ctx)
+	return verdict{outcome: Executed, released: true, err: cut}
+}
+
+// store keeps the run's answer for every duplicate (rec nil: executed, not
+// replayable) and ends the lease.
+func (l *lease) store(c *call, rec *record, ttl time.Duration) verdict {
+	defer l.end()
+	expires := time.Now().Add(ttl) // before the store: never overstated
+	how, err := l.complete(c.ctx, rec, ttl)
+	switch {
+	case errors.Is(err, ErrLockLost):
+		l.m.cfg.logger.Error("idempotency: lock lost: the handler ran, but another execution owns its key now (it was "+
+			"taken over, or an operator settled it); this answer is not the key's and was not stored",
+			"key", l.k.record)
+		return verdict{outcome: Executed, err: err}
+	case err != nil:
+		l.m.cfg.logger.Error("idempotency: the handler ran but its answer could not be stored yet; "+
+			"trying again in the background", "key", l.k.record, "error", err)
+		l.storeLater(rec, ttl)
+		return verdict{outcome: Executed, err: err}
+	case how == rewritten:
+		l.m.cfg.logger.Warn("idempotency: the key's record vanished while its handler ran (record TTL, eviction "+
+			"or a flush); the answer was stored again", "key", l.k.record)
+	}
+	if rec != nil {
+		rec.expires = expires
+		l.m.cache.put(c.id, c.fp, rec, l.m.cacheExpiry(rec))
+	}
+	return verdict{outcome: Executed, rec: rec, storedFor: ttl}
+}
+
+// complete stores rec, tried again briefly: the work has run, and a lost
+// store leaves the key for the background (or, past it, interrupted).
+func (l *lease) complete(ctx context.Context, rec *record, ttl time.Duration) (how completion, err error) {
+	for attempt, pause := 0, 10*time.Millisecond; attempt < 3; attempt, pause = attempt+1, pause*2 {
+		if attempt > 0 {
+			time.Sleep(pause)
+		}
+		step, cancel := l.m.store.stepContext(ctx)
+		how, err = l.m.store.complete(step, l.k, l.token, l.fp, l.fence, rec, ttl)
+		cancel()
+		if err == nil || errors.Is(err, ErrLockLost) {
+			return how, err
+		}
+	}
+	return how, err
+}
+
+// release gives the key up, so that a retry runs again: the record goes,
+// an issued token returns to its scope, and the lock is freed. When Redis
+// does not answer, the release goes on in the background.
+func (l *lease) release(ctx context.Context) {
+	l.end()
+	step, cancel := l.m.store.stepContext(ctx)
+	err := l.m.store.release(step, l.k, l.token)
+	cancel()
+	if err != nil {
+		l.releaseLater()
+	}
+}
+
+// releaseLater releases the key in the background: for a claim whose reply
+// never came (the client's 503 must not wait for a Redis that just failed
+// us), and for a release that Redis did not answer. Left undone, the claim
+// would read as interrupted for the record's whole lifetime although
+// nothing ran.
+func (l *lease) releaseLater() {
+	l.end()
+	l.m.later.add(l.k, "release", 0, func(ctx context.Context) error {
+		return l.m.store.release(ctx, l.k, l.token)
+	})
+}
+
+// storeLater stores rec in the background, for a run whose store Redis did
+// not answer.
+func (l *lease) storeLater(rec *record, ttl time.Duration) {
+	size := int64(0)
+	if rec != nil {
+		size = rec.size()
+	}
+	l.m.later.add(l.k, "store", size, func(ctx context.Context) error {
+		_, err := l.m.store.complete(ctx, l.k, l.token, l.fp, l.fence, rec, ttl)
+		if errors.Is(err, ErrLockLost) {
+			return nil // another executor owns the key: nothing of ours to store
+		}
+		return err
+	})
+}
+
+// keep leaves the key claimed and lets its lock go: the run is over, and
+// what it did cannot be known, so the key reads interrupted (409) until an
+// operator settles it, or is taken over by the next retry (with
+// WithRetryAbandoned or an outcome store).
+func (l *lease) keep(why error) verdict {
+	l.end()
+	l.letGo()
+	l.m.cfg.logger.Warn("idempotency: the run ended without an answer to store and may have taken effect; "+
+		"its key is kept as interrupted", "key", l.k.record, "reason", why)
+	return verdict{outcome: Executed, err: why}
+}
+
+// letGo frees the key's lock and leaves its record as it is.
+func (l *lease) letGo() {
+	if l.lock == nil {
+		return
+	}
+	ctx, cancel := l.m.store.stepContext(context.Background())
+	defer cancel()
+	l.lock.Release(ctx)
+}
+
+// end stops renewing the lock. Every transition ends the lease; ending it
+// twice is harmless.
+func (l *lease) end() {
+	if l.wd != nil {
+		l.wd.stop()
+	}
+	l.endStep()
+}
+
+// recoverAbandoned settles an abandoned execution that the lease has just
+// taken over, from the outcome store (WithOutcomeStore): the answer the
+// abandoned executor committed is stored and replayed; when it committed
+// nothing, the store has fenced it out and runAgain says so: the work runs
+// again under this lease.
+func (l *lease) recoverAbandoned(c *call) (runAgain bool, v verdict) {
+	m := l.m
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), m.cfg.execTimeout)
+	a, committed, err := m.cfg.outcomes.Recover(ctx, l.k.record, l.fence)
+	cancel()
+	if err == nil && !committed && l.wd.isLost() {
+		err = ErrLockLost // another instance may have taken the key over: it runs, not us
+	}
+	switch {
+	case errors.Is(err, ErrUnreadableRecord):
+		// It committed, and what it answered cannot be read: as for a
+		// record in Redis that cannot be decoded, retrying cannot help.
+		m.cfg.logger.Error("idempotency: an abandoned execution's committed answer cannot be read",
+			"key", l.k.record, "error", err)
+		l.end()
+		l.letGo()
+		return false, refuse(ErrUnreadableRecord)
+	case err != nil:
+		// Whether the abandoned execution committed is still unknown. The
+		// key stays claimed under our lock value, so once the lock is gone
+		// a retry takes the execution over and asks again.
+		m.cfg.logger.Warn("idempotency: could not recover an abandoned execution from the outcome store",
+			"key", l.k.record, "error", err)
+		l.end()
+		l.letGo()
+		return false, refuse(unavailable(err))
+	case !committed:
+		m.cfg.logger.Info("idempotency: an abandoned execution committed nothing; running the handler again",
+			"key", l.k.record, "fence", l.fence)
+		return true, verdict{}
+	case a.Fingerprint != hex.EncodeToString(c.fp[:]):
+		// The store's answer is for another request under this key: Redis
+		// lost the record it had, and the key was reused meanwhile.
+		l.release(c.ctx)
+		return false, refuse(ErrKeyReused)
+	case a.Status < 100 || a.Status > 999:
+		l.end()
+		l.letGo()
+		return false, refuse(ErrUnreadableRecord)
+	}
+	rec := m.recordOf(a)
+	if len(a.Body) > m.cfg.maxResponse {
+		rec = nil // as for an answer recorded over the limit: executed, not replayed
+	} else {
+		rec.expires = time.Now().Add(m.cfg.recordTTL)
+	}
+	m.cfg.logger.Info("idempotency: recovered an abandoned execution's committed answer", "key", l.k.record)
+	// Replayed even when Redis cannot keep it now: the answer is committed,
+	// and the next retry recovers it again. Another executor that stored
+	// first (ErrLockLost) stored the same committed answer.
+	_, err = l.complete(c.ctx, rec, m.cfg.recordTTL)
+	l.end()
+	switch {
+	case rec == nil:
+		return false, refuse(ErrNotReplayable)
+	case err == nil:
+		m.cache.put(c.id, c.fp, rec, m.cacheExpiry(rec))
+	}
+	return false, m.replay(c, c.fp, rec)
+}

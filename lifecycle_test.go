@@ -368,4 +368,3 @@ func TestResolveKeepsTheResponseLimit(t *testing.T) {
 	requireProblem(t, s.post(s.client(), "/payments", "big", `{}`), http.StatusConflict, "not-replayable")
 	require.EqualValues(t, 0, s.execs.Load())
 }
-

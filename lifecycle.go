@@ -33,17 +33,18 @@ import (
 //	Release(ctx) was called while the work ran                 released
 //	the store policy releases the answer, or the function
 //	  returned an error (Do without StoreErrors)               released
-//	  ... after the middleware had cut the run off             kept
+//	the middleware cut the run off, whatever it answered       kept
 //	the handler panicked after its status was sent             kept
 //	any other answer                                           stored
 //
 // The middleware cuts a run off (cancels its context) when the execution
 // timeout ends it, or when its lease is lost while another executor could
-// take the key over (WithRetryAbandoned, WithOutcomeStore). Without such an
-// executor a lost lease lets the run go on: the record still names it, and
-// its answer is stored once Redis answers. A cut-off run's answer is stored
-// when the policy stores it and the key is still its own; it is never
-// released, because what the run did before it was cut off is unknown.
+// take the key over (WithRetryAbandoned, WithOutcomeStore). What a cut-off
+// run did before it noticed is unknown, and what it answered is an answer
+// to the cancellation (an error, or a silent return read as 200), not the
+// key's: it is neither stored nor a reason to release. Without an executor
+// that could take over, a lost lease cuts nothing: the record still names
+// the run, and its answer is stored once Redis answers.
 //
 // A release or a store that Redis does not answer is tried again in the
 // background for up to a lease (later.go), so a brief outage neither turns
@@ -156,7 +157,7 @@ func (l *lease) settle(c *call, x *execution, cut error, rec *record, d StoreDec
 	defer l.cutRun(nil)
 	switch {
 	case x.released(): // the work said so itself: it did nothing
-	case d.Release && cut != nil:
+	case cut != nil:
 		return l.keep(cut)
 	case !d.Release:
 		return l.store(c, rec, d.TTL)

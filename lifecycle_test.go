@@ -91,6 +91,22 @@ func TestDoCutOffByTheExecutionTimeoutKeepsTheKey(t *testing.T) {
 	require.EqualValues(t, 1, effects.Load())
 }
 
+// A handler that the execution timeout cut off keeps its key, whatever it
+// answered: a handler that returns on ctx.Done without writing is sent as
+// an empty 200 by net/http, and that is no answer to replay for a day.
+func TestAHandlerCutOffByTheExecutionTimeoutKeepsTheKey(t *testing.T) {
+	s := newShop(t, WithExecutionTimeout(200*time.Millisecond))
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done() // gives up silently
+	}
+	c := s.client()
+	first := s.post(c, "/payments", "k", `{}`)
+	require.Equal(t, http.StatusOK, first.status)
+	require.Empty(t, first.body)
+	requireProblem(t, s.post(c, "/payments", "k", `{}`), http.StatusConflict, "interrupted")
+	require.EqualValues(t, 1, s.execs.Load())
+}
+
 // A function error still releases the key when the middleware did not cut
 // the function off: a retry (a redelivered message) runs it again.
 func TestDoErrorReleasesTheKey(t *testing.T) {

@@ -187,7 +187,7 @@ func ExampleMiddleware_Protect() {
 	page := httptest.NewRecorder()
 	pageReq := httptest.NewRequest(http.MethodGet, "/form", nil)
 	field, _ := idem.FormField(page, pageReq)
-	token := strings.Split(string(field), `value="`)[1][:36]
+	token, _, _ := strings.Cut(strings.Split(string(field), `value="`)[1], `"`)
 	session := page.Result().Cookies()[0]
 	for range 2 {
 		req := httptest.NewRequest(http.MethodPost, "/orders",

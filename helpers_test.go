@@ -140,7 +140,8 @@ func requireProblem(t testing.TB, a answer, status int, slug string) {
 	require.NotEmpty(t, p.Detail)
 }
 
-// keysWithoutTTL lists the keys under prefix that would live forever.
+// keysWithoutTTL lists the keys under prefix that would live forever,
+// but for the shared token secret, which must.
 func keysWithoutTTL(t testing.TB, rdb redis.UniversalClient, prefix string) []string {
 	t.Helper()
 	var forever []string
@@ -148,7 +149,7 @@ func keysWithoutTTL(t testing.TB, rdb redis.UniversalClient, prefix string) []st
 	keys, err := rdb.Keys(ctx, prefix+"*").Result()
 	require.NoError(t, err)
 	for _, k := range keys {
-		if ttl := rdb.PTTL(ctx, k).Val(); ttl < 0 {
+		if ttl := rdb.PTTL(ctx, k).Val(); ttl < 0 && !strings.HasSuffix(k, ":token-secret") {
 			forever = append(forever, k)
 		}
 	}

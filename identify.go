@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 )
 
 // identify reads the body, the key and the scope, all before Redis is asked,
@@ -30,8 +31,17 @@ func (m *Middleware) identify(c *call, extract KeyExtractor) error {
 	if err != nil {
 		return err
 	}
-	if c.tokenMode && !isToken(key) {
-		return ErrTokenNotFound
+	if c.tokenMode {
+		// Unknown, expired and another scope's tokens are refused here,
+		// before Redis is asked, and all three alike.
+		expires, issued, err := m.tokens.check(c.ctx, c.scope, key, time.Now())
+		if err != nil {
+			return err
+		}
+		if !issued {
+			return ErrTokenNotFound
+		}
+		c.tokenExpires = expires
 	}
 	c.key = key
 	c.id = identityOf(c.tokenMode, c.scope, key)
@@ -77,7 +87,9 @@ func (m *Middleware) scopeOf(r *http.Request, tokenMode bool) (string, error) {
 // redisKeys builds the Redis key names, which only the Redis path needs.
 func (m *Middleware) redisKeys(c *call) keys {
 	if c.tokenMode {
-		return tokenKeys(m.cfg.prefix, c.scope, c.key)
+		k := tokenKeys(m.cfg.prefix, c.scope, c.key)
+		k.tokenExpires = c.tokenExpires
+		return k
 	}
 	return clientKeys(m.cfg.prefix, c.id)
 }

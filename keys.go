@@ -4,43 +4,45 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"sync"
+	"time"
 )
 
 // keys names the Redis keys one protected request touches. They share one
 // hash tag, so the scripts and the lock work on Redis Cluster:
 //
-//	token mode: PREFIX:{t<scope digest>}:tokens    sorted set of issued tokens
-//	            PREFIX:{t<scope digest>}:r:<token> record hash
+//	token mode: PREFIX:{t<scope digest>}:r:<token> record hash
 //	            PREFIX:{t<scope digest>}:l:<token> lock
 //	key mode:   PREFIX:{k<scope+key digest>}:r     record hash
 //	            PREFIX:{k<scope+key digest>}:l     lock
+//	both:       PREFIX:token-secret                the secret tokens are signed with (tokensign.go)
 //
-// A token-mode tag spreads scopes over the cluster and keeps one scope's
-// tokens together so that issuing can cap them atomically. A key-mode tag
-// hashes the client's key, so a busy route spreads over every shard and no
+// A token-mode tag spreads scopes over the cluster. A key-mode tag hashes
+// the client's key, so a busy route spreads over every shard and no
 // client-chosen byte reaches a key name.
 type keys struct {
-	tokens string // empty in key mode
-	record string
-	lock   string
-	token  string // the issued token, token mode only
+	record       string
+	lock         string
+	token        string    // the issued token, token mode only
+	tokenExpires time.Time // when token expires
 }
 
-// tokenSetKey names a scope's token set, the one key issuing touches.
-func tokenSetKey(prefix, scope string) string {
-	var tag [48]byte
-	return string(append(appendTag(tag[:0], prefix, 't', scopeDigest(scope)), "tokens"...))
+// lifetime is how long the record is kept when ttl is asked for: at least
+// as long as an issued token lives, since the record is what keeps the
+// token spent.
+func (k keys) lifetime(ttl time.Duration) time.Duration {
+	if k.token == "" {
+		return ttl
+	}
+	return max(ttl, time.Until(k.tokenExpires)+time.Second)
 }
 
-// tokenKeys names a token's keys after its scope, so that the token set and
-// the token's record and lock share a hash tag.
+// tokenKeys names a token's keys after its scope.
 func tokenKeys(prefix, scope, token string) keys {
 	var tag [48]byte
 	t := appendTag(tag[:0], prefix, 't', scopeDigest(scope))
 	// One statement per name: each append reuses t's array, and Go does not
 	// order conversions inside one expression.
 	k := keys{token: token}
-	k.tokens = string(append(t, "tokens"...))
 	k.record = string(append(append(t, "r:"...), token...))
 	k.lock = string(append(append(t, "l:"...), token...))
 	return k
@@ -80,12 +82,7 @@ func scopeDigest(s string) [16]byte {
 // lock, and the channel it waits on.
 func (k keys) waiters() string { return k.record + ":w" }
 
-func (k keys) redisKeys() []string {
-	if k.tokens == "" {
-		return []string{k.record, k.lock}
-	}
-	return []string{k.record, k.lock, k.tokens}
-}
+func (k keys) redisKeys() []string { return []string{k.record, k.lock} }
 
 // identity names a token or key inside this process (the in-flight table
 // and the response cache) without building the Redis key strings, which a

@@ -19,8 +19,6 @@ func TestKeyNamesShareOneHashTag(t *testing.T) {
 	}
 	require.Equal(t, "idem:"+tk.record[5:strings.Index(tk.record, "}")+2]+"r:3f1e2d4c-5b6a-4789-8abc-def012345678", tk.record)
 	require.True(t, strings.HasSuffix(tk.lock, "}:l:3f1e2d4c-5b6a-4789-8abc-def012345678"))
-	require.True(t, strings.HasSuffix(tk.tokens, "}:tokens"))
-	require.Equal(t, tokenSetKey("idem", "session-1"), tk.tokens)
 	require.True(t, strings.HasSuffix(ck.record, "}:r"))
 	require.True(t, strings.HasSuffix(ck.lock, "}:l"))
 	require.NotEqual(t, ck.record, clientKeys("idem", identityOf(false, "/payments", "order-43")).record)

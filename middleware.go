@@ -20,6 +20,7 @@ type Middleware struct {
 	flights flights
 	cache   *responseCache
 	later   *later
+	tokens  *tokenSigner
 }
 
 // New returns a Middleware that keeps its state in client, which may be a
@@ -31,6 +32,7 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 	}
 	m := &Middleware{cfg: newConfig(opts)}
 	m.later = newLater(m)
+	m.tokens = &tokenSigner{prefix: m.cfg.prefix, client: client, timeout: m.cfg.storeTimeout, secret: m.cfg.tokenSecret}
 	m.store = newStore(client, &m.cfg)
 	m.cache = newResponseCache(m.cfg.cacheEntries, m.cfg.cacheBytes)
 	if known, enabled := contextTimeouts(client); known && !enabled {
@@ -113,11 +115,12 @@ type call struct {
 	start     time.Time
 	deadline  time.Time // for waiting on another request with the same key
 
-	scope string
-	key   string
-	id    identity
-	fp    fingerprintSum
-	body  bodyReader // what the handler reads as r.Body
+	scope        string
+	key          string
+	tokenExpires time.Time // an issued token's (token mode)
+	id           identity
+	fp           fingerprintSum
+	body         bodyReader // what the handler reads as r.Body
 
 	fromCache bool
 	waited    time.Duration

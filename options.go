@@ -24,7 +24,7 @@ type config struct {
 	maxResponse     int
 	maxRequest      int64
 	maxKeyLen       int
-	tokensPerScope  int
+	tokenSecret     []byte
 	replayHeaders   map[string]bool // nil: everything but Set-Cookie and hop-by-hop
 	scope           func(*http.Request) (string, error)
 	extractor       KeyExtractor
@@ -101,9 +101,21 @@ func WithMaxRequestBytes(n int64) Option { return func(c *config) { c.maxRequest
 // answered 400 before Redis is touched. Default 255.
 func WithMaxKeyLength(n int) Option { return func(c *config) { c.maxKeyLen = n } }
 
-// WithTokensPerScope caps how many issued tokens one scope may hold at once;
-// issuing one more drops the oldest. Default 32.
-func WithTokensPerScope(n int) Option { return func(c *config) { c.tokensPerScope = n } }
+// WithTokensPerScope used to cap the tokens a scope could hold at once,
+// when issued tokens were stored. They are signed now and cost Redis
+// nothing until spent, so there is nothing to cap.
+//
+// Deprecated: it has no effect.
+func WithTokensPerScope(int) Option { return func(*config) {} }
+
+// WithTokenSecret sets the secret that issued tokens are signed with: at
+// least 32 random bytes, the same on every instance. Default: one made by
+// the first instance that needs it and kept in Redis under
+// PREFIX:token-secret, which every instance on that Redis then shares.
+// Tokens signed with another secret are answered token-not-found.
+func WithTokenSecret(secret []byte) Option {
+	return func(c *config) { c.tokenSecret = append([]byte(nil), secret...) }
+}
 
 // WithReplayHeaders replaces the default header policy with an allowlist:
 // only the named response headers are stored and replayed. Naming Set-Cookie
@@ -277,7 +289,6 @@ func newConfig(opts []Option) config {
 	setDefault(&c.maxResponse, 1<<20)
 	setDefault(&c.maxRequest, 1<<20)
 	setDefault(&c.maxKeyLen, 255)
-	setDefault(&c.tokensPerScope, 32)
 	setDefault(&c.sessionCookie, "idempotency_session")
 	setDefault(&c.formField, "idempotency_token")
 	setDefault(&c.cacheTTL, 10*time.Second)
@@ -343,8 +354,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("WithExpiryHeader(%q) is not a header name", c.expiryHeader)
 	case c.unprotected[""]:
 		return fmt.Errorf("WithUnprotectedMethods names an empty method")
-	case c.tokensPerScope < 1:
-		return fmt.Errorf("tokens per scope %d is below 1", c.tokensPerScope)
+	case c.tokenSecret != nil && len(c.tokenSecret) < minTokenSecret:
+		return fmt.Errorf("token secret of %d bytes is shorter than %d", len(c.tokenSecret), minTokenSecret)
 	case c.sessionCookie == "" || c.formField == "":
 		return fmt.Errorf("session cookie and form field names must not be empty")
 	}

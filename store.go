@@ -13,8 +13,6 @@ import (
 )
 
 var (
-	//go:embed lua/issue.lua
-	issueSource string
 	//go:embed lua/claim.lua
 	claimSource string
 	//go:embed lua/complete.lua
@@ -22,7 +20,6 @@ var (
 	//go:embed lua/release.lua
 	releaseSource string
 
-	issueScript    = redis.NewScript(issueSource)
 	claimScript    = redis.NewScript(claimSource)
 	completeScript = redis.NewScript(completeSource)
 	releaseScript  = redis.NewScript(releaseSource)
@@ -38,7 +35,7 @@ type store struct {
 	locks  *redislock.Client
 	cfg    *config
 	// Script arguments that never change, boxed once instead of per call.
-	recordTTL, tokenTTL, tokenCap, retryAbandoned any
+	recordTTL, retryAbandoned any
 }
 
 func newStore(client redis.UniversalClient, cfg *config) *store {
@@ -48,8 +45,7 @@ func newStore(client redis.UniversalClient, cfg *config) *store {
 	}
 	return &store{
 		client: client, locks: redislock.New(ridingScripter{client}), cfg: cfg,
-		recordTTL: cfg.recordTTL.Milliseconds(), tokenTTL: cfg.tokenTTL.Milliseconds(),
-		tokenCap: cfg.tokensPerScope, retryAbandoned: retry,
+		recordTTL: cfg.recordTTL.Milliseconds(), retryAbandoned: retry,
 	}
 }
 
@@ -74,13 +70,6 @@ type claim struct {
 	rec     *record // outcomeDone only
 }
 
-// issue adds token to the scope's token set. An error means the token may
-// or may not have been stored; the caller must not hand it out.
-func (s *store) issue(ctx context.Context, scope, token string) error {
-	return issueScript.Run(ctx, s.client, []string{tokenSetKey(s.cfg.prefix, scope)},
-		token, s.tokenTTL, s.tokenCap).Err()
-}
-
 // obtain takes the key's lock with a fresh random value, or returns
 // redislock.ErrNotObtained while another request holds it.
 func (s *store) obtain(ctx context.Context, k keys) (*redislock.Lock, error) {
@@ -101,7 +90,14 @@ func (s *store) claimOn(ctx context.Context, via redis.Scripter, k keys, lockVal
 
 // claimArgs are claim.lua's ARGV.
 func (s *store) claimArgs(k keys, lockValue, fingerprint string) []any {
-	return []any{lockValue, fingerprint, s.recordTTL, k.token, s.retryAbandoned}
+	issued, ttl := "", s.recordTTL
+	if k.token != "" {
+		issued = "t"
+		if life := k.lifetime(s.cfg.recordTTL); life > s.cfg.recordTTL {
+			ttl = life.Milliseconds()
+		}
+	}
+	return []any{lockValue, fingerprint, ttl, issued, s.retryAbandoned}
 }
 
 // claimReply reads claim.lua's reply.
@@ -181,7 +177,7 @@ func (s *store) complete(ctx context.Context, k keys, lockValue string, fp finge
 		state, status, head, body = "done", strconv.Itoa(rec.status), encodeHeader(rec.header), rec.body
 	}
 	stored, err := completeScript.Run(ctx, s.client, []string{k.record, k.lock, k.waiters()},
-		lockValue, state, status, head, body, ttl.Milliseconds(), string(fp[:]), strconv.FormatUint(fence, 10)).Int()
+		lockValue, state, status, head, body, k.lifetime(ttl).Milliseconds(), string(fp[:]), strconv.FormatUint(fence, 10)).Int()
 	switch {
 	case err != nil:
 		return 0, err
@@ -203,15 +199,11 @@ func (s *store) fingerprintOf(ctx context.Context, k keys) (string, error) {
 	return fp, err
 }
 
-// release undoes a claim: the record goes, an issued token returns to its
-// scope, and the lock is freed. It does nothing to a record another executor
-// owns.
+// release undoes a claim: the record goes (which gives an issued token
+// back), and the lock is freed. It does nothing to a record another
+// executor owns.
 func (s *store) release(ctx context.Context, k keys, lockValue string) error {
-	names := []string{k.record, k.lock, k.waiters()}
-	if k.tokens != "" {
-		names = append(names, k.tokens)
-	}
-	return releaseScript.Run(ctx, s.client, names, lockValue, k.token, s.tokenCap).Err()
+	return releaseScript.Run(ctx, s.client, []string{k.record, k.lock, k.waiters()}, lockValue).Err()
 }
 
 // stepContext bounds one Redis step. It outlives the request's own context:

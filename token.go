@@ -30,16 +30,13 @@ func (m *Middleware) IssueToken(w http.ResponseWriter, r *http.Request) (Token, 
 
 // IssueTokenFor issues a token bound to an explicit scope, for callers that
 // know it (a background job, a test). The token is only accepted from
-// requests whose scope function returns the same scope.
+// requests whose scope function returns the same scope. Issuing writes
+// nothing to Redis (see tokensign.go): only the first token of a process
+// asks it for the shared secret.
 func (m *Middleware) IssueTokenFor(r *http.Request, scope string) (Token, error) {
-	token, err := newToken()
+	token, err := m.tokens.sign(r.Context(), scope, time.Now().Add(m.cfg.tokenTTL))
 	if err != nil {
 		return Token{}, err
-	}
-	ctx, cancel := m.store.stepContext(r.Context())
-	defer cancel()
-	if err := m.store.issue(ctx, scope, token); err != nil {
-		return Token{}, unavailable(err)
 	}
 	return Token{Value: token, ExpiresIn: m.cfg.tokenTTL}, nil
 }
@@ -109,7 +106,7 @@ func (m *Middleware) issuingScope(w http.ResponseWriter, r *http.Request) (strin
 // session returns the caller's session id when it carries a well-formed one.
 func (m *Middleware) session(r *http.Request) (string, bool) {
 	c, err := r.Cookie(m.cfg.sessionCookie)
-	if err != nil || !isToken(c.Value) {
+	if err != nil || !isSession(c.Value) {
 		return "", false
 	}
 	return c.Value, true
@@ -130,18 +127,9 @@ func (m *Middleware) secureCookie(r *http.Request) bool {
 	return r.TLS != nil
 }
 
-// newToken draws a version 4 UUID: 122 bits from crypto/rand.
-func newToken() (string, error) {
-	id, err := uuid.NewRandom()
-	if err != nil {
-		return "", err
-	}
-	return id.String(), nil
-}
-
-// isToken accepts exactly the canonical form that IssueToken hands out, so a
-// forged value is refused without a Redis round trip.
-func isToken(s string) bool {
+// isSession accepts exactly the canonical form of a session id (a version
+// 4 UUID, as issuingScope draws it), so that a forged cookie is no session.
+func isSession(s string) bool {
 	// At 36 bytes uuid.Parse accepts only the hyphenated form; what it
 	// tolerates beyond the canonical one is upper-case hex.
 	if len(s) != 36 || strings.ContainsAny(s, "ABCDEF") {
@@ -149,4 +137,14 @@ func isToken(s string) bool {
 	}
 	_, err := uuid.Parse(s)
 	return err == nil
+}
+
+// newToken draws a version 4 UUID: 122 bits from crypto/rand, for a key
+// the client side makes up (Transport).
+func newToken() (string, error) {
+	id, err := uuid.NewRandom()
+	if err != nil {
+		return "", err
+	}
+	return id.String(), nil
 }

@@ -1,13 +1,13 @@
 package idempotency
 
 import (
-	"context"
 	"crypto/tls"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/onceonly/idempotency/internal/require"
 )
@@ -25,7 +25,7 @@ func TestTokenEndpointStartsSession(t *testing.T) {
 	require.True(t, ck.HttpOnly)
 	require.Equal(t, http.SameSiteLaxMode, ck.SameSite)
 	require.False(t, ck.Secure, "plain HTTP")
-	require.True(t, isToken(ck.Value))
+	require.True(t, isSession(ck.Value))
 
 	// Under TLS the cookie is Secure; a caller with a session keeps it.
 	r := httptest.NewRequest(http.MethodGet, "/idempotency/token", nil)
@@ -56,7 +56,7 @@ func TestFormFieldSharesOneSessionPerRequest(t *testing.T) {
 	second, err := s.idem.FormField(w, r)
 	require.NoError(t, err)
 	require.Len(t, w.Result().Cookies(), 1, "two forms on one page, one new session")
-	require.Regexp(t, `^<input type="hidden" name="idempotency_token" value="[0-9a-f-]{36}">$`, string(first))
+	require.Regexp(t, `^<input type="hidden" name="idempotency_token" value="[A-Za-z0-9_-]{54}">$`, string(first))
 	require.NotEqual(t, first, second)
 
 	// Both tokens work from the browser that got the page.
@@ -71,20 +71,44 @@ func TestFormFieldSharesOneSessionPerRequest(t *testing.T) {
 	require.EqualValues(t, 2, s.execs.Load())
 }
 
-func TestTokensPerScopeAreCapped(t *testing.T) {
-	const capacity = 4
-	s := newShop(t, WithTokensPerScope(capacity))
-	c := s.client()
-	var tokens []string
-	for range capacity + 3 {
-		tokens = append(tokens, s.token(c))
-	}
-	n, err := s.rdb.ZCard(context.Background(), tokenSetKey("test-"+t.Name(), sessionOf(t, s, c))).Result()
+// An issued token is spent once: its record marks it spent for longer
+// than the token lives. Forged, expired and another session's tokens are
+// refused alike, without asking Redis.
+func TestTokensAreSignedAndSpentOnce(t *testing.T) {
+	s := newShop(t, WithTokenTTL(time.Second), WithResponseCache(0, 0))
+	c, other := s.client(), s.client()
+	tok := s.token(c)
+	s.token(other)
+	require.Equal(t, http.StatusCreated, s.post(c, "/orders", tok, `{}`).status)
+	require.Equal(t, "true", s.post(c, "/orders", tok, `{}`).header.Get(ReplayedHeader))
+	requireProblem(t, s.post(other, "/orders", tok, `{}`), 422, "token-not-found")
+
+	forged := []byte(s.token(c))
+	forged[len(forged)-1] ^= 1 // the last character carries MAC bits
+	requireProblem(t, s.post(c, "/orders", string(forged), `{}`), 422, "token-not-found")
+
+	old := s.token(c)
+	time.Sleep(1100 * time.Millisecond)
+	requireProblem(t, s.post(c, "/orders", old, `{}`), 422, "token-not-found")
+
+	// Another secret signs other tokens.
+	m := New(s.rdb, WithKeyPrefix("test-"+t.Name()), WithTokenSecret([]byte(strings.Repeat("k", 32))))
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	foreign, err := m.IssueTokenFor(r, sessionOf(t, s, c))
 	require.NoError(t, err)
-	require.EqualValues(t, capacity, n)
-	// The oldest were dropped; the newest still work.
-	requireProblem(t, s.post(c, "/orders", tokens[0], `{}`), 422, "token-not-found")
-	require.Equal(t, http.StatusCreated, s.post(c, "/orders", tokens[len(tokens)-1], `{}`).status)
+	requireProblem(t, s.post(c, "/orders", foreign.Value, `{}`), 422, "token-not-found")
+	require.EqualValues(t, 1, s.execs.Load())
+}
+
+// Every instance on one Redis signs with the secret the first one made.
+func TestInstancesShareTheTokenSecret(t *testing.T) {
+	a, b := twoInstances(t)
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	tok, err := a.IssueTokenFor(r, "s")
+	require.NoError(t, err)
+	_, ok, err := b.tokens.check(t.Context(), "s", tok.Value, time.Now())
+	require.NoError(t, err)
+	require.True(t, ok)
 }
 
 func sessionOf(t *testing.T, s *shop, c *http.Client) string {
@@ -105,7 +129,7 @@ func TestIssuedTokensAreUnique(t *testing.T) {
 	for i := range 2000 {
 		tok, err := s.idem.IssueTokenFor(r, fmt.Sprint("scope-", i%50))
 		require.NoError(t, err)
-		require.True(t, isToken(tok.Value))
+		require.Len(t, tok.Value, tokenLength)
 		require.False(t, seen[tok.Value])
 		seen[tok.Value] = true
 	}
@@ -117,7 +141,7 @@ func TestInvalidConfigurationPanicsAtConstruction(t *testing.T) {
 		"brace in prefix": WithKeyPrefix("a{b}"),
 		"tiny lease":      WithLockLease(10),
 		"negative wait":   WithWaitTimeout(-1),
-		"zero cap":        WithTokensPerScope(-1),
+		"short secret":    WithTokenSecret([]byte("short")),
 		"huge keys":       WithMaxKeyLength(1 << 20),
 	} {
 		require.Panics(t, func() { New(rdb, opt) }, name)
@@ -125,14 +149,14 @@ func TestInvalidConfigurationPanicsAtConstruction(t *testing.T) {
 	require.Panics(t, func() { New(nil) })
 }
 
-func TestIsTokenAcceptsOnlyTheCanonicalForm(t *testing.T) {
+func TestIsSessionAcceptsOnlyTheCanonicalForm(t *testing.T) {
 	tok, err := newToken()
 	require.NoError(t, err)
-	require.True(t, isToken(tok))
+	require.True(t, isSession(tok))
 	for _, bad := range []string{
 		strings.ToUpper(tok), "{" + tok + "}", "urn:uuid:" + tok, strings.ReplaceAll(tok, "-", ""),
 		tok[:35] + "g", tok[:8] + "x" + tok[9:], "",
 	} {
-		require.False(t, isToken(bad), bad)
+		require.False(t, isSession(bad), bad)
 	}
 }

@@ -35,7 +35,7 @@ func browser(t *testing.T) *http.Client {
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 }
 
-var hiddenToken = regexp.MustCompile(`name="idempotency_token" value="([0-9a-f-]{36})"`)
+var hiddenToken = regexp.MustCompile(`name="idempotency_token" value="([A-Za-z0-9_-]{54})"`)
 
 // formToken loads the home page and returns the token of its order form.
 func formToken(t *testing.T, c *http.Client, base string) string {

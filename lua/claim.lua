@@ -1,13 +1,17 @@
 -- claim.lua: decide what a request holding the key's lock does next.
--- KEYS[1] record hash, KEYS[2] lock, KEYS[3] the scope's token set (token mode)
+-- KEYS[1] record hash, KEYS[2] lock
 -- ARGV[1] our lock value, ARGV[2] request fingerprint, ARGV[3] record TTL ms,
--- ARGV[4] token (token mode), ARGV[5] '1' to retry abandoned executions
+-- ARGV[4] 't' for an issued token (whose signature and expiry the caller
+-- checked), ARGV[5] '1' to retry abandoned executions
 --
 -- Record fields: st state (run, done, big), o lock value of the executor,
 -- fp fingerprint, c status, h headers, b body, n executions, f fencing token,
--- x token expiry, w set when the store wrote a vanished record back, s the
--- claim an operator settled (settle.lua). A record in state 'forgotten' is
--- read as no record.
+-- w set when the store wrote a vanished record back, s the claim an operator
+-- settled (settle.lua). A record in state 'forgotten' is read as no record,
+-- except for a token, which it keeps spent.
+--
+-- A token's record is what marks it spent: it outlives the token, so a
+-- token with no record has never been spent (or was given back).
 --
 -- The fencing token is Redis's clock in microseconds at the claim, and
 -- always above the key's previous one: storage that remembers the highest
@@ -32,6 +36,10 @@ end
 local rec = redis.call('HMGET', KEYS[1], 'st', 'o', 'fp', 'c', 'h', 'b', 'f', 'n')
 local st = rec[1]
 if st == 'forgotten' then
+  if ARGV[4] == 't' then
+    unlock()
+    return {'unknown'}
+  end
   st = nil
 end
 if st then
@@ -77,18 +85,6 @@ if st then
   return {'claimed', string.format('%.0f', fence), 'retaken'}
 end
 
-local t = redis.call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local exp = ''
-if #KEYS == 3 then
-  local score = redis.call('ZSCORE', KEYS[3], ARGV[4])
-  if not score or tonumber(score) <= math.floor(now_us / 1000) then
-    unlock()
-    return {'unknown'}
-  end
-  exp = score
-end
-
 -- Everything below writes, so it needs the lock.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return {'lost'}
@@ -96,10 +92,8 @@ end
 
 -- The record first: under maxmemory HSET is refused before anything else
 -- ran, so a full Redis fails the claim and the handler never starts.
-local fence = string.format('%.0f', now_us)
-redis.call('HSET', KEYS[1], 'st', 'run', 'o', ARGV[1], 'fp', ARGV[2], 'n', 1, 'f', fence, 'x', exp)
+local t = redis.call('TIME')
+local fence = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+redis.call('HSET', KEYS[1], 'st', 'run', 'o', ARGV[1], 'fp', ARGV[2], 'n', 1, 'f', fence)
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-if #KEYS == 3 then
-  redis.call('ZREM', KEYS[3], ARGV[4])
-end
 return {'claimed', fence}

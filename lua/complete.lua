@@ -34,8 +34,6 @@ elseif rec[2] == ARGV[1] then
     -- goes first. (PEXPIRE rather than HDEL: an HDEL first leaves the hash
     -- three times larger once the body is in.)
     redis.call('PEXPIRE', KEYS[1], ARGV[6])
-    -- 'x' (the token's expiry, for release.lua while the key runs) stays:
-    -- a few bytes, where deleting it would cost a command per request.
     redis.call('HSET', KEYS[1], 'st', ARGV[2], 'c', ARGV[3], 'h', ARGV[4], 'b', ARGV[5])
   end
   stored = 1

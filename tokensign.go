@@ -1,0 +1,130 @@
+package idempotency
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Issued tokens are signed, not stored. A token carries its expiry and a
+// random nonce, and a MAC over both and the scope it was issued to, under a
+// secret every instance shares. Issuing one therefore writes nothing: the
+// token endpoint is anonymous by nature (a form page needs a token before
+// anyone logs in), and a flood of token requests, with or without cookies,
+// cannot take the memory that claims need. A claim checks the MAC and the
+// expiry before it asks Redis, so a forged, expired or foreign token costs
+// no round trip; the claim's record is what marks a token spent, and it
+// lives at least as long as the token (keys.lifetime), so a spent token can
+// never be spent again. A release deletes the record,
+// which gives the token back until it expires.
+//
+// The secret is WithTokenSecret's, or else one made once per key prefix
+// and kept in Redis (PREFIX:token-secret), so that every instance on the
+// same Redis shares it with no configuration.
+
+const (
+	tokenNonceBytes = 16
+	tokenMACBytes   = 16
+	tokenBytes      = 8 + tokenNonceBytes + tokenMACBytes
+	// TokenLength is the length of an issued token: URL-safe base64, no
+	// padding.
+	tokenLength = (tokenBytes*8 + 5) / 6
+	// minTokenSecret is the shortest secret WithTokenSecret accepts.
+	minTokenSecret = 32
+)
+
+// tokenSigner signs and checks tokens under one secret.
+type tokenSigner struct {
+	prefix  string
+	client  redis.UniversalClient
+	timeout time.Duration
+
+	mu     sync.Mutex
+	secret []byte // nil until loaded
+}
+
+// sign returns a new token for scope, valid until expires.
+func (s *tokenSigner) sign(ctx context.Context, scope string, expires time.Time) (string, error) {
+	secret, err := s.key(ctx)
+	if err != nil {
+		return "", err
+	}
+	var b [tokenBytes]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(expires.UnixMilli()))
+	if _, err := rand.Read(b[8 : 8+tokenNonceBytes]); err != nil {
+		return "", err
+	}
+	copy(b[8+tokenNonceBytes:], tokenMAC(secret, scope, b[:8+tokenNonceBytes]))
+	return base64.RawURLEncoding.EncodeToString(b[:]), nil
+}
+
+// check reports whether token was issued to scope under this secret and
+// has not expired by now, and when it expires. A token that is not one of
+// ours at all is refused before the secret is needed.
+func (s *tokenSigner) check(ctx context.Context, scope, token string, now time.Time) (expires time.Time, ok bool, err error) {
+	var b [tokenBytes]byte
+	if len(token) != tokenLength {
+		return time.Time{}, false, nil
+	}
+	if n, err := base64.RawURLEncoding.Decode(b[:], []byte(token)); err != nil || n != tokenBytes {
+		return time.Time{}, false, nil
+	}
+	expires = time.UnixMilli(int64(binary.BigEndian.Uint64(b[:8])))
+	if !now.Before(expires) {
+		return time.Time{}, false, nil
+	}
+	secret, err := s.key(ctx)
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	return expires, hmac.Equal(b[8+tokenNonceBytes:], tokenMAC(secret, scope, b[:8+tokenNonceBytes])), nil
+}
+
+// tokenMAC binds a token's expiry and nonce to its scope.
+func tokenMAC(secret []byte, scope string, head []byte) []byte {
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte("idempotency/token\x00"))
+	mac.Write([]byte(scope))
+	mac.Write([]byte{0})
+	mac.Write(head)
+	return mac.Sum(nil)[:tokenMACBytes]
+}
+
+// key returns the secret, loading (or first making) the shared one from
+// Redis once. A failure is not remembered: the next call asks again.
+func (s *tokenSigner) key(ctx context.Context) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.secret != nil {
+		return s.secret, nil
+	}
+	fresh := make([]byte, minTokenSecret)
+	if _, err := rand.Read(fresh); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	defer cancel()
+	name := s.prefix + ":token-secret"
+	// SET NX … GET answers the secret that was there, or nil when ours
+	// went in: one round trip, and every instance ends up with the first.
+	old, err := s.client.SetArgs(ctx, name, fresh, redis.SetArgs{Mode: "NX", Get: true}).Bytes()
+	switch {
+	case errors.Is(err, redis.Nil):
+		s.secret = fresh
+	case err != nil:
+		return nil, unavailable(err)
+	case len(old) < minTokenSecret:
+		return nil, unavailable(errors.New("the shared token secret in Redis is too short"))
+	default:
+		s.secret = old
+	}
+	return s.secret, nil
+}

@@ -109,7 +109,7 @@ type runner interface {
 // key was released or kept.
 func (l *lease) execute(c *call) verdict {
 	ctx, x := l.startRun(c)
-	defer l.stopRun()
+	defer l.endRun()
 	returned, settled := false, false
 	defer func() {
 		switch {
@@ -144,6 +144,12 @@ func (l *lease) startRun(c *call) (context.Context, *execution) {
 	return ctx, x
 }
 
+// endRun releases the run's context and its timer.
+func (l *lease) endRun() {
+	l.stopRun()
+	l.cutRun(nil)
+}
+
 // cutOff is why the middleware cut the run on ctx off, or nil.
 func cutOff(ctx context.Context) error {
 	if ctx.Err() == nil {
@@ -154,7 +160,6 @@ func cutOff(ctx context.Context) error {
 
 // settle applies the release rule to a run that returned.
 func (l *lease) settle(c *call, x *execution, cut error, rec *record, d StoreDecision) verdict {
-	defer l.cutRun(nil)
 	switch {
 	case x.released(): // the work said so itself: it did nothing
 	case cut != nil:

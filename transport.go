@@ -20,7 +20,8 @@ import (
 //	// attempt ran the request and this is its stored answer.
 //
 // A request that already carries an Idempotency-Key keeps it, on every
-// attempt. Otherwise the key is a random UUID (version 4), made per call of
+// attempt. Otherwise (no such header, or one with no value or only empty
+// ones) the key is a random UUID (version 4), made per call of
 // RoundTrip and never written into the caller's request, so it cannot leak
 // into another request. Each attempt sends a clone of the request, and
 // attempts after the first read the body again through req.GetBody
@@ -121,6 +122,13 @@ func attemptOf(req *http.Request, key string, attempt int) (*http.Request, error
 		try.Header = http.Header{}
 	}
 	if key != "" {
+		// The caller's header may hold the name with no value, or an empty
+		// one, under any spelling: none of it may go out beside the key.
+		for name := range try.Header {
+			if strings.EqualFold(name, KeyHeader) {
+				delete(try.Header, name)
+			}
+		}
 		try.Header.Set(KeyHeader, key)
 	}
 	if attempt > 1 && req.GetBody != nil {
@@ -135,15 +143,22 @@ func attemptOf(req *http.Request, key string, attempt int) (*http.Request, error
 
 // requestKey is the key to send: "" when the caller named one (which every
 // attempt then carries as it is, whatever the header's spelling), else a new
-// random one.
+// random one. A header with no value, or only empty ones, names no key:
+// net/http sends nothing for a nil entry, and the middleware reads an empty
+// value as no key (WithOptionalKey runs the handler unprotected) or refuses
+// it, so retrying such a request without a key of ours could run it again.
 func requestKey(h http.Header) (string, error) {
-	for name := range h {
-		if strings.EqualFold(name, KeyHeader) {
+	for name, values := range h {
+		if strings.EqualFold(name, KeyHeader) && slices.ContainsFunc(values, notBlank) {
 			return "", nil
 		}
 	}
 	return newToken()
 }
+
+// notBlank reports whether a header value holds more than the optional
+// white space that a server trims off it.
+func notBlank(v string) bool { return strings.Trim(v, " \t") != "" }
 
 // resendable reports whether req's body can be sent again.
 func resendable(req *http.Request) bool {

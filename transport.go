@@ -12,7 +12,9 @@ import (
 // unless Methods says otherwise) one Idempotency-Key, and retries it with
 // that same key when a retry cannot run it twice: after a network error
 // (the key turns a lost answer into a replay), a 409 in-progress (the first
-// attempt still runs) and a 503 with Retry-After (nothing ran).
+// attempt still runs) and a 503 with Retry-After (nothing ran). A replayed
+// answer (Idempotent-Replayed: true) is never retried, whatever its status:
+// it is the key's stored answer, and a retry would get it again.
 //
 //	client := &http.Client{Transport: &idempotency.Transport{}}
 //	resp, err := client.Post(url, "application/json", strings.NewReader(`{"amount":500}`))

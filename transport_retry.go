@@ -18,8 +18,14 @@ import (
 // key may get another answer later: 409 in-progress (the first attempt is
 // still running) or 503 with Retry-After (nothing ran). Every other answer
 // would come back the same, 422 key-reused and the 409s of a request that
-// ran (not-replayable, interrupted, unreadable-record) above all.
+// ran (not-replayable, interrupted, unreadable-record) above all. So does a
+// replay, whatever its status: a 503 that the handler answered and the
+// middleware stored is the key's answer, and every retry would only get
+// that stored copy again.
 func retryable(resp *http.Response) bool {
+	if resp.Header.Get(ReplayedHeader) == "true" {
+		return false
+	}
 	switch resp.StatusCode {
 	case http.StatusServiceUnavailable:
 		return resp.Header.Get("Retry-After") != ""

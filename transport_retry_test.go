@@ -3,9 +3,11 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +31,12 @@ func TestTransportDoesNotRetryFinalAnswers(t *testing.T) {
 		{"503 without Retry-After", answerWith(http.StatusServiceUnavailable, "down")},
 		{"500", answerWith(http.StatusInternalServerError, "failed")},
 		{"429 with Retry-After", answerWith(http.StatusTooManyRequests, "slow down", "Retry-After", "0")},
+		{"503 with Retry-After, replayed", answerWith(http.StatusServiceUnavailable, "provider down",
+			"Retry-After", "0", ReplayedHeader, "true")},
+		{"409 in-progress, replayed", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set(ReplayedHeader, "true")
+			problemOf(ErrInProgress)(w, r)
+		}},
 		{"201", answerCreated},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -251,3 +259,27 @@ func TestTransportDoesNotRetryWhatCannotChange(t *testing.T) {
 type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// A handler's 503 with Retry-After is stored like any answer (StoreAll):
+// the retry gets its replay, and a replay is the key's answer for good, so
+// the Transport returns it instead of asking for the same copy again.
+func TestTransportStopsAtAReplayedAnswer(t *testing.T) {
+	s := newShop(t)
+	s.handler = func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Retry-After", "0")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, "provider down")
+	}
+	var attempts atomic.Int64
+	counting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		attempts.Add(1)
+		s.srv.Config.Handler.ServeHTTP(w, r)
+	}))
+	t.Cleanup(counting.Close)
+	code, header, body := postTo(t, fastTransport(t), newPost(t, counting.URL+"/payments", `{"amount":500}`))
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Equal(t, "true", header.Get(ReplayedHeader))
+	require.Equal(t, "provider down", body)
+	require.EqualValues(t, 1, s.execs.Load())
+	require.EqualValues(t, 2, attempts.Load(), "the first answer, then its replay")
+}

@@ -10,11 +10,15 @@ import (
 // Transport is an http.RoundTripper for clients of endpoints that this
 // package protects: it gives each request of a keyed method (POST and PATCH
 // unless Methods says otherwise) one Idempotency-Key, and retries it with
-// that same key when a retry cannot run it twice: after a network error
-// (the key turns a lost answer into a replay), a 409 in-progress (the first
+// that same key when a retry cannot run it twice: after a failure of the
+// connection (refused, reset, closed before the whole answer, timed out;
+// the key turns a lost answer into a replay), a 409 in-progress (the first
 // attempt still runs) and a 503 with Retry-After (nothing ran). A replayed
 // answer (Idempotent-Replayed: true) is never retried, whatever its status:
-// it is the key's stored answer, and a retry would get it again.
+// it is the key's stored answer, and a retry would get it again. Nor is an
+// error that the request itself causes (an invalid header or URL, an
+// unsupported scheme, a TLS handshake that cannot succeed): it is returned
+// after one attempt.
 //
 //	client := &http.Client{Transport: &idempotency.Transport{}}
 //	resp, err := client.Post(url, "application/json", strings.NewReader(`{"amount":500}`))

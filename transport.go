@@ -10,9 +10,15 @@ import (
 // Transport is an http.RoundTripper for clients of endpoints that this
 // package protects: it gives each request of a keyed method (POST and PATCH
 // unless Methods says otherwise) one Idempotency-Key, and retries it with
-// that same key when a retry cannot run it twice: after a network error
-// (the key turns a lost answer into a replay), a 409 in-progress (the first
-// attempt still runs) and a 503 with Retry-After (nothing ran).
+// that same key when a retry cannot run it twice: after a failure of the
+// connection (refused, reset, closed before the whole answer, timed out;
+// the key turns a lost answer into a replay), a 409 in-progress (the first
+// attempt still runs) and a 503 with Retry-After (nothing ran). A replayed
+// answer (Idempotent-Replayed: true) is never retried, whatever its status:
+// it is the key's stored answer, and a retry would get it again. Nor is an
+// error that the request itself causes (an invalid header or URL, an
+// unsupported scheme, a TLS handshake that cannot succeed): it is returned
+// after one attempt.
 //
 //	client := &http.Client{Transport: &idempotency.Transport{}}
 //	resp, err := client.Post(url, "application/json", strings.NewReader(`{"amount":500}`))
@@ -20,7 +26,8 @@ import (
 //	// attempt ran the request and this is its stored answer.
 //
 // A request that already carries an Idempotency-Key keeps it, on every
-// attempt. Otherwise the key is a random UUID (version 4), made per call of
+// attempt. Otherwise (no such header, or one with no value or only empty
+// ones) the key is a random UUID (version 4), made per call of
 // RoundTrip and never written into the caller's request, so it cannot leak
 // into another request. Each attempt sends a clone of the request, and
 // attempts after the first read the body again through req.GetBody
@@ -121,6 +128,13 @@ func attemptOf(req *http.Request, key string, attempt int) (*http.Request, error
 		try.Header = http.Header{}
 	}
 	if key != "" {
+		// The caller's header may hold the name with no value, or an empty
+		// one, under any spelling: none of it may go out beside the key.
+		for name := range try.Header {
+			if strings.EqualFold(name, KeyHeader) {
+				delete(try.Header, name)
+			}
+		}
 		try.Header.Set(KeyHeader, key)
 	}
 	if attempt > 1 && req.GetBody != nil {
@@ -135,15 +149,22 @@ func attemptOf(req *http.Request, key string, attempt int) (*http.Request, error
 
 // requestKey is the key to send: "" when the caller named one (which every
 // attempt then carries as it is, whatever the header's spelling), else a new
-// random one.
+// random one. A header with no value, or only empty ones, names no key:
+// net/http sends nothing for a nil entry, and the middleware reads an empty
+// value as no key (WithOptionalKey runs the handler unprotected) or refuses
+// it, so retrying such a request without a key of ours could run it again.
 func requestKey(h http.Header) (string, error) {
-	for name := range h {
-		if strings.EqualFold(name, KeyHeader) {
+	for name, values := range h {
+		if strings.EqualFold(name, KeyHeader) && slices.ContainsFunc(values, notBlank) {
 			return "", nil
 		}
 	}
 	return newToken()
 }
+
+// notBlank reports whether a header value holds more than the optional
+// white space that a server trims off it.
+func notBlank(v string) bool { return strings.Trim(v, " \t") != "" }
 
 // resendable reports whether req's body can be sent again.
 func resendable(req *http.Request) bool {

@@ -2,13 +2,14 @@ package idempotency
 
 import (
 	"bytes"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,8 +19,14 @@ import (
 // key may get another answer later: 409 in-progress (the first attempt is
 // still running) or 503 with Retry-After (nothing ran). Every other answer
 // would come back the same, 422 key-reused and the 409s of a request that
-// ran (not-replayable, interrupted, unreadable-record) above all.
+// ran (not-replayable, interrupted, unreadable-record) above all. So does a
+// replay, whatever its status: a 503 that the handler answered and the
+// middleware stored is the key's answer, and every retry would only get
+// that stored copy again.
 func retryable(resp *http.Response) bool {
+	if resp.Header.Get(ReplayedHeader) == "true" {
+		return false
+	}
 	switch resp.StatusCode {
 	case http.StatusServiceUnavailable:
 		return resp.Header.Get("Retry-After") != ""
@@ -107,22 +114,77 @@ func drain(body io.ReadCloser) {
 	body.Close()
 }
 
-// retryableError reports whether a transport error may pass on a resend.
-// Not a server certificate the client refuses, nor a request it cannot
-// send at all (an unsupported scheme): those fail alike every time, and
-// waiting between them only delays the answer.
+// retryableError reports whether a transport error may pass on a resend:
+// only a failure of the connection or of the server's side of it, which
+// the next attempt, on another connection, may not meet. That is a socket
+// call that failed (connection refused, reset or aborted, a broken pipe, a
+// host or network unreachable), a connection closed before the whole
+// answer came (EOF, unexpected EOF, a closed connection), a timeout (the
+// dial, the TLS handshake, the answer's headers), a name server that did
+// not answer, and an HTTP/2 stream that the server reset or refused, or
+// whose connection went away.
+//
+// Everything else fails alike on every attempt, and waiting between them
+// only delays the answer: an error of the request itself (an invalid
+// header, method or URL, an unsupported scheme), a TLS handshake that
+// cannot succeed (a certificate the client refuses, an HTTP server asked
+// for HTTPS, a TLS alert), a host name that does not exist, an answer that
+// is not HTTP, and whatever else a RoundTripper returns that is not known
+// to be a passing failure. The error may come wrapped (a *url.Error from a
+// Base built on an http.Client); the chain is what is read.
 func retryableError(err error) bool {
 	var (
-		unknown  x509.UnknownAuthorityError
-		hostname x509.HostnameError
-		invalid  x509.CertificateInvalidError
-		verify   *tls.CertificateVerificationError
+		dns    *net.DNSError
+		stream h2StreamError
+		sysErr *os.SyscallError
+		netErr net.Error
 	)
 	switch {
-	case errors.As(err, &unknown), errors.As(err, &hostname), errors.As(err, &invalid), errors.As(err, &verify):
-		return false
-	case strings.Contains(err.Error(), "unsupported protocol scheme"):
-		return false // net/http's error for it is not exported
+	case errors.As(err, &dns):
+		return dns.IsTimeout || dns.IsTemporary // not a name that does not exist
+	case errors.As(err, &stream):
+		return slices.Contains(retryableStreamCodes, stream.Code)
+	case isRemoteAlert(err):
+		return false // the server refused the TLS handshake
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed):
+		return true
+	case errors.As(err, &sysErr):
+		return true
+	case errors.As(err, &netErr) && netErr.Timeout():
+		return true
 	}
-	return true
+	msg := err.Error()
+	return strings.HasPrefix(msg, h2GoAwayError) || strings.HasPrefix(msg, h2ConnectionLost)
 }
+
+// isRemoteAlert reports a TLS alert the server sent: its handshake refused
+// ours (no client certificate, no common protocol version or cipher).
+func isRemoteAlert(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "remote error"
+}
+
+// h2StreamError has the shape of net/http's HTTP/2 stream error, which
+// errors.As fills in through the error's own As method (net/http bundles
+// its HTTP/2 code and exports none of its types).
+type h2StreamError struct {
+	StreamID uint32
+	Code     uint32
+	Cause    error
+}
+
+func (e h2StreamError) Error() string { return "http2 stream error" }
+
+// retryableStreamCodes are the RST_STREAM codes (RFC 9113 §7) of a stream
+// that another attempt may get through: INTERNAL_ERROR (the server failed,
+// as a handler's panic does), REFUSED_STREAM (it did not start it), CANCEL
+// (it gave it up) and ENHANCE_YOUR_CALM (it sheds load).
+var retryableStreamCodes = []uint32{0x2, 0x7, 0x8, 0xb}
+
+// The messages of net/http's HTTP/2 errors for a connection that went away
+// under a request, whose types are not exported: the server closed it
+// after a GOAWAY, or it stopped answering pings (ReadIdleTimeout).
+const (
+	h2GoAwayError    = "http2: server sent GOAWAY and closed the connection"
+	h2ConnectionLost = "http2: client connection lost"
+)

@@ -2,10 +2,14 @@ package idempotency
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +33,12 @@ func TestTransportDoesNotRetryFinalAnswers(t *testing.T) {
 		{"503 without Retry-After", answerWith(http.StatusServiceUnavailable, "down")},
 		{"500", answerWith(http.StatusInternalServerError, "failed")},
 		{"429 with Retry-After", answerWith(http.StatusTooManyRequests, "slow down", "Retry-After", "0")},
+		{"503 with Retry-After, replayed", answerWith(http.StatusServiceUnavailable, "provider down",
+			"Retry-After", "0", ReplayedHeader, "true")},
+		{"409 in-progress, replayed", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set(ReplayedHeader, "true")
+			problemOf(ErrInProgress)(w, r)
+		}},
 		{"201", answerCreated},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -225,29 +235,162 @@ func TestTransportParsesRetryAfter(t *testing.T) {
 	}
 }
 
-// An error that a resend cannot change (a certificate the client refuses,
-// a scheme it cannot send) is returned at once, not after the back-off.
+// An error that a resend cannot change is returned after one attempt, not
+// after MaxAttempts and the back-off between them: an error of the request
+// itself, a TLS handshake that cannot succeed, a URL that names nothing to
+// dial. Wrapped in a *url.Error, as a Base built on an http.Client
+// returns it, it is the same error.
 func TestTransportDoesNotRetryWhatCannotChange(t *testing.T) {
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(http.StatusCreated)
-	}))
-	defer srv.Close()
-	calls := 0
-	counting := roundTripperFunc(func(r *http.Request) (*http.Response, error) {
-		calls++
-		return http.DefaultTransport.RoundTrip(r) // does not trust srv's certificate
-	})
-	client := &http.Client{Transport: &Transport{Base: counting, BaseDelay: time.Second}}
-	for _, url := range []string{srv.URL, "ftp://127.0.0.1/x"} {
-		calls = 0
-		start := time.Now()
-		_, err := client.Post(url, "application/json", strings.NewReader(`{}`))
-		require.Error(t, err)
-		require.Equal(t, 1, calls, url)
-		require.Less(t, time.Since(start), time.Second, url)
+	plain := newScriptedServer(t, answerCreated)
+	untrusted := httptest.NewTLSServer(answerCreated)
+	t.Cleanup(untrusted.Close)
+	needsClientCert := httptest.NewUnstartedServer(answerCreated)
+	needsClientCert.TLS = &tls.Config{ClientAuth: tls.RequireAndVerifyClientCert}
+	needsClientCert.StartTLS()
+	t.Cleanup(needsClientCert.Close)
+	asHTTPS := strings.Replace(plain.URL, "http://", "https://", 1)
+
+	for _, tc := range []struct {
+		name  string
+		base  http.RoundTripper // nil: a clone of http.DefaultTransport
+		url   string
+		alter func(*http.Request)
+	}{
+		{"invalid header value", nil, plain.URL, func(r *http.Request) { r.Header.Set("X-Note", "a\nb") }},
+		{"invalid header name", nil, plain.URL, func(r *http.Request) { r.Header["X Note"] = []string{"a"} }},
+		{"unsupported scheme", nil, "ftp://127.0.0.1/x", nil},
+		{"no host", nil, "http:///x", nil},
+		{"invalid port", nil, "http://127.0.0.1:99999/x", nil},
+		{"HTTPS to an HTTP server", nil, asHTTPS, nil},
+		{"certificate signed by an unknown authority", nil, untrusted.URL, nil},
+		{"TLS alert: client certificate required", needsClientCert.Client().Transport, needsClientCert.URL, nil},
+		{"*url.Error: invalid header value", viaClient(nil), plain.URL, func(r *http.Request) { r.Header.Set("X-Note", "a\rb") }},
+		{"*url.Error: HTTPS to an HTTP server", viaClient(nil), asHTTPS, nil},
+		{"*url.Error: certificate signed by an unknown authority", viaClient(nil), untrusted.URL, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := tc.base
+			if base == nil {
+				base = fastTransport(t).Base
+			}
+			var calls atomic.Int64
+			counting := roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+				calls.Add(1)
+				return base.RoundTrip(r)
+			})
+			req := newPost(t, tc.url, `{}`)
+			if tc.alter != nil {
+				tc.alter(req)
+			}
+			resp, err := (&Transport{Base: counting, BaseDelay: time.Millisecond}).RoundTrip(req)
+			if resp != nil {
+				resp.Body.Close()
+			}
+			require.Error(t, err)
+			require.EqualValues(t, 1, calls.Load(), "attempts; the error: %v", err)
+		})
 	}
+	require.Len(t, plain.seen(), 0, "none of them reached the server")
+}
+
+// Failures of the connection, or of the server's side of it, may pass:
+// each is retried, with the same key, until MaxAttempts, also when it comes
+// wrapped in a *url.Error.
+func TestTransportRetriesWhatMayPass(t *testing.T) {
+	refused := func() string { // a loopback port that nobody listens on
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		ln.Close()
+		return "http://" + ln.Addr().String() + "/"
+	}()
+	reset := newScriptedServer(t, func(w http.ResponseWriter, _ *http.Request) {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			conn.(*net.TCPConn).SetLinger(0) // RST instead of FIN
+			conn.Close()
+		}
+	})
+	lost := newScriptedServer(t, hangUp)
+	silent := newScriptedServer(t, func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	impatient := fastTransport(t).Base.(*http.Transport)
+	impatient.ResponseHeaderTimeout = 50 * time.Millisecond
+	h2Panics := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		panic(http.ErrAbortHandler) // HTTP/2: RST_STREAM INTERNAL_ERROR
+	}))
+	h2Panics.EnableHTTP2 = true
+	h2Panics.StartTLS()
+	t.Cleanup(h2Panics.Close)
+
+	for _, tc := range []struct {
+		name string
+		base http.RoundTripper // nil: a clone of http.DefaultTransport
+		url  string
+	}{
+		{"connection refused", nil, refused},
+		{"connection reset", nil, reset.URL},
+		{"connection closed before the answer", nil, lost.URL},
+		{"no answer within ResponseHeaderTimeout", impatient, silent.URL},
+		{"HTTP/2 stream reset by the server", h2Panics.Client().Transport, h2Panics.URL},
+		{"*url.Error: connection closed before the answer", viaClient(nil), lost.URL},
+		{"*url.Error: connection refused", viaClient(nil), refused},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := tc.base
+			if base == nil {
+				base = fastTransport(t).Base
+			}
+			var calls atomic.Int64
+			counting := roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+				calls.Add(1)
+				return base.RoundTrip(r)
+			})
+			rt := &Transport{Base: counting, MaxAttempts: 3, BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond}
+			resp, err := rt.RoundTrip(newPost(t, tc.url, `{}`))
+			if resp != nil {
+				resp.Body.Close()
+			}
+			require.Error(t, err)
+			require.EqualValues(t, 3, calls.Load(), "attempts; the error: %v", err)
+		})
+	}
+}
+
+// viaClient sends through an http.Client over rt (nil: a clone of
+// http.DefaultTransport), so that its errors come as *url.Error.
+func viaClient(rt http.RoundTripper) http.RoundTripper {
+	if rt == nil {
+		rt = http.DefaultTransport.(*http.Transport).Clone()
+	}
+	client := &http.Client{Transport: rt}
+	return roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+		return client.Do(r.Clone(r.Context()))
+	})
 }
 
 type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// A handler's 503 with Retry-After is stored like any answer (StoreAll):
+// the retry gets its replay, and a replay is the key's answer for good, so
+// the Transport returns it instead of asking for the same copy again.
+func TestTransportStopsAtAReplayedAnswer(t *testing.T) {
+	s := newShop(t)
+	s.handler = func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Retry-After", "0")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, "provider down")
+	}
+	var attempts atomic.Int64
+	counting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		attempts.Add(1)
+		s.srv.Config.Handler.ServeHTTP(w, r)
+	}))
+	t.Cleanup(counting.Close)
+	code, header, body := postTo(t, fastTransport(t), newPost(t, counting.URL+"/payments", `{"amount":500}`))
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.Equal(t, "true", header.Get(ReplayedHeader))
+	require.Equal(t, "provider down", body)
+	require.EqualValues(t, 1, s.execs.Load())
+	require.EqualValues(t, 2, attempts.Load(), "the first answer, then its replay")
+}

@@ -3,7 +3,9 @@ package idempotency
 import (
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/google/uuid"
@@ -143,4 +145,75 @@ func TestTransportRequestWithoutHeader(t *testing.T) {
 	resp.Body.Close()
 	require.Len(t, keysOf(t, srv.seen()), 1)
 	require.Nil(t, req.Header)
+}
+
+// An Idempotency-Key entry with no value, or only empty ones, is no key:
+// net/http sends nothing for it, and a server without the middleware (or
+// with WithOptionalKey) would run every retry. The request gets a key of
+// its own, the same on every attempt, and the caller's header stays as it
+// was.
+func TestTransportGeneratesAKeyForAnEmptyKeyHeader(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		header string
+		values []string
+	}{
+		{"nil", KeyHeader, nil},
+		{"no values", KeyHeader, []string{}},
+		{"empty value", KeyHeader, []string{""}},
+		{"blank value", KeyHeader, []string{" \t"}},
+		{"empty values", KeyHeader, []string{"", ""}},
+		{"empty value, other spelling", "idempotency-key", []string{""}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newScriptedServer(t, hangUp, answerUnavailable, answerCreated)
+			req := newPost(t, srv.URL, `{"amount":500}`)
+			req.Header[tc.header] = tc.values
+			code, _, _ := postTo(t, fastTransport(t), req)
+			require.Equal(t, http.StatusCreated, code)
+
+			keys := keysOf(t, srv.seen())
+			require.Len(t, keys, 3)
+			for _, k := range keys {
+				require.Equal(t, keys[0], k, "every attempt carries the first attempt's key")
+			}
+			_, err := uuid.Parse(keys[0])
+			require.NoError(t, err)
+			require.Equal(t, tc.values, req.Header[tc.header], "the caller's request is not changed")
+		})
+	}
+}
+
+// Behind WithOptionalKey, a request whose key header is empty would run
+// unprotected on every attempt. With the key the Transport gives it, two
+// lost answers cost no second execution: the third attempt is the replay.
+func TestTransportEmptyKeyHeaderRunsOnceBehindOptionalKey(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		values []string
+	}{
+		{"nil", nil},
+		{"empty value", []string{""}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newShop(t, WithOptionalKey())
+			var answers atomic.Int64
+			lossy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if answers.Add(1) > 2 {
+					s.srv.Config.Handler.ServeHTTP(w, r)
+					return
+				}
+				s.srv.Config.Handler.ServeHTTP(httptest.NewRecorder(), r) // it runs,
+				hangUp(w, r)                                              // and its answer is lost
+			}))
+			t.Cleanup(lossy.Close)
+			req := newPost(t, lossy.URL+"/payments", `{"amount":500}`)
+			req.Header[KeyHeader] = tc.values
+			code, header, _ := postTo(t, fastTransport(t), req)
+			require.Equal(t, http.StatusCreated, code)
+			require.Equal(t, "true", header.Get(ReplayedHeader))
+			require.EqualValues(t, 1, s.execs.Load())
+			require.EqualValues(t, 3, answers.Load())
+		})
+	}
 }

@@ -22,9 +22,16 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// readTimeout bounds a page's reads from Redis, so that a read while Redis
-// is down answers 503 at once instead of after go-redis's retries.
-const readTimeout = 500 * time.Millisecond
+// A page that reads from Redis answers 503 at once while Redis is down or
+// stalled, instead of after go-redis's retries, but a listing that is
+// merely large must not be cut off as if Redis were down. So a read of one
+// record, and a PING before a listing, are bounded by probeTimeout; once
+// Redis has answered the PING, the listing gets listTimeout, which only a
+// Redis that is up but hopelessly slow outlasts.
+const (
+	probeTimeout = 500 * time.Millisecond
+	listTimeout  = 10 * time.Second
+)
 
 type app struct {
 	idem  *idempotency.Middleware
@@ -111,7 +118,11 @@ func (a *app) home(w http.ResponseWriter, r *http.Request) {
 		a.fail(w, r, err)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	ctx, cancel, err := a.listing(r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
 	defer cancel()
 	orders, err := a.store.orders(ctx)
 	if err != nil {
@@ -185,7 +196,11 @@ func decodeOrder(r *http.Request) (orderInput, bool, error) {
 }
 
 func (a *app) listOrders(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	ctx, cancel, err := a.listing(r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
 	defer cancel()
 	orders, err := a.store.orders(ctx)
 	if err != nil {
@@ -193,6 +208,20 @@ func (a *app) listOrders(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	reply.JSON(w, http.StatusOK, orders)
+}
+
+// listing returns the context for a listing's reads from Redis, bounded by
+// listTimeout, once Redis answers a PING within probeTimeout; when it does
+// not, the error.
+func (a *app) listing(r *http.Request) (context.Context, context.CancelFunc, error) {
+	probe, cancel := context.WithTimeout(r.Context(), probeTimeout)
+	err := a.store.rdb.Ping(probe).Err()
+	cancel()
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), listTimeout)
+	return ctx, cancel, nil
 }
 
 // orderID reads the {id} of an order route.
@@ -207,7 +236,7 @@ func (a *app) showOrder(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), probeTimeout)
 	defer cancel()
 	o, err := a.store.order(ctx, id)
 	if errors.Is(err, errNoOrder) {
@@ -287,7 +316,11 @@ func (a *app) createPayment(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *app) listPayments(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), readTimeout)
+	ctx, cancel, err := a.listing(r)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
 	defer cancel()
 	payments, err := a.store.payments(ctx)
 	if err != nil {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -326,4 +328,60 @@ func TestPaymentRetryWithReorderedJSONReplays(t *testing.T) {
 	require.Equal(t, http.StatusCreated, again.StatusCode)
 	require.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
 	require.Equal(t, 1, countOf[Payment](t, srv.URL, "/payments"))
+}
+
+// A listing that is merely large is not taken for a Redis that is down:
+// after a long soak (tens of thousands of orders and payments), the
+// listings and the order page still answer 200 with every record, while a
+// Redis that does not answer still gets 503 at once
+// (TestReadsFailFastWhileRedisIsDown).
+func TestListingsOfTensOfThousandsAnswer(t *testing.T) {
+	const n = 40_000
+	rdb := redistest.Private(t).Client(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	created := time.Date(2026, 11, 23, 16, 23, 59, 0, time.UTC)
+	for first := int64(1); first <= n; first += 1000 {
+		pipe := rdb.Pipeline()
+		for id := first; id < first+1000 && id <= n; id++ {
+			// As addOrder and capturePayment store them: a hash each (an
+			// order's at version 1), indexed in a sorted set.
+			pipe.HSet(ctx, orderKey(id), "item", "tea", "quantity", 2, "status", "placed",
+				"created_at", created.Format(time.RFC3339Nano), "version", 1)
+			pipe.ZAdd(ctx, ordersIndex, redis.Z{Score: float64(id), Member: id})
+			pay := paymentID(strconv.FormatInt(id, 10))
+			pipe.HSet(ctx, paymentKey(pay), "amount", 500, "currency", "EUR", "status", "captured",
+				"created_at", created.Format(time.RFC3339Nano), "fence", id)
+			pipe.ZAdd(ctx, paymentsIndex, redis.Z{Score: float64(created.UnixNano() + id), Member: pay})
+		}
+		_, err := pipe.Exec(ctx)
+		require.NoError(t, err)
+	}
+	require.NoError(t, rdb.Set(ctx, ordersSeq, n, 0).Err())
+
+	srv := startShop(t, rdb, config{})
+	client := &http.Client{Timeout: 2 * time.Minute}
+	get := func(path string) *http.Response {
+		resp, err := client.Get(srv.URL + path)
+		require.NoError(t, err)
+		t.Cleanup(func() { resp.Body.Close() })
+		require.Equal(t, http.StatusOK, resp.StatusCode, path)
+		return resp
+	}
+	var orders []Order
+	require.NoError(t, json.NewDecoder(get("/orders").Body).Decode(&orders))
+	require.Len(t, orders, n)
+	last := orders[n-1]
+	require.Equal(t, Order{ID: n, Item: "tea", Quantity: 2, Status: "placed", Version: 1}, Order{ID: last.ID,
+		Item: last.Item, Quantity: last.Quantity, Status: last.Status, Version: last.Version})
+	require.True(t, created.Equal(last.CreatedAt))
+
+	var payments []Payment
+	require.NoError(t, json.NewDecoder(get("/payments").Body).Decode(&payments))
+	require.Len(t, payments, n)
+	require.Equal(t, int64(500), payments[n-1].Amount)
+
+	page, err := io.ReadAll(get("/").Body)
+	require.NoError(t, err)
+	require.Contains(t, string(page), `<span class="count" id="order-count">40000</span>`)
 }

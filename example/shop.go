@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"slices"
 	"strconv"
 	"time"
 
@@ -113,22 +114,61 @@ func orderFrom(id int64, f map[string]string, version int64) Order {
 	return Order{ID: id, Item: f["item"], Quantity: quantity, Status: f["status"], Version: version, CreatedAt: created}
 }
 
+// orders lists every order. An index entry whose order is gone is left
+// out rather than failing the whole listing.
 func (s shopStore) orders(ctx context.Context) ([]Order, error) {
 	ids, err := s.rdb.ZRange(ctx, ordersIndex, 0, -1).Result()
 	if err != nil {
 		return nil, err
 	}
+	keys := make([]string, len(ids))
+	numbers := make([]int64, len(ids))
+	for i, raw := range ids {
+		numbers[i], _ = strconv.ParseInt(raw, 10, 64)
+		keys[i] = orderKey(numbers[i])
+	}
+	read, err := s.hashes(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]Order, 0, len(ids))
-	for _, raw := range ids {
-		id, _ := strconv.ParseInt(raw, 10, 64)
-		o, err := s.order(ctx, id)
+	for i, key := range keys {
+		fields, version, err := s.hash.Read(ctx, read, key)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, o)
+		if version > 0 {
+			out = append(out, orderFrom(numbers[i], fields, version))
+		}
 	}
 	return out, nil
 }
+
+// listBatch is how many hashes one round trip reads for a listing: tens of
+// thousands of orders cost tens of round trips, not one per order.
+const listBatch = 1000
+
+// hashes reads the hashes at keys, listBatch of them per pipeline (which a
+// Redis Cluster client splits by node).
+func (s shopStore) hashes(ctx context.Context, keys []string) (fetched, error) {
+	read := make(fetched, len(keys))
+	for batch := range slices.Chunk(keys, listBatch) {
+		pipe := s.rdb.Pipeline()
+		for _, key := range batch {
+			read[key] = pipe.HGetAll(ctx, key)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return read, nil
+}
+
+// fetched holds hashes that a pipeline read. It is an optimistic.HashReader
+// over them, so that Hash.Read parses a listing's orders as it parses one.
+type fetched map[string]*redis.MapStringStringCmd
+
+func (f fetched) HGetAll(_ context.Context, key string) *redis.MapStringStringCmd { return f[key] }
 
 // paymentID names the payment a client's idempotency key pays for: the
 // payment belongs to the key, so an execution that takes an abandoned key
@@ -159,12 +199,17 @@ func (s shopStore) payments(ctx context.Context) ([]Payment, error) {
 	if err != nil {
 		return nil, err
 	}
+	keys := make([]string, len(ids))
+	for i, id := range ids {
+		keys[i] = paymentKey(id)
+	}
+	read, err := s.hashes(ctx, keys)
+	if err != nil {
+		return nil, err
+	}
 	out := make([]Payment, 0, len(ids))
-	for _, id := range ids {
-		f, err := s.rdb.HGetAll(ctx, paymentKey(id)).Result()
-		if err != nil {
-			return nil, err
-		}
+	for i, id := range ids {
+		f := read[keys[i]].Val()
 		amount, _ := strconv.ParseInt(f["amount"], 10, 64)
 		created, _ := time.Parse(time.RFC3339Nano, f["created_at"])
 		out = append(out, Payment{ID: id, Amount: amount, Currency: f["currency"], Status: f["status"], CreatedAt: created})

@@ -195,6 +195,9 @@ func (f *funcRun[T]) decide(*execution) StoreDecision {
 	return StoreDecision{Release: f.err != nil && !f.cfg.storeErrors, TTL: f.m.cfg.recordTTL}
 }
 
+// succeeded: fn returned no error.
+func (f *funcRun[T]) succeeded() bool { return f.err == nil }
+
 // committed: once fn has returned, its effects are done.
 func (f *funcRun[T]) committed() bool { return f.returned }
 

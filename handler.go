@@ -38,6 +38,12 @@ func (h *handlerRun) decide(x *execution) StoreDecision {
 // what the handler did before it cannot be undone by running it again.
 func (h *handlerRun) committed() bool { return h.rw != nil && h.rw.wroteHeader }
 
+// succeeded: the handler answered 2xx itself. A silent return, which
+// net/http sends as an empty 200, says nothing.
+func (h *handlerRun) succeeded() bool {
+	return !h.rw.silent && h.rw.status >= 200 && h.rw.status <= 299
+}
+
 func (h *handlerRun) unprotected() { h.next.ServeHTTP(h.c.w, h.c.r) }
 
 // runUnprotected runs the work without protection: a method or a request

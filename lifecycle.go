@@ -33,18 +33,21 @@ import (
 //	Release(ctx) was called while the work ran                 released
 //	the store policy releases the answer, or the function
 //	  returned an error (Do without StoreErrors)               released
-//	the middleware cut the run off, whatever it answered       kept
+//	the middleware cut the run off, and it did not succeed     kept
 //	the handler panicked after its status was sent             kept
 //	any other answer                                           stored
 //
 // The middleware cuts a run off (cancels its context) when the execution
 // timeout ends it, or when its lease is lost while another executor could
 // take the key over (WithRetryAbandoned, WithOutcomeStore). What a cut-off
-// run did before it noticed is unknown, and what it answered is an answer
-// to the cancellation (an error, or a silent return read as 200), not the
-// key's: it is neither stored nor a reason to release. Without an executor
-// that could take over, a lost lease cuts nothing: the record still names
-// the run, and its answer is stored once Redis answers.
+// run did before it noticed is unknown, and a failure it answers is one to
+// the cancellation (as is a silent return, which net/http sends as an
+// empty 200), not the key's: it is neither stored nor a reason to release.
+// A cut-off run that still succeeded (a 2xx its handler wrote, a function's
+// nil error) finished its work, and its answer is stored if the key is
+// still its own: running it again is what the promise forbids. Without an
+// executor that could take over, a lost lease cuts nothing: the record
+// still names the run, and its answer is stored once Redis answers.
 //
 // A release or a store that Redis does not answer is tried again in the
 // background for up to a lease (later.go), so a brief outage neither turns
@@ -99,6 +102,9 @@ type runner interface {
 	// committed reports whether a panic now must keep the key: the
 	// handler's status went out, or the function returned.
 	committed() bool
+	// succeeded reports whether the answer run returned says the work
+	// finished: a 2xx the handler wrote, a function's nil error.
+	succeeded() bool
 	// unprotected does the work without a lease (a method that is not
 	// protected, an optional key, fail-open).
 	unprotected()
@@ -162,7 +168,7 @@ func cutOff(ctx context.Context) error {
 func (l *lease) settle(c *call, x *execution, cut error, rec *record, d StoreDecision) verdict {
 	switch {
 	case x.released(): // the work said so itself: it did nothing
-	case cut != nil:
+	case cut != nil && (d.Release || !c.work.succeeded()):
 		return l.keep(cut)
 	case !d.Release:
 		return l.store(c, rec, d.TTL)

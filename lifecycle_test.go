@@ -107,6 +107,39 @@ func TestAHandlerCutOffByTheExecutionTimeoutKeepsTheKey(t *testing.T) {
 	require.EqualValues(t, 1, s.execs.Load())
 }
 
+// A run cut off by the execution timeout that still finished (its handler
+// wrote a 2xx, its function returned no error) did its work: its answer is
+// the key's, and no retry runs it again.
+func TestACutOffRunThatSucceededIsStored(t *testing.T) {
+	s := newShop(t, WithExecutionTimeout(100*time.Millisecond))
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+		s.defaultHandler(w, r) // finishes its work regardless, and says so
+	}
+	c := s.client()
+	first := s.post(c, "/payments", "k", `{}`)
+	require.Equal(t, http.StatusCreated, first.status)
+	dup := s.post(c, "/payments", "k", `{}`)
+	require.Equal(t, "true", dup.header.Get(ReplayedHeader))
+	require.Equal(t, first.body, dup.body)
+
+	m, other := twoInstances(t, WithExecutionTimeout(100*time.Millisecond))
+	runs := 0
+	fn := func(ctx context.Context) (int, error) {
+		runs++
+		<-ctx.Done()
+		return 42, nil
+	}
+	got, err := Do(context.Background(), m, Key{ID: "k"}, fn)
+	require.NoError(t, err)
+	require.Equal(t, 42, got)
+	got, err = Do(context.Background(), other, Key{ID: "k"}, fn)
+	require.NoError(t, err)
+	require.Equal(t, 42, got)
+	require.Equal(t, 1, runs)
+	require.EqualValues(t, 1, s.execs.Load())
+}
+
 // A function error still releases the key when the middleware did not cut
 // the function off: a retry (a redelivered message) runs it again.
 func TestDoErrorReleasesTheKey(t *testing.T) {

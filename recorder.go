@@ -35,6 +35,7 @@ type recorder struct {
 	body        bytes.Buffer
 	wroteHeader bool
 	partial     bool  // streamed, hijacked, switched protocols or over the limit
+	silent      bool  // the handler returned without writing anything
 	writeErr    error // the first failed write to the client
 	// stamp adds the middleware's own headers to the outer writer's when
 	// the status goes out; they are not the handler's, so not recorded.
@@ -174,6 +175,7 @@ func (rw *recorder) Unwrap() http.ResponseWriter { return rw.w }
 // Trailers are not stored: a replay is sent in one piece.
 func (rw *recorder) finish() *record {
 	if !rw.wroteHeader {
+		rw.silent = true
 		rw.WriteHeader(http.StatusOK)
 	}
 	rw.passTrailers()

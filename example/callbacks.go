@@ -101,6 +101,12 @@ func (cb *callbacks) handle(decode eventDecoder) http.HandlerFunc {
 			return
 		}
 		if err := sleep(r.Context(), ev.Work(cb.latency)); err != nil {
+			// The middleware cut this execution off before its effect: say
+			// so, retryably. (A silent return would be a 200 the sender
+			// acknowledges, with nothing done.) The key is kept, and the
+			// retry takes it over.
+			w.Header().Set("Retry-After", "1")
+			reply.Problem(w, http.StatusServiceUnavailable, "interrupted", "the callback was interrupted; retry it")
 			return
 		}
 		entry, _, err := cb.log.Record(r.Context(), key, ev)

@@ -84,13 +84,26 @@ func New(rdb redis.UniversalClient, name, instance string) *Log {
 	return &Log{rdb: rdb, name: name, instance: instance}
 }
 
+// writeBound bounds the writes of one execution once they are under way.
+const writeBound = 30 * time.Second
+
 // Record is one execution of the event that arrived under key, run in the
 // protected execution of ctx. It writes the event's state under the
 // execution's fencing token, refused with optimistic.ErrStaleFence when
 // another execution took the key over meanwhile, then the event's entry
 // unless it has one. It returns the event's entry, and rerun true when an
 // earlier execution had written it.
+//
+// Once the writes have begun, the middleware cutting the execution off
+// (its lease lost in a Redis stall, so that a redelivery may take the key
+// over) does not abandon them: a write already sent may land when Redis
+// resumes, and an execution that gave up on it would fail while its effect
+// stands, to be run again. It waits for its writes instead (up to
+// writeBound), and the fence refuses the state of an execution whose key
+// was taken over meanwhile.
 func (l *Log) Record(ctx context.Context, key string, ev Event) (entry Effect, rerun bool, err error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeBound)
+	defer cancel()
 	event := key
 	if e, ok := idempotency.ExecutionOf(ctx); ok {
 		event = e.Key

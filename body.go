@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"io"
+	"math"
 	"mime"
 	"net/http"
 	"slices"
@@ -24,26 +25,54 @@ func readBody(r *http.Request, limit int64, br *bodyReader) ([]byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	var body []byte
-	if r.ContentLength > 0 {
-		body = make([]byte, r.ContentLength)
-		if _, err := io.ReadFull(r.Body, body); err != nil {
-			return nil, ErrUnreadableBody
-		}
-	} else {
-		var buf bytes.Buffer
-		n, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1))
-		if err != nil {
-			return nil, ErrUnreadableBody
-		}
-		if n > limit {
-			return nil, ErrRequestTooLarge
-		}
-		body = buf.Bytes()
+	body, err := readAll(r.Body, r.ContentLength, limit)
+	if err != nil {
+		return nil, err
 	}
 	br.Reset(body)
 	r.Body = br
 	return body, nil
+}
+
+// firstRead is how much readAll sets aside before a byte arrived: what the
+// server reads from a connection at once.
+const firstRead = 4 << 10
+
+// readAll reads r to its end, refusing more than limit bytes. Its buffer
+// grows with what arrives, not with what the request declared (declared,
+// -1 when unknown): a client that promises a large body and sends nothing
+// more costs only firstRead. A body within firstRead is read into one
+// buffer of its size.
+func readAll(r io.Reader, declared, limit int64) ([]byte, error) {
+	ceiling := limit + 1 // enough to tell a body over the limit
+	if ceiling <= 0 {
+		ceiling = math.MaxInt64
+	}
+	size := int64(bytes.MinRead)
+	if declared >= 0 {
+		size = min(declared, firstRead) + 1 // +1 to see the end without growing
+	}
+	b := make([]byte, 0, min(size, ceiling))
+	for {
+		if len(b) == cap(b) {
+			grown := 2 * int64(cap(b))
+			if declared >= int64(cap(b)) { // the last step ends at the declared end
+				grown = min(grown, declared+1)
+			}
+			b = slices.Grow(b, int(min(grown, ceiling))-len(b))
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if int64(len(b)) > limit {
+			return nil, ErrRequestTooLarge
+		}
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return nil, ErrUnreadableBody
+		}
+	}
 }
 
 // bodyReader is the request body as the handler sees it: the bytes the

@@ -13,25 +13,37 @@ import (
 
 // readBody reads the whole request body, which the fingerprint needs before
 // anything runs, and puts it back through br for the extractor and the
-// handler. A form that middleware outside us already parsed has no body
-// left to read: the parsed form stands for it.
+// handler. A form that middleware outside us already parsed has left no
+// body to read: the parsed form stands for it, together with whatever that
+// parse left unread. Either way the body is held to limit.
 func readBody(r *http.Request, limit int64, br *bodyReader) ([]byte, error) {
-	if formParsed(r) {
-		return encodeParsedForm(r)
-	}
 	if r.ContentLength > limit {
 		return nil, ErrRequestTooLarge
 	}
-	if r.Body == nil || r.Body == http.NoBody {
-		return nil, nil
+	parsed := formParsed(r)
+	var form []byte
+	if parsed {
+		var err error
+		if form, err = encodeParsedForm(r); err != nil {
+			return nil, err
+		}
 	}
-	body, err := readAll(r.Body, r.ContentLength, limit)
-	if err != nil {
-		return nil, err
+	var body []byte
+	if r.Body != nil && r.Body != http.NoBody {
+		var err error
+		if body, err = readAll(r.Body, r.ContentLength, limit); err != nil {
+			return nil, err
+		}
+		br.Reset(body)
+		r.Body = br
 	}
-	br.Reset(body)
-	r.Body = br
-	return body, nil
+	switch {
+	case !parsed:
+		return body, nil
+	case len(body) > 0:
+		return appendParts(form, "rest", string(body)), nil
+	}
+	return form, nil
 }
 
 // firstRead is how much readAll sets aside before a byte arrived: what the
@@ -83,6 +95,10 @@ func (*bodyReader) Close() error { return nil }
 
 // formParsed reports whether middleware outside us (CSRF protection, a
 // method override) parsed the request's form from its body, consuming it.
+// net/http reads a URL-encoded body for POST, PUT and PATCH only: for any
+// other method r.ParseForm leaves r.PostForm an empty map and the body
+// unread. A filled PostForm was read from the body whatever the method
+// says now (a method override changes it after reading the form).
 func formParsed(r *http.Request) bool {
 	if r.PostForm == nil && r.MultipartForm == nil {
 		return false // the common case, decided without parsing a header
@@ -90,7 +106,11 @@ func formParsed(r *http.Request) bool {
 	mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	switch mediaType {
 	case "application/x-www-form-urlencoded":
-		return r.PostForm != nil
+		switch r.Method {
+		case http.MethodPost, http.MethodPut, http.MethodPatch:
+			return r.PostForm != nil
+		}
+		return len(r.PostForm) > 0
 	case "multipart/form-data":
 		return r.MultipartForm != nil
 	}

@@ -52,7 +52,10 @@ func appendDefault(b []byte, r *http.Request, body []byte) []byte {
 // other member order, spacing or number spelling is the same request. As in
 // RFC 8785, members are sorted and whitespace dropped; unlike it, numbers
 // compare by their exact value, not as doubles, so two ids beyond 2^53
-// never pass for one. A body that is not JSON counts as it is.
+// never pass for one. Names that a Go decoder may take for one another
+// ("amount" and "Amount", or one name repeated) keep their order, which
+// decides what the handler decodes. A body that is not JSON counts as it
+// is.
 func CanonicalJSON(r *http.Request, body []byte) []byte {
 	kind := "raw"
 	if canonical, err := canonicalJSON(body); err == nil {
@@ -72,8 +75,10 @@ func CanonicalQuery(r *http.Request, body []byte) []byte {
 // JSONFields is the method, the path, the canonical query and only the named
 // fields of a JSON object body (dotted paths name nested fields: "payment.
 // amount"), each canonical: other fields (a client timestamp, a trace id)
-// may differ between the tries of one request. A body that is not a JSON
-// object counts as it is.
+// may differ between the tries of one request. A field is found as
+// encoding/json finds it, whatever the case of its name: when the body
+// holds it under another case, or more than once, every such member
+// counts, in order. A body that is not a JSON object counts as it is.
 func JSONFields(fields ...string) Fingerprinter {
 	fields = slices.Clone(fields)
 	slices.Sort(fields)
@@ -84,19 +89,23 @@ func JSONFields(fields ...string) Fingerprinter {
 	return func(r *http.Request, body []byte) []byte {
 		b := appendParts(nil, r.Method, r.URL.EscapedPath(), canonicalQuery(r.URL.RawQuery))
 		v, err := decodeJSON(body)
-		if _, isObject := v.(map[string]any); err != nil || !isObject {
+		if _, isObject := v.(jsonObject); err != nil || !isObject {
 			return appendParts(b, "raw", string(body))
 		}
 		b = appendParts(b, "fields")
 		for i, field := range fields {
-			value, ok := jsonAt(v, paths[i])
-			if !ok {
+			value, selected := jsonSelect(v, paths[i])
+			if selected == selectedAbsent {
 				b = appendParts(b, field, "absent")
 				continue
 			}
 			canonical, err := appendCanonical(nil, value)
 			if err != nil { // a number beyond any exponent: as written
 				canonical, _ = json.Marshal(value)
+			}
+			if selected == selectedAmbiguous {
+				b = appendParts(b, field, "ambiguous", string(canonical))
+				continue
 			}
 			b = appendParts(b, field, string(canonical))
 		}

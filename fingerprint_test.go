@@ -52,6 +52,8 @@ func TestFingerprinters(t *testing.T) {
 		"a field absent either way")
 	require.False(t, sameFingerprint(fields, req("POST", "/p", `{"amount":5}`), req("POST", "/p", `{"amount":5,"payment":{"currency":null}}`)),
 		"absent is not null")
+	require.False(t, sameFingerprint(JSONFields("p"), req("POST", "/p", `{"p":{"x":1e9999999999}}`), req("POST", "/p", `{"p":{"x":2e9999999999}}`)),
+		"a number beyond any exponent counts as written")
 
 	versioned := WithHeaders(CanonicalJSON, "api-version")
 	require.True(t, sameFingerprint(versioned, req("POST", "/p", `{}`, "Api-Version", "2"), req("POST", "/p", `{}`, "API-VERSION", "2")))
@@ -82,6 +84,8 @@ func FuzzCanonicalizers(f *testing.F) {
 	f.Add(`not json`)
 	f.Add(`{"amount":1e400,"id":12345678901234567890}`)
 	f.Add(`[0.1, -0, 5e2, "a<b"]`)
+	f.Add(`{"amount":5,"Amount":500,"p":{"a":1},"P":{"b":2},"p":{"A":3}}`)
+	f.Add(`{"payment":{"AMOUNT":1,"amount":2},"Payment":{"amount":3},"p":[{"\u212a":1}]}`)
 	f.Fuzz(func(t *testing.T, body string) {
 		once, err := canonicalJSON([]byte(body))
 		if err != nil {
@@ -99,6 +103,12 @@ func FuzzCanonicalizers(f *testing.F) {
 			require.NoError(t, json.Unmarshal(once, &b))
 			require.Equal(t, a, b)
 		}
+		// And a struct decodes it as it decodes the body, which matches
+		// names whatever their case and merges repeated members.
+		var pa, pb caseProbe
+		errA, errB := json.Unmarshal([]byte(body), &pa), json.Unmarshal(once, &pb)
+		require.Equal(t, errA == nil, errB == nil, "%v, %v", errA, errB)
+		require.Equal(t, pa, pb, "%s", once)
 	})
 }
 
@@ -113,6 +123,7 @@ func TestCanonicalJSON(t *testing.T) {
 		{`{"n":120.50}`, `{"n":1.205e+2}`},
 		{`{"s":"\u00e9"}`, `{"s":"é"}`},
 		{`{"a":{"y":[1,{"q":1,"p":2}],"x":null}}`, `{"a":{"x":null,"y":[1,{"p":2,"q":1}]}}`},
+		{`{"b":1,"a":2,"B":3}`, `{"a":2,"b":1,"B":3}`},
 	}
 	for _, tc := range same {
 		a, err := canonicalJSON([]byte(tc[0]))
@@ -127,6 +138,9 @@ func TestCanonicalJSON(t *testing.T) {
 		{`[1,2]`, `[2,1]`},
 		{`{"a":null}`, `{}`},
 		{`{"n":0.1}`, `{"n":0.10000000000000001}`},
+		{`{"a":1,"A":2}`, `{"A":2,"a":1}`},
+		{`{"a":1,"a":2}`, `{"a":2}`},
+		{`{"first_name":1,"firstName":2}`, `{"firstName":2,"first_name":1}`},
 	}
 	for _, tc := range differ {
 		a, _ := canonicalJSON([]byte(tc[0]))
@@ -153,4 +167,46 @@ func FuzzStructuredString(f *testing.F) {
 			require.Error(t, err)
 		}
 	})
+}
+
+// caseProbe decodes a body as a Go handler would: encoding/json matches
+// member names to fields whatever their case, the last match wins, and a
+// repeated object member is decoded into the same struct again.
+type caseProbe struct {
+	Amount  float64 `json:"amount"`
+	Payment struct {
+		Amount float64 `json:"amount"`
+	} `json:"payment"`
+	P struct{ A, B any } `json:"p"`
+}
+
+// Bodies that a Go handler decodes differently are different requests,
+// also when they differ only in the case or the repetition of names.
+func TestMembersDifferingInCaseAreDifferentRequests(t *testing.T) {
+	tests := []struct {
+		name          string
+		fp            Fingerprinter
+		first, second string
+	}{
+		{"CanonicalJSON, the last of two wins", CanonicalJSON, `{"amount":5,"Amount":500}`, `{"Amount":500,"amount":5}`},
+		{"CanonicalJSON, nested", CanonicalJSON, `{"payment":{"amount":5,"AMOUNT":500}}`, `{"payment":{"AMOUNT":500,"amount":5}}`},
+		{"CanonicalJSON, a repeated object merges", CanonicalJSON, `{"p":{"a":1},"p":{"b":2}}`, `{"p":{"b":2}}`},
+		{"JSONFields, another case after", JSONFields("amount"), `{"amount":5}`, `{"amount":5,"AMOUNT":500}`},
+		{"JSONFields, only another case", JSONFields("amount"), `{}`, `{"Amount":500}`},
+		{"JSONFields, nested", JSONFields("payment.amount"), `{"payment":{"amount":5}}`, `{"payment":{"amount":5},"Payment":{"amount":500}}`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var a, b caseProbe
+			require.NoError(t, json.Unmarshal([]byte(tc.first), &a))
+			require.NoError(t, json.Unmarshal([]byte(tc.second), &b))
+			require.NotEqual(t, a, b, "a Go handler tells the two apart")
+
+			s := newShop(t, WithFingerprint(tc.fp))
+			c := s.client()
+			require.Equal(t, http.StatusCreated, s.post(c, "/payments", "k", tc.first).status)
+			requireProblem(t, s.post(c, "/payments", "k", tc.second), 422, "key-reused")
+			require.Equal(t, "true", s.post(c, "/payments", "k", tc.first).header.Get(ReplayedHeader))
+		})
+	}
 }

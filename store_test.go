@@ -209,8 +209,8 @@ func TestAbandonedExecution(t *testing.T) {
 			}
 			s := newShop(t, opts...)
 			req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
-			fp := fingerprint(req, []byte(`{}`))
-			crashAfterClaim(t, s, clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "k")), string(fp[:]))
+			fp := fingerprint(req, []byte(`{}`), true)
+			crashAfterClaim(t, s, clientKeys(s.idem.cfg.prefix, paymentID("k")), string(fp[:]))
 			a := s.post(s.client(), "/payments", "k", `{}`)
 			if retry {
 				require.Equal(t, http.StatusCreated, a.status)
@@ -227,7 +227,7 @@ func TestStaleExecutorCannotOverwrite(t *testing.T) {
 	s := newShop(t, WithLockLease(100*time.Millisecond), WithRetryAbandoned())
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "k"))
+	k := clientKeys(s.idem.cfg.prefix, paymentID("k"))
 	stale, _ := crashAfterClaim(t, s, k, "fp") // the stale executor pauses past its lease
 
 	// The new executor's lease does not run out during the test, however
@@ -298,9 +298,9 @@ func TestFencingTokensGrowWithEveryExecution(t *testing.T) {
 	s.post(c, "/payments", "b", `{}`)
 
 	// A key whose first executor vanished: the retry's token is higher.
-	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "c"))
+	k := clientKeys(s.idem.cfg.prefix, paymentID("c"))
 	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
-	fp := fingerprint(req, []byte(`{}`))
+	fp := fingerprint(req, []byte(`{}`), true)
 	_, crashed := crashAfterClaim(t, s, k, string(fp[:]))
 	s.post(c, "/payments", "c", `{}`)
 
@@ -379,7 +379,7 @@ func TestRedisMemoryPerEntry(t *testing.T) {
 	oneSet := usage(tokenSetKey("idem", "one-token"))
 
 	require.Equal(t, http.StatusCreated, s.post(s.client(), "/payments", "mem", `{"amount":1}`).status)
-	rec := usage(clientKeys("idem", identityOf(false, "/payments", "mem")).record)
+	rec := usage(clientKeys("idem", paymentID("mem")).record)
 
 	t.Logf("Redis memory (MEMORY USAGE): a session with 1 token %d B, with 32 tokens %d B (%d B a token); a stored record with a 1 KiB body %d B",
 		oneSet, fullSet, fullSet/32, rec)

@@ -143,10 +143,22 @@ func BenchmarkFingerprint(b *testing.B) {
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
 			for b.Loop() {
-				fingerprint(r, body)
+				fingerprint(r, body, true)
 			}
 		})
 	}
+	// A caller's material: a bearer token and two cookies, which are parsed.
+	body := bytes.Repeat([]byte("x"), 1<<10)
+	r := httptest.NewRequest(http.MethodPost, "/orders?x=1", nil)
+	r.Header.Set("Authorization", "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJjbGllbnQtNDIifQ.c2lnbmF0dXJl")
+	r.Header.Set("Cookie", "session=MTcwMDAwMDAwMHxEdi1CQkFFQ180SUFBUkFCRUFBQV80; theme=dark")
+	b.Run("1KiB-caller", func(b *testing.B) {
+		b.SetBytes(1 << 10)
+		b.ReportAllocs()
+		for b.Loop() {
+			fingerprint(r, body, true)
+		}
+	})
 }
 
 // BenchmarkRedisRoundTrip is one loopback round trip (PING), the unit in

@@ -45,7 +45,7 @@ func TestCachedReplayStillChecksTheRequest(t *testing.T) {
 	c := s.client()
 	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "k", `{"amount":1}`).status)
 	// Redis is no longer needed for this key on this instance...
-	s.rdb.Del(t.Context(), clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "k")).record)
+	s.rdb.Del(t.Context(), clientKeys(s.idem.cfg.prefix, paymentID("k")).record)
 	require.Equal(t, "true", s.post(c, "/payments", "k", `{"amount":1}`).header.Get(ReplayedHeader))
 	// ...but a different request under the key is still refused.
 	requireProblem(t, s.post(c, "/payments", "k", `{"amount":2}`), 422, "key-reused")

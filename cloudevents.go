@@ -68,11 +68,11 @@ func CloudEventKey(r *http.Request, body []byte) (string, error) {
 //	idempotency.WithScope(idempotency.CloudEventScope)
 //
 // The source is the ce-source header in binary mode, the "source" attribute
-// of the body in structured mode. The scope is the route (the request path,
-// key mode's default scope) and the source together: an event fanned out to
-// two routes that share a Redis runs once on each, instead of the second
-// being refused as a reused key. An event without a source has no scope
-// (401 no-scope).
+// of the body in structured mode. The scope is the route (the path the
+// client sent, before http.StripPrefix or a router rewrote r.URL.Path) and
+// the source together: an event fanned out to two routes that share a Redis
+// runs once on each, instead of the second being refused as a reused key.
+// An event without a source has no scope (401 no-scope).
 //
 // In structured mode it reads the request body. Under the middleware that is
 // the copy the middleware already read, and the body is left where it was
@@ -101,7 +101,8 @@ func CloudEventScope(r *http.Request) (string, error) {
 		return "", errors.New("idempotency: CloudEvent without a source")
 	}
 	// Length-prefixed so that no path and source pair reads as another.
-	return strconv.Itoa(len(r.URL.Path)) + ":" + r.URL.Path + source, nil
+	path := clientPath(r)
+	return strconv.Itoa(len(path)) + ":" + path + source, nil
 }
 
 // cloudEventStructured tells a structured-mode event from a binary-mode one

@@ -105,6 +105,23 @@ func TestCloudEventScope(t *testing.T) {
 	}
 }
 
+// Two mounts of one receiver under http.StripPrefix are two routes: the
+// scope has the path the client sent.
+func TestCloudEventScopeOfAStrippedPath(t *testing.T) {
+	var scopes []string
+	receiver := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		scope, err := CloudEventScope(r)
+		require.NoError(t, err)
+		scopes = append(scopes, scope)
+	})
+	for _, mount := range []string{"/eu", "/us"} {
+		r := httptest.NewRequest(http.MethodPost, mount+"/cb", nil)
+		r.Header.Set("Ce-Source", "urn:shop")
+		http.StripPrefix(mount, receiver).ServeHTTP(httptest.NewRecorder(), r)
+	}
+	require.Equal(t, []string{"6:/eu/cburn:shop", "6:/us/cburn:shop"}, scopes)
+}
+
 // Under the middleware the body is a seekable copy: the scope reads it from
 // the start and leaves it where it found it.
 func TestCloudEventScopeRestoresTheBodyPosition(t *testing.T) {

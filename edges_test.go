@@ -229,7 +229,7 @@ func TestUndecodableRecordIsNotStoreUnavailable(t *testing.T) {
 	s := newShop(t, WithResponseCache(0, 0), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	c := s.client()
 	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "corrupt", `{}`).status)
-	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "corrupt"))
+	k := clientKeys(s.idem.cfg.prefix, paymentID("corrupt"))
 	require.NoError(t, s.rdb.HSet(t.Context(), k.record, "h", "\x01\x05ab").Err())
 	for range 2 {
 		a := s.post(c, "/payments", "corrupt", `{}`)
@@ -245,7 +245,7 @@ func TestRecordsOfTheLineFormatStillReplay(t *testing.T) {
 	s := newShop(t, WithResponseCache(0, 0))
 	c := s.client()
 	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "old", `{}`).status)
-	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "old"))
+	k := clientKeys(s.idem.cfg.prefix, paymentID("old"))
 	require.NoError(t, s.rdb.HSet(t.Context(), k.record, "h", "Location: /orders/7\nX-Old: yes\n").Err())
 	a := s.post(c, "/payments", "old", `{}`)
 	require.Equal(t, http.StatusCreated, a.status)
@@ -367,7 +367,7 @@ func TestHeadersOfAHandlerThatNeverWrites(t *testing.T) {
 func TestRecordVanishingMidRunNeverRunsTwice(t *testing.T) {
 	var logs syncbuf.Buffer
 	s := newShop(t, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), WithResponseCache(0, 0))
-	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "vanish"))
+	k := clientKeys(s.idem.cfg.prefix, paymentID("vanish"))
 	s.handler = func(w http.ResponseWriter, r *http.Request) {
 		s.rdb.Del(context.Background(), k.record) // evicted
 		s.defaultHandler(w, r)
@@ -392,7 +392,7 @@ func TestRecordVanishingInAFullRedis(t *testing.T) {
 	srv := redistest.Private(t)
 	rdb := srv.Client(t)
 	s := newShopOn(t, rdb, WithResponseCache(0, 0))
-	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "full"))
+	k := clientKeys(s.idem.cfg.prefix, paymentID("full"))
 	ctx := context.Background()
 	s.handler = func(w http.ResponseWriter, r *http.Request) {
 		rdb.Del(ctx, k.record)               // evicted
@@ -582,7 +582,7 @@ func (h afterPipeline) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 // A claim resent after it answered "abandoned" answers "abandoned" again.
 func TestResentClaimAfterAbandoned(t *testing.T) {
 	s := newShop(t, WithLockLease(100*time.Millisecond))
-	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "resend"))
+	k := clientKeys(s.idem.cfg.prefix, paymentID("resend"))
 	crashAfterClaim(t, s, k, "fp")
 	time.Sleep(150 * time.Millisecond)
 	ctx := t.Context()
@@ -654,39 +654,6 @@ func TestTokenInAFormParsedByOuterMiddleware(t *testing.T) {
 	require.Equal(t, "true", multi("milk").header.Get(ReplayedHeader))
 	requireProblem(t, multi("sugar"), 422, "key-reused")
 	require.EqualValues(t, 2, execs.Load())
-}
-
-// In key mode two callers who send the same key never see each other's
-// answer: the key is bound to the caller whenever the request names one.
-func TestKeyScopeNeverCrossesCallers(t *testing.T) {
-	s := newShop(t)
-	post := func(header, value string) answer {
-		req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{"amount":5}`))
-		req.Header.Set(KeyHeader, "shared-key")
-		if header == "Cookie" {
-			req.AddCookie(&http.Cookie{Name: "idempotency_session", Value: value})
-		} else if header != "" {
-			req.Header.Set(header, value)
-		}
-		return do(t, s.srv.Client(), req)
-	}
-	alice := post("Authorization", "Bearer alice")
-	bob := post("Authorization", "Bearer bob")
-	require.Equal(t, http.StatusCreated, alice.status)
-	require.Equal(t, http.StatusCreated, bob.status)
-	require.Empty(t, bob.header.Get(ReplayedHeader), "bob's request ran: he never gets alice's payment")
-	require.NotEqual(t, alice.body, bob.body)
-	require.Equal(t, alice.body, post("Authorization", "Bearer alice").body, "alice's own retry replays")
-
-	carol := post("Cookie", "7b0c4a52-1d7e-4c1e-9a55-6f7e8d9c0b1a")
-	dave := post("Cookie", "0f9e8d7c-6b5a-4c3d-9e1f-2a3b4c5d6e7f")
-	require.Empty(t, carol.header.Get(ReplayedHeader))
-	require.Empty(t, dave.header.Get(ReplayedHeader))
-
-	anon := post("", "")
-	require.Empty(t, anon.header.Get(ReplayedHeader))
-	require.Equal(t, "true", post("", "").header.Get(ReplayedHeader), "anonymous requests share the route's scope")
-	require.EqualValues(t, 5, s.execs.Load())
 }
 
 // The in-process cache answers for a bounded time, and then asks Redis:

@@ -67,7 +67,7 @@ var problems = []*problem{
 	{err: ErrTokenNotFound, status: http.StatusUnprocessableEntity, slug: "token-not-found",
 		title: "Idempotency token not found", detail: "The token is unknown, expired, or was issued to another session."},
 	{err: ErrKeyReused, status: http.StatusUnprocessableEntity, slug: "key-reused",
-		title: "Idempotency key reused", detail: "The key was already used for a request with a different method, path or body."},
+		title: "Idempotency key reused", detail: "The key was already used for a request with a different method, path, body or caller."},
 	{err: ErrInProgress, status: http.StatusConflict, slug: "in-progress", retryAfter: true,
 		title: "Original request in progress", detail: "A request with this key is still being processed; retry later."},
 	{err: ErrNotReplayable, status: http.StatusConflict, slug: "not-replayable",

@@ -23,24 +23,28 @@ type fingerprintSum [sha256.Size]byte
 type Fingerprinter func(r *http.Request, body []byte) []byte
 
 // WithFingerprint sets what makes two requests with one key the same
-// request. Default DefaultFingerprint.
+// request. Whatever f writes, the middleware binds the fingerprint to the
+// host the request was sent to and, in key mode without WithScope, to its
+// caller (see WithScope). Default DefaultFingerprint.
 func WithFingerprint(f Fingerprinter) Option { return func(c *config) { c.fingerprinter = f } }
 
 // DefaultFingerprint is the method, the path, the raw query and a digest of
 // the raw body: a retry must send the same bytes. It is what the middleware
-// uses without WithFingerprint (computed there without allocating).
+// uses without WithFingerprint (computed there without allocating). The
+// path, here and in the other ready-made fingerprints, is the one the
+// client sent, before http.StripPrefix or a router rewrote r.URL.Path.
 func DefaultFingerprint(r *http.Request, body []byte) []byte {
 	return appendDefault(nil, r, body)
 }
 
-// appendDefault appends the default fingerprint's material. Neither an
-// escaped path nor a method holds a NUL, and the body's digest has a fixed
+// appendDefault appends the default fingerprint's material. Neither a
+// client's path nor a method holds a NUL, and the body's digest has a fixed
 // length, so the parts cannot run into each other.
 func appendDefault(b []byte, r *http.Request, body []byte) []byte {
 	bodySum := sha256.Sum256(body)
 	b = append(b, r.Method...)
 	b = append(b, 0)
-	b = append(b, r.URL.EscapedPath()...)
+	b = append(b, clientPath(r)...)
 	b = append(b, 0)
 	b = append(b, r.URL.RawQuery...)
 	b = append(b, 0)
@@ -61,7 +65,7 @@ func CanonicalJSON(r *http.Request, body []byte) []byte {
 	if canonical, err := canonicalJSON(body); err == nil {
 		kind, body = "json", canonical
 	}
-	return appendParts(nil, r.Method, r.URL.EscapedPath(), canonicalQuery(r.URL.RawQuery), kind, string(body))
+	return appendParts(nil, r.Method, clientPath(r), canonicalQuery(r.URL.RawQuery), kind, string(body))
 }
 
 // CanonicalQuery is the method, the path, the query's parameters in
@@ -69,7 +73,7 @@ func CanonicalJSON(r *http.Request, body []byte) []byte {
 // switch to it makes records stored before the switch answer 422 to their
 // retries: switch between deploys with no retries in flight.
 func CanonicalQuery(r *http.Request, body []byte) []byte {
-	return appendParts(nil, r.Method, r.URL.EscapedPath(), canonicalQuery(r.URL.RawQuery), string(body))
+	return appendParts(nil, r.Method, clientPath(r), canonicalQuery(r.URL.RawQuery), string(body))
 }
 
 // JSONFields is the method, the path, the canonical query and only the named
@@ -87,7 +91,7 @@ func JSONFields(fields ...string) Fingerprinter {
 		paths[i] = strings.Split(field, ".")
 	}
 	return func(r *http.Request, body []byte) []byte {
-		b := appendParts(nil, r.Method, r.URL.EscapedPath(), canonicalQuery(r.URL.RawQuery))
+		b := appendParts(nil, r.Method, clientPath(r), canonicalQuery(r.URL.RawQuery))
 		v, err := decodeJSON(body)
 		if _, isObject := v.(jsonObject); err != nil || !isObject {
 			return appendParts(b, "raw", string(body))
@@ -154,11 +158,13 @@ func appendParts(b []byte, parts ...string) []byte {
 	return b
 }
 
-// fingerprint hashes the body on its own first so that a large body is read
+// fingerprint is the built-in fingerprint, bound as fingerprintOf binds
+// it. The body is hashed on its own first, so that a large body is read
 // once and never copied.
-func fingerprint(r *http.Request, body []byte) fingerprintSum {
+func fingerprint(r *http.Request, body []byte, bindCaller bool) fingerprintSum {
 	bp := scratch.Get().(*[]byte)
 	b := appendDefault((*bp)[:0], r, body)
+	b = appendBinding(b, r, bindCaller)
 	sum := sha256.Sum256(b)
 	*bp = b
 	scratch.Put(bp)
@@ -166,10 +172,39 @@ func fingerprint(r *http.Request, body []byte) fingerprintSum {
 }
 
 // fingerprintOf is the request's fingerprint under the configuration: the
-// built-in one, which allocates nothing, unless WithFingerprint replaced it.
-func (c *config) fingerprintOf(r *http.Request, body []byte) fingerprintSum {
+// built-in one, which allocates nothing for a request without cookies,
+// unless WithFingerprint replaced it. Either way it is bound to the host
+// the client addressed, which no Fingerprinter sees unless it looks, and,
+// with bindCaller, to the caller's identity material, so that a
+// Fingerprinter can drop neither.
+func (c *config) fingerprintOf(r *http.Request, body []byte, bindCaller bool) fingerprintSum {
 	if c.fingerprinter == nil {
-		return fingerprint(r, body)
+		return fingerprint(r, body, bindCaller)
 	}
-	return sha256.Sum256(c.fingerprinter(r, body))
+	h := sha256.New()
+	h.Write(c.fingerprinter(r, body))
+	bp := scratch.Get().(*[]byte)
+	b := appendBinding((*bp)[:0], r, bindCaller)
+	h.Write(b)
+	*bp = b
+	scratch.Put(bp)
+	var sum fingerprintSum
+	h.Sum(sum[:0])
+	return sum
+}
+
+// appendBinding appends what binds a fingerprint to its request's host
+// and caller after a Fingerprinter's material, to be read from the end: a
+// flag, the caller's digest when the flag says so, the host's length and
+// the host. Whatever the material, no two bindings end it alike.
+func appendBinding(b []byte, r *http.Request, bindCaller bool) []byte {
+	host := hostName(r.Host)
+	b = append(b, host...)
+	b = appendCount(b, len(host))
+	if bindCaller {
+		if sum, ok := callerDigest(r); ok {
+			return append(append(b, sum[:]...), 1)
+		}
+	}
+	return append(b, 0)
 }

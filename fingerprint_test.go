@@ -60,7 +60,7 @@ func TestFingerprinters(t *testing.T) {
 	require.False(t, sameFingerprint(versioned, req("POST", "/p", `{}`, "Api-Version", "2"), req("POST", "/p", `{}`, "Api-Version", "3")))
 
 	r, body := fpRequest("POST", "/p?x=1", `{"a":1}`)
-	require.Equal(t, fingerprint(r, body), (&config{fingerprinter: DefaultFingerprint}).fingerprintOf(r, body),
+	require.Equal(t, fingerprint(r, body, true), (&config{fingerprinter: DefaultFingerprint}).fingerprintOf(r, body, true),
 		"DefaultFingerprint is the built-in fingerprint")
 }
 

@@ -46,7 +46,7 @@ func FuzzFingerprint(f *testing.F) {
 		r1 := &http.Request{Method: m1, URL: &url.URL{Path: p1, RawQuery: q1}}
 		r2 := &http.Request{Method: m2, URL: &url.URL{Path: p2, RawQuery: q2}}
 		same := m1 == m2 && r1.URL.EscapedPath() == r2.URL.EscapedPath() && q1 == q2 && bytes.Equal(b1, b2)
-		if (fingerprint(r1, b1) == fingerprint(r2, b2)) != same {
+		if (fingerprint(r1, b1, true) == fingerprint(r2, b2, true)) != same {
 			t.Fatalf("fingerprints of %q %q %q and %q %q %q: same request %v", m1, p1, q1, m2, p2, q2, same)
 		}
 	})
@@ -65,7 +65,7 @@ func validMethod(m string) bool {
 // waiters flag) is read without panicking, and what it
 // accepts names the same keys again from the record's own name.
 func FuzzKeysNamed(f *testing.F) {
-	k := clientKeys("idem", identityOf(false, "/payments", "k"))
+	k := clientKeys("idem", paymentID("k"))
 	t := tokenKeys("idem", "session", "tok")
 	for _, s := range []string{k.record, k.lock, k.waiters(), t.record, t.lock, t.waiters(),
 		"idem:{", "idem:{}:r", "{x}:r:a:b", ""} {

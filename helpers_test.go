@@ -30,13 +30,16 @@ type shop struct {
 }
 
 // defaultHandler answers like an order endpoint: 201, a JSON body with the
-// execution number, a Location and a cookie that must not be replayed.
+// execution number, a Location and a cookie that must not be replayed. The
+// cookie is for the order's page only: sent back to the protected routes,
+// it would change the caller's identity material between two tries, and
+// key mode would refuse the second (TestKeyModeCallerWhoseMaterialChanges).
 func (s *shop) defaultHandler(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Location", "/orders/1")
 	w.Header().Set("X-Request-Body", string(body))
-	http.SetCookie(w, &http.Cookie{Name: "flash", Value: "created"})
+	http.SetCookie(w, &http.Cookie{Name: "flash", Value: "created", Path: "/orders/1"})
 	w.WriteHeader(http.StatusCreated)
 	io.WriteString(w, `{"execution":`+itoa(s.execs.Load())+`}`)
 }
@@ -196,3 +199,7 @@ func tryDo(c *http.Client, req *http.Request) (answer, error) {
 	body, err := io.ReadAll(resp.Body)
 	return answer{status: resp.StatusCode, header: resp.Header, body: string(body)}, err
 }
+
+// paymentID is the identity of key on the shop's key-mode route, which
+// the test server on loopback is addressed by.
+func paymentID(key string) identity { return routeIdentity("127.0.0.1", "/payments", key) }

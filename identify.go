@@ -2,10 +2,12 @@ package idempotency
 
 import (
 	"crypto/sha256"
-	"encoding/base64"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -26,62 +28,158 @@ func (m *Middleware) identify(c *call, extract KeyExtractor) error {
 	case !validKey(key, m.cfg.maxKeyLen):
 		return ErrInvalidKey
 	}
-	c.scope, err = m.scopeOf(c.r, c.tokenMode)
-	c.body.Seek(0, io.SeekStart) // a scope function may read the body too
-	if err != nil {
-		return err
-	}
-	if c.tokenMode {
-		// Unknown, expired and another scope's tokens are refused here,
-		// before Redis is asked, and all three alike.
-		expires, issued, err := m.tokens.check(c.ctx, c.scope, key, time.Now())
+	// Key mode's default rule, without WithScope, keeps two promises with
+	// what a request says about its caller and nothing else: a caller's
+	// retry never runs twice, and no caller receives another's answer. A
+	// key is claimed once per route, the host and the path the client
+	// sent. The caller's identity material (every Authorization value and
+	// every cookie, the app's own sessions included, which the middleware
+	// cannot tell from the rest) is bound into the fingerprint. So the
+	// same key from another caller, or from one whose material changed
+	// between two tries (it took a session, its bearer token was
+	// refreshed), is refused as another request: it neither runs again,
+	// as it would under a scope keyed by the material, nor sees the first
+	// answer. Anonymous requests share the route's keys: the key is then
+	// the only secret.
+	bindCaller := !c.tokenMode && m.cfg.scope == nil
+	if bindCaller {
+		c.id = routeIdentity(hostName(c.r.Host), clientPath(c.r), key)
+	} else {
+		c.scope, err = m.scopeOf(c.r)
+		c.body.Seek(0, io.SeekStart) // a scope function may read the body too
 		if err != nil {
 			return err
 		}
-		if !issued {
-			return ErrTokenNotFound
+		if c.tokenMode {
+			// Unknown, expired and another scope's tokens are refused
+			// here, before Redis is asked, and all three alike.
+			expires, issued, err := m.tokens.check(c.ctx, c.scope, key, time.Now())
+			if err != nil {
+				return err
+			}
+			if !issued {
+				return ErrTokenNotFound
+			}
+			c.tokenExpires = expires
 		}
-		c.tokenExpires = expires
+		c.id = identityOf(c.tokenMode, c.scope, key)
 	}
 	c.key = key
-	c.id = identityOf(c.tokenMode, c.scope, key)
-	c.fp = m.cfg.fingerprintOf(c.r, body)
+	c.fp = m.cfg.fingerprintOf(c.r, body, bindCaller)
 	c.body.Seek(0, io.SeekStart) // and a fingerprint function too
 	return nil
 }
 
-// scopeOf names who a token or key belongs to. Without a session a token
-// cannot be anyone's, which is answered like any unknown token. A client
-// key belongs to the caller whenever the request names one, so that a key
-// that two callers happen to share (or one caller learns of another's)
-// never shows one the other's answer; only an anonymous request's key
-// belongs to the route.
-func (m *Middleware) scopeOf(r *http.Request, tokenMode bool) (string, error) {
+// scopeOf names who a token or key belongs to: the scope function's
+// answer, else (token mode) the session the token endpoint started.
+// Without a session a token cannot be anyone's, which is answered like any
+// unknown token.
+func (m *Middleware) scopeOf(r *http.Request) (string, error) {
 	if m.cfg.scope != nil {
 		return m.customScope(r)
 	}
-	// Most API requests carry no cookie: skip parsing what is not there.
-	session, hasSession := "", false
-	if len(r.Header["Cookie"]) > 0 {
-		session, hasSession = m.session(r)
-	}
-	switch {
-	case tokenMode && hasSession:
-		return session, nil
-	case tokenMode:
-		return "", ErrTokenNotFound
-	case hasSession:
-		return "s:" + session, nil
-	}
-	if auth := r.Header["Authorization"]; len(auth) > 0 {
-		h := sha256.New()
-		for _, v := range auth {
-			h.Write([]byte(v))
-			h.Write([]byte{0})
+	if len(r.Header["Cookie"]) > 0 { // skip parsing what is not there
+		if session, ok := m.session(r); ok {
+			return session, nil
 		}
-		return "a:" + base64.RawURLEncoding.EncodeToString(h.Sum(nil)), nil
 	}
-	return r.URL.Path, nil // a path starts with '/', so it is never taken for a caller
+	return "", ErrTokenNotFound
+}
+
+// routeIdentity names a client key of the route host+path. Its kind byte
+// keeps it apart from the keys of any scope a WithScope function returns.
+// A host has no NUL, nor does a path as a client sends it.
+func routeIdentity(host, path, key string) identity {
+	bp := scratch.Get().(*[]byte)
+	b := append((*bp)[:0], 'r')
+	b = append(b, host...)
+	b = append(b, 0)
+	b = append(b, path...)
+	b = append(b, 0)
+	b = append(b, key...)
+	sum := sha256.Sum256(b)
+	*bp = b
+	scratch.Put(bp)
+	return identity(sum[:16])
+}
+
+// clientPath is the request's path as the client sent it (escaped), before
+// any router or http.StripPrefix rewrote r.URL.Path: two mounts of one
+// handler are two routes. A request handed to a handler directly has no
+// RequestURI, and its URL is all there is.
+func clientPath(r *http.Request) string {
+	uri := r.RequestURI
+	switch {
+	case uri == "":
+		return r.URL.EscapedPath()
+	case uri[0] == '/':
+		if i := strings.IndexByte(uri, '?'); i >= 0 {
+			return uri[:i]
+		}
+		return uri
+	}
+	// The absolute form a proxy is sent, or "*".
+	if u, err := url.ParseRequestURI(uri); err == nil {
+		return u.EscapedPath()
+	}
+	return uri
+}
+
+// hostName is the host the client addressed, without its port and in
+// lower case, so that "Shop.example:443" and "shop.example" are one host:
+// tenants routed by host are told apart, and one service reached on two
+// ports is not.
+func hostName(host string) string {
+	if i := strings.LastIndexByte(host, ':'); i >= 0 && !strings.Contains(host[i:], "]") {
+		host = host[:i] // "[::1]:443" keeps its brackets; "[::1]" has no port
+	}
+	for i := 0; i < len(host); i++ {
+		if 'A' <= host[i] && host[i] <= 'Z' {
+			return strings.ToLower(host)
+		}
+	}
+	return host
+}
+
+// callerSum is a digest of a caller's identity material.
+type callerSum [sha256.Size]byte
+
+// callerDigest digests every Authorization value, in order, and every
+// cookie, sorted by name and value so that neither their order nor their
+// split over several Cookie lines (HTTP/2 sends one per cookie) counts.
+// ok is false for an anonymous request, which costs nothing to find.
+func callerDigest(r *http.Request) (sum callerSum, ok bool) {
+	auth := r.Header["Authorization"]
+	var cookies []*http.Cookie
+	if len(r.Header["Cookie"]) > 0 {
+		cookies = r.Cookies()
+		slices.SortFunc(cookies, func(a, b *http.Cookie) int {
+			if c := strings.Compare(a.Name, b.Name); c != 0 {
+				return c
+			}
+			return strings.Compare(a.Value, b.Value)
+		})
+	}
+	if len(auth) == 0 && len(cookies) == 0 {
+		return sum, false
+	}
+	bp := scratch.Get().(*[]byte)
+	b := appendCount((*bp)[:0], len(auth))
+	for _, v := range auth {
+		b = appendParts(b, v)
+	}
+	b = appendCount(b, len(cookies))
+	for _, c := range cookies {
+		b = appendParts(b, c.Name, c.Value)
+	}
+	sum = sha256.Sum256(b)
+	*bp = b
+	scratch.Put(bp)
+	return sum, true
+}
+
+func appendCount(b []byte, n int) []byte {
+	return append(b, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
 }
 
 // redisKeys builds the Redis key names, which only the Redis path needs.

@@ -9,7 +9,7 @@ import (
 
 func TestKeyNamesShareOneHashTag(t *testing.T) {
 	tk := tokenKeys("idem", "session-1", "3f1e2d4c-5b6a-4789-8abc-def012345678")
-	ck := clientKeys("idem", identityOf(false, "/payments", "order-42"))
+	ck := clientKeys("idem", paymentID("order-42"))
 	for _, k := range []keys{tk, ck} {
 		names := k.redisKeys()
 		tag := names[0][strings.Index(names[0], "{"):strings.Index(names[0], "}")]
@@ -21,6 +21,6 @@ func TestKeyNamesShareOneHashTag(t *testing.T) {
 	require.True(t, strings.HasSuffix(tk.lock, "}:l:3f1e2d4c-5b6a-4789-8abc-def012345678"))
 	require.True(t, strings.HasSuffix(ck.record, "}:r"))
 	require.True(t, strings.HasSuffix(ck.lock, "}:l"))
-	require.NotEqual(t, ck.record, clientKeys("idem", identityOf(false, "/payments", "order-43")).record)
+	require.NotEqual(t, ck.record, clientKeys("idem", paymentID("order-43")).record)
 	require.NotEqual(t, ck.record, clientKeys("idem", identityOf(false, "/refunds", "order-42")).record)
 }

@@ -180,7 +180,7 @@ func TestDoCutOffByALostLeaseKeepsTheKey(t *testing.T) {
 // replayed, never a cancellation's 500.
 func TestALostLeaseWithoutTakeoverLetsTheHandlerFinish(t *testing.T) {
 	s := newShop(t, WithLockLease(300*time.Millisecond))
-	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "stalled"))
+	k := clientKeys(s.idem.cfg.prefix, paymentID("stalled"))
 	var cancelled atomic.Bool
 	s.handler = func(w http.ResponseWriter, r *http.Request) {
 		s.rdb.Del(r.Context(), k.lock) // as if Redis had stalled past the lease

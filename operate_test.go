@@ -21,8 +21,8 @@ import (
 func interruptedPayment(t *testing.T, s *shop, key string) (keys, string) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
-	fp := fingerprint(req, []byte(`{}`))
-	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", key))
+	fp := fingerprint(req, []byte(`{}`), true)
+	k := clientKeys(s.idem.cfg.prefix, paymentID(key))
 	crashAfterClaim(t, s, k, string(fp[:]))
 	return k, hex.EncodeToString(fp[:])
 }
@@ -31,7 +31,7 @@ func interruptedPayment(t *testing.T, s *shop, key string) (keys, string) {
 // the test, as an instance still running its handler does.
 func runningPayment(t *testing.T, s *shop, key string) keys {
 	t.Helper()
-	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", key))
+	k := clientKeys(s.idem.cfg.prefix, paymentID(key))
 	live := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix), WithLockLease(time.Minute)).store
 	lock, err := live.obtain(t.Context(), k)
 	require.NoError(t, err)
@@ -79,7 +79,7 @@ func TestInspect(t *testing.T) {
 	ctx := t.Context()
 	c := s.client()
 
-	done := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "done"))
+	done := clientKeys(s.idem.cfg.prefix, paymentID("done"))
 	first := s.post(c, "/payments", "done", `{}`)
 	require.Equal(t, http.StatusCreated, first.status)
 	for _, name := range []string{done.record, done.lock, done.waiters()} {
@@ -120,7 +120,7 @@ func TestInspect(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, st.Waiting)
 
-	none := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "never"))
+	none := clientKeys(s.idem.cfg.prefix, paymentID("never"))
 	st, err = s.idem.Inspect(ctx, none.record)
 	require.NoError(t, err)
 	require.Equal(t, KeyState{Key: none.record, State: "none"}, st)
@@ -295,7 +295,7 @@ func TestResolve(t *testing.T) {
 	require.ErrorContains(t, err, "its executor holds the lock")
 	require.Equal(t, "run", s.rdb.HGet(ctx, running.record, "st").Val())
 
-	none := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "never"))
+	none := clientKeys(s.idem.cfg.prefix, paymentID("never"))
 	require.ErrorIs(t, s.idem.Resolve(ctx, seen(t, s, none.record), answer), ErrNotInterrupted)
 	require.Zero(t, s.rdb.Exists(ctx, none.record).Val(), "no record is made up")
 }

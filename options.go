@@ -131,12 +131,22 @@ func WithReplayHeaders(names ...string) Option {
 }
 
 // WithScope sets the function that names the caller's scope (a user, API
-// client or tenant id). Tokens and keys never cross scopes. A non-nil error
-// answers 401 with the no-scope problem. Default: in token mode the session
-// cookie set by the token endpoint; in key mode the caller whenever the
-// request names one (that session cookie, else a digest of the
-// Authorization header), and the request path only for anonymous requests,
-// so that two callers never see each other's stored answer.
+// client or tenant id, from what the app's authentication found). Tokens
+// and keys never cross scopes, and a retry from the same scope replays,
+// whatever else changed in its credentials. A non-nil error answers 401
+// with the no-scope problem.
+//
+// Default: in token mode the session cookie set by the token endpoint. In
+// key mode a key belongs to its route, the host (without port, in lower
+// case) and the path the client sent, and the request to its caller: every
+// Authorization value and every cookie, the app's own sessions included,
+// is bound into the fingerprint. The same key from another caller, or from
+// a caller whose credentials or cookies changed between two tries, is then
+// refused 422 key-reused: it never runs twice and never receives another
+// caller's answer. Requests with neither share the route's keys. Apps
+// whose callers refresh tokens, log in between tries or carry cookies that
+// change (a handler's Set-Cookie, analytics) pass a scope function that
+// names the caller; it replaces the default rule entirely.
 func WithScope(fn func(*http.Request) (string, error)) Option {
 	return func(c *config) { c.scope = fn }
 }

@@ -75,7 +75,7 @@ func TestStorePolicyShorterLifetime(t *testing.T) {
 	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "short", `{}`).status)
 	require.Equal(t, time.Second, events.last(t).StoredFor)
 	require.Equal(t, "true", s.post(c, "/payments", "short", `{}`).header.Get(ReplayedHeader))
-	require.Positive(t, s.rdb.PTTL(t.Context(), clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "short")).record).Val())
+	require.Positive(t, s.rdb.PTTL(t.Context(), clientKeys(s.idem.cfg.prefix, paymentID("short")).record).Val())
 	time.Sleep(1300 * time.Millisecond)
 	require.Empty(t, s.post(c, "/payments", "short", `{}`).header.Get(ReplayedHeader), "it ran again")
 	require.EqualValues(t, 2, s.execs.Load())

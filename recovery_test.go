@@ -37,8 +37,8 @@ func (f *fakeOutcomes) Recover(_ context.Context, _ string, fence uint64) (Answe
 func abandonedPayment(t *testing.T, s *shop) string {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
-	fp := fingerprint(req, []byte(`{}`))
-	crashAfterClaim(t, s, clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "k")), string(fp[:]))
+	fp := fingerprint(req, []byte(`{}`), true)
+	crashAfterClaim(t, s, clientKeys(s.idem.cfg.prefix, paymentID("k")), string(fp[:]))
 	return hex.EncodeToString(fp[:])
 }
 
@@ -103,7 +103,7 @@ func TestResentTakeoverSaysRetaken(t *testing.T) {
 	ctx := t.Context()
 	fp := abandonedPayment(t, s)
 	raw, _ := hex.DecodeString(fp)
-	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "k"))
+	k := clientKeys(s.idem.cfg.prefix, paymentID("k"))
 	lock, err := s.idem.store.obtain(ctx, k)
 	require.NoError(t, err)
 	for range 2 {
@@ -136,7 +136,7 @@ func TestExecutionOf(t *testing.T) {
 	}
 	s.post(s.client(), "/payments", "k", `{}`)
 	require.True(t, ok)
-	record := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "k")).record
+	record := clientKeys(s.idem.cfg.prefix, paymentID("k")).record
 	require.Equal(t, record, got.Key, "the record's name, prefix and all")
 	require.Nil(t, got.Codec, "a handler has no codec")
 	require.Len(t, got.Fingerprint, 64)

@@ -223,7 +223,7 @@ func staleExecutorTrial(ctx context.Context, rdb redis.UniversalClient, stale, f
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	for attempt := range 100 {
-		k := clientKeys(prefix, identityOf(false, "/payments", fmt.Sprintf("stale-%d-%d", trial, attempt)))
+		k := clientKeys(prefix, paymentID(fmt.Sprintf("stale-%d-%d", trial, attempt)))
 		staleLock, err := stale.obtain(ctx, k)
 		if err != nil {
 			return fmt.Errorf("trial %d: the stale executor's lock: %w", trial, err)
@@ -403,6 +403,7 @@ func TestInterruptionTrials(t *testing.T) {
 				wg.Go(func() {
 					req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{}`))
 					req.Header.Set(KeyHeader, key)
+					req.Host = "example.com" // as send addresses the other instance: one service, one name
 					if resp, err := http.DefaultClient.Do(req); err == nil {
 						resp.Body.Close()
 					}

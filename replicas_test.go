@@ -140,7 +140,7 @@ func TestLeaseLostBeforeTheHandlerStarts(t *testing.T) {
 	rdb := primary.Client(t)
 	s := newShopOn(t, rdb, WithKeyPrefix("stolen"), WithLockLease(300*time.Millisecond),
 		WithReplicaAcks(1, 200*time.Millisecond))
-	k := clientKeys("stolen", identityOf(false, "/payments", "stolen"))
+	k := clientKeys("stolen", paymentID("stolen"))
 	thief := primary.Client(t)
 	rdb.AddHook(beforeCommand{isWait, func(ctx context.Context) {
 		thief.Del(ctx, k.lock) // the lease lapsed and another instance took the key

@@ -210,8 +210,8 @@ func TestAbandonedExecution(t *testing.T) {
 			}
 			s := newShop(t, opts...)
 			req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
-			fp := fingerprint(req, []byte(`{}`))
-			crashAfterClaim(t, s, clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "k")), string(fp[:]))
+			fp := fingerprint(req, []byte(`{}`), true)
+			crashAfterClaim(t, s, clientKeys(s.idem.cfg.prefix, paymentID("k")), string(fp[:]))
 			a := s.post(s.client(), "/payments", "k", `{}`)
 			if retry {
 				require.Equal(t, http.StatusCreated, a.status)
@@ -228,7 +228,7 @@ func TestStaleExecutorCannotOverwrite(t *testing.T) {
 	s := newShop(t, WithLockLease(100*time.Millisecond), WithRetryAbandoned())
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "k"))
+	k := clientKeys(s.idem.cfg.prefix, paymentID("k"))
 	stale, _ := crashAfterClaim(t, s, k, "fp") // the stale executor pauses past its lease
 
 	// The new executor's lease does not run out during the test, however
@@ -299,9 +299,9 @@ func TestFencingTokensGrowWithEveryExecution(t *testing.T) {
 	s.post(c, "/payments", "b", `{}`)
 
 	// A key whose first executor vanished: the retry's token is higher.
-	k := clientKeys(s.idem.cfg.prefix, identityOf(false, "/payments", "c"))
+	k := clientKeys(s.idem.cfg.prefix, paymentID("c"))
 	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
-	fp := fingerprint(req, []byte(`{}`))
+	fp := fingerprint(req, []byte(`{}`), true)
 	_, crashed := crashAfterClaim(t, s, k, string(fp[:]))
 	s.post(c, "/payments", "c", `{}`)
 
@@ -370,7 +370,7 @@ func TestRedisMemoryPerEntry(t *testing.T) {
 		return n
 	}
 	require.Equal(t, http.StatusCreated, s.post(s.client(), "/payments", "mem", `{"amount":1}`).status)
-	rec := usage(clientKeys("idem", identityOf(false, "/payments", "mem")).record)
+	rec := usage(clientKeys("idem", paymentID("mem")).record)
 
 	t.Logf("Redis memory (MEMORY USAGE): a stored record with a 1 KiB body %d B; an issued token 0 B", rec)
 	require.Less(t, rec, int64(1024+1024), "the body is stored as it is: no base64, no JSON")

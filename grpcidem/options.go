@@ -64,10 +64,18 @@ func WithRequiredKey() Option { return func(c *config) { c.required = true } }
 
 // WithCallerIdentity scopes keys by caller: identity names whoever makes the
 // call (a user, a tenant, a client certificate's subject), so that two
-// callers' keys never meet. Take it from something the server
-// authenticated, not from metadata the caller may set at will. An error
-// refuses the call: a status error as it is, any other as UNAUTHENTICATED.
-// Without it keys are scoped by method only.
+// callers' keys never meet, and a caller's retry replays whatever token it
+// carries now. Take it from something the server authenticated, not from
+// metadata the caller may set at will. An error refuses the call: a status
+// error as it is, any other as UNAUTHENTICATED.
+//
+// Without it a key belongs to the method and the authority (without port,
+// in lower case), and the call to its caller: the authorization and cookie
+// metadata are fingerprinted with the request, so that the same key from
+// another caller, or from one whose token was refreshed between two tries,
+// is refused (FAILED_PRECONDITION, KEY_REUSED) instead of getting the first
+// caller's answer or running again. Calls with neither share the method's
+// keys.
 func WithCallerIdentity(identity func(ctx context.Context) (string, error)) Option {
 	return func(c *config) { c.identity = identity }
 }

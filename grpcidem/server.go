@@ -2,6 +2,10 @@ package grpcidem
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"slices"
+	"strings"
 
 	"github.com/onceonly/idempotency"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -15,10 +19,13 @@ import (
 // UnaryServerInterceptor runs each unary call that carries a key at most
 // once per key, through idempotency.Do on m: its lock, lease, fencing
 // token (idempotency.FencingToken works in the method), waiting
-// duplicates, record TTL and observer. A key belongs to the method (and to
-// the caller, with WithCallerIdentity) and to one request: the request
-// message, marshalled deterministically, is fingerprinted, and the same
-// key with another request is refused with FAILED_PRECONDITION.
+// duplicates, record TTL and observer. A key belongs to the method and the
+// authority the call was sent to, and to one request: the request message,
+// marshalled deterministically, is fingerprinted with the authority and
+// the caller's credentials (the authorization and cookie metadata), and
+// the same key with another request, or from another caller, is refused
+// with FAILED_PRECONDITION. WithCallerIdentity names the caller instead:
+// a key then belongs to the method and the caller.
 //
 // The first call gets what the method returned. Every other call with the
 // key gets the stored answer and the header "idempotent-replayed: true":
@@ -71,9 +78,20 @@ func (c *config) incomingKey(ctx context.Context) (string, error) {
 	}
 }
 
-// keyFor scopes id by method and caller and binds it to the request.
+// keyFor scopes id and binds it to the request. Without an identity
+// function the rule is the HTTP middleware's: a key belongs to the method
+// and the authority the client addressed, and the call to its caller,
+// whose credentials (the authorization and cookie metadata) are bound into
+// the request's fingerprint, so that another caller, or the same one with
+// a refreshed token, is refused as another request: it neither runs again
+// nor gets the first caller's answer. An identity function names the
+// caller instead, and its keys are the caller's.
 func (c *config) keyFor(ctx context.Context, fullMethod, id string, req any) (idempotency.Key, error) {
-	scope := fullMethod
+	md, _ := metadata.FromIncomingContext(ctx)
+	authority := hostName(first(md.Get(":authority")))
+	// A method name has neither '@' nor a space, so the first of them ends
+	// it, and no caller or authority can make its scope look like another's.
+	scope := fullMethod + "@" + authority
 	if c.identity != nil {
 		caller, err := c.identity(ctx)
 		if err != nil {
@@ -82,9 +100,7 @@ func (c *config) keyFor(ctx context.Context, fullMethod, id string, req any) (id
 			}
 			return idempotency.Key{}, Status(idempotency.ErrNoScope).Err()
 		}
-		// A method name has no space, so the first space ends it and
-		// no caller can make its scope look like another's.
-		scope += " " + caller
+		scope = fullMethod + " " + caller
 	}
 	msg, ok := req.(proto.Message)
 	if !ok {
@@ -94,7 +110,67 @@ func (c *config) keyFor(ctx context.Context, fullMethod, id string, req any) (id
 	if err != nil {
 		return idempotency.Key{}, status.Errorf(codes.Internal, "grpcidem: marshalling the request: %v", err)
 	}
-	return idempotency.Key{Scope: scope, ID: id, Input: input}, nil
+	return idempotency.Key{Scope: scope, ID: id, Input: appendBinding(input, md, authority, c.identity == nil)}, nil
+}
+
+// appendBinding binds a request's fingerprint to the authority and, with
+// bindCaller, to the caller's credentials. It is appended to the request's
+// bytes and read from the end: a flag, the credentials' digest when the
+// flag says so, the authority's length and the authority.
+func appendBinding(input []byte, md metadata.MD, authority string, bindCaller bool) []byte {
+	input = append(input, authority...)
+	input = binary.BigEndian.AppendUint32(input, uint32(len(authority)))
+	if bindCaller {
+		if sum, ok := callerDigest(md); ok {
+			return append(append(input, sum[:]...), 1)
+		}
+	}
+	return append(input, 0)
+}
+
+// callerDigest digests every authorization value, in order, and every
+// cookie of the cookie metadata, sorted, so that neither their order nor
+// their split over several values counts. ok is false for a call that has
+// neither.
+func callerDigest(md metadata.MD) (sum [sha256.Size]byte, ok bool) {
+	auth := md.Get("authorization")
+	var cookies []string
+	for _, line := range md.Get("cookie") {
+		for c := range strings.SplitSeq(line, ";") {
+			if c = strings.TrimSpace(c); c != "" {
+				cookies = append(cookies, c)
+			}
+		}
+	}
+	if len(auth) == 0 && len(cookies) == 0 {
+		return sum, false
+	}
+	slices.Sort(cookies)
+	var b []byte
+	for _, part := range [][]string{auth, cookies} {
+		b = binary.BigEndian.AppendUint32(b, uint32(len(part)))
+		for _, v := range part {
+			b = binary.BigEndian.AppendUint32(b, uint32(len(v)))
+			b = append(b, v...)
+		}
+	}
+	return sha256.Sum256(b), true
+}
+
+// hostName is the authority without its port, in lower case: one host
+// reached on two ports, or spelled in two cases, is one host.
+func hostName(authority string) string {
+	if i := strings.LastIndexByte(authority, ':'); i >= 0 && !strings.Contains(authority[i:], "]") {
+		authority = authority[:i] // "[::1]:443" keeps its brackets; "[::1]" has no port
+	}
+	return strings.ToLower(authority)
+}
+
+func first(values []string) string {
+	if len(values) == 0 {
+		return ""
+	}
+	return values[0]
 }
 
 // serve runs the method under key, or replays its stored answer.

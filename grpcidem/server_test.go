@@ -248,6 +248,67 @@ func TestCallerIdentitySeparatesCallersKeys(t *testing.T) {
 	require.EqualValues(t, 2, svc.runs.Load())
 }
 
+// Without WithCallerIdentity, a key belongs to the method (and authority)
+// and the call to its caller: the authorization and cookie metadata are
+// part of the request's fingerprint. Another caller with the same key and
+// request is refused, and so is the same caller with a refreshed token:
+// never another caller's answer, never a second run. Calls without either
+// share the method's keys.
+func TestDefaultKeyBindsTheCaller(t *testing.T) {
+	svc := newPayments()
+	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t))))
+	as := func(key string, md ...string) context.Context {
+		return metadata.AppendToOutgoingContext(withKey(t, key), md...)
+	}
+	refused := func(r reply) {
+		t.Helper()
+		require.Equal(t, codes.FailedPrecondition, status.Code(r.err), "%v", r.err)
+		reason, _ := problemOf(r.err)
+		require.Equal(t, "KEY_REUSED", reason)
+		require.Empty(t, r.value)
+	}
+
+	alice := charge(as("order-1", "authorization", "Bearer alice"), conn, "tea")
+	require.NoError(t, alice.err)
+	refused(charge(as("order-1", "authorization", "Bearer bob"), conn, "tea"))
+	refused(charge(as("order-1", "authorization", "Bearer alice-refreshed"), conn, "tea"))
+	refused(charge(as("order-1"), conn, "tea"))
+	again := charge(as("order-1", "authorization", "Bearer alice"), conn, "tea")
+	require.True(t, again.replayed)
+	require.Equal(t, alice.value, again.value)
+
+	carol := charge(as("order-2", "cookie", "session=carol; theme=dark"), conn, "tea")
+	require.NoError(t, carol.err)
+	refused(charge(as("order-2", "cookie", "session=dave; theme=dark"), conn, "tea"))
+	carolAgain := charge(as("order-2", "cookie", "theme=dark", "cookie", "session=carol"), conn, "tea")
+	require.True(t, carolAgain.replayed, "the order of the cookies does not count")
+
+	anon := charge(as("order-3"), conn, "tea")
+	require.NoError(t, anon.err)
+	anonAgain := charge(as("order-3"), conn, "tea")
+	require.True(t, anonAgain.replayed, "calls without credentials share the method's keys")
+	require.EqualValues(t, 3, svc.runs.Load())
+}
+
+// A key belongs to the authority the client addressed too: tenants routed
+// by host name never share an answer; its port does not count.
+func TestKeysOfTwoAuthoritiesNeverMeet(t *testing.T) {
+	svc := newPayments()
+	addr := serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t)))
+	tenantA := dial(t, addr, grpc.WithAuthority("a.shop.test"))
+	tenantB := dial(t, addr, grpc.WithAuthority("b.shop.test"))
+	a := charge(withKey(t, "order-1"), tenantA, "tea")
+	b := charge(withKey(t, "order-1"), tenantB, "tea")
+	require.NoError(t, a.err)
+	require.NoError(t, b.err)
+	require.False(t, b.replayed)
+	require.NotEqual(t, a.value, b.value)
+	again := charge(withKey(t, "order-1"), dial(t, addr, grpc.WithAuthority("A.shop.test:443")), "tea")
+	require.True(t, again.replayed)
+	require.Equal(t, a.value, again.value)
+	require.EqualValues(t, 2, svc.runs.Load())
+}
+
 func TestMethodsNotListedPassThrough(t *testing.T) {
 	svc := newPayments()
 	icpt := grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithMethods("/grpcidem.test.Payments/Refund"))

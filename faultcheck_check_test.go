@@ -1,0 +1,535 @@
+package idempotency_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/onceonly/idempotency"
+)
+
+// The promises the check holds the middleware to, each a rule a history can
+// break. Counting is done on effects in the application's database, never
+// on answers: an answer can be lost, an effect cannot hide.
+const (
+	ruleTwoEffects          = "two executions of one key reached the effect"
+	ruleRanAfterStored      = "a key ran again after its answer was stored"
+	ruleReleasedAfterEffect = "a key was released after its execution took effect"
+	ruleForeignAnswer       = "a caller got the answer of a key it did not use"
+	ruleOtherRequest        = "a request got the first answer of another request"
+	ruleAnswerWithoutEffect = "a 2xx answer names an execution whose effect was not applied"
+	ruleReplayDiffers       = "a replay differs from the stored answer"
+	ruleLeftRunning         = "a key stays running after every lease ran out"
+	ruleFinalState          = "a key ends neither stored, released nor interrupted"
+	ruleEmpty200            = "an empty 200"
+	ruleUndocumented        = "an answer that is neither the handler's nor a documented problem"
+	ruleUncaused            = "a documented problem that nothing in the history can cause"
+	ruleLostLeaseCancel     = "a lost lease cancelled a handler that no other executor could take over from"
+	ruleSpuriousKeyReused   = "a request refused as key-reused while no other request owned the key"
+	ruleReleaseLeftClaimed  = "a released key stays claimed after a brief outage"
+	ruleHung                = "a request hung"
+	ruleUnfinished          = "a request still ran inside an instance long after the history"
+	ruleUnprotected         = "a handler ran without an execution"
+)
+
+// A violation is one broken rule in one history.
+type violation struct {
+	rule   string
+	key    *keyPlan // nil when no one key's
+	detail string
+}
+
+// check holds a settled history to every rule.
+func check(h *history) []violation {
+	var found []violation
+	if !h.drained {
+		found = append(found, violation{ruleUnfinished, nil,
+			fmt.Sprintf("requests of the history were still inside an instance %v after the last answer", drainBound)})
+	}
+	for _, k := range h.plan.keys {
+		found = append(found, newKeyCase(h, k).check()...)
+	}
+	for name, st := range h.stray {
+		if st.State == "run" && !st.Interrupted {
+			found = append(found, violation{ruleLeftRunning, nil,
+				fmt.Sprintf("record %s, whose claim never reached a handler, is held by lock %q for %v more", name, st.Lock, st.LockTTL)})
+		}
+	}
+	return found
+}
+
+// keyCase is everything known about one key once its history settled.
+type keyCase struct {
+	h         *history
+	k         *keyPlan
+	cfg       historyConfig
+	exchanges []*exchange
+	state     *idempotency.KeyState // nil when no execution started
+	starts    map[string]trace      // by execution
+	applied   map[string]trace      // effects applied, by execution
+	cancelled map[string]trace
+	attempts  []trace // effects applied or fenced out, in order
+	last      *trace  // the start with the highest fencing token
+	found     []violation
+}
+
+func newKeyCase(h *history, k *keyPlan) *keyCase {
+	c := &keyCase{h: h, k: k, cfg: h.plan.cfg, state: h.states[k],
+		starts: map[string]trace{}, applied: map[string]trace{}, cancelled: map[string]trace{}}
+	for _, x := range h.exchanges {
+		if x.req.key == k {
+			c.exchanges = append(c.exchanges, x)
+		}
+	}
+	for _, tr := range h.traces[k] {
+		switch tr.Kind {
+		case traceStart:
+			c.starts[tr.Exec] = tr
+			if c.last == nil || tr.Fence > c.last.Fence {
+				c.last = &tr
+			}
+		case traceEffect:
+			c.applied[tr.Exec] = tr
+			c.attempts = append(c.attempts, tr)
+		case traceFencedOut:
+			c.attempts = append(c.attempts, tr)
+		case traceCancelled:
+			c.cancelled[tr.Exec] = tr
+		}
+	}
+	return c
+}
+
+func (c *keyCase) fail(rule, format string, args ...any) {
+	c.found = append(c.found, violation{rule, c.k, fmt.Sprintf(format, args...)})
+}
+
+func (c *keyCase) check() []violation {
+	c.checkExecutions()
+	c.checkAnswers()
+	c.checkFinalState()
+	c.checkCancellations()
+	c.checkKeyReused()
+	c.checkReleases()
+	return c.found
+}
+
+// describe names an execution by what started it.
+func (c *keyCase) describe(exec string) string {
+	s, ok := c.starts[exec]
+	if !ok {
+		return exec + " (never started for this key)"
+	}
+	return fmt.Sprintf("%s (%s, act %s, on %s)", exec, s.Request, s.Act, s.Instance)
+}
+
+// checkExecutions: at most one execution reaches the effect. With
+// WithRetryAbandoned an execution whose lease ran out before it stored
+// its answer is taken over and runs again, by design; there the fence
+// keeps a stale executor from writing after a newer one, and no execution
+// may start once an answer is stored.
+func (c *keyCase) checkExecutions() {
+	for exec, s := range c.starts {
+		if s.Fence == 0 || s.Record == "" {
+			c.fail(ruleUnprotected, "execution %s ran with no fencing token or record", c.describe(exec))
+		}
+	}
+	if !c.cfg.RetryAbandoned && len(c.attempts) > 1 {
+		var execs []string
+		for _, a := range c.attempts {
+			execs = append(execs, c.describe(a.Exec))
+		}
+		c.fail(ruleTwoEffects, "%d executions reached the effect: %s", len(c.attempts), strings.Join(execs, "; "))
+	}
+	if c.stored() {
+		for exec, s := range c.starts {
+			if s.Fence > c.state.Fence {
+				c.fail(ruleRanAfterStored, "execution %s started under token %d, after the answer of token %d was stored",
+					c.describe(exec), s.Fence, c.state.Fence)
+			}
+		}
+	}
+}
+
+// checkAnswers reads every answer the key's callers got.
+func (c *keyCase) checkAnswers() {
+	bodies := map[string][]byte{} // by execution
+	for _, x := range c.exchanges {
+		rd := read(x)
+		if rd.wrong != "" {
+			c.fail(rd.rule, "%s got %s", x.req.name, rd.wrong)
+		}
+		if rd.problem != "" && !c.causes(rd.problem) {
+			c.fail(ruleUncaused, "%s got %d %s", x.req.name, x.status, rd.problem)
+		}
+		if rd.answer == nil {
+			continue
+		}
+		a := rd.answer
+		if a.Scope != c.k.scope || a.Key != c.k.id {
+			c.fail(ruleForeignAnswer, "%s (caller %s, key %s) got the answer of caller %s, key %s",
+				x.req.name, c.k.scope, c.k.id, a.Scope, a.Key)
+			continue
+		}
+		if !x.replayed() {
+			if s, ok := c.starts[a.Exec]; !ok || s.Request != x.req.name {
+				c.fail(ruleOtherRequest, "%s got, not marked as a replay, the answer of execution %s", x.req.name, c.describe(a.Exec))
+			}
+		}
+		if x.status/100 == 2 {
+			if _, ok := c.applied[a.Exec]; !ok {
+				c.fail(ruleAnswerWithoutEffect, "%s got %d from execution %s, whose effect is not in the database",
+					x.req.name, x.status, c.describe(a.Exec))
+			}
+		}
+		if x.replayed() && (c.state == nil || c.state.State != "done" || c.state.Fence != a.Fence) {
+			c.fail(ruleReplayDiffers, "%s got a replay of execution %s (token %d), but the key holds %s",
+				x.req.name, c.describe(a.Exec), a.Fence, stateText(c.state))
+		}
+		if first, ok := bodies[a.Exec]; ok && !bytes.Equal(first, x.body) {
+			c.fail(ruleReplayDiffers, "%s got %q from execution %s, another caller got %q", x.req.name, x.body, a.Exec, first)
+		}
+		bodies[a.Exec] = x.body
+	}
+}
+
+// checkFinalState: every key ends stored (an answer, or executed and not
+// replayable), released with no effect, or interrupted; never running once
+// every lease has run out.
+func (c *keyCase) checkFinalState() {
+	if c.state == nil {
+		return
+	}
+	switch c.state.State {
+	case "done":
+	case "big":
+		if !c.panickedAfterStatus() {
+			c.fail(ruleFinalState, "the key ends %s, though every answer of it was small", stateText(c.state))
+		}
+	case "run":
+		if !c.state.Interrupted {
+			c.fail(ruleLeftRunning, "the key is running under lock %q for %v more, long after every request of it ended",
+				c.state.Lock, c.state.LockTTL)
+		}
+	case "none":
+		switch {
+		case !c.cfg.RetryAbandoned && len(c.applied) > 0:
+			var execs []string
+			for exec := range c.applied {
+				execs = append(execs, c.describe(exec))
+			}
+			slices.Sort(execs)
+			c.fail(ruleReleasedAfterEffect, "the key is free for a retry to run again, after the effect of %s", strings.Join(execs, "; "))
+		case c.cfg.RetryAbandoned && c.last != nil && c.hasApplied(c.last.Exec) && !c.takeoverUndone():
+			c.fail(ruleReleasedAfterEffect, "the key is free for a retry to run again, after the effect of its latest execution %s",
+				c.describe(c.last.Exec))
+		}
+	default:
+		c.fail(ruleFinalState, "the key ends %s", stateText(c.state))
+	}
+}
+
+// takeoverUndone reports whether, under WithRetryAbandoned, a claim that
+// took the key over after its latest execution may have been undone: its
+// reply lost, the undo deletes the record, and the key is free without
+// that execution having released it. Such a claim never reaches a handler,
+// so it shows only as a request of the key, sent after that execution
+// started, that got no clean answer.
+func (c *keyCase) takeoverUndone() bool {
+	started := time.Unix(0, c.last.At)
+	return slices.ContainsFunc(c.exchanges, func(x *exchange) bool {
+		return x.sent.After(started) && (x.err != nil || read(x).problem == "store-unavailable")
+	})
+}
+
+// stored reports whether the key ends with its execution's outcome
+// stored: an answer, or executed and not replayable.
+func (c *keyCase) stored() bool {
+	return c.state != nil && (c.state.State == "done" || c.state.State == "big")
+}
+
+func (c *keyCase) hasApplied(exec string) bool {
+	_, ok := c.applied[exec]
+	return ok
+}
+
+// checkCancellations: without WithRetryAbandoned nobody can take a key
+// over from an executor whose lease ran out, so its handler must run on.
+func (c *keyCase) checkCancellations() {
+	if c.cfg.RetryAbandoned {
+		return
+	}
+	for exec, tr := range c.cancelled {
+		if tr.Cause == causeLockLost {
+			c.fail(ruleLostLeaseCancel, "execution %s was cancelled with ErrLockLost", c.describe(exec))
+		}
+	}
+}
+
+// checkKeyReused: a request is refused as key-reused only when a request
+// with the key and the other body (the key's own, or an impostor's) owns
+// it. A request that was itself refused key-reused never owned it; any
+// other may have (even one refused a connection in the end: the Transport
+// may have resent it after the instance that ran it died).
+func (c *keyCase) checkKeyReused() {
+	for _, x := range c.exchanges {
+		if read(x).problem != "key-reused" {
+			continue
+		}
+		owner := slices.ContainsFunc(c.exchanges, func(y *exchange) bool {
+			return y.req.impostor != x.req.impostor && read(y).problem != "key-reused"
+		})
+		if !owner {
+			c.fail(ruleSpuriousKeyReused, "%s was refused key-reused, but no request with the other body ever owned the key", x.req.name)
+		}
+	}
+}
+
+// releasing reports whether an act gives its key up without any effect.
+func releasing(act string, cfg historyConfig) bool {
+	switch act {
+	case actRelease, actPanicBefore, actFnError:
+		return true
+	case actTransient:
+		return cfg.NoTransient
+	}
+	return false
+}
+
+// checkReleases: an execution that gives its key up (Release, a releasing
+// policy, a panic before any answer, Do's function failing) frees it
+// through a brief Redis outage: no retry may find it interrupted.
+//
+// Brief is judged twice. The faults injected around the execution add up
+// to a brief outage at most (an instance killed is no outage); and the
+// release itself, from the moment the handler gave the key up to its
+// answer, took no longer than a brief outage and one store timeout, so
+// that a release slowed by something the timeline does not show (a
+// starved process on a busy machine) is not taken for one that gave up
+// too soon.
+func (c *keyCase) checkReleases() {
+	if c.state == nil || c.state.State != "run" || !c.state.Interrupted || c.last == nil || c.last.Fence != c.state.Fence {
+		return // not claimed, or claimed last by a claim that never reached a handler
+	}
+	x := c.last
+	if !releasing(x.Act, c.cfg) || c.hasApplied(x.Exec) {
+		return
+	}
+	if _, ok := c.cancelled[x.Exec]; ok {
+		return
+	}
+	gaveUp := time.Unix(0, x.At).Add(c.pauseOf(x.Request))
+	answered, ok := c.answeredAfter(x)
+	if !ok || answered.Sub(gaveUp) > c.cfg.briefOutage()+c.cfg.StoreTimeout {
+		return
+	}
+	out, killed := c.h.outage(instanceIndex(x.Instance), time.Unix(0, x.At).Add(-c.cfg.Lease), answered.Add(c.cfg.Lease))
+	if killed || out > c.cfg.briefOutage() {
+		return
+	}
+	c.fail(ruleReleaseLeftClaimed, "execution %s gave the key up, yet it stays claimed (a retry gets 409 interrupted); "+
+		"Redis was out for %v around it, and the release took %v", c.describe(x.Exec), out.Round(time.Millisecond),
+		answered.Sub(gaveUp).Round(time.Millisecond))
+}
+
+// pauseOf is the pause of the request named name before its handler gave
+// its key up.
+func (c *keyCase) pauseOf(name string) time.Duration {
+	for _, y := range c.exchanges {
+		if y.req.name == name {
+			return y.req.pause
+		}
+	}
+	return 0
+}
+
+// answeredAfter is when the client of execution x heard back, which is
+// after the release: net/http completes an answer, or closes the
+// connection of a handler that panicked, once the handler and the
+// middleware have returned. ok is false when the client left first.
+func (c *keyCase) answeredAfter(x *trace) (at time.Time, ok bool) {
+	for _, y := range c.exchanges {
+		gone := errors.Is(y.err, context.Canceled) || errors.Is(y.err, context.DeadlineExceeded)
+		if y.req.name == x.Request && !gone && y.done.After(time.Unix(0, x.At)) {
+			return y.done, true
+		}
+	}
+	return time.Time{}, false
+}
+
+func instanceIndex(name string) int {
+	if name == "b" {
+		return 1
+	}
+	return 0
+}
+
+// outage is how long Redis was out of reach for instance i within
+// [from, to] (stopped, blackholed or slowed: overlapping faults count
+// once), and whether the instance was killed then.
+func (h *history) outage(i int, from, to time.Time) (out time.Duration, killed bool) {
+	type span struct{ from, to time.Time }
+	var spans []span
+	for _, f := range h.faults {
+		if f.instance != -1 && f.instance != i {
+			continue
+		}
+		switch f.kind {
+		case kindKill:
+			killed = killed || !f.to.Before(from) && !f.from.After(to)
+		case kindRedisStop, kindBlackhole, kindDelay:
+			s := span{maxTime(f.from, from), minTime(f.to, to)}
+			if s.to.After(s.from) {
+				spans = append(spans, s)
+			}
+		}
+	}
+	slices.SortFunc(spans, func(a, b span) int { return a.from.Compare(b.from) })
+	var reach time.Time // the end of what is counted so far
+	for _, s := range spans {
+		if s.from.Before(reach) {
+			s.from = reach
+		}
+		if s.to.After(s.from) {
+			out += s.to.Sub(s.from)
+			reach = s.to
+		}
+	}
+	return out, killed
+}
+
+func stateText(st *idempotency.KeyState) string {
+	if st == nil {
+		return "no record"
+	}
+	s := st.State
+	if st.Interrupted {
+		s += " (interrupted)"
+	}
+	if st.Lock != "" {
+		s += fmt.Sprintf(", lock held %v more", st.LockTTL)
+	}
+	return fmt.Sprintf("%s, token %d, %d executions", s, st.Fence, st.Executions)
+}
+
+// reading is what one answer says by itself.
+type reading struct {
+	label   string      // its class, for the tally
+	answer  *answerBody // the handler's answer, first or replayed, when it is one
+	problem string      // a problem's slug
+	rule    string      // the rule the answer breaks by itself
+	wrong   string      // and how
+}
+
+// documented is the problem table of the README: slug and status.
+var documented = map[string]int{
+	"missing-key": 400, "invalid-key": 400, "unreadable-body": 400, "request-too-large": 413,
+	"no-scope": 401, "token-not-found": 422, "key-reused": 422, "in-progress": 409,
+	"not-replayable": 409, "interrupted": 409, "unreadable-record": 409, "store-unavailable": 503,
+}
+
+// causes reports whether something in the key's history can cause the
+// problem slug. Every request is well formed and every answer small, and
+// only impostors reuse keys (checkKeyReused); an answer cut short by a
+// panic after its status is the only one that may be kept as executed and
+// not replayable.
+func (c *keyCase) causes(slug string) bool {
+	switch slug {
+	case "key-reused", "in-progress", "interrupted", "store-unavailable":
+		return true
+	case "not-replayable":
+		return c.panickedAfterStatus()
+	}
+	return false
+}
+
+func (c *keyCase) panickedAfterStatus() bool {
+	for _, s := range c.starts {
+		if s.Act == actPanicAfter {
+			return true
+		}
+	}
+	return false
+}
+
+// read classifies an answer.
+func read(x *exchange) reading {
+	if x.err != nil {
+		return readFailure(x)
+	}
+	replay := ""
+	if x.replayed() {
+		replay = " replayed"
+	}
+	ct := x.header.Get("Content-Type")
+	switch {
+	case x.status == http.StatusOK && len(x.body) == 0:
+		return reading{label: "empty 200", rule: ruleEmpty200,
+			wrong: fmt.Sprintf("200 with an empty body (headers %v)", x.header)}
+	case strings.HasPrefix(ct, "application/problem+json"):
+		return readProblem(x)
+	case x.req.key.route == routeOuterTimeout && x.status == http.StatusServiceUnavailable && string(x.body) == outerTimeoutMessage:
+		return reading{label: "503 of the outer timeout handler"}
+	}
+	var a answerBody
+	if err := json.Unmarshal(x.body, &a); err != nil || a.Exec == "" {
+		return reading{label: fmt.Sprintf("undocumented %d", x.status), rule: ruleUndocumented,
+			wrong: fmt.Sprintf("%d %q", x.status, x.body)}
+	}
+	if what := x.header.Get(deliberateHeader); what != "" {
+		return reading{label: fmt.Sprintf("%d the handler's own %s%s", x.status, what, replay), answer: &a}
+	}
+	if x.status != http.StatusCreated {
+		return reading{label: fmt.Sprintf("undocumented %d", x.status), rule: ruleUndocumented,
+			wrong: fmt.Sprintf("%d %q", x.status, x.body)}
+	}
+	return reading{label: "201" + replay, answer: &a}
+}
+
+func readFailure(x *exchange) reading {
+	took := x.done.Sub(x.sent)
+	switch {
+	case took >= clientBound-time.Second:
+		return reading{label: "hung", rule: ruleHung, wrong: fmt.Sprintf("no answer within %v", took.Round(time.Millisecond))}
+	case x.req.disconnectAfter > 0 && errors.Is(x.err, context.Canceled):
+		return reading{label: "none: the client disconnected"}
+	case x.req.deadline > 0 && errors.Is(x.err, context.DeadlineExceeded):
+		return reading{label: "none: the client's deadline passed"}
+	case errors.Is(x.err, syscall.ECONNREFUSED):
+		return reading{label: "none: connection refused (instance down)"}
+	case x.status != 0:
+		return reading{label: fmt.Sprintf("%d cut off mid-body", x.status)}
+	}
+	return reading{label: "none: connection lost"}
+}
+
+func readProblem(x *exchange) reading {
+	var p struct {
+		Type   string `json:"type"`
+		Status int    `json:"status"`
+	}
+	bad := func(why string) reading {
+		return reading{label: "undocumented problem", rule: ruleUndocumented, wrong: fmt.Sprintf("%d %q: %s", x.status, x.body, why)}
+	}
+	if err := json.Unmarshal(x.body, &p); err != nil {
+		return bad(err.Error())
+	}
+	slug, ok := strings.CutPrefix(p.Type, idempotency.ProblemTypeBase)
+	status, known := documented[slug]
+	switch {
+	case !ok || !known:
+		return bad("not a documented problem type")
+	case status != x.status || p.Status != x.status:
+		return bad(fmt.Sprintf("the README documents %s as %d", slug, status))
+	case (slug == "in-progress" || slug == "store-unavailable") && x.header.Get("Retry-After") == "":
+		return bad("no Retry-After")
+	}
+	return reading{label: "problem " + slug, problem: slug}
+}

@@ -1,0 +1,515 @@
+package idempotency_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/onceonly/idempotency"
+	"github.com/redis/go-redis/v9"
+)
+
+// A history is one plan as it ran: every exchange with the instances, and
+// afterwards what the application's database and Redis hold for its keys.
+type history struct {
+	plan           *plan
+	began, settled time.Time
+
+	sent map[*requestPlan]chan struct{} // closed once the request is sent
+
+	mu        sync.Mutex
+	exchanges []*exchange
+	injected  map[string]int // faults by kind
+
+	// After the history: whether every request inside the instances
+	// finished, and per key what the handlers traced and Redis holds.
+	drained bool
+	traces  map[*keyPlan][]trace
+	states  map[*keyPlan]*idempotency.KeyState
+	// records found in Redis that no traced execution names, by name
+	stray map[string]idempotency.KeyState
+	// faults injected while it ran, by any history
+	faults []faultEvent
+}
+
+// exchange is one request and what came back.
+type exchange struct {
+	req        *requestPlan
+	instance   string
+	sent, done time.Time
+	// err is set when no complete answer came: the connection was
+	// refused or lost, or the client gave up; status and body then hold
+	// whatever did arrive.
+	err    error
+	status int
+	header http.Header
+	body   []byte
+}
+
+// replayed reports whether the answer says it is a stored one: a replay of
+// a route, or Do's result for a duplicate.
+func (x *exchange) replayed() bool {
+	if x.header == nil {
+		return false
+	}
+	o := x.header.Get(outcomeHeader)
+	return x.header.Get(idempotency.ReplayedHeader) == "true" || o == "replayed" || o == "waited"
+}
+
+// clientBound bounds every request: the middleware answers within its
+// timeouts and the faults end within seconds, so a request that takes
+// this long has hung.
+const clientBound = 15 * time.Second
+
+// run runs p: each key's chain and extras, and the faults, at their
+// moments; then waits for the history to settle and reads its outcome.
+func (r *rig) run(p *plan) *history {
+	h := &history{plan: p, began: time.Now(), injected: map[string]int{}, sent: map[*requestPlan]chan struct{}{}}
+	for _, k := range p.keys {
+		for _, q := range k.requests() {
+			h.sent[q] = make(chan struct{})
+		}
+	}
+	var wg sync.WaitGroup
+	for _, k := range p.keys {
+		wg.Go(func() {
+			for i, q := range k.chain {
+				if i == 0 {
+					sleepUntil(h.began.Add(q.at))
+				} else {
+					time.Sleep(q.at)
+				}
+				r.send(h, q)
+			}
+		})
+		for _, q := range k.extras {
+			wg.Go(func() {
+				sleepUntil(h.began.Add(q.at))
+				r.send(h, q)
+			})
+		}
+	}
+	for _, f := range p.faults {
+		wg.Go(func() {
+			if f.anchor != nil {
+				<-h.sent[f.anchor]
+				time.Sleep(f.at)
+			} else {
+				sleepUntil(h.began.Add(f.at))
+			}
+			r.inject(h, f)
+		})
+	}
+	wg.Wait()
+	r.settle(h)
+	r.collect(h)
+	h.faults = r.timeline.between(h.began, h.settled)
+	return h
+}
+
+func sleepUntil(t time.Time) { time.Sleep(time.Until(t)) }
+
+func (h *history) count(kind string) {
+	h.mu.Lock()
+	h.injected[kind]++
+	h.mu.Unlock()
+}
+
+// send makes one request and records the exchange.
+func (r *rig) send(h *history, q *requestPlan) {
+	h.countRequest(q)
+	ctx, cancel := context.WithTimeout(context.Background(), clientBound)
+	defer cancel()
+	switch {
+	case q.disconnectAfter > 0:
+		var disconnect context.CancelFunc
+		ctx, disconnect = context.WithCancel(ctx)
+		defer time.AfterFunc(q.disconnectAfter, disconnect).Stop()
+	case q.deadline > 0:
+		ctx, cancel = context.WithTimeout(ctx, q.deadline)
+		defer cancel()
+	}
+	inst := r.instances[q.instance]
+	req := newRequest(ctx, inst.baseURL(), h.plan.cfg, q)
+	x := &exchange{req: q, instance: inst.name, sent: time.Now()}
+	close(h.sent[q])
+	// net/http's Transport resends a request that carries an
+	// Idempotency-Key, as it would a GET, when a reused connection closes
+	// before any answer: one request of the plan may then reach a handler
+	// more than once, as the traces show. That is what a Go client does.
+	resp, err := r.http.Do(req)
+	if err == nil {
+		x.status, x.header = resp.StatusCode, resp.Header
+		x.body, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	x.err, x.done = err, time.Now()
+	h.mu.Lock()
+	h.exchanges = append(h.exchanges, x)
+	h.mu.Unlock()
+}
+
+// newRequest is q as the client sends it: the key, the caller, what the
+// handler is to do, and the history's configuration.
+func newRequest(ctx context.Context, base string, cfg historyConfig, q *requestPlan) *http.Request {
+	body := q.key.body
+	if q.impostor {
+		body = q.key.otherBody
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+q.key.route, strings.NewReader(body))
+	config, _ := json.Marshal(cfg)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(configHeader, string(config))
+	req.Header.Set(idempotency.KeyHeader, q.key.id)
+	req.Header.Set(clientHeader, q.key.scope)
+	req.Header.Set(actHeader, q.act)
+	req.Header.Set(pauseHeader, strconv.FormatInt(q.pause.Milliseconds(), 10))
+	req.Header.Set(lingerHeader, strconv.FormatInt(q.linger.Milliseconds(), 10))
+	if q.deaf {
+		req.Header.Set(deafHeader, "1")
+	}
+	req.Header.Set(requestHeader, q.name)
+	return req
+}
+
+// countRequest counts the faults a request carries: its act, its route,
+// an impostor's body, a client that leaves or has a deadline.
+func (h *history) countRequest(q *requestPlan) {
+	for _, kind := range []string{q.act, routeKind(q.key.route)} {
+		if kind != actNormal && kind != actSlow && kind != "" {
+			h.count(kind)
+		}
+	}
+	if q.impostor {
+		h.count(kindImpostor)
+	}
+	switch {
+	case q.disconnectAfter > 0:
+		h.count(kindDisconnect)
+	case q.deadline > 0:
+		h.count(kindClientDeadline)
+	}
+}
+
+// routeKind is the fault kind a route stands for, if any.
+func routeKind(route string) string {
+	switch route {
+	case routeOuterTimeout:
+		return kindOuterTimeout
+	case routeDeadline:
+		return kindDeadline
+	case routeDo:
+		return kindDo
+	}
+	return ""
+}
+
+// inject applies one fault and undoes it when its time is up, and adds it
+// to the timeline with the moments it really began and ended: faults of
+// one sort on one target take turns (a SIGCONT would end every SIGSTOP, a
+// blackhole's end another's), so a fault may begin later than planned.
+func (r *rig) inject(h *history, f *faultPlan) {
+	inst := r.instances[f.instance]
+	ev := faultEvent{kind: f.kind, instance: f.instance}
+	switch f.kind {
+	case kindRedisStop:
+		r.redisStop.Lock()
+		defer r.redisStop.Unlock()
+		ev.instance, ev.from = -1, time.Now()
+		ev.what = r.stopRedis(f.dur)
+	case kindBlackhole, kindDelay:
+		inst.proxyFaults.Lock()
+		defer inst.proxyFaults.Unlock()
+		ev.from = time.Now()
+		ev.what = inst.slowOrCut(f)
+	case kindDropReply:
+		ev.from = time.Now()
+		ev.what = inst.dropReply(f.needle)
+	case kindKill:
+		inst.lifecycle.Lock()
+		defer inst.lifecycle.Unlock()
+		ev.from = time.Now()
+		ev.what = r.killAndRestart(inst, f.dur)
+	}
+	ev.to = time.Now()
+	r.timeline.add(ev)
+	h.count(f.kind)
+}
+
+// stopRedis stops the Redis of the middleware for d: connections stay
+// open, commands go unanswered.
+func (r *rig) stopRedis(d time.Duration) string {
+	if err := r.store.Signal(syscall.SIGSTOP); err != nil {
+		r.fail("SIGSTOP of Redis: %v", err)
+	}
+	time.Sleep(d)
+	if err := r.store.Signal(syscall.SIGCONT); err != nil {
+		r.fail("SIGCONT of Redis: %v", err)
+	}
+	return fmt.Sprintf("Redis SIGSTOP for %v", d)
+}
+
+// slowOrCut delays, or blackholes, the instance's way to Redis for a
+// while.
+func (p *instanceProc) slowOrCut(f *faultPlan) string {
+	if f.kind == kindDelay {
+		p.proxy.setDelay(f.delay)
+		time.Sleep(f.dur)
+		p.proxy.setDelay(0)
+		return fmt.Sprintf("every Redis reply to %s late by %v, for %v", p.name, f.delay, f.dur)
+	}
+	p.proxy.startBlackhole()
+	time.Sleep(f.dur)
+	p.proxy.endBlackhole()
+	return fmt.Sprintf("blackhole between %s and Redis for %v", p.name, f.dur)
+}
+
+// dropReply loses the reply to the instance's next command that contains
+// needle.
+func (p *instanceProc) dropReply(needle string) string {
+	p.proxy.dropNextReply(needle)
+	what := "the next command"
+	if needle != "" {
+		what = "the next " + needle
+	}
+	return fmt.Sprintf("Redis reply to %s of %s lost", p.name, what)
+}
+
+// killAndRestart kills the instance and starts it again after down.
+func (r *rig) killAndRestart(p *instanceProc, down time.Duration) string {
+	began := time.Now()
+	p.kill()
+	time.Sleep(down)
+	if err := p.start(); err != nil {
+		r.fail("restarting instance %s: %v", p.name, err)
+	}
+	return fmt.Sprintf("SIGKILL of %s; restarted after %v", p.name, time.Since(began).Round(time.Millisecond))
+}
+
+// drainBound bounds how long requests may still run inside the instances
+// once every client has its answer or gave up: a handler runs on after
+// that, but within the execution timeout and the faults' few seconds.
+const drainBound = 20 * time.Second
+
+// settle waits until nothing of the history can still change: no request
+// left inside an instance, every lock let go or run out, and one lease
+// more for the releases and undos that go on in the background.
+func (r *rig) settle(h *history) {
+	cfg := h.plan.cfg
+	deadline := time.Now().Add(drainBound)
+	for !r.drained(cfg.Prefix) {
+		if time.Now().After(deadline) {
+			h.settled = time.Now()
+			return // h.drained stays false: a finding of its own
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	h.drained = true
+	deadline = time.Now().Add(3*cfg.Lease + time.Second)
+	for r.locked(cfg.Prefix) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(cfg.Lease)
+	h.settled = time.Now()
+}
+
+// drained reports whether no request of the history is inside an instance.
+func (r *rig) drained(prefix string) bool {
+	for _, p := range r.instances {
+		if n, ok := r.inflight(p, prefix); !ok || n > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// locked reports whether some key of the prefix holds its lock.
+func (r *rig) locked(prefix string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	names, err := scanAll(ctx, r.storeDB, prefix+":*:l")
+	return err != nil || len(names) > 0
+}
+
+// scanAll lists the keys that match pattern.
+func scanAll(ctx context.Context, db *redis.Client, pattern string) ([]string, error) {
+	var names []string
+	it := db.Scan(ctx, 0, pattern, 1000).Iterator()
+	for it.Next(ctx) {
+		names = append(names, it.Val())
+	}
+	return names, it.Err()
+}
+
+// collect reads what the handlers traced for each key, and what Redis
+// holds for it, through a Middleware of the history's prefix (Inspect).
+func (r *rig) collect(h *history) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := h.plan.cfg
+	m := idempotency.New(r.storeDB, idempotency.WithKeyPrefix(cfg.Prefix),
+		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
+	h.traces = map[*keyPlan][]trace{}
+	h.states = map[*keyPlan]*idempotency.KeyState{}
+	named := map[string]bool{}
+	for _, k := range h.plan.keys {
+		lines, err := r.effectsDB.LRange(ctx, traceKey(cfg.Prefix, k.scope, k.id), 0, -1).Result()
+		if err != nil {
+			r.fail("reading the traces of %v: %v", k, err)
+			return
+		}
+		for _, l := range lines {
+			var tr trace
+			if err := json.Unmarshal([]byte(l), &tr); err != nil {
+				r.fail("a trace of %v: %v", k, err)
+				return
+			}
+			h.traces[k] = append(h.traces[k], tr)
+			if tr.Record != "" && h.states[k] == nil {
+				st, err := m.Inspect(ctx, tr.Record)
+				if err != nil {
+					r.fail("inspecting %s: %v", tr.Record, err)
+					return
+				}
+				h.states[k] = &st
+				named[tr.Record] = true
+			}
+		}
+	}
+	h.stray = map[string]idempotency.KeyState{}
+	names, err := scanAll(ctx, r.storeDB, cfg.Prefix+":*:r")
+	if err != nil {
+		r.fail("listing records: %v", err)
+		return
+	}
+	for _, name := range names {
+		if named[name] {
+			continue
+		}
+		st, err := m.Inspect(ctx, name)
+		if err != nil {
+			r.fail("inspecting %s: %v", name, err)
+			return
+		}
+		h.stray[name] = st
+	}
+}
+
+// forget deletes what the history left in the application's database; its
+// records in Redis expire with their TTL.
+func (r *rig) forget(h *history) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, k := range h.plan.keys {
+		cfg := h.plan.cfg
+		r.effectsDB.Del(ctx, traceKey(cfg.Prefix, k.scope, k.id), fenceKey(cfg.Prefix, k.scope, k.id))
+	}
+}
+
+// story tells what happened to key k (every key, when k is nil) in time
+// order: its requests and answers, what its executions traced, the faults
+// around them, and where it ended.
+func (h *history) story(k *keyPlan) []string {
+	type line struct {
+		at   time.Time
+		text string
+	}
+	var lines []line
+	for _, x := range h.exchanges {
+		if k != nil && x.req.key != k {
+			continue
+		}
+		lines = append(lines,
+			line{x.sent, fmt.Sprintf("%s  %s → %s", x.instance, x.req, x.req.key)},
+			line{x.done, fmt.Sprintf("%s  %s ← %s", x.instance, x.req.name, replyText(x))})
+	}
+	for _, key := range h.plan.keys {
+		if k != nil && key != k {
+			continue
+		}
+		for _, tr := range h.traces[key] {
+			lines = append(lines, line{time.Unix(0, tr.At), tr.Instance + "  " + traceText(tr)})
+		}
+	}
+	if len(lines) == 0 {
+		lines = append(lines, line{h.began, "(no request)"})
+	}
+	first, last := lines[0].at, lines[0].at
+	for _, l := range lines {
+		first, last = minTime(first, l.at), maxTime(last, l.at)
+	}
+	for _, f := range h.faults {
+		if !f.to.Before(first.Add(-200*time.Millisecond)) && !f.from.After(last.Add(200*time.Millisecond)) {
+			lines = append(lines, line{f.from, fmt.Sprintf("*  %s (until %+.3fs)", f.what, f.to.Sub(h.began).Seconds())})
+		}
+	}
+	for _, key := range h.plan.keys {
+		if k == nil || key == k {
+			lines = append(lines, line{h.settled, fmt.Sprintf("=  %s ends: %s", key, stateText(h.states[key]))})
+		}
+	}
+	slices.SortStableFunc(lines, func(a, b line) int { return a.at.Compare(b.at) })
+	out := make([]string, len(lines))
+	for i, l := range lines {
+		out[i] = fmt.Sprintf("%+8.3fs  %s", l.at.Sub(h.began).Seconds(), l.text)
+	}
+	return out
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// replyText sums up an answer for a story.
+func replyText(x *exchange) string {
+	if x.err != nil {
+		s := "no answer: " + x.err.Error()
+		if x.status != 0 {
+			s = fmt.Sprintf("%d, then %s", x.status, s)
+		}
+		return s
+	}
+	s := strconv.Itoa(x.status)
+	if x.replayed() {
+		s += " (replayed)"
+	}
+	body := string(x.body)
+	if len(body) > 200 {
+		body = body[:200] + "…"
+	}
+	return fmt.Sprintf("%s %s", s, body)
+}
+
+// traceText tells what an execution traced.
+func traceText(tr trace) string {
+	switch tr.Kind {
+	case traceStart:
+		return fmt.Sprintf("execution %s starts for %s, act %s, token %d", tr.Exec, tr.Request, tr.Act, tr.Fence)
+	case traceEffect:
+		return fmt.Sprintf("execution %s: EFFECT applied (token %d)", tr.Exec, tr.Fence)
+	case traceFencedOut:
+		return fmt.Sprintf("execution %s: effect refused, token %d is below the key's highest", tr.Exec, tr.Fence)
+	case traceCancelled:
+		return fmt.Sprintf("execution %s: its context ended (%s)", tr.Exec, tr.Cause)
+	}
+	return fmt.Sprintf("execution %s: %s", tr.Exec, tr.Kind)
+}

@@ -1,0 +1,399 @@
+package idempotency_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+)
+
+// The kinds of fault a history may inject. -idem.faults picks some (all by
+// default), -idem.skip leaves some out. Requests that run the handler
+// normally, or slowly, and retries of the same key are always there: they
+// are what the faults hit.
+const (
+	// Between an instance and its Redis.
+	kindRedisStop = "redis-stop" // SIGSTOP of Redis, then SIGCONT
+	kindDropReply = "drop-reply" // the reply to one command lost
+	kindDelay     = "delay"      // every reply late for a while
+	kindBlackhole = "blackhole"  // every byte lost for a while
+	kindKill      = "kill"       // SIGKILL of an instance, then a restart
+	// Clients.
+	kindDisconnect     = "disconnect"      // the client gives up mid-request
+	kindClientDeadline = "client-deadline" // the client's own deadline
+	kindImpostor       = "impostor"        // another request with the same key
+	kindOuterTimeout   = "outer-timeout"   // a route behind http.TimeoutHandler
+	kindDeadline       = "deadline"        // a route behind a context deadline
+	// Handlers and functions.
+	kindPanicBefore = actPanicBefore
+	kindPanicAfter  = actPanicAfter
+	kindRelease     = actRelease
+	kindTransient   = actTransient
+	kindDo          = "do" // callers of Do
+	kindCutoff      = actCutoff
+	kindFnError     = actFnError
+)
+
+var allKinds = []string{
+	kindRedisStop, kindDropReply, kindDelay, kindBlackhole, kindKill,
+	kindDisconnect, kindClientDeadline, kindImpostor, kindOuterTimeout, kindDeadline,
+	kindPanicBefore, kindPanicAfter, kindRelease, kindTransient, kindDo, kindCutoff, kindFnError,
+}
+
+// kindSet is the kinds of fault a run injects.
+type kindSet map[string]bool
+
+// parseKinds reads -idem.faults and -idem.skip.
+func parseKinds(only, skip string) (kindSet, error) {
+	kinds := kindSet{}
+	names := allKinds
+	if only != "" {
+		names = strings.Split(only, ",")
+	}
+	for _, n := range names {
+		if !slices.Contains(allKinds, n) {
+			return nil, fmt.Errorf("unknown fault kind %q (known: %s)", n, strings.Join(allKinds, ","))
+		}
+		kinds[n] = true
+	}
+	if skip != "" {
+		for _, n := range strings.Split(skip, ",") {
+			if !slices.Contains(allKinds, n) {
+				return nil, fmt.Errorf("unknown fault kind %q (known: %s)", n, strings.Join(allKinds, ","))
+			}
+			delete(kinds, n)
+		}
+	}
+	return kinds, nil
+}
+
+func (k kindSet) String() string {
+	var names []string
+	for _, n := range allKinds {
+		if k[n] {
+			names = append(names, n)
+		}
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ",")
+}
+
+// A plan is one history, drawn from the run's seed and the history's index
+// before anything is sent: the same seed gives the same plans (their
+// timing on a busy machine is another matter).
+type plan struct {
+	index  int
+	cfg    historyConfig
+	keys   []*keyPlan
+	faults []*faultPlan
+}
+
+// keyPlan is one key of a history: a caller (its scope), the key the caller
+// sends, the route, and the requests made with it.
+type keyPlan struct {
+	scope, id, route string
+	body, otherBody  string // the key's request, and an impostor's
+	start            time.Duration
+	// chain is sent one request after the other, each once the one
+	// before it was answered (or given up): a client that retries.
+	chain []*requestPlan
+	// extras go at their own moments: duplicates (a double click, a
+	// second instance's redelivery) and impostors.
+	extras []*requestPlan
+}
+
+func (k *keyPlan) String() string { return k.scope + "/" + k.id + " on " + k.route }
+
+// requests are the key's chain and extras.
+func (k *keyPlan) requests() []*requestPlan { return append(slices.Clone(k.chain), k.extras...) }
+
+// requestPlan is one request of a key.
+type requestPlan struct {
+	name     string
+	key      *keyPlan
+	at       time.Duration // extras: after the history's start; chain: after the previous answer
+	instance int
+	act      string
+	pause    time.Duration // before the effect
+	deaf     bool          // the pause ignores the context
+	linger   time.Duration // after it
+	impostor bool          // sent with the key's other body
+	// The client gives up (disconnects) after this long; or, its own
+	// deadline, after this long.
+	disconnectAfter, deadline time.Duration
+}
+
+func (q *requestPlan) String() string {
+	s := fmt.Sprintf("%s POST %s act=%s", q.name, q.key.route, q.act)
+	if q.pause > 0 {
+		s += fmt.Sprintf(" pause=%v", q.pause)
+	}
+	if q.linger > 0 {
+		s += fmt.Sprintf(" linger=%v", q.linger)
+	}
+	if q.deaf {
+		s += " deaf-to-its-context"
+	}
+	if q.impostor {
+		s += " IMPOSTOR(other body)"
+	}
+	if q.disconnectAfter > 0 {
+		s += fmt.Sprintf(" disconnects-after=%v", q.disconnectAfter)
+	}
+	if q.deadline > 0 {
+		s += fmt.Sprintf(" client-deadline=%v", q.deadline)
+	}
+	return s
+}
+
+// faultPlan is one fault of a history, between an instance and Redis.
+type faultPlan struct {
+	kind string
+	// at is after the history's start, or after the anchor request was
+	// sent.
+	at, dur  time.Duration
+	anchor   *requestPlan
+	instance int
+	needle   string        // drop-reply: "" any command, else a command name
+	delay    time.Duration // delay: per reply
+}
+
+// Routes of an instance.
+const (
+	routeKey          = "/key"
+	routeOuterTimeout = "/outer-timeout"
+	routeDeadline     = "/deadline"
+	routeDo           = "/do"
+)
+
+var (
+	scopes = []string{"alice", "bob", "carol"}
+	keyIDs = []string{"k1", "k2", "k3", "k4"}
+)
+
+// newPlan draws history index of the run with the given seed.
+func newPlan(seed uint64, index int, kinds kindSet) *plan {
+	rng := rand.New(rand.NewPCG(seed, uint64(index)))
+	p := &plan{index: index, cfg: drawConfig(rng, fmt.Sprintf("fc%xh%d", seed&0xffffff, index))}
+	d := drawer{rng: rng, kinds: kinds}
+
+	// Keys: callers share key names, so that a key of one caller is
+	// another's too, and neither may see the other's answer.
+	type ident struct{ scope, id string }
+	seen := map[ident]bool{}
+	callers := scopes[:1+rng.IntN(len(scopes))]
+	for range 2 + rng.IntN(4) {
+		id := ident{callers[rng.IntN(len(callers))], keyIDs[rng.IntN(len(keyIDs))]}
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		p.keys = append(p.keys, d.key(id.scope, id.id))
+	}
+	n := 0
+	for _, k := range p.keys {
+		for _, q := range k.requests() {
+			n++
+			q.name = fmt.Sprintf("#%d", n)
+		}
+	}
+	p.faults = append(d.faults(), d.outageAtRelease(p)...)
+	return p
+}
+
+func drawConfig(rng *rand.Rand, prefix string) historyConfig {
+	pick := func(ds ...time.Duration) time.Duration { return ds[rng.IntN(len(ds))] }
+	ms := time.Millisecond
+	return historyConfig{
+		Prefix:         prefix,
+		Lease:          pick(600*ms, 800*ms, 1000*ms),
+		StoreTimeout:   pick(150*ms, 200*ms, 300*ms),
+		Wait:           pick(300*ms, 500*ms, 800*ms),
+		ExecTimeout:    pick(700*ms, 1000*ms, 1500*ms),
+		OuterTimeout:   pick(100*ms, 200*ms, 300*ms),
+		RetryAbandoned: rng.IntN(5) < 2,
+		NoTransient:    rng.IntN(2) == 0,
+		Cache:          rng.IntN(2) == 0,
+	}
+}
+
+// drawer draws the parts of a plan.
+type drawer struct {
+	rng   *rand.Rand
+	kinds kindSet
+}
+
+func (d drawer) between(lo, hi time.Duration) time.Duration {
+	return lo + time.Duration(d.rng.Int64N(int64(hi-lo)+1))
+}
+
+func (d drawer) chance(k string, p float64) bool { return d.kinds[k] && d.rng.Float64() < p }
+
+func (d drawer) key(scope, id string) *keyPlan {
+	k := &keyPlan{scope: scope, id: id, route: d.route(), start: d.between(0, 500*time.Millisecond)}
+	k.body = fmt.Sprintf(`{"order":"%s/%s","amount":7}`, scope, id)
+	k.otherBody = fmt.Sprintf(`{"order":"%s/%s","amount":8}`, scope, id)
+	for i := range 1 + d.rng.IntN(3) {
+		q := d.request(k, i == 0)
+		q.at = d.between(20*time.Millisecond, 300*time.Millisecond)
+		if i == 0 {
+			q.at = k.start
+		}
+		k.chain = append(k.chain, q)
+	}
+	for range d.rng.IntN(4) {
+		q := d.request(k, false)
+		q.at = k.start + d.between(0, 700*time.Millisecond)
+		q.impostor = d.chance(kindImpostor, 0.25)
+		k.extras = append(k.extras, q)
+		if q.impostor && d.rng.IntN(2) == 0 {
+			// The key's own request right behind the impostor, on the
+			// same instance: it meets the impostor's request inside the
+			// instance, before Redis has told either apart.
+			twin := d.request(k, false)
+			twin.at, twin.instance = q.at+d.between(time.Millisecond, 30*time.Millisecond), q.instance
+			k.extras = append(k.extras, twin)
+		}
+	}
+	return k
+}
+
+func (d drawer) route() string {
+	routes := []string{routeKey, routeKey, routeKey, routeKey}
+	if d.kinds[kindOuterTimeout] {
+		routes = append(routes, routeOuterTimeout)
+	}
+	if d.kinds[kindDeadline] {
+		routes = append(routes, routeDeadline)
+	}
+	if d.kinds[kindDo] || d.kinds[kindCutoff] || d.kinds[kindFnError] {
+		routes = append(routes, routeDo, routeDo)
+	}
+	return routes[d.rng.IntN(len(routes))]
+}
+
+// request draws one request of k; a key's first request more often does
+// something out of the ordinary than its retries and duplicates.
+func (d drawer) request(k *keyPlan, first bool) *requestPlan {
+	q := &requestPlan{key: k, instance: d.rng.IntN(2), act: actNormal}
+	special := 0.2
+	if first {
+		special = 0.45
+	}
+	var acts []string
+	switch k.route {
+	case routeKey:
+		acts = []string{actPanicBefore, actPanicAfter, actRelease, actTransient}
+	case routeDo:
+		acts = []string{actCutoff, actFnError}
+	}
+	acts = slices.DeleteFunc(acts, func(a string) bool { return !d.kinds[a] })
+	switch {
+	case len(acts) > 0 && d.rng.Float64() < special:
+		q.act = acts[d.rng.IntN(len(acts))]
+	case d.rng.IntN(2) == 0:
+		q.act = actSlow
+	}
+	switch q.act {
+	case actSlow:
+		q.pause = d.between(50*time.Millisecond, 450*time.Millisecond)
+		if d.rng.IntN(5) == 0 {
+			// Long enough for a lease to run out under it, and for the
+			// execution timeout to cut it short.
+			q.pause = d.between(450*time.Millisecond, 1300*time.Millisecond)
+		}
+		q.linger = d.between(0, 150*time.Millisecond)
+		// A handler deaf to its context carries on to its effect however
+		// its context ended: the fencing token is what stops a stale one.
+		q.deaf = d.rng.IntN(3) == 0
+	case actPanicAfter, actCutoff:
+		q.pause = d.between(0, 100*time.Millisecond)
+	case actRelease, actTransient, actPanicBefore, actFnError:
+		// The validation, or the call that fails, takes a while: a fault
+		// may begin between the claim and the release.
+		q.pause = d.between(0, 300*time.Millisecond)
+	}
+	if d.chance(kindDisconnect, 0.08) {
+		q.disconnectAfter = d.between(10*time.Millisecond, 400*time.Millisecond)
+	} else if d.chance(kindClientDeadline, 0.08) {
+		q.deadline = d.between(50*time.Millisecond, 600*time.Millisecond)
+	}
+	return q
+}
+
+// faults draws up to three faults between the instances and Redis; a kill
+// only in a quarter of the histories, since an instance takes a while to
+// start again.
+func (d drawer) faults() []*faultPlan {
+	var kinds []string
+	for _, k := range []string{kindRedisStop, kindDropReply, kindDelay, kindBlackhole} {
+		if d.kinds[k] {
+			kinds = append(kinds, k)
+		}
+	}
+	var fs []*faultPlan
+	if len(kinds) > 0 {
+		for range d.rng.IntN(4) {
+			fs = append(fs, d.fault(kinds[d.rng.IntN(len(kinds))]))
+		}
+	}
+	if d.chance(kindKill, 0.25) {
+		fs = append(fs, d.fault(kindKill))
+	}
+	return fs
+}
+
+// outageAtRelease aims, in some histories, a brief outage at the moment
+// a request's handler gives its key up: random faults rarely hit that
+// moment, and the release must get through a brief outage.
+func (d drawer) outageAtRelease(p *plan) []*faultPlan {
+	var kinds []string
+	for _, k := range []string{kindRedisStop, kindBlackhole} {
+		if d.kinds[k] {
+			kinds = append(kinds, k)
+		}
+	}
+	var givers []*requestPlan
+	for _, k := range p.keys {
+		for _, q := range k.requests() {
+			if releasing(q.act, p.cfg) {
+				givers = append(givers, q)
+			}
+		}
+	}
+	if len(kinds) == 0 || len(givers) == 0 || d.rng.IntN(2) == 0 {
+		return nil
+	}
+	q := givers[d.rng.IntN(len(givers))]
+	return []*faultPlan{{
+		kind: kinds[d.rng.IntN(len(kinds))], anchor: q, instance: q.instance,
+		// The handler gives the key up about its pause after the request
+		// is sent; the outage begins a little before and stays brief.
+		at:  max(q.pause-d.between(0, 40*time.Millisecond), 0),
+		dur: d.between(60*time.Millisecond, p.cfg.briefOutage()-50*time.Millisecond),
+	}}
+}
+
+func (d drawer) fault(kind string) *faultPlan {
+	f := &faultPlan{kind: kind, at: d.between(0, 1500*time.Millisecond), instance: d.rng.IntN(2)}
+	switch kind {
+	case kindRedisStop, kindBlackhole:
+		// Half of them brief (within half the shortest lease), half long
+		// enough for leases to run out.
+		f.dur = d.between(100*time.Millisecond, 300*time.Millisecond)
+		if d.rng.IntN(2) == 0 {
+			f.dur = d.between(300*time.Millisecond, 1500*time.Millisecond)
+		}
+	case kindDelay:
+		f.dur = d.between(200*time.Millisecond, time.Second)
+		f.delay = d.between(20*time.Millisecond, 300*time.Millisecond)
+	case kindDropReply:
+		f.needle = []string{"", "evalsha"}[d.rng.IntN(2)]
+	case kindKill:
+		f.dur = d.between(50*time.Millisecond, 300*time.Millisecond) // down before the restart begins
+	}
+	return f
+}

@@ -1,0 +1,185 @@
+package idempotency_test
+
+import (
+	"bytes"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// faultProxy is a loopback TCP proxy between one server instance and the
+// Redis that holds its keys. It passes bytes through, and on demand:
+//
+//   - delays every reply by a fixed time (a slow network or a busy Redis);
+//   - loses the reply to the next command containing a needle: it forwards
+//     the command, Redis runs it, and the instance's connection is closed
+//     instead of the reply passed on, so go-redis resends the command on a
+//     new connection;
+//   - blackholes: keeps every connection open and discards every byte in
+//     both directions (a partition). When it lifts, the connections that
+//     lost bytes are closed, as a healed network resets the connections it
+//     broke: a stream with a hole in it is not a Redis conversation any
+//     more.
+type faultProxy struct {
+	ln     net.Listener
+	target string
+
+	delay     atomic.Int64           // nanoseconds added before each reply
+	blackhole atomic.Bool            // discard everything while set
+	drop      atomic.Pointer[[]byte] // lose the reply to the next command containing this
+	dropped   atomic.Int64           // replies lost so far
+
+	mu    sync.Mutex
+	pairs map[*proxyPair]bool
+	wg    sync.WaitGroup
+}
+
+// proxyPair is one client connection and the Redis connection it was
+// given.
+type proxyPair struct {
+	client, server net.Conn
+	doomed         atomic.Bool // its next reply is lost
+	torn           atomic.Bool // it lost bytes to a blackhole
+}
+
+func (p *proxyPair) close() {
+	p.client.Close()
+	p.server.Close()
+}
+
+func startFaultProxy(target string) (*faultProxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &faultProxy{ln: ln, target: target, pairs: map[*proxyPair]bool{}}
+	p.wg.Go(p.accept)
+	return p, nil
+}
+
+func (p *faultProxy) addr() string { return p.ln.Addr().String() }
+
+// close stops accepting, closes every connection and waits for the
+// forwarding goroutines.
+func (p *faultProxy) close() {
+	p.ln.Close()
+	p.mu.Lock()
+	for pair := range p.pairs {
+		pair.close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// setDelay delays every reply by d from now on (0: none).
+func (p *faultProxy) setDelay(d time.Duration) { p.delay.Store(int64(d)) }
+
+// dropNextReply arms the proxy: the reply to the next command whose bytes
+// contain needle (any command, when needle is empty) is lost.
+func (p *faultProxy) dropNextReply(needle string) {
+	b := []byte(needle)
+	p.drop.Store(&b)
+}
+
+// startBlackhole discards every byte from now on, until endBlackhole.
+func (p *faultProxy) startBlackhole() { p.blackhole.Store(true) }
+
+// endBlackhole passes bytes again, and closes the connections that lost
+// some.
+func (p *faultProxy) endBlackhole() {
+	p.blackhole.Store(false)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for pair := range p.pairs {
+		if pair.torn.Load() {
+			pair.close()
+		}
+	}
+}
+
+func (p *faultProxy) accept() {
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.Dial("tcp", p.target)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		pair := &proxyPair{client: client, server: server}
+		p.mu.Lock()
+		p.pairs[pair] = true
+		p.mu.Unlock()
+		p.wg.Go(func() { p.commands(pair) })
+		p.wg.Go(func() {
+			p.replies(pair)
+			p.mu.Lock()
+			delete(p.pairs, pair)
+			p.mu.Unlock()
+		})
+	}
+}
+
+// commands forwards what the instance sends, watching for the command
+// whose reply is to be lost.
+func (p *faultProxy) commands(pair *proxyPair) {
+	defer pair.close()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := pair.client.Read(buf)
+		if n > 0 {
+			if p.blackhole.Load() {
+				pair.torn.Store(true)
+				continue
+			}
+			if pair.torn.Load() {
+				return
+			}
+			if needle := p.drop.Load(); needle != nil &&
+				bytes.Contains(bytes.ToLower(buf[:n]), *needle) && p.drop.CompareAndSwap(needle, nil) {
+				pair.doomed.Store(true)
+			}
+			if _, err := pair.server.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// replies forwards what Redis answers, late when delayed, and not at all
+// for a doomed reply: the connection closes instead.
+func (p *faultProxy) replies(pair *proxyPair) {
+	defer pair.close()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := pair.server.Read(buf)
+		if n > 0 {
+			if pair.doomed.Load() {
+				p.dropped.Add(1)
+				return
+			}
+			if d := time.Duration(p.delay.Load()); d > 0 {
+				time.Sleep(d)
+			}
+			if p.blackhole.Load() {
+				pair.torn.Store(true)
+				continue
+			}
+			if pair.torn.Load() {
+				return
+			}
+			if _, err := pair.client.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}

@@ -1,0 +1,268 @@
+package idempotency_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/onceonly/idempotency/internal/syncbuf"
+	"github.com/redis/go-redis/v9"
+)
+
+// rig is what the fault check runs against: the middleware's Redis, the
+// application's database, and two server instances, each talking to the
+// middleware's Redis through a fault proxy of its own.
+//
+// The effects go to a second redis-server, the application's database,
+// never faulted and reached directly: the faults under test are those
+// between the middleware and its store, and an effect whose own write
+// could be lost or stalled would leave the count of effects, the ground
+// truth of the check, uncertain.
+type rig struct {
+	t         *testing.T
+	store     *redistest.Server // the middleware's Redis
+	effects   *redistest.Server // the application's database
+	storeDB   *redis.Client     // not through a proxy: for inspecting keys
+	effectsDB *redis.Client
+	instances []*instanceProc
+	timeline  timeline
+	http      *http.Client
+
+	// Redis can be stopped by one history at a time: a SIGCONT ends every
+	// SIGSTOP.
+	redisStop sync.Mutex
+	// broken is set when the rig itself failed (an instance that does not
+	// start, a database that does not answer): the run stops.
+	broken atomic.Bool
+}
+
+// fail reports a failure of the rig, from any goroutine, and stops the run.
+func (r *rig) fail(format string, args ...any) {
+	r.t.Errorf(format, args...)
+	r.broken.Store(true)
+}
+
+func newRig(t *testing.T) *rig {
+	r := &rig{t: t, store: redistest.Private(t), effects: redistest.Private(t)}
+	r.storeDB, r.effectsDB = r.store.Client(t), r.effects.Client(t)
+	transport := &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}
+	r.http = &http.Client{Transport: transport}
+	t.Cleanup(transport.CloseIdleConnections)
+	for _, name := range []string{"a", "b"} {
+		proxy, err := startFaultProxy(r.store.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(proxy.close)
+		p := &instanceProc{name: name, proxy: proxy, effects: r.effects.Addr()}
+		if err := p.start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.stop)
+		r.instances = append(r.instances, p)
+	}
+	return r
+}
+
+// instanceProc is one server instance's process, started again after each
+// kill.
+type instanceProc struct {
+	name    string
+	proxy   *faultProxy
+	effects string
+
+	// lifecycle serializes kills and restarts; proxyFaults the delays
+	// and blackholes of its proxy.
+	lifecycle, proxyFaults sync.Mutex
+
+	mu     sync.Mutex // guards what follows
+	cmd    *exec.Cmd
+	url    string
+	exited chan struct{}
+	killed bool // by the check, on purpose
+	// outputs of every process so far: a data race or a crash in any of
+	// them fails the check.
+	outputs []*syncbuf.Buffer
+	// unexpected exits, with their output
+	crashes []string
+}
+
+const instanceStartLimit = 60 * time.Second
+
+// start runs a new process of the instance and waits until it listens.
+func (p *instanceProc) start() error {
+	spec, _ := json.Marshal(instanceSpec{Name: p.name, Store: p.proxy.addr(), Effects: p.effects})
+	cmd := exec.Command(os.Args[0], "-test.run=^TestFaultCheckInstance$")
+	cmd.Env = append(os.Environ(), instanceEnv+"="+string(spec))
+	cmd.SysProcAttr = instanceProcAttr()
+	out := &syncbuf.Buffer{}
+	listening := &listenWatch{out: out, addr: make(chan string, 1)}
+	cmd.Stdout, cmd.Stderr = listening, out
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(exited)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.cmd == cmd && !p.killed {
+			p.crashes = append(p.crashes, fmt.Sprintf("instance %s (pid %d) exited on its own: %v\n%s",
+				p.name, cmd.Process.Pid, cmd.ProcessState, out))
+		}
+	}()
+	select {
+	case a := <-listening.addr:
+		p.mu.Lock()
+		p.cmd, p.url, p.exited, p.killed = cmd, "http://"+a, exited, false
+		p.outputs = append(p.outputs, out)
+		p.mu.Unlock()
+		return nil
+	case <-exited:
+		return fmt.Errorf("instance %s exited at start-up:\n%s", p.name, out)
+	case <-time.After(instanceStartLimit):
+		cmd.Process.Kill()
+		return fmt.Errorf("instance %s did not listen within %v:\n%s", p.name, instanceStartLimit, out)
+	}
+}
+
+// listenWatch keeps an instance's standard output and passes on the
+// address in its listening line.
+type listenWatch struct {
+	out     *syncbuf.Buffer
+	addr    chan string
+	pending []byte // the line being written
+	told    bool
+}
+
+func (w *listenWatch) Write(b []byte) (int, error) {
+	w.out.Write(b)
+	if w.told {
+		return len(b), nil
+	}
+	w.pending = append(w.pending, b...)
+	for {
+		line, rest, ok := bytes.Cut(w.pending, []byte("\n"))
+		if !ok {
+			return len(b), nil
+		}
+		w.pending = rest
+		if a, ok := strings.CutPrefix(string(line), listeningLine); ok {
+			w.addr <- a
+			w.told, w.pending = true, nil
+			return len(b), nil
+		}
+	}
+}
+
+// baseURL is where the instance listens now; a killed instance's old
+// address refuses connections until it is back.
+func (p *instanceProc) baseURL() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.url
+}
+
+// kill ends the process with SIGKILL, as a crash or the OOM killer would:
+// no deferred function runs, nothing shuts down, no answer is stored. Call
+// with p.lifecycle held.
+func (p *instanceProc) kill() {
+	p.mu.Lock()
+	p.killed = true
+	cmd, exited := p.cmd, p.exited
+	p.mu.Unlock()
+	cmd.Process.Signal(syscall.SIGKILL)
+	<-exited
+}
+
+func (p *instanceProc) stop() {
+	p.lifecycle.Lock()
+	defer p.lifecycle.Unlock()
+	p.kill()
+}
+
+// problems returns what went wrong inside the instance's processes: exits
+// nobody asked for, and data races.
+func (p *instanceProc) problems() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	found := append([]string(nil), p.crashes...)
+	for _, out := range p.outputs {
+		if s := out.String(); strings.Contains(s, "WARNING: DATA RACE") || strings.Contains(s, "panic: ") {
+			found = append(found, fmt.Sprintf("instance %s reported:\n%s", p.name, s))
+		}
+	}
+	return found
+}
+
+// inflight asks the instance how many requests of the history are still
+// inside the middleware; ok is false when it cannot tell (it is down).
+func (r *rig) inflight(p *instanceProc, prefix string) (n int, ok bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.baseURL()+"/inflight?prefix="+prefix, nil)
+	resp, err := r.http.Do(req)
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	n, err = strconv.Atoi(string(b))
+	return n, err == nil
+}
+
+// timeline is every fault injected so far, whichever history injected it:
+// they all share the instances and Redis, so a fault hits every history
+// that runs while it lasts.
+type timeline struct {
+	mu     sync.Mutex
+	events []faultEvent
+}
+
+// faultEvent is a fault as injected: a window (from, to), or a moment
+// (to equal to from).
+type faultEvent struct {
+	kind     string
+	instance int // -1: every instance (Redis itself)
+	from, to time.Time
+	what     string
+}
+
+// timelineMemory is how long the timeline keeps a fault: far longer than
+// any history.
+const timelineMemory = 5 * time.Minute
+
+func (tl *timeline) add(e faultEvent) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	tl.events = slices.DeleteFunc(tl.events, func(old faultEvent) bool { return time.Since(old.to) > timelineMemory })
+	tl.events = append(tl.events, e)
+}
+
+// between returns the faults that overlap [from, to].
+func (tl *timeline) between(from, to time.Time) []faultEvent {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	var found []faultEvent
+	for _, e := range tl.events {
+		if !e.to.Before(from) && !e.from.After(to) {
+			found = append(found, e)
+		}
+	}
+	return found
+}

@@ -1,0 +1,234 @@
+package idempotency_test
+
+// The fault check: randomized histories of requests against two server
+// instances and one Redis, with faults injected at random moments, each
+// history then held to the promises of the middleware.
+//
+// A history is a few keys of a few callers (each caller a scope of its
+// own), each key sent as a chain of retries and a few duplicates and
+// impostors (the key with another body), to both instances, while faults
+// hit: Redis stopped (SIGSTOP), a reply lost, replies delayed, an instance
+// cut off from Redis, an instance killed (SIGKILL) and started again,
+// clients that give up or have deadlines, outer timeouts, handlers that
+// panic before or after their status, that Release, that answer a
+// transient error, and callers of Do whose function fails or is cut off.
+// Every history has a fresh key prefix and its own configuration (lease,
+// timeouts, WithRetryAbandoned, store policy, cache).
+//
+// Every execution applies one effect, a write to the application's
+// database (another redis-server, which no fault touches), fenced with the
+// execution's token, and traces its start there. Once the history has
+// settled (no request left inside an instance, every lease run out), the
+// check compares the answers the callers got, the effects in the database
+// and the state of every key in Redis (Inspect); the rules are in
+// faultcheck_check_test.go. Effects are counted, not answers.
+//
+//	go test -race -count=1 -run '^TestFaultCheck$' -v ./             # bounded: 40 s of histories
+//	go test -race -count=1 -run '^TestFaultCheck$' -v -timeout 0 -idem.duration=30m ./
+//	go test -race -count=1 -run '^TestFaultCheck$' -v -timeout 0 -idem.histories=20000 ./
+//	go test -race -count=1 -run '^TestFaultCheck$' -v -idem.seed=42 -idem.from=17 -idem.histories=1 ./
+//	go test -race -count=1 -run '^TestFaultCheck$' -v -idem.faults=panic-after ./
+//
+// A failure names the seed, the history, its configuration and, per rule
+// broken, the shortest story found: the events of the one key concerned
+// (requests, answers, what its executions did) and the faults around them,
+// in time order.
+
+import (
+	"flag"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+var (
+	flagSeed      = flag.Uint64("idem.seed", 0, "fault check: seed of the histories (0: from the clock)")
+	flagHistories = flag.Int("idem.histories", 0, "fault check: how many histories to run (0: as many as -idem.duration allows)")
+	flagDuration  = flag.Duration("idem.duration", 0, "fault check: how long to run histories (0: 40s, or no limit with -idem.histories)")
+	flagFrom      = flag.Int("idem.from", 0, "fault check: index of the first history, to replay a reported one with its seed")
+	flagFaults    = flag.String("idem.faults", "", "fault check: the only fault kinds to inject, comma-separated (default: all)")
+	flagSkip      = flag.String("idem.skip", "", "fault check: fault kinds never to inject, comma-separated")
+	flagLanes     = flag.Int("idem.lanes", 3, "fault check: how many histories run at once")
+	flagStories   = flag.Int("idem.stories", 1, "fault check: how many stories to tell per rule broken, shortest first")
+)
+
+// boundedRun is how long a plain `go test` runs histories; with the start
+// of the servers, under a minute in all.
+const boundedRun = 40 * time.Second
+
+// historyAllowance is about the longest a history takes, faults, settling
+// and checks included: a history starts only while this much of the run
+// is left.
+const historyAllowance = 6 * time.Second
+
+func TestFaultCheck(t *testing.T) {
+	kinds, err := parseKinds(*flagFaults, *flagSkip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := *flagSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	limit := *flagDuration
+	if limit == 0 && *flagHistories == 0 {
+		limit = boundedRun
+		if testing.Short() {
+			limit = 10 * time.Second
+		}
+	}
+	t.Logf("fault check: seed %d, fault kinds %s (the same run again: -idem.seed=%d, with the same -idem.faults and -idem.skip)",
+		seed, kinds, seed)
+
+	r := newRig(t)
+	began := time.Now()
+	tl := newTally()
+	var next atomic.Int64
+	next.Store(int64(*flagFrom))
+	var lanes sync.WaitGroup
+	for range max(*flagLanes, 1) {
+		lanes.Go(func() {
+			for !r.broken.Load() { // a broken rule does not stop the run; a broken rig does
+				i := int(next.Add(1) - 1)
+				if *flagHistories > 0 && i >= *flagFrom+*flagHistories {
+					return
+				}
+				if limit > 0 && time.Since(began) > limit-historyAllowance {
+					return
+				}
+				h := r.run(newPlan(seed, i, kinds))
+				if r.broken.Load() {
+					return // the history's outcome is unknown
+				}
+				tl.add(h, check(h))
+				r.forget(h)
+			}
+		})
+	}
+	lanes.Wait()
+
+	tl.report(t, replayCommand(seed, kinds), time.Since(began))
+	lost := int64(0)
+	for _, p := range r.instances {
+		lost += p.proxy.dropped.Load()
+	}
+	t.Logf("Redis replies lost by the proxies: %d", lost)
+	for _, p := range r.instances {
+		for _, problem := range p.problems() {
+			t.Errorf("%s", problem)
+		}
+	}
+}
+
+// tally counts what a run did and found.
+type tally struct {
+	mu        sync.Mutex
+	histories int
+	injected  map[string]int        // faults by kind
+	answers   map[string]int        // answers by class
+	broken    map[string]int        // violations by rule
+	shortest  map[string][]*finding // by rule, shortest story first, at most -idem.stories
+}
+
+// finding is one violation with what is needed to read and replay it.
+type finding struct {
+	index  int
+	cfg    historyConfig
+	key    string
+	detail string
+	story  []string
+}
+
+func newTally() *tally {
+	return &tally{injected: map[string]int{}, answers: map[string]int{}, broken: map[string]int{}, shortest: map[string][]*finding{}}
+}
+
+func (tl *tally) add(h *history, found []violation) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	tl.histories++
+	for k, n := range h.injected {
+		tl.injected[k] += n
+	}
+	for _, x := range h.exchanges {
+		tl.answers[read(x).label]++
+	}
+	for _, v := range found {
+		tl.broken[v.rule]++
+		f := &finding{index: h.plan.index, cfg: h.plan.cfg, detail: v.detail, story: h.story(v.key), key: "the whole history"}
+		if v.key != nil {
+			f.key = v.key.String()
+		}
+		kept := append(tl.shortest[v.rule], f)
+		slices.SortStableFunc(kept, func(a, b *finding) int { return len(a.story) - len(b.story) })
+		tl.shortest[v.rule] = kept[:min(len(kept), max(*flagStories, 1))]
+	}
+}
+
+// replayCommand is the command that runs the history of the given index
+// again, with its seed and fault kinds (the plans depend on both).
+func replayCommand(seed uint64, kinds kindSet) func(index int) string {
+	faults := ""
+	if len(kinds) != len(allKinds) {
+		faults = " -idem.faults=" + kinds.String()
+	}
+	return func(index int) string {
+		return fmt.Sprintf("go test -race -count=1 -run '^TestFaultCheck$' -v -idem.seed=%d%s -idem.from=%d -idem.histories=1 ./",
+			seed, faults, index)
+	}
+}
+
+func (tl *tally) report(t *testing.T, replay func(index int) string, took time.Duration) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	t.Logf("fault check: %d histories in %v", tl.histories, took.Round(time.Second))
+	t.Logf("faults injected:\n%s", counts(tl.injected))
+	t.Logf("answers:\n%s", counts(tl.answers))
+	if len(tl.broken) == 0 {
+		t.Logf("every rule held")
+		return
+	}
+	t.Logf("rules broken:\n%s", counts(tl.broken))
+	rules := make([]string, 0, len(tl.broken))
+	for rule := range tl.broken {
+		rules = append(rules, rule)
+	}
+	slices.Sort(rules)
+	for _, rule := range rules {
+		for i, f := range tl.shortest[rule] {
+			which := "the shortest story"
+			if i > 0 {
+				which = fmt.Sprintf("story %d", i+1)
+			}
+			t.Errorf("RULE BROKEN: %s (%d times); %s, history %d, %s:\n  %s\n  config: %s\n%s\n  replay: %s",
+				rule, tl.broken[rule], which, f.index, f.key, f.detail, f.cfg, indent(f.story), replay(f.index))
+		}
+	}
+}
+
+// counts lists a count per name, largest first.
+func counts(m map[string]int) string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	slices.SortFunc(names, func(a, b string) int {
+		if m[a] != m[b] {
+			return m[b] - m[a]
+		}
+		return strings.Compare(a, b)
+	})
+	var b strings.Builder
+	for _, n := range names {
+		fmt.Fprintf(&b, "  %6d  %s\n", m[n], n)
+	}
+	return strings.TrimSuffix(b.String(), "\n")
+}
+
+func indent(lines []string) string {
+	return "    " + strings.Join(lines, "\n    ")
+}

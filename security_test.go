@@ -1,12 +1,16 @@
 package idempotency
 
 import (
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/binary"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/onceonly/idempotency/internal/require"
@@ -28,8 +32,9 @@ func TestTokenGeneratorHasNoCollisions(t *testing.T) {
 	t.Logf("%d tokens generated: %d distinct, 0 collisions", n, len(seen))
 }
 
-// 10⁵ random, well-formed tokens probed against a session that holds a full
-// set of real ones: none is accepted, and none spends a real token.
+// 10⁵ random, well-formed tokens (an expiry in the future, random nonce
+// and MAC) probed against a session that holds 32 real ones: none is
+// accepted, and none spends a real token.
 func TestRandomTokenProbesNeverHit(t *testing.T) {
 	s := newShop(t)
 	c := s.client()
@@ -51,7 +56,10 @@ func TestRandomTokenProbesNeverHit(t *testing.T) {
 			for range per {
 				r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{}`))
 				r.AddCookie(&http.Cookie{Name: "idempotency_session", Value: session})
-				r.Header.Set(KeyHeader, uuid.NewString())
+				var b [tokenBytes]byte
+				rand.Read(b[:])
+				binary.BigEndian.PutUint64(b[:8], uint64(time.Now().Add(time.Hour).UnixMilli()))
+				r.Header.Set(KeyHeader, base64.RawURLEncoding.EncodeToString(b[:]))
 				w := httptest.NewRecorder()
 				h.ServeHTTP(w, r)
 				if w.Code == http.StatusUnprocessableEntity {

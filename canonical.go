@@ -345,9 +345,25 @@ func appendNumber(b []byte, lit string) ([]byte, error) {
 }
 
 func appendString(b []byte, s string) []byte {
+	if plainASCII(s) { // most strings: encoding/json would write them as they are
+		b = append(b, '"')
+		b = append(b, s...)
+		return append(b, '"')
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	enc.Encode(s) // a string always encodes
 	return append(b, bytes.TrimSuffix(buf.Bytes(), []byte("\n"))...)
+}
+
+// plainASCII reports whether encoding/json writes s unescaped: printable
+// ASCII without a quote or a backslash.
+func plainASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return true
 }

@@ -19,6 +19,7 @@ func (h *handlerRun) run(ctx context.Context, x *execution) *record {
 	m, c := h.m, h.c
 	x.onError = m.cfg.errorHandler
 	h.rw = newRecorder(c.w, m.cfg.maxResponse, m.cfg.storable)
+	h.rw.head = c.r.Method == http.MethodHead
 	if m.cfg.expiryHeader != "" {
 		h.rw.stamp = func(status int, hdr http.Header) {
 			if d := m.cfg.decide(c.r, x, status); !d.Release {

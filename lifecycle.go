@@ -34,7 +34,8 @@ import (
 //	the store policy releases the answer, or the function
 //	  returned an error (Do without StoreErrors)               released
 //	the middleware cut the run off, and it did not succeed     kept
-//	the handler panicked after its status was sent             kept
+//	the handler panicked after its status was sent, or after
+//	  the middleware cut it off                                kept
 //	any other answer                                           stored
 //
 // The middleware cuts a run off (cancels its context) when the execution
@@ -120,9 +121,9 @@ func (l *lease) execute(c *call) verdict {
 	defer func() {
 		switch {
 		case settled:
-		case !returned && !c.work.committed():
+		case !returned && !c.work.committed() && cutOff(ctx) == nil:
 			l.release(c.ctx)
-		default:
+		default: // after its status, after it returned, or once cut off
 			l.keep(ErrHandlerPanicked)
 		}
 	}()

@@ -140,6 +140,46 @@ func TestACutOffRunThatSucceededIsStored(t *testing.T) {
 	require.EqualValues(t, 1, s.execs.Load())
 }
 
+// A run that panics after the middleware cut it off may have done its
+// work before it noticed: its key is kept, even before a status went out.
+func TestARunThatPanicsOnceCutOffKeepsTheKey(t *testing.T) {
+	s := newShop(t, WithExecutionTimeout(100*time.Millisecond))
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+		panic(context.Cause(r.Context())) // a must(err) on the context's error
+	}
+	c := s.client()
+	c.Transport = &http.Transport{} // the server drops the connection: no retry on a pooled one
+	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
+	req.Header.Set(KeyHeader, "k")
+	if resp, err := c.Do(req); err == nil {
+		resp.Body.Close()
+	}
+	requireProblem(t, s.post(c, "/payments", "k", `{}`), http.StatusConflict, "interrupted")
+	require.EqualValues(t, 1, s.execs.Load())
+}
+
+// A handler that stops short of the Content-Length it declared leaves its
+// client with a body cut short; the retry is never sent that part as a
+// complete answer.
+func TestAnAnswerShortOfItsLengthIsNotReplayed(t *testing.T) {
+	s := newShop(t)
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "20")
+		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, "first half")
+	}
+	c := s.client()
+	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
+	req.Header.Set(KeyHeader, "short")
+	if resp, err := c.Do(req); err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	requireProblem(t, s.post(c, "/payments", "short", `{}`), http.StatusConflict, "not-replayable")
+	require.EqualValues(t, 1, s.execs.Load())
+}
+
 // A function error still releases the key when the middleware did not cut
 // the function off: a retry (a redelivered message) runs it again.
 func TestDoErrorReleasesTheKey(t *testing.T) {

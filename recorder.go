@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 )
 
@@ -36,6 +37,8 @@ type recorder struct {
 	wroteHeader bool
 	partial     bool  // streamed, hijacked, switched protocols or over the limit
 	silent      bool  // the handler returned without writing anything
+	head        bool  // a HEAD request: a declared length comes with no body
+	declared    int64 // the Content-Length the handler sent, or -1
 	writeErr    error // the first failed write to the client
 	// stamp adds the middleware's own headers to the outer writer's when
 	// the status goes out; they are not the handler's, so not recorded.
@@ -61,6 +64,7 @@ func (rw *recorder) WriteHeader(code int) {
 	}
 	rw.wroteHeader = true
 	rw.status = code
+	rw.declared = declaredLength(rw.header)
 	// What is stored is what goes out now: headers set later never reach
 	// the client (trailers aside), so they are not replayed either.
 	rw.pairs = headerPairs(rw.header, rw.storable)
@@ -129,6 +133,19 @@ func (rw *recorder) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// declaredLength is the Content-Length a handler set, or -1.
+func declaredLength(h http.Header) int64 {
+	v := h["Content-Length"]
+	if len(v) != 1 {
+		return -1
+	}
+	n, err := strconv.ParseInt(v[0], 10, 64)
+	if err != nil || n < 0 {
+		return -1
+	}
+	return n
+}
+
 // bodyAllowed reports whether a status may carry a body (RFC 9110).
 func bodyAllowed(status int) bool {
 	return status != http.StatusNoContent && status != http.StatusNotModified && (status < 100 || status > 199)
@@ -179,6 +196,12 @@ func (rw *recorder) finish() *record {
 		rw.WriteHeader(http.StatusOK)
 	}
 	rw.passTrailers()
+	if !rw.partial && !rw.head && rw.declared >= 0 && bodyAllowed(rw.status) && int64(rw.body.Len()) != rw.declared {
+		// The handler stopped short of the length it declared: net/http
+		// closes the connection, and the client knows its answer is cut
+		// short. A replay of what was written would look complete.
+		rw.markPartial()
+	}
 	if rw.partial {
 		return nil
 	}

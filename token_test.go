@@ -160,3 +160,47 @@ func TestIsSessionAcceptsOnlyTheCanonicalForm(t *testing.T) {
 		require.False(t, isSession(bad), bad)
 	}
 }
+
+// A token has one spelling: the unused bits of its last character must be
+// zero, or the 16 spellings of one token would be 16 records, each spent
+// once.
+func TestATokenHasOneSpelling(t *testing.T) {
+	s := newShop(t)
+	c := s.client()
+	tok := s.token(c)
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	last := strings.IndexByte(alphabet, tok[len(tok)-1])
+	require.Zero(t, last&15, "an issued token's spare bits are zero")
+	require.Equal(t, http.StatusCreated, s.post(c, "/orders", tok, `{}`).status)
+	for low := 1; low < 16; low++ {
+		other := tok[:len(tok)-1] + string(alphabet[last|low])
+		requireProblem(t, s.post(c, "/orders", other, `{}`), 422, "token-not-found")
+	}
+	require.EqualValues(t, 1, s.execs.Load())
+}
+
+// Deleting the shared secret revokes the tokens out; the instance that
+// needs a secret next makes a new one, and the others adopt it when they
+// next ask Redis (every secretRecheck).
+func TestAReplacedSecretIsAdopted(t *testing.T) {
+	a, b := twoInstances(t)
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	old, err := a.IssueTokenFor(r, "s")
+	require.NoError(t, err)
+	require.NoError(t, a.store.client.Del(t.Context(), a.cfg.prefix+":token-secret").Err())
+	fresh, err := b.IssueTokenFor(r, "s") // b made the new secret
+	require.NoError(t, err)
+
+	_, ok, err := a.tokens.check(t.Context(), "s", fresh.Value, time.Now())
+	require.NoError(t, err)
+	require.False(t, ok, "a still holds the old secret")
+	a.tokens.mu.Lock()
+	a.tokens.checked = time.Now().Add(-secretRecheck) // as if secretRecheck had passed
+	a.tokens.mu.Unlock()
+	_, ok, err = a.tokens.check(t.Context(), "s", fresh.Value, time.Now())
+	require.NoError(t, err)
+	require.True(t, ok, "a adopted the new secret")
+	_, ok, err = a.tokens.check(t.Context(), "s", old.Value, time.Now())
+	require.NoError(t, err)
+	require.False(t, ok, "the old tokens are revoked")
+}

@@ -28,7 +28,9 @@ import (
 //
 // The secret is WithTokenSecret's, or else one made once per key prefix
 // and kept in Redis (PREFIX:token-secret), so that every instance on the
-// same Redis shares it with no configuration.
+// same Redis shares it with no configuration. Deleting that key revokes
+// every token out: the next instance to need the secret makes a new one,
+// and the others adopt it within secretRecheck.
 
 const (
 	tokenNonceBytes = 16
@@ -41,14 +43,24 @@ const (
 	minTokenSecret = 32
 )
 
+var strictBase64 = base64.RawURLEncoding.Strict()
+
+// secretRecheck is how often a token signer asks Redis whether the shared
+// secret changed (someone deleted it, and an instance made a new one):
+// until it asks, it refuses tokens of the new secret and signs with the
+// old one. One round trip per instance in that time.
+const secretRecheck = 10 * time.Second
+
 // tokenSigner signs and checks tokens under one secret.
 type tokenSigner struct {
 	prefix  string
 	client  redis.UniversalClient
 	timeout time.Duration
 
-	mu     sync.Mutex
-	secret []byte // nil until loaded
+	mu      sync.Mutex
+	secret  []byte    // nil until loaded
+	shared  bool      // the secret is the one kept in Redis
+	checked time.Time // when Redis last said what the shared secret is
 }
 
 // sign returns a new token for scope, valid until expires.
@@ -74,7 +86,10 @@ func (s *tokenSigner) check(ctx context.Context, scope, token string, now time.T
 	if len(token) != tokenLength {
 		return time.Time{}, false, nil
 	}
-	if n, err := base64.RawURLEncoding.Decode(b[:], []byte(token)); err != nil || n != tokenBytes {
+	// Strict: the last character's unused bits must be zero. Otherwise 16
+	// spellings would decode to one token, and each, naming a record of its
+	// own, could be spent once.
+	if n, err := strictBase64.Decode(b[:], []byte(token)); err != nil || n != tokenBytes {
 		return time.Time{}, false, nil
 	}
 	expires = time.UnixMilli(int64(binary.BigEndian.Uint64(b[:8])))
@@ -99,13 +114,27 @@ func tokenMAC(secret []byte, scope string, head []byte) []byte {
 }
 
 // key returns the secret, loading (or first making) the shared one from
-// Redis once. A failure is not remembered: the next call asks again.
+// Redis when it has none, and asking again every secretRecheck. A failure
+// is not remembered: the next call asks again, and meanwhile the secret
+// already read stays in use.
 func (s *tokenSigner) key(ctx context.Context) ([]byte, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.secret != nil {
+	if s.secret != nil && (!s.shared || time.Since(s.checked) < secretRecheck) {
 		return s.secret, nil
 	}
+	old, err := s.load(ctx)
+	if err != nil && s.secret == nil {
+		return nil, err
+	}
+	if err == nil {
+		s.secret, s.shared, s.checked = old, true, time.Now()
+	}
+	return s.secret, nil
+}
+
+// load returns the secret Redis keeps, making it first if there is none.
+func (s *tokenSigner) load(ctx context.Context) ([]byte, error) {
 	fresh := make([]byte, minTokenSecret)
 	if _, err := rand.Read(fresh); err != nil {
 		return nil, err
@@ -118,13 +147,11 @@ func (s *tokenSigner) key(ctx context.Context) ([]byte, error) {
 	old, err := s.client.SetArgs(ctx, name, fresh, redis.SetArgs{Mode: "NX", Get: true}).Bytes()
 	switch {
 	case errors.Is(err, redis.Nil):
-		s.secret = fresh
+		return fresh, nil
 	case err != nil:
 		return nil, unavailable(err)
 	case len(old) < minTokenSecret:
 		return nil, unavailable(errors.New("the shared token secret in Redis is too short"))
-	default:
-		s.secret = old
 	}
-	return s.secret, nil
+	return old, nil
 }

@@ -111,18 +111,66 @@ func clientPath(r *http.Request) string {
 	uri := r.RequestURI
 	switch {
 	case uri == "":
-		return r.URL.EscapedPath()
+		return unreserved(r.URL.EscapedPath())
 	case uri[0] == '/':
 		if i := strings.IndexByte(uri, '?'); i >= 0 {
-			return uri[:i]
+			return unreserved(uri[:i])
 		}
-		return uri
+		return unreserved(uri)
 	}
 	// The absolute form a proxy is sent, or "*".
 	if u, err := url.ParseRequestURI(uri); err == nil {
-		return u.EscapedPath()
+		return unreserved(u.EscapedPath())
 	}
 	return uri
+}
+
+// unreserved decodes the percent-escapes of unreserved characters (letters,
+// digits, "-", ".", "_", "~"), which RFC 3986 makes equivalent to the
+// characters themselves: /%70ay is /pay, to a router and to us. Every other
+// escape stays, so /a%2Fb and /a/b remain two paths.
+func unreserved(path string) string {
+	i := strings.IndexByte(path, '%')
+	if i < 0 {
+		return path
+	}
+	b := make([]byte, 0, len(path))
+	for ; i >= 0; i = strings.IndexByte(path, '%') {
+		b = append(b, path[:i]...)
+		if i+2 < len(path) {
+			if c, ok := unhex2(path[i+1], path[i+2]); ok && isUnreserved(c) {
+				b = append(b, c)
+				path = path[i+3:]
+				continue
+			}
+		}
+		b = append(b, '%')
+		path = path[i+1:]
+	}
+	return string(append(b, path...))
+}
+
+func unhex2(hi, lo byte) (byte, bool) {
+	h, ok1 := unhex(hi)
+	l, ok2 := unhex(lo)
+	return h<<4 | l, ok1 && ok2
+}
+
+func unhex(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
+}
+
+func isUnreserved(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+		c == '-' || c == '.' || c == '_' || c == '~'
 }
 
 // hostName is the host the client addressed, without its port and in
@@ -133,6 +181,7 @@ func hostName(host string) string {
 	if i := strings.LastIndexByte(host, ':'); i >= 0 && !strings.Contains(host[i:], "]") {
 		host = host[:i] // "[::1]:443" keeps its brackets; "[::1]" has no port
 	}
+	host = strings.TrimSuffix(host, ".") // "shop.example." is the same name, fully qualified
 	for i := 0; i < len(host); i++ {
 		if 'A' <= host[i] && host[i] <= 'Z' {
 			return strings.ToLower(host)

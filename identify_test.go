@@ -159,3 +159,24 @@ func TestTwoMountsOfOneHandlerAreTwoRoutes(t *testing.T) {
 		require.EqualValues(t, 2, s.execs.Load())
 	})
 }
+
+// Two spellings of one route are one route: percent-escapes of unreserved
+// characters, and a fully qualified host name.
+func TestSpellingsOfOneRouteAreOneRoute(t *testing.T) {
+	require.Equal(t, "/pay", unreserved("/%70ay"))
+	require.Equal(t, "/a%2Fb", unreserved("/a%2Fb"))
+	require.Equal(t, "/~x%20y%", unreserved("/%7Ex%20y%"))
+	require.Equal(t, "/%zz", unreserved("/%zz"))
+	require.Equal(t, hostName("shop.example"), hostName("SHOP.example.:443"))
+
+	s := newShop(t)
+	c := s.client()
+	first := s.post(c, "/payments", "k", `{}`)
+	require.Equal(t, http.StatusCreated, first.status)
+	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/%70ayments", strings.NewReader(`{}`))
+	req.Header.Set(KeyHeader, "k")
+	req.Header.Set("Content-Type", "application/json")
+	again := do(t, c, req)
+	require.Equal(t, "true", again.header.Get(ReplayedHeader), again.body)
+	require.EqualValues(t, 1, s.execs.Load())
+}

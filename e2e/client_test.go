@@ -80,7 +80,7 @@ func (e *env) testFetchClient(t *testing.T) {
 			require.GreaterOrEqual(t, got.MS, float64(tc.waited.Milliseconds()), "Retry-After honoured")
 			require.Len(t, keys, tc.attempts)
 			for _, k := range keys {
-				require.Len(t, k, 36, "a token from /idempotency/token")
+				require.Len(t, k, 54, "a token from /idempotency/token")
 				require.Equal(t, keys[0], k, "every attempt carries the same key")
 			}
 			require.Equal(t, tc.runs, s.count(t, tc.path)-before)

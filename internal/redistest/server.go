@@ -101,14 +101,25 @@ func SentinelCommand() (program string, sentinelMode bool) {
 // loopback port with no persistence. Extra args are appended to its command
 // line.
 func StartServer(args ...string) (*Server, error) {
+	return StartProgram(ServerCommand(), args...)
+}
+
+// StartProgram is StartServer with program in place of ServerCommand, for
+// code that starts several kinds of server in one process (the benchmark's
+// server matrix).
+func StartProgram(program string, args ...string) (*Server, error) {
 	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
-	return startOnPort(port, args...)
+	return programOnPort(program, port, args...)
 }
 
 func startOnPort(port int, args ...string) (*Server, error) {
+	return programOnPort(ServerCommand(), port, args...)
+}
+
+func programOnPort(program string, port int, args ...string) (*Server, error) {
 	dir, err := os.MkdirTemp("", "redistest-")
 	if err != nil {
 		return nil, err
@@ -118,7 +129,7 @@ func startOnPort(port int, args ...string) (*Server, error) {
 		"--save", "", "--appendonly", "no", "--dir", dir,
 		"--daemonize", "no", "--logfile", dir + "/redis.log",
 	}, args...)
-	return start(ServerCommand(), port, dir, argv)
+	return start(program, port, dir, argv)
 }
 
 // start runs program with argv as a server listening on port, logging to

@@ -150,41 +150,56 @@ go build -buildvcs=false -o "$bin/idempotency-serverversion" ./internal/serverve
 verbose=""
 for arg in "$@"; do [ "$arg" = "-v" ] && verbose="-v"; done
 
-status=0
-results=()
-# pass NAME SERVER-PROGRAM GO-TEST-ARGS…: one go test run on one server.
+resultdir=$(mktemp -d)
+trap 'rm -rf "$resultdir"' EXIT
+# pass NAME SERVER-PROGRAM GO-TEST-ARGS…: one go test run on one server,
+# whose verdict goes to $resultdir/NAME for the summary.
 pass() {
 	local name=$1 program=$2 version start=$SECONDS
 	shift 2
-	version=$(IDEMPOTENCY_REDIS_SERVER="$program" "$bin/idempotency-serverversion") || {
-		echo "test.sh: $name: $program did not start"; status=1; results+=("$name: did not start"); return; }
+	if ! version=$(IDEMPOTENCY_REDIS_SERVER="$program" "$bin/idempotency-serverversion"); then
+		echo "$name: $program did not start" >"$resultdir/$name"
+		return 1
+	fi
 	echo "test.sh: $name: $version; go test $*"
 	if IDEMPOTENCY_REQUIRE_REDIS=1 IDEMPOTENCY_REDIS_SERVER="$program" go test -count=1 -json "$@" 2>&1 |
 		"$bin/idempotency-testprogress" $verbose; then
-		results+=("$name ($version): passed in $((SECONDS - start)) s")
+		echo "$name ($version): passed in $((SECONDS - start)) s" >"$resultdir/$name"
 	else
-		results+=("$name ($version): FAILED after $((SECONDS - start)) s")
-		status=1
+		echo "$name ($version): FAILED after $((SECONDS - start)) s" >"$resultdir/$name"
+		return 1
 	fi
 }
 
+status=0
 if on redis7; then
 	echo "test.sh: every module on Debian stable's $(redis-server --version | cut -d' ' -f1-3), with -race (a cold -race build takes minutes; progress below)"
-	pass redis7 redis-server -race "$@" $patterns
+	pass redis7 redis-server -race "$@" $patterns || status=1
 fi
 # The other servers run the root package's tests only: those are the ones
 # that talk to Redis in every way the library does (scripts, the lock,
 # WAIT, the cluster, Sentinel); -race adds nothing a server could change.
+# The two run side by side, each line marked with its server: the root
+# package's tests mostly wait (leases, timeouts, a failover), so two runs
+# take hardly longer than one. Only servers this run starts: REDIS_URL and
+# REDIS_CLUSTER_ADDRS would point the tests elsewhere.
+pids=()
+matrix_start=$SECONDS
 for name in redis8 valkey8; do
 	on "$name" || continue
 	if [ -z "$trixie_bin" ]; then
-		results+=("$name: skipped: $trixie_note")
+		echo "$name: skipped: $trixie_note" >"$resultdir/$name"
 		continue
 	fi
-	# Only servers this run starts: REDIS_URL and REDIS_CLUSTER_ADDRS
-	# would point the tests elsewhere.
-	REDIS_URL="" REDIS_CLUSTER_ADDRS="" pass "$name" "$trixie_bin/$name-server" "$@" .
+	(REDIS_URL="" REDIS_CLUSTER_ADDRS="" pass "$name" "$trixie_bin/$name-server" "$@" . 2>&1 | sed -u "s/^/[$name] /") &
+	pids+=("$!")
 done
+for pid in "${pids[@]}"; do
+	wait "$pid" || status=1
+done
+[ "${#pids[@]}" -eq 0 ] || echo "test.sh: Redis 8.0 and Valkey 8.1 took $((SECONDS - matrix_start)) s side by side"
 echo "test.sh: servers:"
-printf '  %s\n' "${results[@]}"
+for name in redis7 redis8 valkey8; do
+	[ ! -f "$resultdir/$name" ] || echo "  $(cat "$resultdir/$name")"
+done
 exit "$status"

@@ -253,7 +253,6 @@ func (rep *matrixReport) markdown() string {
 		fmt.Fprintf(&b, "| %s | %s | %.0f | %.1f | %.1f | %.1f | %s |\n", rep.Servers[i].Version, thousands(m.RPS),
 			m.ServerCPU, m.RedisCPU, m.ScriptTime, m.CommandTime, strings.Join(rounds, ", "))
 	}
-	b.WriteString("\nRegenerate with `go run ./bench/sidebyside -server redis7,redis8,valkey8 -out bench/servers.json " +
-		"-docs docs/benchmarks.md` (after `./scripts/trixie.sh`); the JSON is bench/servers.json.\n")
+	b.WriteString("\nRegenerate with `./scripts/bench.sh` (its last step); the JSON is bench/servers.json.\n")
 	return b.String()
 }

@@ -7,8 +7,12 @@
 #  3. the side-by-side run: this library, Fiber's idempotency middleware and
 #     bare net/http under wrk, in one run against one private redis-server
 #     (bench/sidebyside.json, and the section between the sidebyside markers
-#     of docs/benchmarks.md).
-# Bounded: about 4 minutes in all. Every process it starts stops with it,
+#     of docs/benchmarks.md);
+#  4. the server matrix: this library alone on Redis 7.0, Redis 8.0 and
+#     Valkey 8.1 (scripts/trixie.sh makes the last two ready), first
+#     executions in one run (bench/servers.json, and the section between the
+#     servers markers of docs/benchmarks.md). BENCH_SERVERS=0 leaves it out.
+# Bounded: about 7 minutes in all. Every process it starts stops with it,
 # on failure and on Ctrl-C too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,3 +44,14 @@ fi
 go run ./bench/sidebyside -rounds 3 -duration 6s -warmup 2s -threads 1 -conns 16 -timeout 4m \
 	-out bench/sidebyside.json "${docs[@]}"
 echo "bench.sh: docs/bench.svg, bench/results.json and bench/sidebyside.json updated"
+
+if [ "${BENCH_SERVERS:-1}" != 0 ]; then
+	trixie_bin=$(./scripts/trixie.sh)
+	docs=()
+	if grep -q '<!-- servers:begin -->' docs/benchmarks.md; then
+		docs=(-docs docs/benchmarks.md)
+	fi
+	go run ./bench/sidebyside -server redis7,redis8,valkey8 -trixie "$trixie_bin" -rounds 5 -duration 6s \
+		-warmup 2s -threads 1 -conns 16 -timeout 5m -out bench/servers.json "${docs[@]}"
+	echo "bench.sh: bench/servers.json updated"
+fi

@@ -1,18 +1,31 @@
 #!/usr/bin/env bash
 # Runs every test of every module against real servers. On a bare Debian
 # machine with only Go it installs what the tests need (CA certificates, a C
-# toolchain for -race, redis-server, chromium) with apt-get, in one update,
-# and says so. Then gofmt, go mod tidy -diff and go vet over every module,
-# and go test -race, printing each package as it starts and ends.
+# toolchain for -race, redis-server, redis-sentinel, chromium) with apt-get,
+# in one update, and says so (scripts/trixie.sh adds debootstrap when it has
+# a root to build, below). Then gofmt, go mod tidy -diff and go vet over
+# every module, and go test -race, printing each package as it starts and
+# ends.
 #
 # The tests start their own private redis-server processes (one per test
-# package, plus a 3-master Redis Cluster) on free loopback ports and stop
-# them when they finish; IDEMPOTENCY_REQUIRE_REDIS=1 makes a test fail
-# instead of skipping when it finds no Redis. REDIS_URL or
+# package, plus a 3-master Redis Cluster and a Sentinel set) on free
+# loopback ports and stop them when they finish; IDEMPOTENCY_REQUIRE_REDIS=1
+# makes a test fail instead of skipping when it finds no Redis. REDIS_URL or
 # REDIS_CLUSTER_ADDRS, when set, point the tests at servers of your own
 # instead; they only delete the keys they wrote. Arguments are passed to
 # go test (-v, -run …); --setup alone installs and downloads everything the
 # tests need and stops there, so that the tests can then run offline.
+#
+# The server matrix: REDIS_SERVERS (default redis7,redis8,valkey8) names
+# the servers to test on. redis7 is Debian stable's redis-server, and runs
+# every module's tests. redis8 and valkey8 are Redis 8.0 and Valkey 8.1 from
+# Debian trixie, which do not install on bookworm: scripts/trixie.sh builds
+# a minimal trixie root once (debootstrap, then apt-get inside it), cached
+# in ${XDG_CACHE_HOME:-$HOME/.cache}/idempotency/trixie, and the root
+# package's tests (Redis, Cluster, Sentinel) run on each, without -race,
+# through IDEMPOTENCY_REDIS_SERVER. When Debian's archive cannot be reached
+# to build the root, those two are skipped with a note; under CI=true, or
+# with IDEMPOTENCY_REQUIRE_SERVERS=1, that is a failure instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 setup_only=""
@@ -48,6 +61,22 @@ if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; th
 	apt_install "redis-server not found" redis-server
 fi
 echo "test.sh: $(redis-server --version)"
+# The Sentinel failover test runs three redis-sentinel processes.
+if ! command -v redis-sentinel >/dev/null; then
+	apt_install "redis-sentinel not found (the Sentinel failover test runs three)" redis-sentinel
+fi
+
+# Which servers to test on.
+servers="${REDIS_SERVERS:-redis7,redis8,valkey8}"
+require_servers="${IDEMPOTENCY_REQUIRE_SERVERS:-}"
+[ "${CI:-}" = true ] && require_servers=1
+on() { case ",$servers," in *",$1,"*) return 0 ;; esac; return 1; }
+for name in ${servers//,/ }; do
+	case "$name" in redis7 | redis8 | valkey8) ;; *)
+		echo "test.sh: REDIS_SERVERS: unknown server $name (redis7, redis8, valkey8)"; exit 2 ;;
+	esac
+done
+echo "test.sh: servers: $servers"
 
 # The browser tests (e2e/) drive Debian's chromium, headless; with
 # IDEMPOTENCY_REQUIRE_BROWSER=1 they fail instead of skipping without it.
@@ -64,6 +93,28 @@ export IDEMPOTENCY_REQUIRE_BROWSER=1
 export POSTGRES_DSN="${POSTGRES_DSN-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}"
 export MYSQL_DSN="${MYSQL_DSN-root@tcp(127.0.0.1:3306)/test}"
 echo "test.sh: SQL tests on SQLite${POSTGRES_DSN:+, on PostgreSQL if it accepts POSTGRES_DSN}${MYSQL_DSN:+, on MariaDB/MySQL if it accepts MYSQL_DSN}"
+
+# Redis 8.0 and Valkey 8.1 come from Debian trixie, whose packages need a
+# newer C library than bookworm's: scripts/trixie.sh builds a minimal
+# trixie root once (cached) and prints where its two server wrappers are.
+trixie_bin=""
+trixie_note=""
+if on redis8 || on valkey8; then
+	trixie_status=0
+	trixie_bin=$(./scripts/trixie.sh) || trixie_status=$?
+	case "$trixie_status" in
+	0) ;;
+	3)
+		trixie_note="Debian's archive could not be reached to build the trixie root (scripts/trixie.sh said so above)"
+		if [ -n "$require_servers" ]; then
+			echo "test.sh: $trixie_note; Redis 8.0 and Valkey 8.1 are required here (CI=true or IDEMPOTENCY_REQUIRE_SERVERS=1)"
+			exit 1
+		fi
+		echo "test.sh: $trixie_note; Redis 8.0 and Valkey 8.1 will be skipped"
+		;;
+	*) exit 1 ;;
+	esac
+fi
 
 # The repository is several modules tied by go.work; ./... would stop at
 # the first module boundary, so every module is named.
@@ -91,10 +142,64 @@ done
 go vet $patterns
 
 # testprogress prints each package as it starts and ends, every failure's
-# output, and what is still building or running whenever it has been quiet.
-go build -buildvcs=false -o "${TMPDIR:-/tmp}/idempotency-testprogress" ./internal/testprogress
+# output, and what is still building or running whenever it has been quiet;
+# serverversion starts a server and prints what its INFO server says.
+bin="${TMPDIR:-/tmp}"
+go build -buildvcs=false -o "$bin/idempotency-testprogress" ./internal/testprogress
+go build -buildvcs=false -o "$bin/idempotency-serverversion" ./internal/serverversion
 verbose=""
 for arg in "$@"; do [ "$arg" = "-v" ] && verbose="-v"; done
-echo "test.sh: go test -race $* (a cold -race build takes minutes; progress below)"
-IDEMPOTENCY_REQUIRE_REDIS=1 go test -race -count=1 -json "$@" $patterns 2>&1 |
-	"${TMPDIR:-/tmp}/idempotency-testprogress" $verbose
+
+resultdir=$(mktemp -d)
+trap 'rm -rf "$resultdir"' EXIT
+# pass NAME SERVER-PROGRAM GO-TEST-ARGS…: one go test run on one server,
+# whose verdict goes to $resultdir/NAME for the summary.
+pass() {
+	local name=$1 program=$2 version start=$SECONDS
+	shift 2
+	if ! version=$(IDEMPOTENCY_REDIS_SERVER="$program" "$bin/idempotency-serverversion"); then
+		echo "$name: $program did not start" >"$resultdir/$name"
+		return 1
+	fi
+	echo "test.sh: $name: $version; go test $*"
+	if IDEMPOTENCY_REQUIRE_REDIS=1 IDEMPOTENCY_REDIS_SERVER="$program" go test -count=1 -json "$@" 2>&1 |
+		"$bin/idempotency-testprogress" $verbose; then
+		echo "$name ($version): passed in $((SECONDS - start)) s" >"$resultdir/$name"
+	else
+		echo "$name ($version): FAILED after $((SECONDS - start)) s" >"$resultdir/$name"
+		return 1
+	fi
+}
+
+status=0
+if on redis7; then
+	echo "test.sh: every module on Debian stable's $(redis-server --version | cut -d' ' -f1-3), with -race (a cold -race build takes minutes; progress below)"
+	pass redis7 redis-server -race "$@" $patterns || status=1
+fi
+# The other servers run the root package's tests only: those are the ones
+# that talk to Redis in every way the library does (scripts, the lock,
+# WAIT, the cluster, Sentinel); -race adds nothing a server could change.
+# The two run side by side, each line marked with its server: the root
+# package's tests mostly wait (leases, timeouts, a failover), so two runs
+# take hardly longer than one. Only servers this run starts: REDIS_URL and
+# REDIS_CLUSTER_ADDRS would point the tests elsewhere.
+pids=()
+matrix_start=$SECONDS
+for name in redis8 valkey8; do
+	on "$name" || continue
+	if [ -z "$trixie_bin" ]; then
+		echo "$name: skipped: $trixie_note" >"$resultdir/$name"
+		continue
+	fi
+	(REDIS_URL="" REDIS_CLUSTER_ADDRS="" pass "$name" "$trixie_bin/$name-server" "$@" . 2>&1 | sed -u "s/^/[$name] /") &
+	pids+=("$!")
+done
+for pid in "${pids[@]}"; do
+	wait "$pid" || status=1
+done
+[ "${#pids[@]}" -eq 0 ] || echo "test.sh: Redis 8.0 and Valkey 8.1 took $((SECONDS - matrix_start)) s side by side"
+echo "test.sh: servers:"
+for name in redis7 redis8 valkey8; do
+	[ ! -f "$resultdir/$name" ] || echo "  $(cat "$resultdir/$name")"
+done
+exit "$status"

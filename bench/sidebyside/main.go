@@ -10,6 +10,14 @@
 // exactly what was sent (MONITOR).
 //
 //	go run ./bench/sidebyside -out bench/sidebyside.json -docs docs/benchmarks.md
+//
+// -server names the Redis: redis7 (redis-server from PATH, the default),
+// redis8 or valkey8 (Redis 8.0 and Valkey 8.1 from the Debian trixie root
+// that scripts/trixie.sh builds). Several, comma-separated, measure this
+// library alone on each of them instead, in the same interleaved rounds
+// (see matrix.go):
+//
+//	go run ./bench/sidebyside -server redis7,redis8,valkey8 -out bench/servers.json -docs docs/benchmarks.md
 package main
 
 import (
@@ -20,7 +28,6 @@ import (
 	"fmt"
 	"log"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
@@ -51,6 +58,7 @@ type config struct {
 	out      string
 	docs     string
 	timeout  time.Duration
+	servers  []redisServer
 }
 
 func main() {
@@ -65,10 +73,21 @@ func main() {
 	flag.IntVar(&cfg.threads, "threads", 1, "wrk threads")
 	flag.IntVar(&cfg.conns, "conns", 16, "wrk connections")
 	flag.IntVar(&cfg.count, "count", 100, "sequential requests per Redis count")
-	flag.StringVar(&cfg.out, "out", "bench/sidebyside.json", "write the results as JSON here")
+	flag.StringVar(&cfg.out, "out", "bench/sidebyside.json", "write the results as JSON here (bench/servers.json for several -server)")
 	flag.StringVar(&cfg.docs, "docs", "", "rewrite this file's section between the side-by-side markers")
 	flag.DurationVar(&cfg.timeout, "timeout", 5*time.Minute, "give up after this long")
+	server := flag.String("server", "redis7", "the Redis: redis7, redis8 or valkey8; several, comma-separated, compare them")
+	trixie := flag.String("trixie", defaultTrixieBin(), "where scripts/trixie.sh put the redis8 and valkey8 wrappers")
 	flag.Parse()
+	var err error
+	if cfg.servers, err = redisServers(*server, *trixie); err != nil {
+		log.Fatalf("sidebyside: %v", err)
+	}
+	outSet := false
+	flag.Visit(func(f *flag.Flag) { outSet = outSet || f.Name == "out" })
+	if len(cfg.servers) > 1 && !outSet {
+		cfg.out = "bench/servers.json"
+	}
 	if cfg.rounds < 1 || cfg.rounds > 9 || cfg.duration <= 0 || cfg.duration > time.Minute ||
 		cfg.warmup < 0 || cfg.warmup > time.Minute || cfg.threads < 1 || cfg.threads > 16 ||
 		cfg.conns < cfg.threads || cfg.conns > 1024 || cfg.count < 1 || cfg.count > 10_000 ||
@@ -76,13 +95,21 @@ func main() {
 		log.Fatal("sidebyside: a flag is out of range (rounds 1–9, duration and warmup up to 1m, " +
 			"threads 1–16, conns threads–1024, count 1–10000, timeout up to 15m)")
 	}
-	if need := time.Duration(cfg.rounds*len(kinds)*2) * (cfg.duration + cfg.warmup + time.Second); need > cfg.timeout {
+	runs := len(kinds) * 2
+	if len(cfg.servers) > 1 {
+		runs = len(cfg.servers)
+	}
+	if need := time.Duration(cfg.rounds*runs) * (cfg.duration + cfg.warmup + time.Second); need > cfg.timeout {
 		log.Fatalf("sidebyside: the runs alone take about %v, more than -timeout %v", need, cfg.timeout)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	ctx, cancel := context.WithTimeout(ctx, cfg.timeout)
-	err := runAll(ctx, cfg)
+	if len(cfg.servers) > 1 {
+		err = runMatrix(ctx, cfg)
+	} else {
+		err = runAll(ctx, cfg)
+	}
 	cancel()
 	stop()
 	if err != nil {
@@ -96,10 +123,8 @@ func runAll(ctx context.Context, cfg config) (err error) {
 			err = fmt.Errorf("%w (%w)", err, context.Cause(ctx))
 		}
 	}()
-	for _, tool := range []string{"wrk", "redis-server", "go"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			return fmt.Errorf("%s is needed (apt-get install -y wrk redis-server)", tool)
-		}
+	if err := lookTools(cfg); err != nil {
+		return err
 	}
 	dir, err := os.MkdirTemp("", "sidebyside-")
 	if err != nil {
@@ -121,7 +146,7 @@ func runAll(ctx context.Context, cfg config) (err error) {
 	if err != nil {
 		return err
 	}
-	srv, err := redistest.StartServer()
+	srv, err := redistest.StartProgram(cfg.servers[0].program)
 	if err != nil {
 		return err
 	}

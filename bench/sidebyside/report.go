@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -79,13 +80,7 @@ func newReport(ctx context.Context, cfg config, rdb *redis.Client, builds map[st
 		Versions: builds,
 		Servers:  kinds,
 	}
-	if info, err := rdb.Info(ctx, "server").Result(); err == nil {
-		for line := range strings.SplitSeq(info, "\n") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
-				rep.Redis = v
-			}
-		}
-	}
+	rep.Redis, _ = redistest.Version(ctx, rdb)
 	rep.Load = load{
 		Measured: "wrk " + strings.Join(wrkArgs(cfg.threads, cfg.conns, cfg.duration, true, "SCRIPT", "URL", "ARG"), " "),
 		Warmup:   "wrk " + strings.Join(wrkArgs(cfg.threads, cfg.conns, cfg.warmup, false, "SCRIPT", "URL", "ARG"), " "),
@@ -224,7 +219,7 @@ func (rep *report) markdown() string {
 		title[k.Name] = k.Title
 	}
 	fiber := rep.Versions["fiber"]
-	fmt.Fprintf(&b, "Measured %s on %s, %d cores shared by the servers, Redis and wrk; Redis %s, %s, %s. "+
+	fmt.Fprintf(&b, "Measured %s on %s, %d cores shared by the servers, Redis and wrk; %s, %s, %s. "+
 		"Fiber %s with storage/redis/v3 %s (go-redis %s, fasthttp %s); this library at %s (go-redis %s).\n\n",
 		rep.Date[:10], rep.Machine.CPU, rep.Machine.Cores, rep.Redis, rep.Go, rep.Wrk,
 		fiber["github.com/gofiber/fiber/v3"], fiber["github.com/gofiber/storage/redis/v3"],

@@ -33,7 +33,7 @@ func Cluster(t testing.TB, prefix string) *redis.ClusterClient {
 			clusterAddrs = strings.Split(raw, ",")
 			return
 		}
-		if _, err := exec.LookPath("redis-server"); err != nil {
+		if _, err := exec.LookPath(ServerCommand()); err != nil {
 			return
 		}
 		clusterAddrs, clusterErr = startCluster(3)
@@ -42,7 +42,7 @@ func Cluster(t testing.TB, prefix string) *redis.ClusterClient {
 		t.Fatalf("redistest: %v", clusterErr)
 	}
 	if clusterAddrs == nil {
-		requireOrSkip(t, "redis-server is not on PATH, so no cluster")
+		requireOrSkip(t, ServerCommand()+" is not on PATH, so no cluster")
 	}
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: clusterAddrs, ContextTimeoutEnabled: true})
 	t.Cleanup(func() {

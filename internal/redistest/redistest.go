@@ -59,13 +59,13 @@ func Client(t testing.TB, prefix string) redis.UniversalClient {
 	return rdb
 }
 
-// Private starts a redis-server that only this test uses, for tests that
+// Private starts a Redis server (ServerCommand) that only this test uses, for tests that
 // read server-wide figures (INFO commandstats) or stop the server. It skips
 // the test when redis-server is missing, unless real Redis is required.
 func Private(t testing.TB, args ...string) *Server {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		requireOrSkip(t, "redis-server is not on PATH")
+	if _, err := exec.LookPath(ServerCommand()); err != nil {
+		requireOrSkip(t, ServerCommand()+" is not on PATH")
 	}
 	s, err := StartServer(args...)
 	if err != nil {
@@ -91,13 +91,13 @@ func startShared() (*Server, error) {
 		}
 		return &Server{opts: opts}, nil
 	}
-	if _, err := exec.LookPath("redis-server"); err == nil {
+	if _, err := exec.LookPath(ServerCommand()); err == nil {
 		return StartServer()
 	}
 	return nil, errNoRedis
 }
 
-var errNoRedis = errors.New("no REDIS_URL and no redis-server on PATH (./scripts/test.sh installs it)")
+var errNoRedis = fmt.Errorf("no REDIS_URL and no %s on PATH (./scripts/test.sh installs it)", ServerCommand())
 
 // DeletePrefix deletes every key under prefix; it never flushes a database,
 // since the server may not be ours.

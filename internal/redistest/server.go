@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -41,7 +42,7 @@ func (s *Server) Client(t interface{ Cleanup(func()) }) *redis.Client {
 	return c
 }
 
-// Signal sends sig to the redis-server process (SIGSTOP, SIGCONT, SIGKILL).
+// Signal sends sig to the server's process (SIGSTOP, SIGCONT, SIGKILL).
 func (s *Server) Signal(sig syscall.Signal) error {
 	if s.cmd == nil {
 		return fmt.Errorf("redistest: not a process of ours")
@@ -69,17 +70,56 @@ func stopAll() {
 	started = nil
 }
 
-// StartServer starts a private redis-server on a free loopback port with no
-// persistence. Extra args are appended to its command line.
+// ServerCommand is the program the tests start as a Redis server:
+// IDEMPOTENCY_REDIS_SERVER when set, else redis-server from PATH. The test
+// command points it at a wrapper that runs Redis 8.0 or Valkey 8.1 out of a
+// Debian trixie root (docs/testing.md); whatever it names must take
+// redis-server's command line.
+func ServerCommand() string {
+	if cmd := os.Getenv("IDEMPOTENCY_REDIS_SERVER"); cmd != "" {
+		return cmd
+	}
+	return "redis-server"
+}
+
+// SentinelCommand is the program and leading arguments that start a Redis
+// Sentinel from a config file: IDEMPOTENCY_REDIS_SENTINEL when set; else,
+// when IDEMPOTENCY_REDIS_SERVER names the server, that server in sentinel
+// mode, so that Sentinel is tested in the server's own version; else
+// redis-sentinel from PATH. The config file's path follows the program.
+func SentinelCommand() (program string, sentinelMode bool) {
+	if cmd := os.Getenv("IDEMPOTENCY_REDIS_SENTINEL"); cmd != "" {
+		return cmd, false
+	}
+	if cmd := os.Getenv("IDEMPOTENCY_REDIS_SERVER"); cmd != "" {
+		return cmd, true
+	}
+	return "redis-sentinel", false
+}
+
+// StartServer starts a private Redis server (ServerCommand) on a free
+// loopback port with no persistence. Extra args are appended to its command
+// line.
 func StartServer(args ...string) (*Server, error) {
+	return StartProgram(ServerCommand(), args...)
+}
+
+// StartProgram is StartServer with program in place of ServerCommand, for
+// code that starts several kinds of server in one process (the benchmark's
+// server matrix).
+func StartProgram(program string, args ...string) (*Server, error) {
 	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
-	return startOnPort(port, args...)
+	return programOnPort(program, port, args...)
 }
 
 func startOnPort(port int, args ...string) (*Server, error) {
+	return programOnPort(ServerCommand(), port, args...)
+}
+
+func programOnPort(program string, port int, args ...string) (*Server, error) {
 	dir, err := os.MkdirTemp("", "redistest-")
 	if err != nil {
 		return nil, err
@@ -89,20 +129,50 @@ func startOnPort(port int, args ...string) (*Server, error) {
 		"--save", "", "--appendonly", "no", "--dir", dir,
 		"--daemonize", "no", "--logfile", dir + "/redis.log",
 	}, args...)
-	cmd := exec.Command("redis-server", argv...)
+	return start(program, port, dir, argv)
+}
+
+// start runs program with argv as a server listening on port, logging to
+// dir/redis.log, and waits until it answers PING.
+func start(program string, port int, dir string, argv []string) (*Server, error) {
+	cmd := exec.Command(program, argv...)
 	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("starting redis-server: %w", err)
+		return nil, fmt.Errorf("starting %s: %w", program, err)
 	}
 	s := &Server{opts: &redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(port)}, cmd: cmd, dir: dir}
 	track(s)
 	if err := s.waitReady(10 * time.Second); err != nil {
 		s.Stop()
 		log, _ := os.ReadFile(dir + "/redis.log")
-		return nil, fmt.Errorf("redis-server on port %d: %w\n%s", port, err, log)
+		return nil, fmt.Errorf("%s on port %d: %w\n%s", program, port, err, log)
 	}
 	return s, nil
+}
+
+// Version names the server and its version as it reports them in INFO
+// server: "Valkey 8.1.1" (valkey_version), else "Redis 7.0.15"
+// (redis_version, which Valkey also reports, as the Redis version it is
+// compatible with).
+func Version(ctx context.Context, rdb redis.Cmdable) (string, error) {
+	info, err := rdb.Info(ctx, "server").Result()
+	if err != nil {
+		return "", err
+	}
+	fields := map[string]string{}
+	for line := range strings.SplitSeq(info, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			fields[k] = v
+		}
+	}
+	switch {
+	case fields["valkey_version"] != "":
+		return "Valkey " + fields["valkey_version"], nil
+	case fields["redis_version"] != "":
+		return "Redis " + fields["redis_version"], nil
+	}
+	return "", fmt.Errorf("INFO server names no version")
 }
 
 func (s *Server) waitReady(limit time.Duration) error {

@@ -1,0 +1,91 @@
+// Package idemtest backs an idempotency.Middleware with an in-process Redis
+// (github.com/alicebob/miniredis/v2) for a user's own handler tests: no
+// server to install or start, a fresh keyspace per test, and a clock the
+// test moves itself.
+//
+//	func TestCreateOrder(t *testing.T) {
+//		idem := idemtest.New(t)
+//		srv := httptest.NewServer(idem.ProtectKey(createOrder))
+//		// POST twice with one Idempotency-Key: one order, two equal answers.
+//	}
+//
+// Every script the library runs works on it: the claim, the store and the
+// release (claim.lua, complete.lua, release.lua), the operator's inspect
+// and settle (Inspect, Interrupted, Resolve, Forget), and bsm/redislock's
+// obtain, refresh and release; so do waiting duplicates on another
+// instance (pub/sub), Do, and issued tokens. This package's tests run each
+// of them.
+//
+// What an in-process Redis cannot do, and so a test on it cannot show:
+//
+//   - WAIT and replicas. miniredis has no WAIT: with WithReplicaAcks every
+//     claim fails and is answered 503 store-unavailable. Failover,
+//     Sentinel and persistence do not exist either.
+//   - Cluster. One node: no slots, no MOVED or CROSSSLOT, so a test says
+//     nothing about how keys spread over a Redis Cluster.
+//   - maxmemory. It has no memory limit, so a full Redis that refuses
+//     claims cannot be reproduced, and it refuses CONFIG GET, so New's
+//     warning about an evicting policy never fires.
+//   - Real timing. A stalled server (SIGSTOP), a slow or lost reply, a
+//     server killed with requests in flight: it answers every command at
+//     once. SetError makes every command fail (the middleware answers
+//     503) and Close stops it, which covers "Redis is down".
+//   - Expiry by the clock. Keys expire only when the test calls
+//     FastForward: a lock whose lease lapses (an instance that died
+//     mid-request) stays held until then. Issued tokens are signed and
+//     expire by this process's clock, which FastForward does not move; Lua's
+//     TIME (fencing tokens) is the real time too.
+//   - Redis's Lua. Scripts run on gopher-lua (Lua 5.1, as Redis's), with
+//     the commands miniredis implements.
+//   - Costs. Round trips, INFO commandstats and MONITOR are not Redis's.
+//
+// Tests of those behaviours belong against a real Redis; this repository's
+// own run on Redis 7.0, Redis 8.0, Valkey 8.1, a Redis Cluster and Sentinel.
+package idemtest
+
+import (
+	"testing"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/onceonly/idempotency"
+	"github.com/redis/go-redis/v9"
+)
+
+// New returns a Middleware backed by a fresh in-process Redis that is
+// stopped when t ends. opts are passed to idempotency.New. Use NewRedis for
+// several instances on one Redis, or to move its clock.
+func New(t testing.TB, opts ...idempotency.Option) *idempotency.Middleware {
+	t.Helper()
+	return NewRedis(t).New(opts...)
+}
+
+// Redis is an in-process Redis for one test. Its Miniredis methods reach
+// the server itself: FastForward(d) lets keys expire as if d had passed,
+// SetError(msg) makes every command fail until SetError(""), Keys lists
+// what the middleware wrote.
+type Redis struct {
+	*miniredis.Miniredis
+	client *redis.Client
+}
+
+// NewRedis starts an in-process Redis that is stopped when t ends.
+func NewRedis(t testing.TB) *Redis {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	// ContextTimeoutEnabled, as the middleware asks of every client: its
+	// store timeout then bounds each exchange.
+	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { client.Close() })
+	return &Redis{Miniredis: mr, client: client}
+}
+
+// Client is a go-redis client of the in-process Redis, for the test's own
+// look at it, or for idempotency.New with a client of the test's choosing.
+func (r *Redis) Client() *redis.Client { return r.client }
+
+// New returns a Middleware on this Redis. Several of them are instances of
+// one service: a duplicate that reaches another instance waits for the
+// first and gets its answer.
+func (r *Redis) New(opts ...idempotency.Option) *idempotency.Middleware {
+	return idempotency.New(r.client, opts...)
+}

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -178,6 +179,31 @@ func TestAnAnswerShortOfItsLengthIsNotReplayed(t *testing.T) {
 	}
 	requireProblem(t, s.post(c, "/payments", "short", `{}`), http.StatusConflict, "not-replayable")
 	require.EqualValues(t, 1, s.execs.Load())
+}
+
+// Undoing a takeover (its claim's reply was lost, or its run did nothing)
+// hands the key back to the executor it was taken from, which may be
+// stalled rather than gone: that executor still stores its answer, and
+// the key is never left free after it took effect.
+func TestUndoingATakeoverHandsTheKeyBack(t *testing.T) {
+	s := newShop(t, WithRetryAbandoned())
+	k := clientKeys(s.idem.cfg.prefix, paymentID("k"))
+	stalled, c := crashAfterClaim(t, s, k, "fp")
+	lock, err := s.idem.store.obtain(t.Context(), k)
+	require.NoError(t, err)
+	taken, err := s.idem.store.claim(t.Context(), k, lock.Token(), "fp")
+	require.NoError(t, err)
+	require.Equal(t, outcomeClaimed, taken.outcome)
+	require.True(t, taken.retaken)
+
+	require.NoError(t, s.idem.store.release(t.Context(), k, lock.Token()))
+	got := s.rdb.HMGet(t.Context(), k.record, "st", "o", "f").Val()
+	require.Equal(t, []any{"run", stalled, strconv.FormatUint(c.fence, 10)}, got, "back to the stalled executor")
+
+	how, err := s.idem.store.complete(t.Context(), k, stalled, fingerprintSum([]byte(strings.Repeat("f", 32))),
+		c.fence, newRecord(201, nil, []byte("late")), time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, completed, how, "the stalled executor's answer is the key's")
 }
 
 // A function error still releases the key when the middleware did not cut

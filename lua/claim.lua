@@ -7,7 +7,8 @@
 -- Record fields: st state (run, done, big), o lock value of the executor,
 -- fp fingerprint, c status, h headers, b body, n executions, f fencing token,
 -- w set when the store wrote a vanished record back, s the claim an operator
--- settled (settle.lua). A record in state 'forgotten' is read as no record,
+-- settled (settle.lua), p and q the lock value and token of the executor a
+-- takeover took the key from. A record in state 'forgotten' is read as no record,
 -- except for a token, which it keeps spent.
 --
 -- A token's record is what marks it spent: it outlives the token, so a
@@ -81,7 +82,10 @@ if st then
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local fence = math.max(tonumber(rec[7]) + 1, now_us)
   redis.call('HINCRBY', KEYS[1], 'n', 1)
-  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'f', string.format('%.0f', fence))
+  -- p and q keep the abandoned executor's lock value and token, so that
+  -- undoing this takeover (release.lua) hands the key back to it rather
+  -- than free: that executor may be stalled, not gone, and still store.
+  redis.call('HSET', KEYS[1], 'o', ARGV[1], 'f', string.format('%.0f', fence), 'p', rec[2], 'q', rec[7])
   return {'claimed', string.format('%.0f', fence), 'retaken'}
 end
 

@@ -77,6 +77,8 @@ func ExecutionOf(ctx context.Context) (e Execution, ok bool) {
 // must commit its writes and its answer through s (sqlidem's Handler does):
 // recovery runs a handler again whenever s holds no answer for its key, so
 // a handler that wrote elsewhere would write twice. Protect other routes
-// with a Middleware of their own. Default none: an abandoned execution is
-// answered 409 interrupted (or run again, with WithRetryAbandoned).
+// with a Middleware of their own. It cannot be combined with WithFailOpen
+// (New panics): a request run unprotected would commit no outcome. Default
+// none: an abandoned execution is answered 409 interrupted (or run again,
+// with WithRetryAbandoned).
 func WithOutcomeStore(s OutcomeStore) Option { return func(c *config) { c.outcomes = s } }

@@ -139,6 +139,22 @@ func TestRecoveredAnswerNotReplayable(t *testing.T) {
 	require.Len(t, outcomes.recovered, 1, "stored in Redis as executed, not replayable")
 }
 
+// Failing open runs a request without its key; behind an outcome store it
+// would commit with no outcome row, and its retry would commit again. New
+// refuses the pair, for handlers and for Do alike (one Middleware serves
+// both).
+func TestFailOpenWithAnOutcomeStoreIsRefused(t *testing.T) {
+	rdb := newShop(t).rdb
+	defer func() {
+		msg, _ := recover().(string)
+		require.Contains(t, msg, "WithFailOpen cannot be combined with WithOutcomeStore")
+	}()
+	New(rdb, WithFailOpen())
+	New(rdb, WithOutcomeStore(&fakeOutcomes{}))
+	New(rdb, WithFailOpen(), WithOutcomeStore(&fakeOutcomes{}))
+	t.Fatal("New accepted WithFailOpen with WithOutcomeStore")
+}
+
 func TestExecutionOf(t *testing.T) {
 	s := newShop(t)
 	var got Execution

@@ -31,9 +31,11 @@ type TxFunc func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error
 //     stale, and is answered idempotency.ErrInProgress.
 //
 // When fn returns an error, nothing commits and the key is released
-// (idempotency.Release), so a retry runs again: the answer fn wrote, if
-// any, is sent unstored (a 422 for a request that a corrected retry may
-// fix); otherwise the error handler answers (see WithErrorHandler). A
+// (idempotency.Release), so a retry runs again: the answer fn wrote is
+// sent unstored when it is a refusal (a 422 for a request that a
+// corrected retry may fix); otherwise, and for an answer below 400, which
+// would tell of writes that rolled back, the error handler answers (see
+// WithErrorHandler). A
 // failure of the database is answered idempotency.ErrStoreUnavailable,
 // and a run whose lease was lost idempotency.ErrInProgress, the key
 // released, unless the commit turns out to have happened. Inside fn,
@@ -85,10 +87,14 @@ func writeReplay(w http.ResponseWriter, a idempotency.Answer) {
 	w.Write(a.Body)
 }
 
-// rolledBack answers for a TxFunc that returned err.
+// rolledBack answers for a TxFunc that returned err: nothing committed.
+// The answer fn wrote is sent only when it is a refusal (4xx, 5xx), which
+// tells the client why; a success (or a redirect, which says where the
+// created thing lives) would claim writes that rolled back, so the error
+// handler answers instead.
 func (s *Store) rolledBack(w http.ResponseWriter, r *http.Request, buf *buffer, err error) {
 	idempotency.Release(r.Context())
-	if buf.status != 0 || buf.body.Len() > 0 {
+	if buf.status >= http.StatusBadRequest {
 		buf.writeTo(w)
 		return
 	}

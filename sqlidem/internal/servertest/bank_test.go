@@ -46,6 +46,9 @@ type bank struct {
 	first func(ctx context.Context)
 	// header, when set, is added to every transfer's answer.
 	header http.Header
+	// failAfter, when set, is what the transfer returns after it wrote
+	// its whole answer.
+	failAfter error
 
 	mu    sync.Mutex
 	execs map[string]idempotency.Execution // by Idempotency-Key
@@ -127,7 +130,7 @@ func (b *bank) transfer(tx *sql.Tx, w http.ResponseWriter, r *http.Request) erro
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	fmt.Fprintf(w, `{"transfer":%d,"amount":%d}`, n, in.Amount)
-	return nil
+	return b.failAfter
 }
 
 type reply struct {

@@ -5,9 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/sqldialect"
 )
 
 // What became of one execution's transaction.
@@ -18,16 +20,18 @@ const (
 	replayed                      // another execution's answer was committed: it answers
 	rolledBack                    // the work failed; nothing committed
 	refused                       // nothing committed, and the work must not be retried here
+	aborted                       // the database aborted the transaction (serialization, deadlock): run it again
 )
 
 type outcome struct {
 	verdict verdict
 	answer  idempotency.Answer // replayed: the committed answer
-	err     error              // rolledBack: the work's error; refused: why
+	err     error              // rolledBack: the work's error; refused, aborted: why
 }
 
 // work does an execution's writes in tx and returns the answer to commit
-// with them.
+// with them. It may run more than once: again from BEGIN when the
+// database aborted the transaction (see WithAttempts).
 type work func(tx *sql.Tx) (idempotency.Answer, error)
 
 // commitOnce is the protocol both Handler and Run follow for an execution:
@@ -40,14 +44,37 @@ type work func(tx *sql.Tx) (idempotency.Answer, error)
 //  2. Do the work in the transaction.
 //  3. Write the answer's row last, then COMMIT. When either fails, the row
 //     is read again to learn what happened (see afterFailedCommit).
+//
+// A transaction the database aborts as a serialization failure or a
+// deadlock, in the work, at the row or at COMMIT, committed nothing: it
+// runs again from step 1, up to the Store's attempts, and then is refused
+// as unavailable (503, the key released, so that the client's retry runs).
 func (s *Store) commitOnce(ctx context.Context, exec idempotency.Execution, do work) outcome {
-	tx, err := s.db.BeginTx(ctx, nil)
+	for attempt := 1; ; attempt++ {
+		o := s.transact(ctx, exec, do)
+		if o.verdict != aborted {
+			return o
+		}
+		if attempt >= s.attempts {
+			return outcome{verdict: refused, err: unavailable(o.err)}
+		}
+		if !backOff(ctx, attempt) {
+			return outcome{verdict: refused, err: endedBecause(ctx)}
+		}
+	}
+}
+
+// transact runs the protocol once, in one transaction.
+func (s *Store) transact(ctx context.Context, exec idempotency.Execution, do work) outcome {
+	tx, err := s.db.BeginTx(ctx, s.txOptions)
 	if err != nil {
 		return outcome{verdict: refused, err: failed(ctx, err)}
 	}
 	defer tx.Rollback() // after a commit, a no-op
 	row, found, err := s.lookup(ctx, tx, exec.Key)
 	switch {
+	case err != nil && retryable(ctx, err):
+		return outcome{verdict: aborted, err: err}
 	case err != nil:
 		return outcome{verdict: refused, err: failed(ctx, err)}
 	case found && row.Done:
@@ -56,12 +83,15 @@ func (s *Store) commitOnce(ctx context.Context, exec idempotency.Execution, do w
 		return outcome{verdict: refused, err: idempotency.ErrInProgress}
 	}
 	answer, err := do(tx)
-	if err != nil {
-		if ctx.Err() != nil {
-			// The work failed because the execution's context ended, not
-			// of its own accord: no answer of its own to give.
-			return outcome{verdict: refused, err: endedBecause(ctx)}
-		}
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		// The work failed because the execution's context ended, not
+		// of its own accord: no answer of its own to give.
+		return outcome{verdict: refused, err: endedBecause(ctx)}
+	case retryable(ctx, err):
+		return outcome{verdict: aborted, err: err}
+	default:
 		return outcome{verdict: rolledBack, err: err}
 	}
 	err = s.writeAnswer(ctx, tx, exec, answer, found)
@@ -70,9 +100,33 @@ func (s *Store) commitOnce(ctx context.Context, exec idempotency.Execution, do w
 	}
 	if err != nil {
 		tx.Rollback()
+		if retryable(ctx, err) {
+			return outcome{verdict: aborted, err: err}
+		}
 		return s.afterFailedCommit(ctx, exec, err)
 	}
 	return outcome{verdict: committed}
+}
+
+// retryable reports whether err aborted the transaction so that running it
+// again may succeed (and the execution may still run).
+func retryable(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && sqldialect.Retryable(err)
+}
+
+// backOff waits before attempt+1, a few milliseconds and more with each
+// attempt, jittered so that two transactions that deadlocked do not meet
+// again at once. It reports false when ctx ended first.
+func backOff(ctx context.Context, attempt int) bool {
+	d := time.Duration(attempt) * (5*time.Millisecond + rand.N(20*time.Millisecond))
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // errFenced: the key's fence row names a newer execution than ours.

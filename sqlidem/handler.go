@@ -1,7 +1,9 @@
 package sqlidem
 
 import (
+	"bytes"
 	"database/sql"
+	"io"
 	"net/http"
 
 	"github.com/onceonly/idempotency"
@@ -42,6 +44,10 @@ type TxFunc func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error
 // return an error rather than call idempotency.Release: a committed answer
 // is the key's answer for as long as its row lives, whatever Redis keeps.
 //
+// A transaction the database aborts as a serialization failure or a
+// deadlock committed nothing and runs again, fn included, with the
+// request's body from its start and an empty answer (see WithAttempts).
+//
 // fn must do all its writes in tx: the database's answer about the outcome
 // row is what makes a second execution's writes roll back. Calls to other
 // systems are not covered; pass them a key derived from the request's (see
@@ -56,8 +62,14 @@ func (s *Store) Handler(fn TxFunc) http.Handler {
 			s.serveUnprotected(w, r, fn)
 			return
 		}
-		buf := newBuffer()
+		var buf *buffer
+		rewind := rewinder(r)
 		o := s.commitOnce(r.Context(), exec, func(tx *sql.Tx) (idempotency.Answer, error) {
+			// Each attempt answers afresh, from the request's first byte.
+			buf = newBuffer()
+			if err := rewind(); err != nil {
+				return idempotency.Answer{}, err
+			}
 			if err := fn(tx, buf, r); err != nil {
 				return idempotency.Answer{}, err
 			}
@@ -74,6 +86,36 @@ func (s *Store) Handler(fn TxFunc) http.Handler {
 			s.refuse(w, r, o.err)
 		}
 	})
+}
+
+// rewinder returns a function that puts r's body back at its start, for
+// an attempt after the first: fn reads it again. The middleware has read
+// the body in full already (to fingerprint it) and hands it on seekable;
+// any other body is read into memory once.
+func rewinder(r *http.Request) func() error {
+	if r.Body == nil || r.Body == http.NoBody {
+		return func() error { return nil }
+	}
+	seeker, ok := r.Body.(io.Seeker)
+	if !ok {
+		body, err := io.ReadAll(r.Body)
+		r.Body.Close()
+		if err != nil {
+			return func() error { return err }
+		}
+		rd := bytes.NewReader(body)
+		r.Body, seeker = io.NopCloser(rd), rd
+	}
+	body, first := r.Body, true
+	return func() error {
+		if first {
+			first = false
+			return nil
+		}
+		r.Body = body // fn may have wrapped it (http.MaxBytesReader)
+		_, err := seeker.Seek(0, io.SeekStart)
+		return err
+	}
 }
 
 // writeReplay sends a committed answer as a replay.

@@ -26,7 +26,9 @@ import (
 // idempotency.ErrKeyReused. When fn fails, or the commit does, nothing
 // commits, the key is released (idempotency.Release) even under
 // idempotency.StoreErrors, and the error is returned. A stale execution,
-// fenced out by a newer one, gets idempotency.ErrInProgress.
+// fenced out by a newer one, gets idempotency.ErrInProgress. A
+// transaction the database aborts as a serialization failure or a
+// deadlock runs again, fn included (see WithAttempts).
 //
 // Outside Do (no protected execution in ctx), fn runs in a transaction
 // with no outcome row.

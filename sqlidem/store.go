@@ -35,9 +35,11 @@ const DefaultTable = "idempotency_outcomes"
 //
 // A Store is safe for concurrent use.
 type Store struct {
-	db      *sql.DB
-	table   string
-	onError func(http.ResponseWriter, *http.Request, error)
+	db        *sql.DB
+	table     string
+	onError   func(http.ResponseWriter, *http.Request, error)
+	attempts  int
+	txOptions *sql.TxOptions
 
 	// Statements, built once by New.
 	ddl, selectRow, insertDone, updateFenced, upsertFence, purge string
@@ -63,17 +65,44 @@ func WithErrorHandler(fn func(http.ResponseWriter, *http.Request, error)) Option
 	return func(s *Store) { s.onError = fn }
 }
 
+// DefaultAttempts is how many times a transaction runs unless WithAttempts
+// says otherwise.
+const DefaultAttempts = 3
+
+// WithAttempts sets how many times, in all, an execution's transaction
+// runs when the database aborts it as a serialization failure or a deadlock
+// (SQLSTATE 40001 or 40P01, MySQL error 1213, SQLITE_BUSY), in the
+// TxFunc, at the outcome row or at COMMIT: such a transaction committed
+// nothing, and runs again from BEGIN after a short, jittered pause. When
+// the last attempt is aborted too, the request is answered
+// idempotency.ErrStoreUnavailable (503 with Retry-After) and its key
+// released, so that the client's retry runs. Default DefaultAttempts; 1
+// runs each transaction once.
+func WithAttempts(n int) Option { return func(s *Store) { s.attempts = n } }
+
+// WithIsolation sets the isolation level of every transaction the Store
+// begins (sql.LevelSerializable, for instance, for handlers whose reads
+// decide their writes). Default the database's own: READ COMMITTED on
+// PostgreSQL, REPEATABLE READ on MySQL, SERIALIZABLE on SQLite (whose
+// driver takes no other). The outcome row works at every level; a level
+// that aborts more transactions costs attempts (WithAttempts).
+func WithIsolation(level sql.IsolationLevel) Option {
+	return func(s *Store) { s.txOptions = &sql.TxOptions{Isolation: level} }
+}
+
 // New returns a Store on db, which speaks dialect. It checks the options,
 // not the database: call CreateTable, or create the table yourself from
 // the DDL CreateTable runs.
 func New(db *sql.DB, dialect Dialect, opts ...Option) (*Store, error) {
-	s := &Store{db: db, table: DefaultTable, onError: idempotency.WriteError}
+	s := &Store{db: db, table: DefaultTable, onError: idempotency.WriteError, attempts: DefaultAttempts}
 	for _, opt := range opts {
 		opt(s)
 	}
 	switch {
 	case db == nil:
 		return nil, errors.New("sqlidem: nil *sql.DB")
+	case s.attempts < 1:
+		return nil, fmt.Errorf("sqlidem: WithAttempts(%d): a transaction runs at least once", s.attempts)
 	case !dialect.Valid():
 		return nil, fmt.Errorf("sqlidem: unknown dialect %v", dialect)
 	case !sqldialect.ValidName(s.table, true):

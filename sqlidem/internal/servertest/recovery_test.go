@@ -9,6 +9,7 @@ import (
 
 	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/internal/sqltest"
+	"github.com/onceonly/idempotency/sqlidem"
 )
 
 // An abandoned execution that committed: the retry replays the committed
@@ -147,6 +148,9 @@ func TestNewRefusesBadOptions(t *testing.T) {
 		if _, err := newStore(d, name); err == nil {
 			t.Errorf("table %q accepted", name)
 		}
+	}
+	if _, err := sqlidem.New(d.DB, d.Dialect, sqlidem.WithAttempts(0)); err == nil {
+		t.Error("WithAttempts(0) accepted")
 	}
 }
 

@@ -30,6 +30,10 @@ type ledger struct {
 	runs   atomic.Int64
 	record string // the last execution's Redis record
 	fail   error  // when set, the charge fails after its write
+	// hook, when set, runs in the transaction before the charge's write;
+	// an error ends the charge.
+	hook  func(ctx context.Context, tx *sql.Tx) error
+	calls atomic.Int64 // charges begun, every attempt counted
 }
 
 func newLedger(t *testing.T, d *sqltest.DB) *ledger {
@@ -54,6 +58,12 @@ func (l *ledger) consume(msg string, amount int64, opts ...idempotency.DoOption)
 		e, _ := idempotency.ExecutionOf(ctx)
 		l.record = e.Key
 		return sqlidem.Run(ctx, l.store, func(ctx context.Context, tx *sql.Tx) (receipt, error) {
+			l.calls.Add(1)
+			if l.hook != nil {
+				if err := l.hook(ctx, tx); err != nil {
+					return receipt{}, err
+				}
+			}
 			if _, err := tx.ExecContext(ctx, l.d.Dialect.Bind("INSERT INTO "+l.table+" (msg, amount) VALUES (?, ?)"), msg, amount); err != nil {
 				return receipt{}, err
 			}

@@ -21,12 +21,13 @@ const (
 	rolledBack                    // the work failed; nothing committed
 	refused                       // nothing committed, and the work must not be retried here
 	aborted                       // the database aborted the transaction (serialization, deadlock): run it again
+	unsettled                     // whether the commit landed is not known yet: the key must be kept
 )
 
 type outcome struct {
 	verdict verdict
 	answer  idempotency.Answer // replayed: the committed answer
-	err     error              // rolledBack: the work's error; refused, aborted: why
+	err     error              // rolledBack: the work's error; otherwise why
 }
 
 // work does an execution's writes in tx and returns the answer to commit
@@ -43,7 +44,9 @@ type work func(tx *sql.Tx) (idempotency.Answer, error)
 //     (idempotency.ErrInProgress).
 //  2. Do the work in the transaction.
 //  3. Write the answer's row last, then COMMIT. When either fails, the row
-//     is read again to learn what happened (see afterFailedCommit).
+//     is read again to learn what happened (see afterFailedCommit); when
+//     the COMMIT went out and its reply did not come back, only once the
+//     database has settled the transaction (see settleCommit).
 //
 // A transaction the database aborts as a serialization failure or a
 // deadlock, in the work, at the row or at COMMIT, committed nothing: it
@@ -94,18 +97,49 @@ func (s *Store) transact(ctx context.Context, exec idempotency.Execution, do wor
 	default:
 		return outcome{verdict: rolledBack, err: err}
 	}
-	err = s.writeAnswer(ctx, tx, exec, answer, found)
-	if err == nil {
-		err = tx.Commit()
-	}
-	if err != nil {
+	if err := s.writeAnswer(ctx, tx, exec, answer, found); err != nil {
+		// The COMMIT never went out: nothing of the transaction can commit.
 		tx.Rollback()
 		if retryable(ctx, err) {
 			return outcome{verdict: aborted, err: err}
 		}
 		return s.afterFailedCommit(ctx, exec, err)
 	}
-	return outcome{verdict: committed}
+	switch err := tx.Commit(); {
+	case err == nil:
+		return outcome{verdict: committed}
+	case retryable(ctx, err):
+		return outcome{verdict: aborted, err: err}
+	case commitRefused(err):
+		return s.afterFailedCommit(ctx, exec, err)
+	default:
+		return s.settleCommit(ctx, exec, err)
+	}
+}
+
+// commitRefused reports whether a COMMIT's error is the database's own
+// answer that the transaction did not commit: a constraint it checked at
+// COMMIT, a transaction it had aborted already, or any SQLite error
+// (SQLite is in the process: no reply can be lost). database/sql's own
+// ErrTxDone says the transaction was rolled back before its COMMIT went
+// out. Anything else (a broken connection, a timeout, a server going
+// away) may have come after the COMMIT reached the database.
+func commitRefused(err error) bool {
+	if errors.Is(err, sql.ErrTxDone) {
+		return true
+	}
+	e, ok := sqldialect.ErrorOf(err)
+	if !ok {
+		return false
+	}
+	if e.SQLite != 0 {
+		return true
+	}
+	switch class := e.SQLState[:min(2, len(e.SQLState))]; class {
+	case "23", "25", "40":
+		return true
+	}
+	return false
 }
 
 // retryable reports whether err aborted the transaction so that running it
@@ -175,6 +209,53 @@ func (s *Store) afterFailedCommit(ctx context.Context, exec idempotency.Executio
 		return outcome{verdict: refused, err: idempotency.ErrInProgress}
 	}
 	return outcome{verdict: refused, err: failed(ended, cause)}
+}
+
+// settleCommit learns whether a COMMIT whose reply never came landed.
+// Reading the row at once cannot tell: the COMMIT may still be on its way,
+// or being carried out (it landed 1.5 s after its reply was lost, in a
+// reported case), and a plain read does not wait for it. So it writes the
+// key's fence row under this execution's own token, as recovery does:
+// the database makes that write wait for the transaction's lock on the
+// row, and once it goes through the transaction is settled, either
+// committed (our answer is the row; the fence write changed nothing) or
+// not (the row is a fence at our token: nothing of the transaction can
+// commit any more, and the client is told, truthfully, that nothing ran).
+//
+// Until then nothing may be said and the key must not be released: the
+// attempts go on, on the execution's context, whose lease the middleware
+// renews. When it ends (the execution timeout, a lost lease), the outcome
+// is still unknown: the error says so (idempotency.ErrInProgress), and
+// the middleware keeps the key of a run it cut off, so that the next retry
+// takes it over and recovers (OutcomeStore.Recover waits for the row the
+// same way).
+func (s *Store) settleCommit(ctx context.Context, exec idempotency.Execution, cause error) outcome {
+	for pause := 20 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		row, found, err := s.fence(ctx, exec.Key, exec.Fence)
+		switch {
+		case errors.Is(err, idempotency.ErrUnreadableRecord):
+			return outcome{verdict: refused, err: err}
+		case err != nil:
+		case found && row.Done && row.Fence == exec.Fence && row.Answer.Fingerprint == exec.Fingerprint:
+			return outcome{verdict: committed} // it landed
+		case found && row.Done:
+			return replay(exec, row.Answer)
+		case found && row.Fence > exec.Fence:
+			return outcome{verdict: refused, err: idempotency.ErrInProgress}
+		default:
+			// A fence at our token: the transaction did not commit.
+			return outcome{verdict: refused, err: unavailable(cause)}
+		}
+		timer := time.NewTimer(pause)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return outcome{verdict: unsettled, err: fmt.Errorf("%w: sqlidem: the reply to COMMIT was lost, "+
+				"and whether it landed could not be learned before the execution ended: %w",
+				idempotency.ErrInProgress, errors.Join(cause, err, context.Cause(ctx)))}
+		}
+	}
 }
 
 // checkTimeout bounds the read that learns what a failed commit did.

@@ -82,6 +82,9 @@ func (s *Store) Handler(fn TxFunc) http.Handler {
 			writeReplay(w, o.answer)
 		case rolledBack:
 			s.rolledBack(w, r, buf, o.err)
+		case unsettled:
+			// Not released: the commit may yet land (see settleCommit).
+			s.onError(w, r, o.err)
 		default:
 			s.refuse(w, r, o.err)
 		}

@@ -70,6 +70,8 @@ func Run[T any](ctx context.Context, s *Store, fn func(ctx context.Context, tx *
 			return zero, errors.Join(idempotency.ErrUnreadableRecord, err)
 		}
 		return v, nil
+	case unsettled:
+		return zero, o.err // the key is kept: the commit may yet land
 	}
 	idempotency.Release(ctx)
 	return zero, o.err

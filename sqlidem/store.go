@@ -181,11 +181,9 @@ func (s *Store) Recover(ctx context.Context, key string, fence uint64) (idempote
 	if row, ok, err := s.lookup(ctx, s.db, key); err != nil || (ok && row.Done) {
 		return row.Answer, ok && row.Done, err
 	}
-	if _, err := s.db.ExecContext(ctx, s.upsertFence, key, int64(fence), time.Now().UnixMilli()); err != nil {
-		return idempotency.Answer{}, false, err
-	}
-	// The abandoned executor may have committed just before the fence.
-	row, ok, err := s.lookup(ctx, s.db, key)
+	// The abandoned executor may have committed just before the fence, or
+	// be committing now: the fence's write waits for its transaction.
+	row, ok, err := s.fence(ctx, key, fence)
 	switch {
 	case err != nil:
 		return idempotency.Answer{}, false, err
@@ -197,6 +195,17 @@ func (s *Store) Recover(ctx context.Context, key string, fence uint64) (idempote
 		return idempotency.Answer{}, false, fmt.Errorf("sqlidem: %q is fenced by a newer execution (%d > %d)", key, row.Fence, fence)
 	}
 	return idempotency.Answer{}, false, nil
+}
+
+// fence writes the key's fence row at fence, or raises it to fence (a
+// committed answer is never touched), and reads the row that results. The
+// write waits for any transaction that holds the row, which has then
+// committed or not.
+func (s *Store) fence(ctx context.Context, key string, fence uint64) (Row, bool, error) {
+	if _, err := s.db.ExecContext(ctx, s.upsertFence, key, int64(fence), time.Now().UnixMilli()); err != nil {
+		return Row{}, false, err
+	}
+	return s.lookup(ctx, s.db, key)
 }
 
 // Purge deletes the rows written before cutoff and reports how many went.

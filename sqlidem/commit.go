@@ -167,18 +167,28 @@ func backOff(ctx context.Context, attempt int) bool {
 var errFenced = errors.New("sqlidem: a newer execution fenced the key")
 
 // writeAnswer puts the answer's row in tx: a new row, or the fence row
-// recovery wrote for this execution.
+// recovery wrote for this execution. An answer the middleware would not
+// replay (a body over its WithMaxResponseBytes), or one too large for the
+// database to take in one statement, commits as executed and not
+// replayable: its status, without header or body. Committing it whole
+// would fail every time, and every retry would run the work again.
 func (s *Store) writeAnswer(ctx context.Context, tx *sql.Tx, exec idempotency.Execution, a idempotency.Answer, fenced bool) error {
-	header, err := encodeHeader(a.Header)
-	if err != nil {
-		return err
+	state, header, body := stateDone, []byte(nil), a.Body
+	if !a.NotReplayable && len(a.Body) <= answerLimit(exec) {
+		var err error
+		if header, err = encodeHeader(a.Header); err != nil {
+			return err
+		}
+	}
+	if a.NotReplayable || len(a.Body) > answerLimit(exec) || !s.fits(ctx, len(exec.Key)+len(header)+len(body)) {
+		state, header, body = stateExecuted, nil, nil
 	}
 	now, fence := time.Now().UnixMilli(), int64(exec.Fence)
 	if !fenced {
-		_, err := tx.ExecContext(ctx, s.insertDone, exec.Key, exec.Fingerprint, fence, a.Status, string(header), a.Body, now)
+		_, err := tx.ExecContext(ctx, s.insertAnswer, exec.Key, exec.Fingerprint, fence, state, a.Status, string(header), body, now)
 		return err
 	}
-	res, err := tx.ExecContext(ctx, s.updateFenced, exec.Fingerprint, fence, a.Status, string(header), a.Body, now, exec.Key, fence)
+	res, err := tx.ExecContext(ctx, s.updateFenced, exec.Fingerprint, fence, state, a.Status, string(header), body, now, exec.Key, fence)
 	if err != nil {
 		return err
 	}

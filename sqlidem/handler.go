@@ -63,22 +63,30 @@ func (s *Store) Handler(fn TxFunc) http.Handler {
 			return
 		}
 		var buf *buffer
+		defer func() { buf.close() }()
 		rewind := rewinder(r)
 		o := s.commitOnce(r.Context(), exec, func(tx *sql.Tx) (idempotency.Answer, error) {
 			// Each attempt answers afresh, from the request's first byte.
-			buf = newBuffer()
+			buf.close()
+			buf = newBuffer(answerLimit(exec))
 			if err := rewind(); err != nil {
 				return idempotency.Answer{}, err
 			}
 			if err := fn(tx, buf, r); err != nil {
 				return idempotency.Answer{}, err
 			}
-			return idempotency.Answer{Status: buf.code(), Header: buf.stored(), Body: buf.body.Bytes()}, nil
+			return buf.answer(), nil
 		})
 		switch o.verdict {
 		case committed:
 			buf.writeTo(w)
 		case replayed:
+			if o.answer.NotReplayable {
+				// It ran; its answer was too large to keep. Not
+				// released: the key's work is done.
+				s.onError(w, r, idempotency.ErrNotReplayable)
+				return
+			}
 			writeReplay(w, o.answer)
 		case rolledBack:
 			s.rolledBack(w, r, buf, o.err)
@@ -121,6 +129,15 @@ func rewinder(r *http.Request) func() error {
 	}
 }
 
+// answerLimit is the most body an execution's answer may commit for
+// replay: the middleware's WithMaxResponseBytes.
+func answerLimit(exec idempotency.Execution) int {
+	if exec.MaxResponseBytes > 0 {
+		return exec.MaxResponseBytes
+	}
+	return 1 << 20 // the middleware's default
+}
+
 // writeReplay sends a committed answer as a replay.
 func writeReplay(w http.ResponseWriter, a idempotency.Answer) {
 	h := w.Header()
@@ -160,7 +177,8 @@ func (s *Store) serveUnprotected(w http.ResponseWriter, r *http.Request, fn TxFu
 		return
 	}
 	defer tx.Rollback()
-	buf := newBuffer()
+	buf := newBuffer(1 << 20) // nothing is committed; past this it waits on disk
+	defer buf.close()
 	if err := fn(tx, buf, r); err != nil {
 		tx.Rollback()
 		s.rolledBack(w, r, buf, err)

@@ -61,6 +61,9 @@ func Run[T any](ctx context.Context, s *Store, fn func(ctx context.Context, tx *
 	case committed:
 		return result, nil
 	case replayed:
+		if o.answer.NotReplayable {
+			return zero, idempotency.ErrNotReplayable
+		}
 		if o.answer.Status != http.StatusOK {
 			return zero, errors.Join(idempotency.ErrUnreadableRecord,
 				fmt.Errorf("sqlidem: committed status %d is not a function's result", o.answer.Status))

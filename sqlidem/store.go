@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/onceonly/idempotency"
@@ -28,6 +29,9 @@ const DefaultTable = "idempotency_outcomes"
 //	fingerprint  the request's fingerprint, hex ('' in a fence row)
 //	fence        the fencing token of the execution that wrote the row
 //	state        'done': an answer committed with the handler's writes;
+//	             'executed': the writes committed, and the answer was too
+//	             large to keep (status only; replays answer
+//	             idempotency.ErrNotReplayable);
 //	             'fenced': nothing committed, and executions with a lower
 //	             fence may no longer commit (written by recovery)
 //	status, header (JSON), body   the answer ('done' rows)
@@ -36,14 +40,25 @@ const DefaultTable = "idempotency_outcomes"
 // A Store is safe for concurrent use.
 type Store struct {
 	db        *sql.DB
+	dialect   Dialect
 	table     string
 	onError   func(http.ResponseWriter, *http.Request, error)
 	attempts  int
 	txOptions *sql.TxOptions
 
 	// Statements, built once by New.
-	ddl, selectRow, insertDone, updateFenced, upsertFence, purge string
+	ddl, selectRow, insertAnswer, updateFenced, upsertFence, purge string
+
+	// packet is MySQL's max_allowed_packet, once read (see fits).
+	packet atomic.Int64
 }
+
+// The row's states.
+const (
+	stateDone     = "done"     // an answer, committed with the work
+	stateExecuted = "executed" // the work committed; its answer was too large to keep
+	stateFenced   = "fenced"   // nothing committed; lower fences may not commit
+)
 
 // An Option configures a Store.
 type Option func(*Store)
@@ -94,7 +109,7 @@ func WithIsolation(level sql.IsolationLevel) Option {
 // not the database: call CreateTable, or create the table yourself from
 // the DDL CreateTable runs.
 func New(db *sql.DB, dialect Dialect, opts ...Option) (*Store, error) {
-	s := &Store{db: db, table: DefaultTable, onError: idempotency.WriteError, attempts: DefaultAttempts}
+	s := &Store{db: db, dialect: dialect, table: DefaultTable, onError: idempotency.WriteError, attempts: DefaultAttempts}
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -112,9 +127,9 @@ func New(db *sql.DB, dialect Dialect, opts ...Option) (*Store, error) {
 	t, d := dialect.Quote(s.table), dialect
 	s.ddl = createTable(d, t)
 	s.selectRow = d.Bind("SELECT state, fingerprint, fence, status, header, body FROM " + t + " WHERE record_key = ?")
-	s.insertDone = d.Bind("INSERT INTO " + t +
-		" (record_key, fingerprint, fence, state, status, header, body, written_ms) VALUES (?, ?, ?, 'done', ?, ?, ?, ?)")
-	s.updateFenced = d.Bind("UPDATE " + t + " SET fingerprint = ?, fence = ?, state = 'done', status = ?, header = ?, body = ?, written_ms = ?" +
+	s.insertAnswer = d.Bind("INSERT INTO " + t +
+		" (record_key, fingerprint, fence, state, status, header, body, written_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+	s.updateFenced = d.Bind("UPDATE " + t + " SET fingerprint = ?, fence = ?, state = ?, status = ?, header = ?, body = ?, written_ms = ?" +
 		" WHERE record_key = ? AND state = 'fenced' AND fence <= ?")
 	s.upsertFence = fenceUpsert(d, t)
 	s.purge = d.Bind("DELETE FROM " + t + " WHERE written_ms < ?")
@@ -134,7 +149,7 @@ func (s *Store) DDL() string { return s.ddl }
 type Row struct {
 	Done   bool // an answer was committed; otherwise a fence row
 	Fence  uint64
-	Answer idempotency.Answer // Done rows only
+	Answer idempotency.Answer // Done rows only; NotReplayable when it was too large to keep
 }
 
 // querier is a *sql.DB or a *sql.Tx.
@@ -161,7 +176,11 @@ func (s *Store) lookup(ctx context.Context, q querier, key string) (Row, bool, e
 	if err != nil {
 		return Row{}, false, err
 	}
-	row := Row{Done: state == "done", Fence: uint64(fence)}
+	row := Row{Done: state == stateDone || state == stateExecuted, Fence: uint64(fence)}
+	if state == stateExecuted {
+		row.Answer = idempotency.Answer{Status: status, Fingerprint: fp, NotReplayable: true}
+		return row, true, nil
+	}
 	if row.Done {
 		row.Answer = idempotency.Answer{Status: status, Body: body, Fingerprint: fp}
 		if row.Answer.Header, err = decodeHeader([]byte(header)); err != nil {
@@ -171,6 +190,28 @@ func (s *Store) lookup(ctx context.Context, q querier, key string) (Row, bool, e
 		}
 	}
 	return row, true, nil
+}
+
+// packetMargin is room left in a MySQL packet for the statement around an
+// answer's header and body.
+const packetMargin = 64 << 10
+
+// fits reports whether n bytes of an answer fit in one statement that the
+// database takes. MySQL and MariaDB refuse a packet over max_allowed_packet
+// (16 MiB by default on MariaDB, 4 MiB on older servers), every time; the
+// variable is read once. PostgreSQL and SQLite take a gigabyte.
+func (s *Store) fits(ctx context.Context, n int) bool {
+	if s.dialect != MySQL {
+		return true
+	}
+	packet := s.packet.Load()
+	if packet == 0 {
+		if err := s.db.QueryRowContext(ctx, "SELECT @@max_allowed_packet").Scan(&packet); err != nil || packet <= 0 {
+			return true // unknown: the INSERT will tell
+		}
+		s.packet.Store(packet)
+	}
+	return int64(n)+packetMargin <= packet
 }
 
 // Recover implements idempotency.OutcomeStore: it returns the answer

@@ -304,6 +304,28 @@ func TestReplay(t *testing.T) {
 	}
 }
 
+// An execution whose answer was too large to keep committed as executed:
+// resolve -replay settles its key as executed, not replayable.
+func TestReplayNotReplayable(t *testing.T) {
+	s := newService(t)
+	if r := s.post(s.durable, "/transfers", "big"); r.status != http.StatusCreated {
+		t.Fatalf("first transfer: %d %s", r.status, r.body)
+	}
+	rec := s.abandon("big", time.Hour)
+	_, err := s.db.Exec("UPDATE "+s.table+" SET state = 'executed', header = '', body = NULL WHERE record_key = ?", rec)
+	must(t, err)
+	expect(t, s.idemctl("", true, "show", rec), 0, "executed, status 201, its answer too large to keep",
+		"SQL holds a committed answer")
+	expect(t, s.idemctl("", true, "resolve", "-replay", "-yes", rec), 0,
+		"its answer was too large to keep", "Settled: "+rec+" now answers 409 not-replayable")
+	if r := s.post(s.plain, "/transfers", "big"); r.status != http.StatusConflict || !strings.Contains(r.body, "not-replayable") {
+		t.Errorf("retry after resolve -replay: %d %s; want 409 not-replayable", r.status, r.body)
+	}
+	if n := s.transfers.Load(); n != 1 {
+		t.Errorf("%d transfers ran", n)
+	}
+}
+
 // -replay-headers stores only the service's allowlist, as its
 // WithReplayHeaders would; without it, the middleware's default policy.
 func TestReplayHeaders(t *testing.T) {

@@ -54,6 +54,8 @@ type bank struct {
 	// failAfter, when set, is what the transfer returns after it wrote
 	// its whole answer.
 	failAfter error
+	// pad adds that many bytes to every answer's body.
+	pad int
 
 	mu    sync.Mutex
 	execs map[string]idempotency.Execution // by Idempotency-Key
@@ -151,6 +153,10 @@ func (b *bank) transfer(tx *sql.Tx, w http.ResponseWriter, r *http.Request) erro
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
+	if b.pad > 0 {
+		fmt.Fprintf(w, `{"transfer":%d,"amount":%d,"pad":"%s"}`, n, in.Amount, strings.Repeat("x", b.pad))
+		return b.failAfter
+	}
 	fmt.Fprintf(w, `{"transfer":%d,"amount":%d}`, n, in.Amount)
 	return b.failAfter
 }

@@ -280,7 +280,6 @@ func TestLostCommitReplyUnsettledKeepsTheKey(t *testing.T) {
 	})
 }
 
-
 // Run under Do: the result whose COMMIT landed late is returned, once.
 func TestRunLostCommitReplyThatLandsLater(t *testing.T) {
 	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {

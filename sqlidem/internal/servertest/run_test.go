@@ -12,11 +12,13 @@ import (
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/onceonly/idempotency/internal/sqltest"
 	"github.com/onceonly/idempotency/sqlidem"
+	"github.com/redis/go-redis/v9"
 )
 
 type receipt struct {
-	Charge int64 `json:"charge"`
-	Run    int64 `json:"run"`
+	Charge int64  `json:"charge"`
+	Run    int64  `json:"run"`
+	Note   string `json:"note,omitempty"`
 }
 
 // ledger is a queue consumer that charges once per message through Do and
@@ -30,13 +32,14 @@ type ledger struct {
 	runs   atomic.Int64
 	record string // the last execution's Redis record
 	fail   error  // when set, the charge fails after its write
+	note   string // when set, the receipt's note
 	// hook, when set, runs in the transaction before the charge's write;
 	// an error ends the charge.
 	hook  func(ctx context.Context, tx *sql.Tx) error
 	calls atomic.Int64 // charges begun, every attempt counted
 }
 
-func newLedger(t *testing.T, d *sqltest.DB) *ledger {
+func newLedger(t *testing.T, d *sqltest.DB, opts ...idempotency.Option) *ledger {
 	l := &ledger{t: t, d: d, table: d.Table(t, "ledger")}
 	store, err := sqlidem.New(d.DB, d.Dialect, sqlidem.WithTable(d.Table(t, "outcomes")))
 	must(t, err)
@@ -45,8 +48,8 @@ func newLedger(t *testing.T, d *sqltest.DB) *ledger {
 	prefix := "sqlidem-run-" + string(d.Kind)
 	rdb := redistest.Client(t, prefix)
 	l.store = store
-	l.m = idempotency.New(rdb, idempotency.WithKeyPrefix(prefix), idempotency.WithOutcomeStore(store),
-		idempotency.WithResponseCache(0, 0), idempotency.WithLockLease(2*time.Second))
+	l.m = idempotency.New(rdb, append([]idempotency.Option{idempotency.WithKeyPrefix(prefix), idempotency.WithOutcomeStore(store),
+		idempotency.WithResponseCache(0, 0), idempotency.WithLockLease(2 * time.Second)}, opts...)...)
 	return l
 }
 
@@ -70,9 +73,14 @@ func (l *ledger) consume(msg string, amount int64, opts ...idempotency.DoOption)
 			if l.fail != nil {
 				return receipt{}, l.fail
 			}
-			return receipt{Charge: amount, Run: l.runs.Add(1)}, nil
+			return receipt{Charge: amount, Run: l.runs.Add(1), Note: l.note}, nil
 		})
 	}, opts...)
+}
+
+// rdb is a client of the ledger's Redis.
+func (l *ledger) rdb(t *testing.T) redis.UniversalClient {
+	return redistest.Client(t, "sqlidem-run-"+string(l.d.Kind))
 }
 
 func (l *ledger) rows() int {

@@ -2,10 +2,13 @@ package sqlidem
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -47,7 +50,9 @@ type Store struct {
 	txOptions *sql.TxOptions
 
 	// Statements, built once by New.
-	ddl, selectRow, insertAnswer, updateFenced, upsertFence, purge string
+	ddl                                                       []string
+	index                                                     string // the write-time index's name
+	selectRow, insertAnswer, updateFenced, upsertFence, purge string
 
 	// packet is MySQL's max_allowed_packet, once read (see fits).
 	packet atomic.Int64
@@ -125,25 +130,86 @@ func New(db *sql.DB, dialect Dialect, opts ...Option) (*Store, error) {
 			"not starting with a digit, and at most one dot for a schema", s.table)
 	}
 	t, d := dialect.Quote(s.table), dialect
-	s.ddl = createTable(d, t)
+	s.index = indexName(s.table)
+	s.ddl = ddl(d, t, s.index)
 	s.selectRow = d.Bind("SELECT state, fingerprint, fence, status, header, body FROM " + t + " WHERE record_key = ?")
 	s.insertAnswer = d.Bind("INSERT INTO " + t +
 		" (record_key, fingerprint, fence, state, status, header, body, written_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 	s.updateFenced = d.Bind("UPDATE " + t + " SET fingerprint = ?, fence = ?, state = ?, status = ?, header = ?, body = ?, written_ms = ?" +
 		" WHERE record_key = ? AND state = 'fenced' AND fence <= ?")
 	s.upsertFence = fenceUpsert(d, t)
-	s.purge = d.Bind("DELETE FROM " + t + " WHERE written_ms < ?")
+	s.purge = purgeStatement(d, t, s.index)
 	return s, nil
 }
 
-// CreateTable creates the outcome table if it does not exist.
+// CreateTable creates the outcome table, and its index on the write time
+// (for Purge), if they do not exist. Every instance may call it at
+// start-up, all at once: on PostgreSQL, where two sessions that create the
+// same table at the same moment collide (CREATE … IF NOT EXISTS included),
+// the calls take turns under an advisory lock. A table that an earlier
+// version created without the index gets it.
 func (s *Store) CreateTable(ctx context.Context) error {
-	_, err := s.db.ExecContext(ctx, s.ddl)
+	switch s.dialect {
+	case PostgreSQL:
+		tx, err := s.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock($1)", ddlLock(s.table)); err != nil {
+			return err
+		}
+		for _, q := range s.ddl {
+			if _, err := tx.ExecContext(ctx, q); err != nil {
+				return err
+			}
+		}
+		return tx.Commit()
+	case MySQL:
+		if _, err := s.db.ExecContext(ctx, s.ddl[0]); err != nil {
+			return err
+		}
+		return s.indexMySQL(ctx)
+	}
+	for _, q := range s.ddl {
+		if _, err := s.db.ExecContext(ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ddlLock is the advisory lock that CreateTable takes on PostgreSQL: one
+// per table name.
+func ddlLock(table string) int64 {
+	sum := sha256.Sum256([]byte("sqlidem DDL " + table))
+	return int64(binary.BigEndian.Uint64(sum[:8]))
+}
+
+// indexMySQL adds the write-time index to a MySQL table that lacks one (it
+// was created before the index was part of the table).
+func (s *Store) indexMySQL(ctx context.Context) error {
+	schema, table, qualified := strings.Cut(s.table, ".")
+	if !qualified {
+		schema, table = "", s.table
+	}
+	var n int
+	err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.STATISTICS"+
+		" WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ?"+
+		" AND COLUMN_NAME = 'written_ms' AND SEQ_IN_INDEX = 1", schema, table).Scan(&n)
+	if err != nil || n > 0 {
+		return err
+	}
+	_, err = s.db.ExecContext(ctx, createIndex(s.dialect, s.dialect.Quote(s.table), s.index))
+	if sqldialect.DuplicateIndex(err) {
+		return nil // another instance added it meanwhile
+	}
 	return err
 }
 
-// DDL returns the statement CreateTable runs, for migration tools.
-func (s *Store) DDL() string { return s.ddl }
+// DDL returns the statements CreateTable runs, separated by ";\n", for
+// migration tools: the table and its index on written_ms.
+func (s *Store) DDL() string { return strings.Join(s.ddl, ";\n") }
 
 // A Row is what the table holds for one key.
 type Row struct {
@@ -253,10 +319,34 @@ func (s *Store) fence(ctx context.Context, key string, fence uint64) (Row, bool,
 // Keep rows at least as long as Redis keeps records (idempotency's
 // WithRecordTTL, 24 hours by default) and as long as clients may retry:
 // a retry that finds neither replays nothing and runs again.
+//
+// It deletes the oldest rows first, a thousand per statement, through the
+// index on written_ms, each statement its own transaction, and pauses
+// between two as long as the last one took: the locks a statement holds
+// (on MySQL, the rows it deletes and the index gaps between them; on
+// SQLite, the database) are held that briefly, and commits waiting for
+// the table go between. Run it from one instance, off the busy hours if
+// there are many rows; an interrupted Purge (ctx) has deleted what it
+// reports.
 func (s *Store) Purge(ctx context.Context, cutoff time.Time) (int64, error) {
-	res, err := s.db.ExecContext(ctx, s.purge, cutoff.UnixMilli())
-	if err != nil {
-		return 0, err
+	var total int64
+	for {
+		began := time.Now()
+		res, err := s.db.ExecContext(ctx, s.purge, cutoff.UnixMilli(), cutoff.UnixMilli())
+		if err != nil {
+			return total, err
+		}
+		n, err := res.RowsAffected()
+		total += n
+		if err != nil || n < purgeBatch {
+			return total, err
+		}
+		timer := time.NewTimer(min(max(time.Since(began), time.Millisecond), 100*time.Millisecond))
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return total, context.Cause(ctx)
+		}
 	}
-	return res.RowsAffected()
 }

@@ -220,7 +220,7 @@ func (b *bank) lockInReverse(holds <-chan struct{}, waits chan<- struct{}) error
 		select {
 		case err := <-done:
 			return fmt.Errorf("the other transaction never waited (%v)", err)
-		case <-time.After(5 * time.Millisecond):
+		case <-time.After(lockPoll(b.db.Kind)):
 		}
 	}
 	close(waits)

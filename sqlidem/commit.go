@@ -180,15 +180,16 @@ func (s *Store) writeAnswer(ctx context.Context, tx *sql.Tx, exec idempotency.Ex
 			return err
 		}
 	}
-	if a.NotReplayable || len(a.Body) > answerLimit(exec) || !s.fits(ctx, len(exec.Key)+len(header)+len(body)) {
+	key := rowKey(exec.Key)
+	if a.NotReplayable || len(a.Body) > answerLimit(exec) || !s.fits(ctx, len(key)+len(header)+len(body)) {
 		state, header, body = stateExecuted, nil, nil
 	}
 	now, fence := time.Now().UnixMilli(), int64(exec.Fence)
 	if !fenced {
-		_, err := tx.ExecContext(ctx, s.insertAnswer, exec.Key, exec.Fingerprint, fence, state, a.Status, string(header), body, now)
+		_, err := tx.ExecContext(ctx, s.insertAnswer, key, exec.Fingerprint, fence, state, a.Status, string(header), body, now)
 		return err
 	}
-	res, err := tx.ExecContext(ctx, s.updateFenced, exec.Fingerprint, fence, state, a.Status, string(header), body, now, exec.Key, fence)
+	res, err := tx.ExecContext(ctx, s.updateFenced, exec.Fingerprint, fence, state, a.Status, string(header), body, now, key, fence)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
+	"encoding/base64"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -211,6 +212,22 @@ func (s *Store) indexMySQL(ctx context.Context) error {
 // migration tools: the table and its index on written_ms.
 func (s *Store) DDL() string { return strings.Join(s.ddl, ";\n") }
 
+// MaxKeyBytes is the most record_key holds: MySQL's VARBINARY(512), the
+// same on every database so that a table means the same everywhere. A
+// key longer than this (a long idempotency.WithKeyPrefix) is stored as
+// its first 440 bytes, '~', and the SHA-256 of the whole key in base64url:
+// still one row per key, never two keys cut short into one.
+const MaxKeyBytes = 512
+
+// rowKey is key as record_key holds it (see MaxKeyBytes).
+func rowKey(key string) string {
+	if len(key) <= MaxKeyBytes {
+		return key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return key[:440] + "~" + base64.RawURLEncoding.EncodeToString(sum[:])
+}
+
 // A Row is what the table holds for one key.
 type Row struct {
 	Done   bool // an answer was committed; otherwise a fence row
@@ -223,7 +240,8 @@ type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// Lookup returns the key's row, or ok false when it has none.
+// Lookup returns the row of key (idempotency.Execution.Key, the Redis
+// record's name), or ok false when it has none.
 func (s *Store) Lookup(ctx context.Context, key string) (row Row, ok bool, err error) {
 	return s.lookup(ctx, s.db, key)
 }
@@ -235,7 +253,7 @@ func (s *Store) lookup(ctx context.Context, q querier, key string) (Row, bool, e
 		status            int
 		body              []byte
 	)
-	err := q.QueryRowContext(ctx, s.selectRow, key).Scan(&state, &fp, &fence, &status, &header, &body)
+	err := q.QueryRowContext(ctx, s.selectRow, rowKey(key)).Scan(&state, &fp, &fence, &status, &header, &body)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Row{}, false, nil
 	}
@@ -309,7 +327,7 @@ func (s *Store) Recover(ctx context.Context, key string, fence uint64) (idempote
 // write waits for any transaction that holds the row, which has then
 // committed or not.
 func (s *Store) fence(ctx context.Context, key string, fence uint64) (Row, bool, error) {
-	if _, err := s.db.ExecContext(ctx, s.upsertFence, key, int64(fence), time.Now().UnixMilli()); err != nil {
+	if _, err := s.db.ExecContext(ctx, s.upsertFence, rowKey(key), int64(fence), time.Now().UnixMilli()); err != nil {
 		return Row{}, false, err
 	}
 	return s.lookup(ctx, s.db, key)

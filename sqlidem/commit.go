@@ -80,6 +80,10 @@ func (s *Store) transact(ctx context.Context, exec idempotency.Execution, do wor
 		return outcome{verdict: aborted, err: err}
 	case err != nil:
 		return outcome{verdict: refused, err: failed(ctx, err)}
+	case found && row.Done && row.Fence == exec.Fence:
+		// This very execution committed (fences are one per execution):
+		// a second Run in one Do call.
+		return outcome{verdict: refused, err: ErrAlreadyCommitted}
 	case found && row.Done:
 		return replay(exec, row.Answer)
 	case found && row.Fence > exec.Fence:

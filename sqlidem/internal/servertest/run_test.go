@@ -139,3 +139,36 @@ func TestRunFailureCommitsNothingAndReleases(t *testing.T) {
 		}
 	})
 }
+
+// Run commits one row per Do call: a second Run in the same function
+// would be handed the first one's result. It is refused instead, and its
+// function does not run.
+func TestRunTwiceInOneDo(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		store, err := sqlidem.New(d.DB, d.Dialect, sqlidem.WithTable(d.Table(t, "outcomes")))
+		must(t, err)
+		must(t, store.CreateTable(t.Context()))
+		prefix := "sqlidem-twice-" + string(d.Kind)
+		m := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix), idempotency.WithOutcomeStore(store))
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		secondRan := false
+		_, err = idempotency.Do(ctx, m, idempotency.Key{ID: "twice"}, func(ctx context.Context) (string, error) {
+			a, err := sqlidem.Run(ctx, store, func(ctx context.Context, tx *sql.Tx) (string, error) { return "debited", nil })
+			if err != nil {
+				return "", err
+			}
+			b, err := sqlidem.Run(ctx, store, func(ctx context.Context, tx *sql.Tx) (int, error) {
+				secondRan = true
+				return 7, nil
+			})
+			if err != nil {
+				return "", err
+			}
+			return a + " " + string(rune('0'+b)), nil
+		})
+		if !errors.Is(err, sqlidem.ErrAlreadyCommitted) || secondRan {
+			t.Fatalf("a second Run in one Do call: %v (its function ran: %v); want ErrAlreadyCommitted", err, secondRan)
+		}
+	})
+}

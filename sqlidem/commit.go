@@ -185,7 +185,7 @@ func (s *Store) writeAnswer(ctx context.Context, tx *sql.Tx, exec idempotency.Ex
 		}
 	}
 	key := rowKey(exec.Key)
-	if a.NotReplayable || len(a.Body) > answerLimit(exec) || !s.fits(ctx, len(key)+len(header)+len(body)) {
+	if a.NotReplayable || len(a.Body) > answerLimit(exec) || !s.fits(ctx, tx, len(key)+len(header)+len(body)) {
 		state, header, body = stateExecuted, nil, nil
 	}
 	now, fence := time.Now().UnixMilli(), int64(exec.Fence)

@@ -283,14 +283,16 @@ const packetMargin = 64 << 10
 // fits reports whether n bytes of an answer fit in one statement that the
 // database takes. MySQL and MariaDB refuse a packet over max_allowed_packet
 // (16 MiB by default on MariaDB, 4 MiB on older servers), every time; the
-// variable is read once. PostgreSQL and SQLite take a gigabyte.
-func (s *Store) fits(ctx context.Context, n int) bool {
+// variable is read once, through q (the transaction's own connection: a
+// pool whose connections are all in transactions has no other).
+// PostgreSQL and SQLite take a gigabyte.
+func (s *Store) fits(ctx context.Context, q querier, n int) bool {
 	if s.dialect != MySQL {
 		return true
 	}
 	packet := s.packet.Load()
 	if packet == 0 {
-		if err := s.db.QueryRowContext(ctx, "SELECT @@max_allowed_packet").Scan(&packet); err != nil || packet <= 0 {
+		if err := q.QueryRowContext(ctx, "SELECT @@max_allowed_packet").Scan(&packet); err != nil || packet <= 0 {
 			return true // unknown: the INSERT will tell
 		}
 		s.packet.Store(packet)

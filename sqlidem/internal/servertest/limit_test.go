@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/internal/sqltest"
@@ -98,6 +99,25 @@ func TestRunResultOverTheLimit(t *testing.T) {
 		}
 		if l.rows() != 1 || l.runs.Load() != 1 {
 			t.Fatalf("%d ledger rows, %d runs", l.rows(), l.runs.Load())
+		}
+	})
+}
+
+// A pool of one connection is enough: nothing sqlidem does inside a
+// transaction needs a second one (on MySQL, the first commit reads
+// max_allowed_packet through the transaction's own connection).
+func TestPoolOfOneConnection(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		one := mustOpen(t, d.Driver, d.DSN)
+		one.SetMaxOpenConns(1)
+		c := *d
+		c.DB = one
+		b := newBank(t, &c, idempotency.WithExecutionTimeout(5*time.Second))
+		if r := b.post("k1", 2); r.status != 201 {
+			t.Fatalf("first transfer on a pool of one connection: %d %s", r.status, r.problem)
+		}
+		if r := b.post("k1", 2); !r.replayed {
+			t.Fatalf("duplicate: %+v", r)
 		}
 	})
 }

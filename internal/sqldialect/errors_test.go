@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/stretchr/testify/require"
+	"github.com/onceonly/idempotency/internal/require"
 )
 
 // Stand-ins with the shapes of the drivers' errors (the drivers live in

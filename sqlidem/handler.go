@@ -24,7 +24,11 @@ type TxFunc func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error
 //     header. An answer committed for a different request under the same
 //     key is refused as idempotency.ErrKeyReused.
 //  2. Otherwise fn runs. Its answer is held back until the commit, so a
-//     client never sees an answer whose writes did not commit.
+//     client never sees an answer whose writes did not commit: up to the
+//     middleware's WithMaxResponseBytes in memory, the rest in a temporary
+//     file. An answer over that limit (or over MySQL's max_allowed_packet)
+//     still reaches its client whole, and commits as executed and not
+//     replayable: duplicates get idempotency.ErrNotReplayable.
 //  3. The answer's row goes in last. When another execution of the key
 //     committed first (after a takeover, or after Redis forgot the key),
 //     the row cannot go in: everything fn wrote rolls back, and the other
@@ -37,10 +41,14 @@ type TxFunc func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error
 // sent unstored when it is a refusal (a 422 for a request that a
 // corrected retry may fix); otherwise, and for an answer below 400, which
 // would tell of writes that rolled back, the error handler answers (see
-// WithErrorHandler). A
-// failure of the database is answered idempotency.ErrStoreUnavailable,
-// and a run whose lease was lost idempotency.ErrInProgress, the key
-// released, unless the commit turns out to have happened. Inside fn,
+// WithErrorHandler). A failure of the database is answered
+// idempotency.ErrStoreUnavailable, and a run whose lease was lost
+// idempotency.ErrInProgress, the key released, unless the commit turns
+// out to have happened. A COMMIT whose reply was lost is settled first:
+// the answer is the committed one, or ErrStoreUnavailable once nothing
+// can commit any more; unsettled when the execution ends, it is
+// idempotency.ErrInProgress with the key kept, for the next retry to
+// recover. Inside fn,
 // return an error rather than call idempotency.Release: a committed answer
 // is the key's answer for as long as its row lives, whatever Redis keeps.
 //

@@ -30,7 +30,7 @@ type isolation struct {
 	// refused: the database itself refuses to write a row that changed
 	// after the transaction's snapshot (PostgreSQL's REPEATABLE READ and
 	// SERIALIZABLE: SQLSTATE 40001; SQLite's DEFERRED: SQLITE_BUSY_SNAPSHOT),
-	// before the helper can compare tokens. The transaction cannot commit;
+	// before FencedUpdate can compare tokens. The transaction cannot commit;
 	// run again, it gets ErrStaleFence.
 	refused bool
 }

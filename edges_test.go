@@ -208,6 +208,36 @@ func TestHeaderValuesRoundTripAnyByte(t *testing.T) {
 	require.EqualValues(t, 1, s.execs.Load())
 }
 
+// A header the handler set under a name that is not canonical
+// (w.Header()["ETag"]) is judged by its canonical name: kept under an
+// allowlist that names it, and never replayed when it is a cookie.
+func TestNonCanonicalHeaderNamesFollowThePolicy(t *testing.T) {
+	for name, opts := range map[string][]Option{
+		"default policy": nil,
+		"allowlist":      {WithReplayHeaders("ETag", "X-Note")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := newShop(t, append(opts, WithResponseCache(0, 0))...)
+			other := newShopOn(t, s.rdb, WithKeyPrefix(s.idem.cfg.prefix))
+			s.handler = func(w http.ResponseWriter, r *http.Request) {
+				w.Header()["ETag"] = []string{`"v1"`}
+				w.Header()["x-note"] = []string{"kept"}
+				w.Header()["set-cookie"] = []string{"session=s1"}
+				w.WriteHeader(http.StatusCreated)
+			}
+			c := s.client()
+			first := s.post(c, "/payments", "names", `{}`)
+			require.Equal(t, "session=s1", first.header.Get("Set-Cookie"), "the first answer keeps its cookie")
+			for _, replay := range []answer{s.post(c, "/payments", "names", `{}`), other.post(c, "/payments", "names", `{}`)} {
+				require.Equal(t, "true", replay.header.Get(ReplayedHeader))
+				require.Equal(t, `"v1"`, replay.header.Get("ETag"))
+				require.Equal(t, "kept", replay.header.Get("X-Note"))
+				require.Empty(t, replay.header.Values("Set-Cookie"), "a cookie is never replayed, whatever its name's case")
+			}
+		})
+	}
+}
+
 // A stored Set-Cookie (or hop-by-hop header) is filtered at replay too, even
 // when the record was written by an instance configured to keep it.
 func TestReplayFiltersHeadersOfTheRecord(t *testing.T) {

@@ -141,7 +141,7 @@ func (l *lease) execute(c *call) verdict {
 // half-done one; so the caller's cancellation does not reach it. The
 // middleware cuts it off only as the release rule says.
 func (l *lease) startRun(c *call) (context.Context, *execution) {
-	x := &execution{key: l.k.record, fp: c.fp, fence: l.fence}
+	x := &execution{key: l.k.record, fp: c.fp, fence: l.fence, maxResponse: l.m.cfg.maxResponse}
 	ctx, cut := context.WithCancelCause(context.WithoutCancel(c.ctx))
 	l.cutRun = cut
 	if l.m.cfg.takeover() {
@@ -341,7 +341,7 @@ func (l *lease) recoverAbandoned(c *call) (runAgain bool, v verdict) {
 		return false, refuse(ErrUnreadableRecord)
 	}
 	rec := m.recordOf(a)
-	if len(a.Body) > m.cfg.maxResponse {
+	if a.NotReplayable || len(a.Body) > m.cfg.maxResponse {
 		rec = nil // as for an answer recorded over the limit: executed, not replayed
 	} else {
 		rec.expires = time.Now().Add(m.cfg.recordTTL)

@@ -220,8 +220,9 @@ func globEscape(s string) string {
 // an answer, its executor holds the lock, or it was claimed anew since),
 // Resolve returns an error wrapping ErrNotInterrupted, and when a is
 // another request's answer one wrapping ErrKeyReused; then nothing has
-// changed. An answer larger than WithMaxResponseBytes settles the key as
-// executed and not replayable (409 not-replayable), as a handler's would.
+// changed. An answer larger than WithMaxResponseBytes, or one marked
+// NotReplayable, settles the key as executed and not replayable (409
+// not-replayable), as a handler's would.
 // Once settled, the key is no longer the interrupted execution's: should
 // its executor only have stalled, it finds that when it wakes and stores
 // nothing. A Resolve that Redis ran but whose reply was lost and resent
@@ -239,7 +240,7 @@ func (m *Middleware) Resolve(ctx context.Context, st KeyState, a Answer) error {
 		fp = b
 	}
 	rec, state := m.recordOf(a), "done"
-	if len(rec.body) > m.cfg.maxResponse {
+	if a.NotReplayable || len(rec.body) > m.cfg.maxResponse {
 		// As for a handler's answer over the limit: executed, and answered
 		// not-replayable rather than replayed in part or beyond the bound.
 		rec, state = newRecord(rec.status, nil, nil), "big"

@@ -170,7 +170,9 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 
 // WithFailOpen runs the handler unprotected when Redis is unreachable instead
 // of answering 503. Default off: without Redis nothing can stop a second
-// execution.
+// execution. New panics when it is combined with WithOutcomeStore: a run
+// without its key commits no outcome, so its retry, once Redis answers,
+// would run and commit again.
 func WithFailOpen() Option { return func(c *config) { c.failOpen = true } }
 
 // WithRetryAbandoned lets a retry run the handler again when the instance
@@ -366,6 +368,9 @@ func (c *config) validate() error {
 		return fmt.Errorf("WithUnprotectedMethods names an empty method")
 	case c.tokenSecret != nil && len(c.tokenSecret) < minTokenSecret:
 		return fmt.Errorf("token secret of %d bytes is shorter than %d", len(c.tokenSecret), minTokenSecret)
+	case c.failOpen && c.outcomes != nil:
+		return fmt.Errorf("WithFailOpen cannot be combined with WithOutcomeStore: a request run unprotected while " +
+			"Redis is unreachable commits its writes without an outcome, and its retry runs them again")
 	case c.sessionCookie == "" || c.formField == "":
 		return fmt.Errorf("session cookie and form field names must not be empty")
 	}

@@ -31,6 +31,11 @@ type Answer struct {
 	Body   []byte
 	// Fingerprint is the Fingerprint of the execution that committed it.
 	Fingerprint string
+	// NotReplayable says that the execution committed, but its answer was
+	// too large to keep (Execution.MaxResponseBytes): Status is what it
+	// answered, Header and Body are empty, and duplicates are answered
+	// ErrNotReplayable, as for an answer over the limit in Redis.
+	NotReplayable bool
 }
 
 // Execution describes the protected execution a context belongs to: what
@@ -51,6 +56,9 @@ type Execution struct {
 	// Codec encodes the result of a function run by Do (UseCodec); nil
 	// for a handler.
 	Codec Codec
+	// MaxResponseBytes is the middleware's WithMaxResponseBytes: an answer
+	// with a larger body is not kept for replay.
+	MaxResponseBytes int
 }
 
 // ExecutionOf returns the protected execution that ctx belongs to, or ok
@@ -60,7 +68,8 @@ func ExecutionOf(ctx context.Context) (e Execution, ok bool) {
 	if !ok {
 		return Execution{}, false
 	}
-	return Execution{Key: x.key, Fingerprint: hex.EncodeToString(x.fp[:]), Fence: x.fence, Codec: x.codec}, true
+	return Execution{Key: x.key, Fingerprint: hex.EncodeToString(x.fp[:]), Fence: x.fence, Codec: x.codec,
+		MaxResponseBytes: x.maxResponse}, true
 }
 
 // WithOutcomeStore lets the middleware recover abandoned executions from s
@@ -68,6 +77,8 @@ func ExecutionOf(ctx context.Context) (e Execution, ok bool) {
 // must commit its writes and its answer through s (sqlidem's Handler does):
 // recovery runs a handler again whenever s holds no answer for its key, so
 // a handler that wrote elsewhere would write twice. Protect other routes
-// with a Middleware of their own. Default none: an abandoned execution is
-// answered 409 interrupted (or run again, with WithRetryAbandoned).
+// with a Middleware of their own. It cannot be combined with WithFailOpen
+// (New panics): a request run unprotected would commit no outcome. Default
+// none: an abandoned execution is answered 409 interrupted (or run again,
+// with WithRetryAbandoned).
 func WithOutcomeStore(s OutcomeStore) Option { return func(c *config) { c.outcomes = s } }

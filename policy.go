@@ -73,6 +73,8 @@ type execution struct {
 	fp    fingerprintSum
 	fence uint64
 	codec Codec // Do's, for a function
+	// maxResponse is the middleware's WithMaxResponseBytes.
+	maxResponse int
 	// onError is the middleware's error handler, for a handler (WriteError).
 	onError func(http.ResponseWriter, *http.Request, error)
 	state   atomic.Int32 // running, released or decided

@@ -231,6 +231,9 @@ func (rw *recorder) passTrailers() {
 }
 
 // headerPairs flattens the storable headers into name, value, … pairs.
+// A name the handler set without canonicalising it (h["ETag"]) is kept as
+// written, as net/http sends it, and judged by its canonical form: the
+// policy's names are canonical, and "set-cookie" is Set-Cookie.
 func headerPairs(h http.Header, storable func(string) bool) []string {
 	n := 0
 	for _, values := range h {
@@ -238,7 +241,7 @@ func headerPairs(h http.Header, storable func(string) bool) []string {
 	}
 	pairs := make([]string, 0, n)
 	for name, values := range h {
-		if storable(name) {
+		if storable(http.CanonicalHeaderKey(name)) {
 			for _, v := range values {
 				pairs = append(pairs, name, v)
 			}

@@ -126,6 +126,35 @@ func TestRecoveredAnswerOverTheLimit(t *testing.T) {
 	require.Zero(t, s.execs.Load())
 }
 
+// An answer the store committed as not replayable (too large for it to
+// keep) is recovered as executed, not replayed, however short its body.
+func TestRecoveredAnswerNotReplayable(t *testing.T) {
+	outcomes := &fakeOutcomes{}
+	s := newShop(t, WithLockLease(100*time.Millisecond), WithOutcomeStore(outcomes))
+	fp := abandonedPayment(t, s)
+	outcomes.answer = &Answer{Status: 201, Fingerprint: fp, NotReplayable: true}
+	requireProblem(t, s.post(s.client(), "/payments", "k", `{}`), 409, "not-replayable")
+	requireProblem(t, s.post(s.client(), "/payments", "k", `{}`), 409, "not-replayable")
+	require.Zero(t, s.execs.Load())
+	require.Len(t, outcomes.recovered, 1, "stored in Redis as executed, not replayable")
+}
+
+// Failing open runs a request without its key; behind an outcome store it
+// would commit with no outcome row, and its retry would commit again. New
+// refuses the pair, for handlers and for Do alike (one Middleware serves
+// both).
+func TestFailOpenWithAnOutcomeStoreIsRefused(t *testing.T) {
+	rdb := newShop(t).rdb
+	defer func() {
+		msg, _ := recover().(string)
+		require.Contains(t, msg, "WithFailOpen cannot be combined with WithOutcomeStore")
+	}()
+	New(rdb, WithFailOpen())
+	New(rdb, WithOutcomeStore(&fakeOutcomes{}))
+	New(rdb, WithFailOpen(), WithOutcomeStore(&fakeOutcomes{}))
+	t.Fatal("New accepted WithFailOpen with WithOutcomeStore")
+}
+
 func TestExecutionOf(t *testing.T) {
 	s := newShop(t)
 	var got Execution
@@ -141,6 +170,7 @@ func TestExecutionOf(t *testing.T) {
 	require.Nil(t, got.Codec, "a handler has no codec")
 	require.Len(t, got.Fingerprint, 64)
 	require.NotZero(t, got.Fence)
+	require.Equal(t, 1<<20, got.MaxResponseBytes, "the middleware's WithMaxResponseBytes")
 	_, ok = ExecutionOf(context.Background())
 	require.False(t, ok)
 }

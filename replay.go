@@ -54,7 +54,7 @@ func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config) {
 	block := make([]string, 0, len(rec.header)/2+1)
 	for i := 0; i < len(rec.header); {
 		name, start := rec.header[i], len(block)
-		keep := rec.filtered || cfg.storable(name)
+		keep := rec.filtered || cfg.storable(http.CanonicalHeaderKey(name))
 		for ; i < len(rec.header) && rec.header[i] == name; i += 2 {
 			if keep {
 				block = append(block, rec.header[i+1])

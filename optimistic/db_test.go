@@ -27,16 +27,18 @@ type testDB struct {
 // MySQL/MariaDB when they accept their DSN), and MySQL once more, counting
 // matched rather than changed rows: the helpers must read RowsAffected
 // right under both settings.
-var backends = []struct {
-	name      string
-	kind      sqltest.Kind
-	dialect   Dialect
-	foundRows bool
-}{
+var backends = []backend{
 	{"sqlite", sqltest.SQLite, SQLite, false},
 	{"postgres", sqltest.PostgreSQL, PostgreSQL, false},
 	{"mysql", sqltest.MySQL, MySQL, false},
 	{"mysql-found-rows", sqltest.MySQL, MySQL, true},
+}
+
+type backend struct {
+	name      string
+	kind      sqltest.Kind
+	dialect   Dialect
+	foundRows bool
 }
 
 // eachDB runs fn as one subtest per backend; one whose server does not

@@ -29,6 +29,17 @@ var (
 // stored one is accepted: only the same execution holds it, so one execution
 // may write a row several times.
 //
+// A stale write fails under every isolation level, inside a transaction
+// (db a *sql.Tx) and outside one. Mostly it fails with ErrStaleFence; on
+// PostgreSQL at REPEATABLE READ or SERIALIZABLE, and on SQLite in a
+// DEFERRED transaction, when the row changed after the transaction's
+// snapshot, the database refuses the UPDATE itself before the tokens can be
+// compared (SQLSTATE 40001, SQLITE_BUSY_SNAPSHOT): the error wraps the
+// driver's, the transaction cannot commit, and run again from BEGIN the
+// write fails with ErrStaleFence. Either way the caller's transaction must
+// roll back. In a SQLite transaction that took the write lock at BEGIN
+// (IMMEDIATE), no newer write can land while it is open.
+//
 // A missing row is not created: the error matches ErrNotFound. token 0
 // (no protected execution) fails with ErrNoFencingToken, and a token above
 // math.MaxInt64 does not fit a BIGINT and fails as well. set must not name
@@ -59,7 +70,13 @@ func (t Table) FencedUpdate(ctx context.Context, db Querier, id any, token uint6
 	case n > 1:
 		return fmt.Errorf("optimistic: fenced update of %s changed %d rows; %s must be unique", q.resource(id), n, q.raw.ID)
 	}
-	current, found, err := q.current(ctx, db, q.fence, id)
+	// Why did the UPDATE change nothing? MySQL's UPDATE matched against the
+	// latest committed row, so the fence must be read as of then too: a
+	// plain read inside a REPEATABLE READ transaction would see the
+	// snapshot, which may still hold this execution's own token while a
+	// newer one has written since, and the stale write would pass for "the
+	// same values again".
+	current, found, err := q.current(ctx, db, q.fence, id, true)
 	switch {
 	case err != nil:
 		return fmt.Errorf("optimistic: fenced update of %s changed nothing, and reading its fence failed: %w", q.resource(id), err)

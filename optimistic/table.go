@@ -140,10 +140,19 @@ func (q quotedTable) update(id any, set []Assignment, reserved []string, guardVa
 }
 
 // current reads one integer column of the row id, reporting whether the row
-// exists. A NULL reads as 0, as in the statements' COALESCE.
-func (q quotedTable) current(ctx context.Context, db Querier, column string, id any) (int64, bool, error) {
+// exists. A NULL reads as 0, as in the statements' COALESCE. With latest
+// set, the read on MySQL is a locking read (FOR UPDATE), which reads the
+// latest committed row, as an UPDATE does, rather than the snapshot of a
+// REPEATABLE READ transaction (see FencedUpdate). PostgreSQL and SQLite
+// need no such read: an UPDATE there refuses a row that changed after the
+// snapshot (a serialization failure), and a read after it that found
+// nothing to update sees the row as the UPDATE did or newer.
+func (q quotedTable) current(ctx context.Context, db Querier, column string, id any, latest bool) (int64, bool, error) {
 	s := &statement{dialect: q.dialect}
 	s.write("SELECT ", column, " FROM ", q.name, " WHERE ", q.id, " = ", s.param(id))
+	if latest && q.dialect == MySQL {
+		s.write(" FOR UPDATE")
+	}
 	var v sql.NullInt64
 	err := db.QueryRowContext(ctx, s.sql.String(), s.args...).Scan(&v)
 	switch {

@@ -52,7 +52,7 @@ func (t Table) Update(ctx context.Context, db Querier, id any, expected int64, s
 		return 0, fmt.Errorf("optimistic: updating %s changed %d rows; %s must be unique", q.resource(id), n, q.raw.ID)
 	}
 	conflict := &ConflictError{Resource: q.resource(id), Expected: expected}
-	current, found, err := q.current(ctx, db, q.version, id)
+	current, found, err := q.current(ctx, db, q.version, id, false)
 	if err != nil {
 		conflict.Current = -1
 		return 0, errors.Join(conflict, fmt.Errorf("optimistic: reading the version of %s: %w", q.resource(id), err))

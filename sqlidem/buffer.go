@@ -2,19 +2,28 @@ package sqlidem
 
 import (
 	"bytes"
+	"io"
 	"net/http"
+	"os"
 
 	"github.com/onceonly/idempotency"
 )
 
-// buffer holds a TxFunc's answer until its transaction commits.
+// buffer holds a TxFunc's answer until its transaction commits. It keeps
+// up to limit bytes of body in memory, which is all that may be committed
+// for replay; past that the answer is not replayable, and the rest waits
+// in a temporary file, so that a large answer costs disk, not memory,
+// until it is sent.
 type buffer struct {
 	header http.Header
 	status int
-	body   bytes.Buffer
+	body   bytes.Buffer // the first limit bytes
+	limit  int
+	spill  *os.File // the rest; nil until the body passes limit
+	over   bool     // the body passed limit
 }
 
-func newBuffer() *buffer { return &buffer{header: make(http.Header)} }
+func newBuffer(limit int) *buffer { return &buffer{header: make(http.Header), limit: limit} }
 
 func (b *buffer) Header() http.Header { return b.header }
 
@@ -30,7 +39,20 @@ func (b *buffer) Write(p []byte) (int, error) {
 	if b.status == 0 {
 		b.status = http.StatusOK
 	}
-	return b.body.Write(p)
+	if !b.over && b.body.Len()+len(p) <= b.limit {
+		return b.body.Write(p)
+	}
+	b.over = true
+	if b.spill == nil {
+		f, err := os.CreateTemp("", "sqlidem-answer-")
+		if err != nil {
+			// No room for a file: held in memory after all.
+			return b.body.Write(p)
+		}
+		os.Remove(f.Name()) // gone with the last descriptor, also after a crash (on Unix)
+		b.spill = f
+	}
+	return b.spill.Write(p)
 }
 
 // code is the status the answer goes out with.
@@ -41,6 +63,15 @@ func (b *buffer) code() int {
 	return b.status
 }
 
+// answer is what commits with the transaction: the whole answer, or,
+// over the limit, its status alone, marked not replayable.
+func (b *buffer) answer() idempotency.Answer {
+	if b.over {
+		return idempotency.Answer{Status: b.code(), NotReplayable: true}
+	}
+	return idempotency.Answer{Status: b.code(), Header: b.stored(), Body: b.body.Bytes()}
+}
+
 // writeTo sends the held answer.
 func (b *buffer) writeTo(w http.ResponseWriter) {
 	h := w.Header()
@@ -49,6 +80,20 @@ func (b *buffer) writeTo(w http.ResponseWriter) {
 	}
 	w.WriteHeader(b.code())
 	w.Write(b.body.Bytes())
+	if b.spill != nil {
+		if _, err := b.spill.Seek(0, io.SeekStart); err == nil {
+			io.Copy(w, b.spill)
+		}
+	}
+}
+
+// close lets go of the temporary file, if any.
+func (b *buffer) close() {
+	if b != nil && b.spill != nil {
+		b.spill.Close()
+		os.Remove(b.spill.Name())
+		b.spill = nil
+	}
 }
 
 // stored is the part of the answer's header that is committed for

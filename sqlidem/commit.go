@@ -5,9 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/sqldialect"
 )
 
 // What became of one execution's transaction.
@@ -18,16 +20,19 @@ const (
 	replayed                      // another execution's answer was committed: it answers
 	rolledBack                    // the work failed; nothing committed
 	refused                       // nothing committed, and the work must not be retried here
+	aborted                       // the database aborted the transaction (serialization, deadlock): run it again
+	unsettled                     // whether the commit landed is not known yet: the key must be kept
 )
 
 type outcome struct {
 	verdict verdict
 	answer  idempotency.Answer // replayed: the committed answer
-	err     error              // rolledBack: the work's error; refused: why
+	err     error              // rolledBack: the work's error; otherwise why
 }
 
 // work does an execution's writes in tx and returns the answer to commit
-// with them.
+// with them. It may run more than once: again from BEGIN when the
+// database aborted the transaction (see WithAttempts).
 type work func(tx *sql.Tx) (idempotency.Answer, error)
 
 // commitOnce is the protocol both Handler and Run follow for an execution:
@@ -39,58 +44,156 @@ type work func(tx *sql.Tx) (idempotency.Answer, error)
 //     (idempotency.ErrInProgress).
 //  2. Do the work in the transaction.
 //  3. Write the answer's row last, then COMMIT. When either fails, the row
-//     is read again to learn what happened (see afterFailedCommit).
+//     is read again to learn what happened (see afterFailedCommit); when
+//     the COMMIT went out and its reply did not come back, only once the
+//     database has settled the transaction (see settleCommit).
+//
+// A transaction the database aborts as a serialization failure or a
+// deadlock, in the work, at the row or at COMMIT, committed nothing: it
+// runs again from step 1, up to the Store's attempts, and then is refused
+// as unavailable (503, the key released, so that the client's retry runs).
 func (s *Store) commitOnce(ctx context.Context, exec idempotency.Execution, do work) outcome {
-	tx, err := s.db.BeginTx(ctx, nil)
+	for attempt := 1; ; attempt++ {
+		o := s.transact(ctx, exec, do)
+		if o.verdict != aborted {
+			return o
+		}
+		if attempt >= s.attempts {
+			return outcome{verdict: refused, err: unavailable(o.err)}
+		}
+		if !backOff(ctx, attempt) {
+			return outcome{verdict: refused, err: endedBecause(ctx)}
+		}
+	}
+}
+
+// transact runs the protocol once, in one transaction.
+func (s *Store) transact(ctx context.Context, exec idempotency.Execution, do work) outcome {
+	tx, err := s.db.BeginTx(ctx, s.txOptions)
 	if err != nil {
 		return outcome{verdict: refused, err: failed(ctx, err)}
 	}
 	defer tx.Rollback() // after a commit, a no-op
 	row, found, err := s.lookup(ctx, tx, exec.Key)
 	switch {
+	case err != nil && retryable(ctx, err):
+		return outcome{verdict: aborted, err: err}
 	case err != nil:
 		return outcome{verdict: refused, err: failed(ctx, err)}
+	case found && row.Done && row.Fence == exec.Fence:
+		// This very execution committed (fences are one per execution):
+		// a second Run in one Do call.
+		return outcome{verdict: refused, err: ErrAlreadyCommitted}
 	case found && row.Done:
 		return replay(exec, row.Answer)
 	case found && row.Fence > exec.Fence:
 		return outcome{verdict: refused, err: idempotency.ErrInProgress}
 	}
 	answer, err := do(tx)
-	if err != nil {
-		if ctx.Err() != nil {
-			// The work failed because the execution's context ended, not
-			// of its own accord: no answer of its own to give.
-			return outcome{verdict: refused, err: endedBecause(ctx)}
-		}
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		// The work failed because the execution's context ended, not
+		// of its own accord: no answer of its own to give.
+		return outcome{verdict: refused, err: endedBecause(ctx)}
+	case retryable(ctx, err):
+		return outcome{verdict: aborted, err: err}
+	default:
 		return outcome{verdict: rolledBack, err: err}
 	}
-	err = s.writeAnswer(ctx, tx, exec, answer, found)
-	if err == nil {
-		err = tx.Commit()
-	}
-	if err != nil {
+	if err := s.writeAnswer(ctx, tx, exec, answer, found); err != nil {
+		// The COMMIT never went out: nothing of the transaction can commit.
 		tx.Rollback()
+		if retryable(ctx, err) {
+			return outcome{verdict: aborted, err: err}
+		}
 		return s.afterFailedCommit(ctx, exec, err)
 	}
-	return outcome{verdict: committed}
+	switch err := tx.Commit(); {
+	case err == nil:
+		return outcome{verdict: committed}
+	case retryable(ctx, err):
+		return outcome{verdict: aborted, err: err}
+	case commitRefused(err):
+		return s.afterFailedCommit(ctx, exec, err)
+	default:
+		return s.settleCommit(ctx, exec, err)
+	}
+}
+
+// commitRefused reports whether a COMMIT's error is the database's own
+// answer that the transaction did not commit: a constraint it checked at
+// COMMIT, a transaction it had aborted already, or any SQLite error
+// (SQLite is in the process: no reply can be lost). database/sql's own
+// ErrTxDone says the transaction was rolled back before its COMMIT went
+// out. Anything else (a broken connection, a timeout, a server going
+// away) may have come after the COMMIT reached the database.
+func commitRefused(err error) bool {
+	if errors.Is(err, sql.ErrTxDone) {
+		return true
+	}
+	e, ok := sqldialect.ErrorOf(err)
+	if !ok {
+		return false
+	}
+	if e.SQLite != 0 {
+		return true
+	}
+	switch class := e.SQLState[:min(2, len(e.SQLState))]; class {
+	case "23", "25", "40":
+		return true
+	}
+	return false
+}
+
+// retryable reports whether err aborted the transaction so that running it
+// again may succeed (and the execution may still run).
+func retryable(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && sqldialect.Retryable(err)
+}
+
+// backOff waits before attempt+1, a few milliseconds and more with each
+// attempt, jittered so that two transactions that deadlocked do not meet
+// again at once. It reports false when ctx ended first.
+func backOff(ctx context.Context, attempt int) bool {
+	d := time.Duration(attempt) * (5*time.Millisecond + rand.N(20*time.Millisecond))
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // errFenced: the key's fence row names a newer execution than ours.
 var errFenced = errors.New("sqlidem: a newer execution fenced the key")
 
 // writeAnswer puts the answer's row in tx: a new row, or the fence row
-// recovery wrote for this execution.
+// recovery wrote for this execution. An answer the middleware would not
+// replay (a body over its WithMaxResponseBytes), or one too large for the
+// database to take in one statement, commits as executed and not
+// replayable: its status, without header or body. Committing it whole
+// would fail every time, and every retry would run the work again.
 func (s *Store) writeAnswer(ctx context.Context, tx *sql.Tx, exec idempotency.Execution, a idempotency.Answer, fenced bool) error {
-	header, err := encodeHeader(a.Header)
-	if err != nil {
-		return err
+	state, header, body := stateDone, []byte(nil), a.Body
+	if !a.NotReplayable && len(a.Body) <= answerLimit(exec) {
+		var err error
+		if header, err = encodeHeader(a.Header); err != nil {
+			return err
+		}
+	}
+	key := rowKey(exec.Key)
+	if a.NotReplayable || len(a.Body) > answerLimit(exec) || !s.fits(ctx, tx, len(key)+len(header)+len(body)) {
+		state, header, body = stateExecuted, nil, nil
 	}
 	now, fence := time.Now().UnixMilli(), int64(exec.Fence)
 	if !fenced {
-		_, err := tx.ExecContext(ctx, s.insertDone, exec.Key, exec.Fingerprint, fence, a.Status, string(header), a.Body, now)
+		_, err := tx.ExecContext(ctx, s.insertAnswer, key, exec.Fingerprint, fence, state, a.Status, string(header), body, now)
 		return err
 	}
-	res, err := tx.ExecContext(ctx, s.updateFenced, exec.Fingerprint, fence, a.Status, string(header), a.Body, now, exec.Key, fence)
+	res, err := tx.ExecContext(ctx, s.updateFenced, exec.Fingerprint, fence, state, a.Status, string(header), body, now, key, fence)
 	if err != nil {
 		return err
 	}
@@ -121,6 +224,53 @@ func (s *Store) afterFailedCommit(ctx context.Context, exec idempotency.Executio
 		return outcome{verdict: refused, err: idempotency.ErrInProgress}
 	}
 	return outcome{verdict: refused, err: failed(ended, cause)}
+}
+
+// settleCommit learns whether a COMMIT whose reply never came landed.
+// Reading the row at once cannot tell: the COMMIT may still be on its way,
+// or being carried out (it landed 1.5 s after its reply was lost, in a
+// reported case), and a plain read does not wait for it. So it writes the
+// key's fence row under this execution's own token, as recovery does:
+// the database makes that write wait for the transaction's lock on the
+// row, and once it goes through the transaction is settled, either
+// committed (our answer is the row; the fence write changed nothing) or
+// not (the row is a fence at our token: nothing of the transaction can
+// commit any more, and the client is told, truthfully, that nothing ran).
+//
+// Until then nothing may be said and the key must not be released: the
+// attempts go on, on the execution's context, whose lease the middleware
+// renews. When it ends (the execution timeout, a lost lease), the outcome
+// is still unknown: the error says so (idempotency.ErrInProgress), and
+// the middleware keeps the key of a run it cut off, so that the next retry
+// takes it over and recovers (OutcomeStore.Recover waits for the row the
+// same way).
+func (s *Store) settleCommit(ctx context.Context, exec idempotency.Execution, cause error) outcome {
+	for pause := 20 * time.Millisecond; ; pause = min(2*pause, time.Second) {
+		row, found, err := s.fence(ctx, exec.Key, exec.Fence)
+		switch {
+		case errors.Is(err, idempotency.ErrUnreadableRecord):
+			return outcome{verdict: refused, err: err}
+		case err != nil:
+		case found && row.Done && row.Fence == exec.Fence && row.Answer.Fingerprint == exec.Fingerprint:
+			return outcome{verdict: committed} // it landed
+		case found && row.Done:
+			return replay(exec, row.Answer)
+		case found && row.Fence > exec.Fence:
+			return outcome{verdict: refused, err: idempotency.ErrInProgress}
+		default:
+			// A fence at our token: the transaction did not commit.
+			return outcome{verdict: refused, err: unavailable(cause)}
+		}
+		timer := time.NewTimer(pause)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return outcome{verdict: unsettled, err: fmt.Errorf("%w: sqlidem: the reply to COMMIT was lost, "+
+				"and whether it landed could not be learned before the execution ended: %w",
+				idempotency.ErrInProgress, errors.Join(cause, err, context.Cause(ctx)))}
+		}
+	}
 }
 
 // checkTimeout bounds the read that learns what a failed commit did.

@@ -1,7 +1,10 @@
 package sqlidem
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"strings"
 
 	"github.com/onceonly/idempotency/internal/sqldialect"
 )
@@ -20,9 +23,63 @@ const (
 	MySQL = sqldialect.MySQL
 )
 
-// createTable is the DDL of the outcome table (quoted) in d. The record key
-// is compared byte for byte (MySQL's default collations would fold case,
-// and two keys that differ in case are two requests).
+// ddl is the outcome table's DDL in d: the table (quoted) and an index on
+// the write time, named index, for Purge. The record key is compared byte
+// for byte (MySQL's default collations would fold case, and two keys that
+// differ in case are two requests).
+func ddl(d Dialect, table, index string) []string {
+	if d == MySQL {
+		// MySQL has no CREATE INDEX IF NOT EXISTS (MariaDB has): the index
+		// is part of the table (CreateTable adds it to an older table).
+		return []string{strings.Replace(createTable(d, table), "\n)", ",\n\tINDEX "+d.Quote(index)+" (written_ms)\n)", 1)}
+	}
+	return []string{createTable(d, table), createIndex(d, table, index)}
+}
+
+// createIndex is the index on the write time that Purge reads.
+func createIndex(d Dialect, table, index string) string {
+	ifNotExists := " IF NOT EXISTS"
+	if d == MySQL {
+		ifNotExists = ""
+	}
+	return "CREATE INDEX" + ifNotExists + " " + d.Quote(index) + " ON " + table + " (written_ms)"
+}
+
+// indexName names the write-time index of table: an identifier of at most
+// 63 bytes (longer names are cut short by PostgreSQL), unique per table.
+func indexName(table string) string {
+	base := table[strings.LastIndexByte(table, '.')+1:]
+	if name := base + "_written"; len(name) <= sqldialect.MaxIdentifier {
+		return name
+	}
+	sum := sha256.Sum256([]byte(base))
+	return base[:40] + "_" + hex.EncodeToString(sum[:6]) + "_written"
+}
+
+// purgeBatch is how many rows one statement of Purge deletes.
+const purgeBatch = 1000
+
+// purgeStatement deletes up to purgeBatch of the oldest rows written
+// before its argument, found through the write-time index, and deleted by
+// their primary keys. Arguments: cutoff, twice (the outer test sees a row
+// as the DELETE does, should it have been rewritten since the inner read).
+//
+// MySQL would not use the index for DELETE … ORDER BY written_ms LIMIT n
+// when most rows match: MariaDB scanned the whole table, with next-key
+// locks on every row and gap, which held up every new key's INSERT. Nor
+// does it take LIMIT in an IN subquery; a derived table it takes, and
+// reads through the index (FORCE INDEX: MariaDB's DELETE takes no hint).
+func purgeStatement(d Dialect, table, index string) string {
+	if d == MySQL {
+		return fmt.Sprintf("DELETE o FROM %[1]s AS o JOIN (SELECT record_key FROM %[1]s FORCE INDEX (%[2]s) "+
+			"WHERE written_ms < ? ORDER BY written_ms LIMIT %[3]d) AS old USING (record_key) WHERE o.written_ms < ?",
+			table, d.Quote(index), purgeBatch)
+	}
+	return d.Bind(fmt.Sprintf("DELETE FROM %[1]s WHERE record_key IN (SELECT record_key FROM %[1]s "+
+		"WHERE written_ms < ? ORDER BY written_ms LIMIT %[2]d) AND written_ms < ?", table, purgeBatch))
+}
+
+// createTable is the outcome table (quoted) in d.
 func createTable(d Dialect, table string) string {
 	key, text, blob := "TEXT", "TEXT", "BLOB"
 	switch d {

@@ -1,7 +1,9 @@
 package sqlidem
 
 import (
+	"bytes"
 	"database/sql"
+	"io"
 	"net/http"
 
 	"github.com/onceonly/idempotency"
@@ -22,7 +24,11 @@ type TxFunc func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error
 //     header. An answer committed for a different request under the same
 //     key is refused as idempotency.ErrKeyReused.
 //  2. Otherwise fn runs. Its answer is held back until the commit, so a
-//     client never sees an answer whose writes did not commit.
+//     client never sees an answer whose writes did not commit: up to the
+//     middleware's WithMaxResponseBytes in memory, the rest in a temporary
+//     file. An answer over that limit (or over MySQL's max_allowed_packet)
+//     still reaches its client whole, and commits as executed and not
+//     replayable: duplicates get idempotency.ErrNotReplayable.
 //  3. The answer's row goes in last. When another execution of the key
 //     committed first (after a takeover, or after Redis forgot the key),
 //     the row cannot go in: everything fn wrote rolls back, and the other
@@ -31,14 +37,24 @@ type TxFunc func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error
 //     stale, and is answered idempotency.ErrInProgress.
 //
 // When fn returns an error, nothing commits and the key is released
-// (idempotency.Release), so a retry runs again: the answer fn wrote, if
-// any, is sent unstored (a 422 for a request that a corrected retry may
-// fix); otherwise the error handler answers (see WithErrorHandler). A
-// failure of the database is answered idempotency.ErrStoreUnavailable,
-// and a run whose lease was lost idempotency.ErrInProgress, the key
-// released, unless the commit turns out to have happened. Inside fn,
+// (idempotency.Release), so a retry runs again: the answer fn wrote is
+// sent unstored when it is a refusal (a 422 for a request that a
+// corrected retry may fix); otherwise, and for an answer below 400, which
+// would tell of writes that rolled back, the error handler answers (see
+// WithErrorHandler). A failure of the database is answered
+// idempotency.ErrStoreUnavailable, and a run whose lease was lost
+// idempotency.ErrInProgress, the key released, unless the commit turns
+// out to have happened. A COMMIT whose reply was lost is settled first:
+// the answer is the committed one, or ErrStoreUnavailable once nothing
+// can commit any more; unsettled when the execution ends, it is
+// idempotency.ErrInProgress with the key kept, for the next retry to
+// recover. Inside fn,
 // return an error rather than call idempotency.Release: a committed answer
 // is the key's answer for as long as its row lives, whatever Redis keeps.
+//
+// A transaction the database aborts as a serialization failure or a
+// deadlock committed nothing and runs again, fn included, with the
+// request's body from its start and an empty answer (see WithAttempts).
 //
 // fn must do all its writes in tx: the database's answer about the outcome
 // row is what makes a second execution's writes roll back. Calls to other
@@ -54,24 +70,80 @@ func (s *Store) Handler(fn TxFunc) http.Handler {
 			s.serveUnprotected(w, r, fn)
 			return
 		}
-		buf := newBuffer()
+		var buf *buffer
+		defer func() { buf.close() }()
+		rewind := rewinder(r)
 		o := s.commitOnce(r.Context(), exec, func(tx *sql.Tx) (idempotency.Answer, error) {
+			// Each attempt answers afresh, from the request's first byte.
+			buf.close()
+			buf = newBuffer(answerLimit(exec))
+			if err := rewind(); err != nil {
+				return idempotency.Answer{}, err
+			}
 			if err := fn(tx, buf, r); err != nil {
 				return idempotency.Answer{}, err
 			}
-			return idempotency.Answer{Status: buf.code(), Header: buf.stored(), Body: buf.body.Bytes()}, nil
+			return buf.answer(), nil
 		})
 		switch o.verdict {
 		case committed:
 			buf.writeTo(w)
 		case replayed:
+			if o.answer.NotReplayable {
+				// It ran; its answer was too large to keep. Not
+				// released: the key's work is done.
+				s.onError(w, r, idempotency.ErrNotReplayable)
+				return
+			}
 			writeReplay(w, o.answer)
 		case rolledBack:
 			s.rolledBack(w, r, buf, o.err)
+		case unsettled:
+			// Not released: the commit may yet land (see settleCommit).
+			s.onError(w, r, o.err)
 		default:
 			s.refuse(w, r, o.err)
 		}
 	})
+}
+
+// rewinder returns a function that puts r's body back at its start, for
+// an attempt after the first: fn reads it again. The middleware has read
+// the body in full already (to fingerprint it) and hands it on seekable;
+// any other body is read into memory once.
+func rewinder(r *http.Request) func() error {
+	if r.Body == nil || r.Body == http.NoBody {
+		return func() error { return nil }
+	}
+	seeker, ok := r.Body.(io.Seeker)
+	if !ok {
+		body, err := io.ReadAll(r.Body)
+		r.Body.Close()
+		if err != nil {
+			return func() error { return err }
+		}
+		rd := bytes.NewReader(body)
+		r.Body, seeker = io.NopCloser(rd), rd
+	}
+	body, first := r.Body, true
+	return func() error {
+		if first {
+			first = false
+			return nil
+		}
+		r.Body = body // fn may have wrapped it (http.MaxBytesReader)
+		_, err := seeker.Seek(0, io.SeekStart)
+		return err
+	}
+}
+
+// answerLimit is the most body an execution's answer may commit for
+// replay: the middleware's WithMaxResponseBytes.
+func answerLimit(exec idempotency.Execution) int {
+	if exec.MaxResponseBytes > 0 {
+		return exec.MaxResponseBytes
+	}
+	return 1 << 20 // the middleware's default
 }
 
 // writeReplay sends a committed answer as a replay.
@@ -85,10 +157,14 @@ func writeReplay(w http.ResponseWriter, a idempotency.Answer) {
 	w.Write(a.Body)
 }
 
-// rolledBack answers for a TxFunc that returned err.
+// rolledBack answers for a TxFunc that returned err: nothing committed.
+// The answer fn wrote is sent only when it is a refusal (4xx, 5xx), which
+// tells the client why; a success (or a redirect, which says where the
+// created thing lives) would claim writes that rolled back, so the error
+// handler answers instead.
 func (s *Store) rolledBack(w http.ResponseWriter, r *http.Request, buf *buffer, err error) {
 	idempotency.Release(r.Context())
-	if buf.status != 0 || buf.body.Len() > 0 {
+	if buf.status >= http.StatusBadRequest {
 		buf.writeTo(w)
 		return
 	}
@@ -109,7 +185,8 @@ func (s *Store) serveUnprotected(w http.ResponseWriter, r *http.Request, fn TxFu
 		return
 	}
 	defer tx.Rollback()
-	buf := newBuffer()
+	buf := newBuffer(1 << 20) // nothing is committed; past this it waits on disk
+	defer buf.close()
 	if err := fn(tx, buf, r); err != nil {
 		tx.Rollback()
 		s.rolledBack(w, r, buf, err)

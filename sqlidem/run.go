@@ -10,6 +10,12 @@ import (
 	"github.com/onceonly/idempotency"
 )
 
+// ErrAlreadyCommitted is what a second Run (or Handler) in one protected
+// execution gets: the key's one row holds the first one's result, and a
+// second could only be handed that. Its function does not run. Put all
+// of an execution's writes in one Run.
+var ErrAlreadyCommitted = errors.New("sqlidem: this execution has committed its result already; call Run once per function run by Do")
+
 // Run is Handler for a function protected by idempotency.Do: call it
 // inside the function given to Do, with Do's context. It runs fn in a
 // transaction and commits fn's result in the same transaction, in a row
@@ -26,7 +32,15 @@ import (
 // idempotency.ErrKeyReused. When fn fails, or the commit does, nothing
 // commits, the key is released (idempotency.Release) even under
 // idempotency.StoreErrors, and the error is returned. A stale execution,
-// fenced out by a newer one, gets idempotency.ErrInProgress.
+// fenced out by a newer one, gets idempotency.ErrInProgress. A
+// transaction the database aborts as a serialization failure or a
+// deadlock runs again, fn included (see WithAttempts).
+//
+// Call Run once per function given to Do: the key has one row, and it
+// holds the first Run's result. A second Run in the same call returns
+// ErrAlreadyCommitted and runs nothing (Do then releases the key, unless
+// StoreErrors, and a redelivery's second Run would be handed the first
+// one's result). Put all of a call's writes in one Run.
 //
 // Outside Do (no protected execution in ctx), fn runs in a transaction
 // with no outcome row.
@@ -59,6 +73,9 @@ func Run[T any](ctx context.Context, s *Store, fn func(ctx context.Context, tx *
 	case committed:
 		return result, nil
 	case replayed:
+		if o.answer.NotReplayable {
+			return zero, idempotency.ErrNotReplayable
+		}
 		if o.answer.Status != http.StatusOK {
 			return zero, errors.Join(idempotency.ErrUnreadableRecord,
 				fmt.Errorf("sqlidem: committed status %d is not a function's result", o.answer.Status))
@@ -68,6 +85,8 @@ func Run[T any](ctx context.Context, s *Store, fn func(ctx context.Context, tx *
 			return zero, errors.Join(idempotency.ErrUnreadableRecord, err)
 		}
 		return v, nil
+	case unsettled:
+		return zero, o.err // the key is kept: the commit may yet land
 	}
 	idempotency.Release(ctx)
 	return zero, o.err

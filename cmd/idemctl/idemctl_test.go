@@ -117,6 +117,7 @@ func (s *service) transfer(tx *sql.Tx, w http.ResponseWriter, r *http.Request) e
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Transfer", strconv.FormatInt(n, 10))
+	w.Header()["ETag"] = []string{`"transfer-` + strconv.FormatInt(n, 10) + `"`} // not canonical: net/http sends it as written
 	w.WriteHeader(http.StatusCreated)
 	fmt.Fprintf(w, `{"transfer":%d}`, n)
 	return nil
@@ -294,6 +295,9 @@ func TestReplay(t *testing.T) {
 	if retry.status != http.StatusCreated || retry.body != first.body || !retry.replayed || retry.header.Get("X-Transfer") != "1" {
 		t.Errorf("retry after resolve -replay: %+v, want the first answer %q replayed", retry, first.body)
 	}
+	if etag := retry.header.Get("ETag"); etag != `"transfer-1"` {
+		t.Errorf("retry after resolve -replay: ETag %q; want the one the handler set as h[\"ETag\"]", etag)
+	}
 	if n, h := s.transfers.Load(), s.handled.Load(); n != 1 || h != 0 {
 		t.Errorf("%d transfers ran and %d requests reached the handler; want 1 and 0", n, h)
 	}
@@ -301,6 +305,28 @@ func TestReplay(t *testing.T) {
 	expect(t, r, 0)
 	if r.stdout != "" {
 		t.Errorf("no key is interrupted any more, got %q", r.stdout)
+	}
+}
+
+// An execution whose answer was too large to keep committed as executed:
+// resolve -replay settles its key as executed, not replayable.
+func TestReplayNotReplayable(t *testing.T) {
+	s := newService(t)
+	if r := s.post(s.durable, "/transfers", "big"); r.status != http.StatusCreated {
+		t.Fatalf("first transfer: %d %s", r.status, r.body)
+	}
+	rec := s.abandon("big", time.Hour)
+	_, err := s.db.Exec("UPDATE "+s.table+" SET state = 'executed', header = '', body = NULL WHERE record_key = ?", rec)
+	must(t, err)
+	expect(t, s.idemctl("", true, "show", rec), 0, "executed, status 201, its answer too large to keep",
+		"SQL holds a committed answer")
+	expect(t, s.idemctl("", true, "resolve", "-replay", "-yes", rec), 0,
+		"its answer was too large to keep", "Settled: "+rec+" now answers 409 not-replayable")
+	if r := s.post(s.plain, "/transfers", "big"); r.status != http.StatusConflict || !strings.Contains(r.body, "not-replayable") {
+		t.Errorf("retry after resolve -replay: %d %s; want 409 not-replayable", r.status, r.body)
+	}
+	if n := s.transfers.Load(); n != 1 {
+		t.Errorf("%d transfers ran", n)
 	}
 }
 
@@ -315,13 +341,13 @@ func TestReplayHeaders(t *testing.T) {
 	}
 	all, some := s.abandon("all", time.Hour), s.abandon("some", time.Hour)
 	expect(t, s.idemctl("", true, "resolve", "-replay", "-yes", all), 0, "Replayed")
-	expect(t, s.idemctl("", true, "resolve", "-replay", "-yes", "-replay-headers", "content-type", some), 0, "Replayed")
-	if r := s.post(s.plain, "/transfers", "all"); !r.replayed || r.header.Get("X-Transfer") != "1" {
+	expect(t, s.idemctl("", true, "resolve", "-replay", "-yes", "-replay-headers", "content-type,etag", some), 0, "Replayed")
+	if r := s.post(s.plain, "/transfers", "all"); !r.replayed || r.header.Get("X-Transfer") != "1" || r.header.Get("ETag") == "" {
 		t.Errorf("replayed with the default policy: %+v", r)
 	}
 	r := s.post(s.plain, "/transfers", "some")
-	if !r.replayed || r.header.Get("X-Transfer") != "" || r.header.Get("Content-Type") != "application/json" {
-		t.Errorf("replayed with -replay-headers Content-Type: %+v", r)
+	if !r.replayed || r.header.Get("X-Transfer") != "" || r.header.Get("Content-Type") != "application/json" || r.header.Get("ETag") != `"transfer-2"` {
+		t.Errorf("replayed with -replay-headers Content-Type,ETag: %+v", r)
 	}
 }
 

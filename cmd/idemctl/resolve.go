@@ -47,8 +47,13 @@ func (s *session) resolve(ctx context.Context, stdin io.Reader, out io.Writer, k
 			return fmt.Errorf("nothing to replay: SQL holds %s; nothing changed", found.describe(st))
 		}
 		a := found.row.Answer
-		fmt.Fprintf(out, "SQL holds its committed answer: status %d, %d bytes.\n"+
-			"Store that answer in Redis, so that every retry is replayed it?\n", a.Status, len(a.Body))
+		if a.NotReplayable {
+			fmt.Fprintf(out, "SQL holds that it executed (status %d); its answer was too large to keep.\n"+
+				"Settle it as executed, so that every retry is answered 409 not-replayable?\n", a.Status)
+		} else {
+			fmt.Fprintf(out, "SQL holds its committed answer: status %d, %d bytes.\n"+
+				"Store that answer in Redis, so that every retry is replayed it?\n", a.Status, len(a.Body))
+		}
 	} else {
 		if found.committed(st) {
 			fmt.Fprintf(out, "SQL holds its committed answer: resolve -replay would replay it. After -forget\n"+
@@ -75,6 +80,8 @@ func (s *session) resolve(ctx context.Context, stdin io.Reader, out io.Writer, k
 		return fmt.Errorf("%w; nothing changed", err)
 	case err != nil:
 		return err
+	case o.replay && found.row.Answer.NotReplayable:
+		fmt.Fprintf(out, "Settled: %s now answers 409 not-replayable to every retry.\n", st.Key)
 	case o.replay:
 		fmt.Fprintf(out, "Replayed: %s now answers status %d to every retry.\n", st.Key, found.row.Answer.Status)
 	default:

@@ -95,6 +95,10 @@ func (a *sqlAnswer) describe(st idempotency.KeyState) string {
 	if !a.committed(st) {
 		whose = "ANOTHER request's (fingerprint " + a.row.Answer.Fingerprint + ")"
 	}
+	if a.row.Answer.NotReplayable {
+		return fmt.Sprintf("executed, status %d, its answer too large to keep (not replayable), fence %d, %s",
+			a.row.Answer.Status, a.row.Fence, whose)
+	}
 	return fmt.Sprintf("committed answer, status %d, %d bytes, fence %d, %s",
 		a.row.Answer.Status, len(a.row.Answer.Body), a.row.Fence, whose)
 }

@@ -66,6 +66,37 @@ func (b *Bank) Setup(ctx context.Context, seed map[string]int64) error {
 	if err := b.outcomes.CreateTable(ctx); err != nil {
 		return fmt.Errorf("outcome table: %w", err)
 	}
+	if err := b.createTables(ctx); err != nil {
+		return err
+	}
+	open := "INSERT INTO " + b.accounts + " (id, balance) VALUES (?, ?) ON CONFLICT (id) DO NOTHING"
+	if b.dialect == sqlidem.MySQL {
+		open = "INSERT IGNORE INTO " + b.accounts + " (id, balance) VALUES (?, ?)"
+	}
+	for id, balance := range seed {
+		if _, err := b.db.ExecContext(ctx, b.dialect.Bind(open), id, balance); err != nil {
+			return fmt.Errorf("opening account %q: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// createTables creates the accounts and transfers tables if they are
+// missing. Two PostgreSQL sessions that create one table at the same
+// moment collide, IF NOT EXISTS or not (a unique violation in its
+// catalog): there the instances take turns, under a transaction-scoped
+// advisory lock.
+func (b *Bank) createTables(ctx context.Context) error {
+	tx, err := b.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if b.dialect == sqlidem.PostgreSQL {
+		if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", "bank setup "+b.accounts); err != nil {
+			return err
+		}
+	}
 	for _, ddl := range []string{
 		"CREATE TABLE IF NOT EXISTS " + b.accounts + ` (
 	id      VARCHAR(32) PRIMARY KEY,
@@ -79,20 +110,11 @@ func (b *Bank) Setup(ctx context.Context, seed map[string]int64) error {
 	created_ms   BIGINT NOT NULL
 )`,
 	} {
-		if _, err := b.db.ExecContext(ctx, ddl); err != nil {
+		if _, err := tx.ExecContext(ctx, ddl); err != nil {
 			return err
 		}
 	}
-	open := "INSERT INTO " + b.accounts + " (id, balance) VALUES (?, ?) ON CONFLICT (id) DO NOTHING"
-	if b.dialect == sqlidem.MySQL {
-		open = "INSERT IGNORE INTO " + b.accounts + " (id, balance) VALUES (?, ?)"
-	}
-	for id, balance := range seed {
-		if _, err := b.db.ExecContext(ctx, b.dialect.Bind(open), id, balance); err != nil {
-			return fmt.Errorf("opening account %q: %w", id, err)
-		}
-	}
-	return nil
+	return tx.Commit()
 }
 
 // An Account is one balance, in cents.

@@ -18,6 +18,9 @@
 //	PAUSE_AT      a point (before or inside) where a request carrying the
 //	              header Crash-Trial-Pause: 1 stops the whole process with
 //	              SIGSTOP, until a SIGCONT
+//	SLOW          fraction:duration: that fraction of the transfers waits
+//	              that long inside its transaction, after its writes, so
+//	              that a Redis outage finds work in flight
 package main
 
 import (
@@ -95,6 +98,15 @@ func run() error {
 		return err
 	}
 	k := &killer{fractions: kills, log: os.Getenv("KILL_LOG"), pauseAt: pauseAt, logger: logger}
+	if v := os.Getenv("SLOW"); v != "" {
+		fraction, d, _ := strings.Cut(v, ":")
+		f, err1 := strconv.ParseFloat(fraction, 64)
+		wait, err2 := time.ParseDuration(d)
+		if err1 != nil || err2 != nil || f < 0 || f > 1 {
+			return fmt.Errorf("SLOW: %q is not fraction:duration", v)
+		}
+		k.slow, k.slowFor = f, wait
+	}
 	m := idempotency.New(rdb, idempotency.WithOutcomeStore(b.Outcomes()),
 		idempotency.WithFingerprint(idempotency.CanonicalJSON),
 		idempotency.WithLockLease(lease),
@@ -136,6 +148,8 @@ type killer struct {
 	log       string
 	pauseAt   string
 	logger    *slog.Logger
+	slow      float64 // the fraction of transfers that wait slowFor inside
+	slowFor   time.Duration
 }
 
 // pauseHeader asks a server started with PAUSE_AT to stop at that point
@@ -189,6 +203,13 @@ func (k *killer) inside(fn func(*sql.Tx, http.ResponseWriter, *http.Request) err
 	return func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error {
 		err := fn(tx, w, r)
 		if err == nil {
+			if rand.Float64() < k.slow {
+				select {
+				case <-time.After(k.slowFor):
+				case <-r.Context().Done(): // cut off: the lease was lost
+					return context.Cause(r.Context())
+				}
+			}
 			k.maybeDie(inside)
 			k.maybePause(inside, r)
 		}

@@ -49,6 +49,17 @@ type trial struct {
 	// hedged is the fraction of requests sent to both servers at once, so
 	// that two executions of one key meet (in SQL, once Redis forgot).
 	hedged float64
+	// outages: Redis unreachable for the servers this many times, for
+	// outageFor each, evenly through the run. Requests in flight then lose
+	// their leases or cannot store their answers; new ones are refused
+	// (503, fail closed). After the run every request is sent once more
+	// and must get its one answer again, so that an answer committed in
+	// SQL but never stored in Redis counts as lost unless it is recovered.
+	outages   int
+	outageFor time.Duration
+	// slow is the servers' SLOW (see main.go): transfers that take long
+	// enough for an outage to cut them off.
+	slow string
 	// within bounds the whole run; requests unanswered by then are lost.
 	within time.Duration
 	// minKills is how often the victim must have died at each point for
@@ -77,6 +88,13 @@ func TestCrashTrials(t *testing.T) {
 		t.Run("redis-flushed", func(t *testing.T) {
 			runTrial(t, bin, d, trial{
 				requests: n, workers: 8, randomKills: true, flushes: 8, hedged: 0.25, within: 80 * time.Second,
+				killAt: "before=0.015,inside=0.015,committed=0.015,stored=0.015",
+			})
+		})
+		t.Run("redis-unreachable", func(t *testing.T) {
+			runTrial(t, bin, d, trial{
+				requests: n, workers: 8, randomKills: true, outages: 5, outageFor: 1500 * time.Millisecond,
+				hedged: 0.1, within: 120 * time.Second, slow: "0.04:450ms",
 				killAt: "before=0.015,inside=0.015,committed=0.015,stored=0.015",
 			})
 		})
@@ -158,7 +176,13 @@ func runTrial(t *testing.T, bin string, d *sqltest.DB, tr trial) {
 	b, prefix, env := openBank(t, d, seed)
 
 	rs := redistest.Private(t)
-	env = append(env, "REDIS_URL=redis://"+rs.Addr(), "LOCK_LEASE=400ms")
+	redisAddr := rs.Addr()
+	var link *redisLink
+	if tr.outages > 0 {
+		link = newRedisLink(t, rs.Addr())
+		redisAddr = link.addr()
+	}
+	env = append(env, "REDIS_URL=redis://"+redisAddr, "LOCK_LEASE=400ms", "SLOW="+tr.slow)
 	killLog := filepath.Join(t.TempDir(), "kills.log")
 	victim := newInstance(t, bin, "victim", append(env, "KILL_AT="+tr.killAt, "KILL_LOG="+killLog)...)
 	survivor := newInstance(t, bin, "survivor", env...)
@@ -182,6 +206,7 @@ func runTrial(t *testing.T, bin string, d *sqltest.DB, tr trial) {
 		answered    atomic.Int64
 		randomKills atomic.Int64
 		flushed     atomic.Int64
+		outages     atomic.Int64
 		hedged      atomic.Int64
 		background  sync.WaitGroup
 		stopBg      = make(chan struct{})
@@ -220,6 +245,28 @@ func runTrial(t *testing.T, bin string, d *sqltest.DB, tr trial) {
 		})
 	}
 
+	if tr.outages > 0 {
+		background.Go(func() {
+			for next := 1; next <= tr.outages; {
+				select {
+				case <-stopBg:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+				if answered.Load() >= int64(next*tr.requests/(tr.outages+1)) {
+					link.cut()
+					select {
+					case <-stopBg:
+					case <-time.After(tr.outageFor):
+					}
+					link.mend()
+					outages.Add(1)
+					next++
+				}
+			}
+		})
+	}
+
 	client := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: tr.workers}}
 	queue := make(chan *transferRequest)
 	var workers sync.WaitGroup
@@ -246,6 +293,23 @@ func runTrial(t *testing.T, bin string, d *sqltest.DB, tr trial) {
 	close(stopBg)
 	background.Wait()
 	duration := time.Since(began)
+	if tr.outages > 0 {
+		// Every request once more, to the survivor: each must get its
+		// one answer, replayed from Redis or recovered from SQL.
+		recheck, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		for _, r := range reqs {
+			if !r.answered {
+				continue
+			}
+			again := &transferRequest{key: r.key, body: r.body}
+			send(recheck, client, again, survivor, survivor, &counts)
+			if !again.answered || again.answer != r.answer {
+				r.answered = false
+				r.failure = fmt.Sprintf("answered %q, then %q (%s)", r.answer, again.answer, again.failure)
+			}
+		}
+	}
 	victim.stop()
 	survivor.stop()
 
@@ -365,6 +429,9 @@ func runTrial(t *testing.T, bin string, d *sqltest.DB, tr trial) {
 		}
 	}
 	recovered, reran := logCounts(t, victim.logs.Name(), survivor.logs.Name())
+	logs := []string{victim.logs.Name(), survivor.logs.Name()}
+	unstored := logCount(t, logs, "its answer could not be stored yet")
+	cut := logCount(t, logs, "a transfer did not commit", "lock lost")
 	if lives := survivor.lives.Load(); lives != 1 {
 		t.Errorf("the survivor had %d lives; it is never killed", lives)
 	}
@@ -374,13 +441,14 @@ func runTrial(t *testing.T, bin string, d *sqltest.DB, tr trial) {
 		}
 	}
 	t.Logf("%v: %d requests in %v; kills: before %d, inside %d, committed %d, stored %d, at random %d (%d lives); "+
-		"Redis flushed %d times, %d requests hedged; %d retries (%d transport errors, %d in-progress, %d unavailable, %d other); "+
+		"Redis flushed %d times, unreachable %d times, %d requests hedged; %d retries (%d transport errors, %d in-progress, %d unavailable, %d other); "+
 		"recoveries: %d records taken over, %d committed answers recovered, %d reruns after nothing committed; "+
+		"%d answers not stored in Redis at once, %d transfers cut off by a lost lease; "+
 		"double writes %d, lost answers %d, answers not committed %d, wrong transfers %d, interrupted %d+%d",
 		d.Kind, tr.requests, duration.Round(time.Millisecond),
 		kills[before], kills[inside], kills[committed], kills[stored], randomKills.Load(), victim.lives.Load(),
-		flushed.Load(), hedged.Load(), attempts-tr.requests-int(hedged.Load()), counts.transport.Load(), counts.inProgress.Load(), counts.unavailable.Load(), counts.other.Load(),
-		takenOver, recovered, reran,
+		flushed.Load(), outages.Load(), hedged.Load(), attempts-tr.requests-int(hedged.Load()), counts.transport.Load(), counts.inProgress.Load(), counts.unavailable.Load(), counts.other.Load(),
+		takenOver, recovered, reran, unstored, cut,
 		doubleWrites, lost, notCommitted, wrongTransfer, counts.interrupted.Load(), orphans)
 }
 
@@ -487,6 +555,27 @@ func killCounts(t *testing.T, path string) map[string]int {
 		out[s.Text()]++
 	}
 	return out
+}
+
+// logCount counts the lines of the servers' logs that hold every one of
+// parts.
+func logCount(t *testing.T, paths []string, parts ...string) (n int) {
+	for _, path := range paths {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+	lines:
+		for line := range strings.Lines(string(raw)) {
+			for _, p := range parts {
+				if !strings.Contains(line, p) {
+					continue lines
+				}
+			}
+			n++
+		}
+	}
+	return n
 }
 
 // logCounts counts the middleware's recoveries in the servers' logs.

@@ -44,8 +44,18 @@ type bank struct {
 	inside func(idempotency.Execution)
 	// first, when set, runs in the transaction before any write.
 	first func(ctx context.Context)
+	// beforeDebit, when set, runs in the transaction after the outcome
+	// row's read and before any write; afterDebit between the debit of
+	// account 1 and the credit of account 2. An error ends the transfer.
+	beforeDebit, afterDebit func(ctx context.Context, tx *sql.Tx) error
+	calls                   atomic.Int64 // transfers begun, every attempt counted
 	// header, when set, is added to every transfer's answer.
 	header http.Header
+	// failAfter, when set, is what the transfer returns after it wrote
+	// its whole answer.
+	failAfter error
+	// pad adds that many bytes to every answer's body.
+	pad int
 
 	mu    sync.Mutex
 	execs map[string]idempotency.Execution // by Idempotency-Key
@@ -53,9 +63,15 @@ type bank struct {
 
 func newBank(t *testing.T, d *sqltest.DB, opts ...idempotency.Option) *bank {
 	t.Helper()
+	return newBankWith(t, d, nil, opts...)
+}
+
+// newBankWith is newBank with options for its Store.
+func newBankWith(t *testing.T, d *sqltest.DB, storeOpts []sqlidem.Option, opts ...idempotency.Option) *bank {
+	t.Helper()
 	b := &bank{t: t, db: d, execs: map[string]idempotency.Execution{}}
 	b.outcomes = d.Table(t, "outcomes")
-	store, err := sqlidem.New(d.DB, d.Dialect, sqlidem.WithTable(b.outcomes))
+	store, err := sqlidem.New(d.DB, d.Dialect, append([]sqlidem.Option{sqlidem.WithTable(b.outcomes)}, storeOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,12 +122,23 @@ func (b *bank) transfer(tx *sql.Tx, w http.ResponseWriter, r *http.Request) erro
 		return errors.New("bad amount")
 	}
 	ctx := r.Context()
+	b.calls.Add(1)
 	if b.first != nil {
 		b.first(ctx)
 	}
 	q := b.db.Dialect.Bind("UPDATE " + b.accounts + " SET balance = balance + ? WHERE id = ?")
+	if b.beforeDebit != nil {
+		if err := b.beforeDebit(ctx, tx); err != nil {
+			return err
+		}
+	}
 	if _, err := tx.ExecContext(ctx, q, -in.Amount, 1); err != nil {
 		return err
+	}
+	if b.afterDebit != nil {
+		if err := b.afterDebit(ctx, tx); err != nil {
+			return err
+		}
 	}
 	if _, err := tx.ExecContext(ctx, q, in.Amount, 2); err != nil {
 		return err
@@ -126,8 +153,12 @@ func (b *bank) transfer(tx *sql.Tx, w http.ResponseWriter, r *http.Request) erro
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
+	if b.pad > 0 {
+		fmt.Fprintf(w, `{"transfer":%d,"amount":%d,"pad":"%s"}`, n, in.Amount, strings.Repeat("x", b.pad))
+		return b.failAfter
+	}
 	fmt.Fprintf(w, `{"transfer":%d,"amount":%d}`, n, in.Amount)
-	return nil
+	return b.failAfter
 }
 
 type reply struct {

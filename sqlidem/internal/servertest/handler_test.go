@@ -1,6 +1,7 @@
 package servertest_test
 
 import (
+	"errors"
 	"net/http"
 	"testing"
 
@@ -74,6 +75,36 @@ func TestFailedTransferCommitsNothingAndReleasesTheKey(t *testing.T) {
 		}
 		if from, to := b.balances(); from != 1000000-3 || to != 3 {
 			t.Fatalf("balances %d, %d", from, to)
+		}
+	})
+}
+
+// A transfer that wrote its 201 and then failed committed nothing: its
+// client must not be told it succeeded, and the key is released, so that
+// the retry runs and its receipt is the one that committed.
+func TestRolledBackSuccessIsNotSent(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		b := newBank(t, d)
+		b.failAfter = errors.New("the ledger refused the transfer after the receipt was written")
+		r := b.post("k1", 7)
+		if r.status < 400 {
+			t.Fatalf("a transfer whose writes rolled back answered %d %s", r.status, r.body)
+		}
+		if r.status != 500 || r.problem != "internal" {
+			t.Fatalf("answered %+v; want the error handler's 500", r)
+		}
+		if from, to := b.balances(); from != 1000000 || to != 0 {
+			t.Fatalf("balances %d, %d after a rolled-back transfer", from, to)
+		}
+		b.failAfter = nil
+		retry := b.post("k1", 7)
+		if retry.status != 201 || retry.replayed {
+			t.Fatalf("retry: %+v; want it to run, the key released", retry)
+		}
+		row, ok, err := b.store.Lookup(t.Context(), b.execution("k1").Key)
+		must(t, err)
+		if !ok || string(row.Answer.Body) != retry.body {
+			t.Fatalf("committed %q, answered %q", row.Answer.Body, retry.body)
 		}
 	})
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/internal/sqltest"
+	"github.com/onceonly/idempotency/sqlidem"
 )
 
 // An abandoned execution that committed: the retry replays the committed
@@ -148,6 +149,9 @@ func TestNewRefusesBadOptions(t *testing.T) {
 			t.Errorf("table %q accepted", name)
 		}
 	}
+	if _, err := sqlidem.New(d.DB, d.Dialect, sqlidem.WithAttempts(0)); err == nil {
+		t.Error("WithAttempts(0) accepted")
+	}
 }
 
 // An execution whose lease is lost mid-transaction (Redis forgot its lock,
@@ -226,4 +230,40 @@ func TestRefusalsUseTheMiddlewaresErrorHandler(t *testing.T) {
 	if r.status != 409 || r.header.Get("X-Error-Handler") != "the application's" {
 		t.Fatalf("a stale executor's refusal: %+v; want the application's 409", r)
 	}
+}
+
+// An executor paused after its outcome row's INSERT and before its COMMIT
+// holds the row's lock: recovery's fence write waits for it, up to the
+// recovering request's own time, and then knows what it did. (On SQLite
+// the paused transaction holds the whole database from its BEGIN.)
+func TestRecoveryWaitsForAnExecutorPausedBeforeItsCommit(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		if d.Kind == sqltest.SQLite {
+			t.Skip("SQLite: a transaction holds the database's write lock from BEGIN; " +
+				"every other writer waits for it (busy_timeout), recovery included")
+		}
+		table := d.Table(t, "outcomes")
+		s, err := newStore(d, table)
+		must(t, err)
+		must(t, s.CreateTable(t.Context()))
+		const key = "idem:{kpaused}:r"
+		tx, err := d.BeginTx(t.Context(), nil)
+		must(t, err)
+		defer tx.Rollback()
+		_, err = tx.Exec(d.Dialect.Bind("INSERT INTO "+table+
+			" (record_key, fingerprint, fence, state, status, header, body, written_ms) VALUES (?, 'fp', 5, 'done', 201, '{}', NULL, 1)"), key)
+		must(t, err)
+
+		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		_, _, err = s.Recover(ctx, key, 6)
+		cancel()
+		if err == nil || ctx.Err() == nil {
+			t.Fatalf("Recover beside a paused executor's uncommitted row: %v; want it to wait until its context ended", err)
+		}
+		must(t, tx.Commit()) // the executor resumes and commits
+		a, committed, err := s.Recover(t.Context(), key, 6)
+		if err != nil || !committed || a.Status != 201 {
+			t.Fatalf("Recover after the commit: %+v, %v, %v; want the committed answer", a, committed, err)
+		}
+	})
 }

@@ -12,11 +12,13 @@ import (
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/onceonly/idempotency/internal/sqltest"
 	"github.com/onceonly/idempotency/sqlidem"
+	"github.com/redis/go-redis/v9"
 )
 
 type receipt struct {
-	Charge int64 `json:"charge"`
-	Run    int64 `json:"run"`
+	Charge int64  `json:"charge"`
+	Run    int64  `json:"run"`
+	Note   string `json:"note,omitempty"`
 }
 
 // ledger is a queue consumer that charges once per message through Do and
@@ -30,9 +32,14 @@ type ledger struct {
 	runs   atomic.Int64
 	record string // the last execution's Redis record
 	fail   error  // when set, the charge fails after its write
+	note   string // when set, the receipt's note
+	// hook, when set, runs in the transaction before the charge's write;
+	// an error ends the charge.
+	hook  func(ctx context.Context, tx *sql.Tx) error
+	calls atomic.Int64 // charges begun, every attempt counted
 }
 
-func newLedger(t *testing.T, d *sqltest.DB) *ledger {
+func newLedger(t *testing.T, d *sqltest.DB, opts ...idempotency.Option) *ledger {
 	l := &ledger{t: t, d: d, table: d.Table(t, "ledger")}
 	store, err := sqlidem.New(d.DB, d.Dialect, sqlidem.WithTable(d.Table(t, "outcomes")))
 	must(t, err)
@@ -41,8 +48,8 @@ func newLedger(t *testing.T, d *sqltest.DB) *ledger {
 	prefix := "sqlidem-run-" + string(d.Kind)
 	rdb := redistest.Client(t, prefix)
 	l.store = store
-	l.m = idempotency.New(rdb, idempotency.WithKeyPrefix(prefix), idempotency.WithOutcomeStore(store),
-		idempotency.WithResponseCache(0, 0), idempotency.WithLockLease(2*time.Second))
+	l.m = idempotency.New(rdb, append([]idempotency.Option{idempotency.WithKeyPrefix(prefix), idempotency.WithOutcomeStore(store),
+		idempotency.WithResponseCache(0, 0), idempotency.WithLockLease(2 * time.Second)}, opts...)...)
 	return l
 }
 
@@ -54,15 +61,26 @@ func (l *ledger) consume(msg string, amount int64, opts ...idempotency.DoOption)
 		e, _ := idempotency.ExecutionOf(ctx)
 		l.record = e.Key
 		return sqlidem.Run(ctx, l.store, func(ctx context.Context, tx *sql.Tx) (receipt, error) {
+			l.calls.Add(1)
+			if l.hook != nil {
+				if err := l.hook(ctx, tx); err != nil {
+					return receipt{}, err
+				}
+			}
 			if _, err := tx.ExecContext(ctx, l.d.Dialect.Bind("INSERT INTO "+l.table+" (msg, amount) VALUES (?, ?)"), msg, amount); err != nil {
 				return receipt{}, err
 			}
 			if l.fail != nil {
 				return receipt{}, l.fail
 			}
-			return receipt{Charge: amount, Run: l.runs.Add(1)}, nil
+			return receipt{Charge: amount, Run: l.runs.Add(1), Note: l.note}, nil
 		})
 	}, opts...)
+}
+
+// rdb is a client of the ledger's Redis.
+func (l *ledger) rdb(t *testing.T) redis.UniversalClient {
+	return redistest.Client(t, "sqlidem-run-"+string(l.d.Kind))
 }
 
 func (l *ledger) rows() int {
@@ -118,6 +136,39 @@ func TestRunFailureCommitsNothingAndReleases(t *testing.T) {
 		r, err := l.consume("m1", 5)
 		if err != nil || r.Charge != 5 || l.rows() != 1 {
 			t.Fatalf("retry: %+v, %v; rows %d", r, err, l.rows())
+		}
+	})
+}
+
+// Run commits one row per Do call: a second Run in the same function
+// would be handed the first one's result. It is refused instead, and its
+// function does not run.
+func TestRunTwiceInOneDo(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		store, err := sqlidem.New(d.DB, d.Dialect, sqlidem.WithTable(d.Table(t, "outcomes")))
+		must(t, err)
+		must(t, store.CreateTable(t.Context()))
+		prefix := "sqlidem-twice-" + string(d.Kind)
+		m := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix), idempotency.WithOutcomeStore(store))
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		secondRan := false
+		_, err = idempotency.Do(ctx, m, idempotency.Key{ID: "twice"}, func(ctx context.Context) (string, error) {
+			a, err := sqlidem.Run(ctx, store, func(ctx context.Context, tx *sql.Tx) (string, error) { return "debited", nil })
+			if err != nil {
+				return "", err
+			}
+			b, err := sqlidem.Run(ctx, store, func(ctx context.Context, tx *sql.Tx) (int, error) {
+				secondRan = true
+				return 7, nil
+			})
+			if err != nil {
+				return "", err
+			}
+			return a + " " + string(rune('0'+b)), nil
+		})
+		if !errors.Is(err, sqlidem.ErrAlreadyCommitted) || secondRan {
+			t.Fatalf("a second Run in one Do call: %v (its function ran: %v); want ErrAlreadyCommitted", err, secondRan)
 		}
 	})
 }

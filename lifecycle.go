@@ -325,7 +325,9 @@ func (l *lease) recoverAbandoned(c *call) (runAgain bool, v verdict) {
 			"key", l.k.record, "error", err)
 		l.end()
 		l.letGo()
-		return false, refuse(unavailable(err))
+		// Not "store unavailable", whose answer says nothing ran: the
+		// abandoned execution may have. In progress, retry later, is true.
+		return false, refuse(m.inProgress())
 	case !committed:
 		m.cfg.logger.Info("idempotency: an abandoned execution committed nothing; running the handler again",
 			"key", l.k.record, "fence", l.fence)

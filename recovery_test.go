@@ -73,11 +73,12 @@ func TestRecoveryFromAnOutcomeStore(t *testing.T) {
 		require.EqualValues(t, 1, s.execs.Load())
 		require.Equal(t, []uint64{fence}, outcomes.recovered, "recovered under the fence the handler ran with")
 	})
-	t.Run("store failure answers 503 and a retry recovers", func(t *testing.T) {
+	t.Run("store failure answers 409 in-progress and a retry recovers", func(t *testing.T) {
 		outcomes := &fakeOutcomes{err: errors.New("database down")}
 		s := newShop(t, WithLockLease(100*time.Millisecond), WithOutcomeStore(outcomes))
 		fp := abandonedPayment(t, s)
-		requireProblem(t, s.post(s.client(), "/payments", "k", `{}`), 503, "store-unavailable")
+		// Not 503 store-unavailable, which says nothing ran: it may have.
+		requireProblem(t, s.post(s.client(), "/payments", "k", `{}`), 409, "in-progress")
 		outcomes.mu.Lock()
 		outcomes.err, outcomes.answer = nil, &Answer{Status: 201, Body: []byte("ok"), Fingerprint: fp}
 		outcomes.mu.Unlock()

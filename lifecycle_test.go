@@ -206,6 +206,27 @@ func TestUndoingATakeoverHandsTheKeyBack(t *testing.T) {
 	require.Equal(t, completed, how, "the stalled executor's answer is the key's")
 }
 
+// A status net/http refuses (below 100, above 999) never goes out: the
+// handler's panic then still releases the key, and the retry runs.
+func TestAnInvalidStatusIsNoStatusSent(t *testing.T) {
+	s := newShop(t)
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		if s.execs.Load() == 1 {
+			w.WriteHeader(1000)
+		}
+		s.defaultHandler(w, r)
+	}
+	c := s.client()
+	c.Transport = &http.Transport{} // the server drops the connection: no retry on a pooled one
+	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
+	req.Header.Set(KeyHeader, "k")
+	if resp, err := c.Do(req); err == nil {
+		resp.Body.Close()
+	}
+	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "k", `{}`).status)
+	require.EqualValues(t, 2, s.execs.Load())
+}
+
 // A function error still releases the key when the middleware did not cut
 // the function off: a retry (a redelivered message) runs it again.
 func TestDoErrorReleasesTheKey(t *testing.T) {

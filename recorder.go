@@ -52,6 +52,12 @@ func newRecorder(w http.ResponseWriter, limit int, storable func(string) bool) *
 func (rw *recorder) Header() http.Header { return rw.header }
 
 func (rw *recorder) WriteHeader(code int) {
+	if code < 100 || code > 999 {
+		// net/http panics on it before anything is sent: the status has
+		// not gone out, and a panic now still releases the key.
+		rw.w.WriteHeader(code)
+		return
+	}
 	if rw.wroteHeader {
 		rw.w.WriteHeader(code) // superfluous: net/http logs it
 		return

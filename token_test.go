@@ -204,3 +204,20 @@ func TestAReplacedSecretIsAdopted(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, ok, "the old tokens are revoked")
 }
+
+// Two middlewares that share a token secret under two key prefixes keep
+// apart which tokens they spend: neither accepts the other's.
+func TestATokenBelongsToItsKeyPrefix(t *testing.T) {
+	secret := WithTokenSecret([]byte(strings.Repeat("s", 32)))
+	rdb := newShop(t).rdb
+	a := New(rdb, WithKeyPrefix("test-"+t.Name()+"-a"), secret)
+	b := New(rdb, WithKeyPrefix("test-"+t.Name()+"-b"), secret)
+	tok, err := a.IssueTokenFor(httptest.NewRequest(http.MethodGet, "/", nil), "u1")
+	require.NoError(t, err)
+	_, ok, err := a.tokens.check(t.Context(), "u1", tok.Value, time.Now())
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, ok, err = b.tokens.check(t.Context(), "u1", tok.Value, time.Now())
+	require.NoError(t, err)
+	require.False(t, ok)
+}

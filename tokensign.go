@@ -74,7 +74,7 @@ func (s *tokenSigner) sign(ctx context.Context, scope string, expires time.Time)
 	if _, err := rand.Read(b[8 : 8+tokenNonceBytes]); err != nil {
 		return "", err
 	}
-	copy(b[8+tokenNonceBytes:], tokenMAC(secret, scope, b[:8+tokenNonceBytes]))
+	copy(b[8+tokenNonceBytes:], tokenMAC(secret, s.prefix, scope, b[:8+tokenNonceBytes]))
 	return base64.RawURLEncoding.EncodeToString(b[:]), nil
 }
 
@@ -100,13 +100,18 @@ func (s *tokenSigner) check(ctx context.Context, scope, token string, now time.T
 	if err != nil {
 		return time.Time{}, false, err
 	}
-	return expires, hmac.Equal(b[8+tokenNonceBytes:], tokenMAC(secret, scope, b[:8+tokenNonceBytes])), nil
+	return expires, hmac.Equal(b[8+tokenNonceBytes:], tokenMAC(secret, s.prefix, scope, b[:8+tokenNonceBytes])), nil
 }
 
-// tokenMAC binds a token's expiry and nonce to its scope.
-func tokenMAC(secret []byte, scope string, head []byte) []byte {
+// tokenMAC binds a token's expiry and nonce to its scope and to the key
+// prefix whose records mark tokens spent: two middlewares that share a
+// secret under two prefixes never accept each other's tokens, which each
+// would spend once.
+func tokenMAC(secret []byte, prefix, scope string, head []byte) []byte {
 	mac := hmac.New(sha256.New, secret)
 	mac.Write([]byte("idempotency/token\x00"))
+	mac.Write([]byte(prefix))
+	mac.Write([]byte{0})
 	mac.Write([]byte(scope))
 	mac.Write([]byte{0})
 	mac.Write(head)

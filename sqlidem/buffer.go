@@ -2,6 +2,7 @@ package sqlidem
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -30,6 +31,11 @@ func (b *buffer) Header() http.Header { return b.header }
 // WriteHeader keeps the first final status; informational ones (1xx) are
 // not held back for later, they are dropped.
 func (b *buffer) WriteHeader(code int) {
+	if code < 100 || code > 999 {
+		// As net/http does with such a code, before anything is held or
+		// committed: the transaction rolls back, and the key is released.
+		panic(fmt.Sprintf("sqlidem: invalid WriteHeader code %v", code))
+	}
 	if b.status == 0 && code >= 200 {
 		b.status = code
 	}

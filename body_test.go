@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceonly/idempotency/internal/require"
+	"github.com/stretchr/testify/require"
 )
 
 // formParser parses the form before the protection, as CSRF and method

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceonly/idempotency/internal/require"
+	"github.com/stretchr/testify/require"
 )
 
 func TestResponseCacheBounds(t *testing.T) {

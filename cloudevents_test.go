@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceonly/idempotency/internal/require"
+	"github.com/stretchr/testify/require"
 )
 
 const structuredEvent = `{"specversion":"1.0","id":"evt-1","source":"https://shop.example/orders","type":"order.paid","data":{"id":"not-this-one","source":"nor-this"}}`

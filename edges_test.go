@@ -23,9 +23,9 @@ import (
 
 	"github.com/bsm/redislock"
 	"github.com/onceonly/idempotency/internal/redistest"
-	"github.com/onceonly/idempotency/internal/require"
 	"github.com/onceonly/idempotency/internal/syncbuf"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 )
 
 // Tests for the edges where a deployment meets the response and the lease:

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceonly/idempotency/internal/require"
+	"github.com/stretchr/testify/require"
 )
 
 func TestExtractors(t *testing.T) {

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/onceonly/idempotency/internal/redistest"
-	"github.com/onceonly/idempotency/internal/require"
+	"github.com/stretchr/testify/require"
 )
 
 // A Redis that stops answering (SIGSTOP: connections stay open, replies

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceonly/idempotency/internal/require"
+	"github.com/stretchr/testify/require"
 )
 
 func fpRequest(method, target, body string, header ...string) (*http.Request, []byte) {

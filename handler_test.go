@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceonly/idempotency/internal/require"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 )
 
 func TestFirstRequestRunsHandlerAndDuplicateReplays(t *testing.T) {

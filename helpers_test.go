@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/onceonly/idempotency/internal/redistest"
-	"github.com/onceonly/idempotency/internal/require"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }

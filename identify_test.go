@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceonly/idempotency/internal/require"
+	"github.com/stretchr/testify/require"
 )
 
 // postAs posts body with key to the shop's url (a path, or a whole URL),

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceonly/idempotency/internal/require"
+	"github.com/stretchr/testify/require"
 )
 
 func TestKeyNamesShareOneHashTag(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/onceonly/idempotency/internal/redistest"
-	"github.com/onceonly/idempotency/internal/require"
+	"github.com/stretchr/testify/require"
 )
 
 // A bounded load on loopback: two instances behind one Redis, one in ten

@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/onceonly/idempotency/internal/redistest"
-	"github.com/onceonly/idempotency/internal/require"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 )
 
 // Lost replies, through a real TCP proxy: the reply to the claim (and, in

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceonly/idempotency/internal/require"
+	"github.com/stretchr/testify/require"
 )
 
 // statusSequence answers the given statuses in turn, then 201.

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceonly/idempotency/internal/require"
+	"github.com/stretchr/testify/require"
 )
 
 // fakeOutcomes is an OutcomeStore that answers what a test sets.

@@ -16,8 +16,8 @@ import (
 
 	"github.com/bsm/redislock"
 	"github.com/onceonly/idempotency/internal/redistest"
-	"github.com/onceonly/idempotency/internal/require"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 )
 
 var long = flag.Bool("long", false, "run the long variants of the reliability and load tests")

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/onceonly/idempotency/internal/redistest"
-	"github.com/onceonly/idempotency/internal/require"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 )
 
 // A failover under Sentinel, through go-redis's FailoverClient: the primary

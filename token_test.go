@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceonly/idempotency/internal/require"
+	"github.com/stretchr/testify/require"
 )
 
 func TestTokenEndpointStartsSession(t *testing.T) {

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceonly/idempotency/internal/require"
+	"github.com/stretchr/testify/require"
 )
 
 // Answers that another attempt would only get again are returned at once,

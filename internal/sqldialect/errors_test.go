@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/onceonly/idempotency/internal/require"
+	"github.com/stretchr/testify/require"
 )
 
 // Stand-ins with the shapes of the drivers' errors (the drivers live in

@@ -1,11 +1,11 @@
 module github.com/onceonly/idempotency/bench
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/gofiber/fiber/v3 v3.1.0
 	github.com/gofiber/storage/redis/v3 v3.4.3
-	github.com/onceonly/idempotency v0.0.0-00010101000000-000000000000
+	github.com/onceonly/idempotency v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
 
@@ -29,5 +29,3 @@ require (
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.34.0 // indirect
 )
-
-replace github.com/onceonly/idempotency => ..

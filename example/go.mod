@@ -1,18 +1,16 @@
 module github.com/onceonly/idempotency/example
 
-go 1.26.8
+go 1.26.0
 
-require github.com/onceonly/idempotency v0.0.0-00010101000000-000000000000
-
-replace github.com/onceonly/idempotency => ..
+require github.com/onceonly/idempotency v0.1.0
 
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/go-chi/chi/v5 v5.5.0
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
-	github.com/onceonly/idempotency/internal/sqltest v0.0.0-00010101000000-000000000000
-	github.com/onceonly/idempotency/optimistic v0.0.0-00010101000000-000000000000
+	github.com/onceonly/idempotency/internal/sqltest v0.1.0
+	github.com/onceonly/idempotency/optimistic v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1
 )
@@ -25,6 +23,7 @@ require (
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/ncruces/go-strftime v1.1.0 // indirect
+	github.com/onceonly/idempotency/sqldialect v0.1.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	golang.org/x/sync v0.24.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
@@ -46,7 +45,7 @@ require (
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
-	github.com/onceonly/idempotency/sqlidem v0.0.0-00010101000000-000000000000
+	github.com/onceonly/idempotency/sqlidem v0.1.0
 	github.com/yuin/gopher-lua v1.1.1 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
@@ -55,9 +54,3 @@ require (
 	golang.org/x/time v0.16.0 // indirect
 	modernc.org/sqlite v1.61.1
 )
-
-replace github.com/onceonly/idempotency/optimistic => ../optimistic
-
-replace github.com/onceonly/idempotency/sqlidem => ../sqlidem
-
-replace github.com/onceonly/idempotency/internal/sqltest => ../internal/sqltest

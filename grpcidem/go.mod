@@ -1,11 +1,11 @@
 module github.com/onceonly/idempotency/grpcidem
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/google/uuid v1.6.0
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4
-	github.com/onceonly/idempotency v0.0.0-00010101000000-000000000000
+	github.com/onceonly/idempotency v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1
@@ -22,5 +22,3 @@ require (
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 )
-
-replace github.com/onceonly/idempotency => ..

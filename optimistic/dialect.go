@@ -3,7 +3,7 @@ package optimistic
 import (
 	"fmt"
 
-	"github.com/onceonly/idempotency/internal/sqldialect"
+	"github.com/onceonly/idempotency/sqldialect"
 )
 
 // Dialect is the SQL flavour a Table speaks: how it writes placeholders and

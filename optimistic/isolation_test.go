@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceonly/idempotency/internal/sqldialect"
 	"github.com/onceonly/idempotency/internal/sqltest"
+	"github.com/onceonly/idempotency/sqldialect"
 	"github.com/stretchr/testify/require"
 )
 

@@ -1,9 +1,9 @@
 module github.com/onceonly/idempotency/otelidem
 
-go 1.26.8
+go 1.26.0
 
 require (
-	github.com/onceonly/idempotency v0.0.0-00010101000000-000000000000
+	github.com/onceonly/idempotency v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1
 	go.opentelemetry.io/otel v1.47.0
@@ -25,5 +25,3 @@ require (
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 )
-
-replace github.com/onceonly/idempotency => ..

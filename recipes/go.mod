@@ -1,13 +1,13 @@
 module github.com/onceonly/idempotency/recipes
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/gin-gonic/gin v1.12.0
 	github.com/go-chi/chi/v5 v5.5.0
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/labstack/echo/v5 v5.4.4
-	github.com/onceonly/idempotency v0.0.0-00010101000000-000000000000
+	github.com/onceonly/idempotency v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1
 )
@@ -52,5 +52,3 @@ require (
 	golang.org/x/text v0.40.0 // indirect
 	google.golang.org/protobuf v1.36.10 // indirect
 )
-
-replace github.com/onceonly/idempotency => ..

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/onceonly/idempotency"
-	"github.com/onceonly/idempotency/internal/sqldialect"
+	"github.com/onceonly/idempotency/sqldialect"
 )
 
 // What became of one execution's transaction.

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/onceonly/idempotency/internal/sqldialect"
+	"github.com/onceonly/idempotency/sqldialect"
 )
 
 // Dialect is the SQL flavour of the database that holds the outcomes. There

@@ -1,8 +1,11 @@
 module github.com/onceonly/idempotency/sqlidem
 
-go 1.26.8
+go 1.26.0
 
-require github.com/onceonly/idempotency v0.0.0-00010101000000-000000000000
+require (
+	github.com/onceonly/idempotency v0.1.0
+	github.com/onceonly/idempotency/sqldialect v0.1.0
+)
 
 require (
 	github.com/bsm/redislock v0.10.0 // indirect
@@ -12,5 +15,3 @@ require (
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 )
-
-replace github.com/onceonly/idempotency => ..

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/onceonly/idempotency"
-	"github.com/onceonly/idempotency/internal/sqldialect"
+	"github.com/onceonly/idempotency/sqldialect"
 )
 
 // DefaultTable is the outcome table's name unless WithTable names another.

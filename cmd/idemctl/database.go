@@ -6,7 +6,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers "pgx"
-	"github.com/onceonly/idempotency/internal/dburl"
+	"github.com/onceonly/idempotency/internal/sqltest/dburl"
 	"github.com/onceonly/idempotency/sqlidem"
 	_ "modernc.org/sqlite" // registers "sqlite"; pure Go, so no C compiler is needed
 )
@@ -30,7 +30,7 @@ var (
 )
 
 // databaseOf reads -db and -driver. Without -driver, the URL names the
-// database as it does for the example service (internal/dburl): -db
+// database as it does for the example service (internal/sqltest/dburl): -db
 // defaults to $DATABASE_URL, so the service's environment serves both.
 // -driver names it for a DSN without such a scheme, or one whose scheme
 // says otherwise.

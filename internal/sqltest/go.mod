@@ -1,6 +1,6 @@
 module github.com/onceonly/idempotency/internal/sqltest
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/go-sql-driver/mysql v1.10.1
@@ -26,6 +26,4 @@ require (
 	modernc.org/memory v1.12.1 // indirect
 )
 
-require github.com/onceonly/idempotency v0.0.0-00010101000000-000000000000
-
-replace github.com/onceonly/idempotency => ../..
+require github.com/onceonly/idempotency/sqldialect v0.1.0

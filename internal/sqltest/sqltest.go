@@ -19,8 +19,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceonly/idempotency/internal/dburl"
-	"github.com/onceonly/idempotency/internal/sqldialect"
+	"github.com/onceonly/idempotency/internal/sqltest/dburl"
+	"github.com/onceonly/idempotency/sqldialect"
 
 	_ "github.com/go-sql-driver/mysql" // MYSQL_DSN
 	_ "github.com/jackc/pgx/v5/stdlib" // POSTGRES_DSN

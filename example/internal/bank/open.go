@@ -7,7 +7,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // postgres:// URLs
-	"github.com/onceonly/idempotency/internal/dburl"
+	"github.com/onceonly/idempotency/internal/sqltest/dburl"
 	"github.com/onceonly/idempotency/sqlidem"
 	_ "modernc.org/sqlite" // pure Go: a bare machine has no C compiler
 )
@@ -21,7 +21,7 @@ import (
 // The first MySQL form is go-sql-driver/mysql's DSN behind a mysql://
 // scheme, as golang-migrate writes it; the second is a URL, whose
 // password's special characters are percent-encoded. idemctl reads
-// DATABASE_URL the same way (internal/dburl). With no databaseURL, it
+// DATABASE_URL the same way (internal/sqltest/dburl). With no databaseURL, it
 // opens (or creates) the SQLite file at sqlitePath.
 func Open(databaseURL, sqlitePath string) (*sql.DB, sqlidem.Dialect, error) {
 	d, err := source(databaseURL, sqlitePath)

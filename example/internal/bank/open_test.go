@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/go-sql-driver/mysql"
-	"github.com/onceonly/idempotency/internal/dburl"
+	"github.com/onceonly/idempotency/internal/sqltest/dburl"
 	"github.com/onceonly/idempotency/sqlidem"
 )
 

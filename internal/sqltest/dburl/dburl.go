@@ -11,7 +11,7 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/onceonly/idempotency/internal/sqldialect"
+	"github.com/onceonly/idempotency/sqldialect"
 )
 
 // The database/sql driver names a Database may hold.

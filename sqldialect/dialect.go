@@ -1,7 +1,13 @@
-// Package sqldialect is what the SQL packages (optimistic, sqlidem) know
-// about the databases they speak to: placeholders, quoting, and which names
-// are safe to put into a statement. Both export its Dialect as their own,
-// so one value serves both.
+// Package sqldialect is what the SQL packages of this repository
+// (optimistic, sqlidem) know about the databases they speak to:
+// placeholders, quoting, which names are safe to put into a statement, and
+// which errors a database answers when a transaction may simply run again.
+// Both export its Dialect as their own, so one value serves both; a
+// program seldom imports it, except for Retryable.
+//
+// It is a module of its own, with no dependency, so that optimistic and
+// sqlidem share it without either requiring the other or reaching into
+// the root module's internals.
 package sqldialect
 
 import (

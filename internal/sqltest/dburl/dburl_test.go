@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/onceonly/idempotency/internal/sqldialect"
+	"github.com/onceonly/idempotency/sqldialect"
 )
 
 func TestParse(t *testing.T) {

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Runs every test of every module against real servers. On a bare Debian
-# machine with only Go it installs what the tests need (CA certificates, a C
-# toolchain for -race, redis-server, redis-sentinel, chromium) with apt-get,
-# in one update, and says so (scripts/trixie.sh adds debootstrap when it has
-# a root to build, below). Then gofmt, go mod tidy -diff and go vet over
-# every module, and go test -race, printing each package as it starts and
-# ends.
+# machine with only Go it installs what the tests need (CA certificates,
+# git, a C toolchain for -race, redis-server, redis-sentinel, chromium) with
+# apt-get, in one update, and says so (scripts/trixie.sh adds debootstrap
+# when it has a root to build, below). Then gofmt, scripts/tidy.sh and go
+# vet over every module, each module printed as it goes (and a long one
+# every 20 s while it runs), and go test -race, printing each package as it
+# starts and ends.
 #
 # The tests start their own private redis-server processes (one per test
 # package, plus a 3-master Redis Cluster and a Sentinel set) on free
@@ -51,6 +52,10 @@ apt_install() { # apt_install WHY PACKAGE…: one apt-get update per run
 # Go fetches modules over TLS, and a minimal Debian has no CA certificates.
 if [ ! -s /etc/ssl/certs/ca-certificates.crt ]; then
 	apt_install "no CA certificates (go needs them to download modules)" ca-certificates
+fi
+# The release test (internal/release) tags a copy of the tree with git.
+if ! command -v git >/dev/null; then
+	apt_install "git not found (the release test tags a copy of the tree)" git
 fi
 # go test -race needs cgo, and cgo a C compiler.
 if ! command -v gcc >/dev/null; then
@@ -123,23 +128,57 @@ patterns=$(for dir in $modules; do echo "./$(realpath --relative-to=. "$dir")/..
 echo "test.sh: modules:" $(for dir in $modules; do realpath --relative-to=. "$dir"; done)
 if [ -n "$setup_only" ]; then
 	echo "test.sh: downloading every module's dependencies"
-	go mod download
-	# go mod tidy -diff also reads modules that only tests of dependencies
-	# import; running it here fetches those too.
-	for dir in $modules; do (cd "$dir" && go mod download && go mod tidy -diff >/dev/null); done
+	for dir in $modules; do (cd "$dir" && go mod download); done
+	# Tidying also reads modules that only tests of dependencies import;
+	# running it here fetches those too.
+	./scripts/tidy.sh >/dev/null || true
 	echo "test.sh: set up; run ./scripts/test.sh to test"
 	exit 0
 fi
 
-echo "test.sh: gofmt, go mod tidy -diff, go vet"
-unformatted=$(gofmt -l .)
+# step LABEL COMMAND…: runs COMMAND, and every 20 s while it runs says so
+# (on the script's own standard output, which a $(step …) does not capture).
+exec 3>&1
+step() {
+	local label=$1 start=$SECONDS status=0 ticker
+	shift
+	(
+		trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM
+		while true; do
+			sleep 20 &
+			sleeper=$!
+			wait "$sleeper"
+			echo "test.sh: $label: still running ($((SECONDS - start)) s)" >&3
+		done
+	) &
+	ticker=$!
+	"$@" || status=$?
+	kill "$ticker" 2>/dev/null
+	wait "$ticker" 2>/dev/null || true
+	return "$status"
+}
+
+checks_start=$SECONDS
+echo "test.sh: gofmt -l ."
+unformatted=$(step gofmt gofmt -l .)
 if [ -n "$unformatted" ]; then
 	echo "test.sh: gofmt needed on:"; echo "$unformatted"; exit 1
 fi
+echo "test.sh: gofmt: every file formatted ($((SECONDS - checks_start)) s)"
+echo "test.sh: tidy: every module's go.mod and go.sum (scripts/tidy.sh)"
+step tidy ./scripts/tidy.sh 2>&1 | sed -u 's/^tidy.sh: /test.sh: tidy: /' ||
+	{ echo "test.sh: go mod tidy needed: ./scripts/tidy.sh -w"; exit 1; }
+i=0
+count=$(echo "$modules" | wc -w)
 for dir in $modules; do
-	(cd "$dir" && go mod tidy -diff) || { echo "test.sh: go mod tidy needed in $dir"; exit 1; }
+	i=$((i + 1))
+	name=$(realpath --relative-to=. "$dir")
+	start=$SECONDS
+	echo "test.sh: vet: $name ($i/$count)"
+	(cd "$dir" && step "vet $name" go vet ./...) || { echo "test.sh: go vet failed in $name"; exit 1; }
+	echo "test.sh: vet: $name passed in $((SECONDS - start)) s"
 done
-go vet $patterns
+echo "test.sh: gofmt, tidy and vet took $((SECONDS - checks_start)) s"
 
 # testprogress prints each package as it starts and ends, every failure's
 # output, and what is still building or running whenever it has been quiet;

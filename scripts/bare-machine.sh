@@ -8,9 +8,10 @@
 #
 # Two steps, each timed:
 #   1. setup, with the network: ./scripts/test.sh --setup installs with apt
-#      what the tests need, builds the Debian trixie root that Redis 8.0
-#      and Valkey 8.1 run from (scripts/trixie.sh), and downloads every
-#      module's dependencies;
+#      what the tests need (git among them, for the release test), builds
+#      the Debian trixie root that Redis 8.0 and Valkey 8.1 run from
+#      (scripts/trixie.sh), and downloads every module's dependencies and
+#      what tidying them reads;
 #   2. test, under `unshare -n` (a network namespace with loopback only, so
 #      nothing can reach a server outside): ./scripts/test.sh -v, exactly as
 #      the README gives it.

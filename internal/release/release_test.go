@@ -33,7 +33,7 @@ var consumable = []struct{ module, pkg string }{
 var installable = []string{"github.com/onceonly/idempotency/cmd/idemctl"}
 
 // unpublished are tagged with the rest, but nobody imports them: the
-// example, tests, benchmarks, and the test helpers other modules' tests use.
+// example, tests, benchmarks, and the test support other modules' tests use.
 var unpublished = []string{"bench", "e2e", "example", "internal/release", "internal/sqltest", "sqlidem/internal/servertest"}
 
 // maxRootModules bounds `go list -m all` of a program that requires only

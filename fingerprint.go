@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+
+	"github.com/onceonly/idempotency/internal/route"
 )
 
 // fingerprintSum identifies what a request asks for. A key presented again
@@ -44,7 +46,7 @@ func appendDefault(b []byte, r *http.Request, body []byte) []byte {
 	bodySum := sha256.Sum256(body)
 	b = append(b, r.Method...)
 	b = append(b, 0)
-	b = append(b, clientPath(r)...)
+	b = append(b, route.Path(r)...)
 	b = append(b, 0)
 	b = append(b, r.URL.RawQuery...)
 	b = append(b, 0)
@@ -65,7 +67,7 @@ func CanonicalJSON(r *http.Request, body []byte) []byte {
 	if canonical, err := canonicalJSON(body); err == nil {
 		kind, body = "json", canonical
 	}
-	return appendParts(nil, r.Method, clientPath(r), canonicalQuery(r.URL.RawQuery), kind, string(body))
+	return appendParts(nil, r.Method, route.Path(r), canonicalQuery(r.URL.RawQuery), kind, string(body))
 }
 
 // CanonicalQuery is the method, the path, the query's parameters in
@@ -73,7 +75,7 @@ func CanonicalJSON(r *http.Request, body []byte) []byte {
 // switch to it makes records stored before the switch answer 422 to their
 // retries: switch between deploys with no retries in flight.
 func CanonicalQuery(r *http.Request, body []byte) []byte {
-	return appendParts(nil, r.Method, clientPath(r), canonicalQuery(r.URL.RawQuery), string(body))
+	return appendParts(nil, r.Method, route.Path(r), canonicalQuery(r.URL.RawQuery), string(body))
 }
 
 // JSONFields is the method, the path, the canonical query and only the named
@@ -91,7 +93,7 @@ func JSONFields(fields ...string) Fingerprinter {
 		paths[i] = strings.Split(field, ".")
 	}
 	return func(r *http.Request, body []byte) []byte {
-		b := appendParts(nil, r.Method, clientPath(r), canonicalQuery(r.URL.RawQuery))
+		b := appendParts(nil, r.Method, route.Path(r), canonicalQuery(r.URL.RawQuery))
 		v, err := decodeJSON(body)
 		if _, isObject := v.(jsonObject); err != nil || !isObject {
 			return appendParts(b, "raw", string(body))

@@ -60,28 +60,3 @@ func validMethod(m string) bool {
 	}
 	return m != "" && strings.IndexFunc(m, func(r rune) bool { return !isTchar(r) }) < 0
 }
-
-// FuzzKeysNamed: an operator's name for a key (a record, a lock or a
-// waiters flag) is read without panicking, and what it
-// accepts names the same keys again from the record's own name.
-func FuzzKeysNamed(f *testing.F) {
-	k := clientKeys("idem", paymentID("k"))
-	t := tokenKeys("idem", "session", "tok")
-	for _, s := range []string{k.record, k.lock, k.waiters(), t.record, t.lock, t.waiters(),
-		"idem:{", "idem:{}:r", "{x}:r:a:b", ""} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, name string) {
-		got, err := keysNamed("idem", name)
-		if err != nil {
-			return
-		}
-		if !strings.HasPrefix(got.record, "idem:{") || got.lock == "" {
-			t.Fatalf("%q read as %+v", name, got)
-		}
-		again, err := keysNamed("idem", got.record)
-		if err != nil || again != got {
-			t.Fatalf("%q read as %+v, but its record %q as %+v (%v)", name, got, got.record, again, err)
-		}
-	})
-}

@@ -5,6 +5,8 @@ import (
 	"encoding/base64"
 	"sync"
 	"time"
+
+	"github.com/onceonly/idempotency/internal/keyspace"
 )
 
 // keys names the Redis keys one protected request touches. They share one
@@ -80,7 +82,7 @@ func scopeDigest(s string) [16]byte {
 
 // waiters names the flag that says another instance waits for the key's
 // lock, and the channel it waits on.
-func (k keys) waiters() string { return k.record + ":w" }
+func (k keys) waiters() string { return keyspace.Waiters(k.record) }
 
 func (k keys) redisKeys() []string { return []string{k.record, k.lock} }
 

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceonly/idempotency/internal/keyspace"
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -431,24 +432,25 @@ func TestSettlingSurvivesALostReply(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: proxy.addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rdb.Close() })
 	s := newShopOn(t, rdb, WithKeyPrefix("lost-settle"))
-	require.NoError(t, settleScript.Load(t.Context(), rdb).Err())
+	require.NoError(t, keyspace.LoadScripts(t.Context(), rdb))
+	_, settleHash := keyspace.ScriptHashes()
 	c := s.client()
 
 	k, fp := interruptedPayment(t, s, "resolved")
-	st, err := s.idem.Inspect(t.Context(), k.record)
+	st, err := s.idem.operated().Inspect(t.Context(), k.record)
 	require.NoError(t, err)
-	proxy.dropNext([]byte(settleScript.Hash()))
-	require.NoError(t, s.idem.Resolve(t.Context(), st, Answer{Status: http.StatusCreated, Body: []byte(`{"ok":true}`), Fingerprint: fp}))
+	proxy.dropNext([]byte(settleHash))
+	require.NoError(t, s.idem.operated().Resolve(t.Context(), st, keyspace.Answer{Status: http.StatusCreated, Body: []byte(`{"ok":true}`), Fingerprint: fp}))
 	require.EqualValues(t, 1, proxy.dropped.Load())
 	got := s.post(c, "/payments", "resolved", `{}`)
 	require.Equal(t, http.StatusCreated, got.status)
 	require.Equal(t, `{"ok":true}`, got.body)
 
 	k, _ = interruptedPayment(t, s, "forgotten")
-	st, err = s.idem.Inspect(t.Context(), k.record)
+	st, err = s.idem.operated().Inspect(t.Context(), k.record)
 	require.NoError(t, err)
-	proxy.dropNext([]byte(settleScript.Hash()))
-	require.NoError(t, s.idem.Forget(t.Context(), st))
+	proxy.dropNext([]byte(settleHash))
+	require.NoError(t, s.idem.operated().Forget(t.Context(), st))
 	require.EqualValues(t, 2, proxy.dropped.Load())
 	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "forgotten", `{}`).status)
 	require.EqualValues(t, 1, s.execs.Load(), "the forgotten key ran again")
@@ -472,13 +474,13 @@ func TestAResolvedKeyIsNotTheStalledExecutors(t *testing.T) {
 	}()
 	<-started
 	m.store.client.Del(context.Background(), k.lock) // the executor stalls past its lease
-	var st KeyState
+	var st keyspace.State
 	require.Eventually(t, func() bool {
 		var err error
-		st, err = other.Inspect(context.Background(), k.record)
+		st, err = other.operated().Inspect(context.Background(), k.record)
 		return err == nil && st.Interrupted
 	}, 5*time.Second, 10*time.Millisecond)
-	require.NoError(t, other.Resolve(context.Background(), st, Answer{Status: statusResult, Body: []byte(`"resolved"`)}))
+	require.NoError(t, other.operated().Resolve(context.Background(), st, keyspace.Answer{Status: statusResult, Body: []byte(`"resolved"`)}))
 
 	close(wake)
 	require.Equal(t, "mine", <-mine, "the executor's own caller gets what it ran")
@@ -497,10 +499,10 @@ func TestAResolvedKeyIsNotTheStalledExecutors(t *testing.T) {
 func TestResolveKeepsTheResponseLimit(t *testing.T) {
 	s := newShop(t, WithMaxResponseBytes(16))
 	k, fp := interruptedPayment(t, s, "big")
-	st, err := s.idem.Inspect(t.Context(), k.record)
+	st, err := s.idem.operated().Inspect(t.Context(), k.record)
 	require.NoError(t, err)
 	big := []byte(strings.Repeat("x", 100))
-	require.NoError(t, s.idem.Resolve(t.Context(), st, Answer{Status: http.StatusCreated, Body: big, Fingerprint: fp}))
+	require.NoError(t, s.idem.operated().Resolve(t.Context(), st, keyspace.Answer{Status: http.StatusCreated, Body: big, Fingerprint: fp}))
 	requireProblem(t, s.post(s.client(), "/payments", "big", `{}`), http.StatusConflict, "not-replayable")
 	require.EqualValues(t, 0, s.execs.Load())
 }

@@ -21,14 +21,8 @@ type fingerprintSum [sha256.Size]byte
 // fingerprints are equal. body is the request body as read. The result is
 // hashed; separate the parts unambiguously (the ready-made ones do).
 // DefaultFingerprint, CanonicalJSON, JSONFields and CanonicalQuery are
-// ready-made, and WithHeaders adds headers to any of them.
+// ready-made, and IncludeHeaders adds headers to any of them.
 type Fingerprinter func(r *http.Request, body []byte) []byte
-
-// WithFingerprint sets what makes two requests with one key the same
-// request. Whatever f writes, the middleware binds the fingerprint to the
-// host the request was sent to and, in key mode without WithScope, to its
-// caller (see WithScope). Default DefaultFingerprint.
-func WithFingerprint(f Fingerprinter) Option { return func(c *config) { c.fingerprinter = f } }
 
 // DefaultFingerprint is the method, the path, the raw query and a digest of
 // the raw body: a retry must send the same bytes. It is what the middleware
@@ -119,9 +113,9 @@ func JSONFields(fields ...string) Fingerprinter {
 	}
 }
 
-// WithHeaders adds the named request headers (an API version, a tenant) to
+// IncludeHeaders adds the named request headers (an API version, a tenant) to
 // f's fingerprint: a retry must send the same values.
-func WithHeaders(f Fingerprinter, names ...string) Fingerprinter {
+func IncludeHeaders(f Fingerprinter, names ...string) Fingerprinter {
 	canonical := make([]string, len(names))
 	for i, n := range names {
 		canonical[i] = http.CanonicalHeaderKey(n)

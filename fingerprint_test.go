@@ -55,7 +55,7 @@ func TestFingerprinters(t *testing.T) {
 	require.False(t, sameFingerprint(JSONFields("p"), req("POST", "/p", `{"p":{"x":1e9999999999}}`), req("POST", "/p", `{"p":{"x":2e9999999999}}`)),
 		"a number beyond any exponent counts as written")
 
-	versioned := WithHeaders(CanonicalJSON, "api-version")
+	versioned := IncludeHeaders(CanonicalJSON, "api-version")
 	require.True(t, sameFingerprint(versioned, req("POST", "/p", `{}`, "Api-Version", "2"), req("POST", "/p", `{}`, "API-VERSION", "2")))
 	require.False(t, sameFingerprint(versioned, req("POST", "/p", `{}`, "Api-Version", "2"), req("POST", "/p", `{}`, "Api-Version", "3")))
 

@@ -161,13 +161,3 @@ func callerDigest(r *http.Request) (sum callerSum, ok bool) {
 func appendCount(b []byte, n int) []byte {
 	return append(b, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
 }
-
-// redisKeys builds the Redis key names, which only the Redis path needs.
-func (m *Middleware) redisKeys(c *call) keys {
-	if c.tokenMode {
-		k := tokenKeys(m.cfg.prefix, c.scope, c.key)
-		k.tokenExpires = c.tokenExpires
-		return k
-	}
-	return clientKeys(m.cfg.prefix, c.id)
-}

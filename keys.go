@@ -38,6 +38,16 @@ func (k keys) lifetime(ttl time.Duration) time.Duration {
 	return max(ttl, time.Until(k.tokenExpires)+time.Second)
 }
 
+// redisKeys builds the Redis key names, which only the Redis path needs.
+func (m *Middleware) redisKeys(c *call) keys {
+	if c.tokenMode {
+		k := tokenKeys(m.cfg.prefix, c.scope, c.key)
+		k.tokenExpires = c.tokenExpires
+		return k
+	}
+	return clientKeys(m.cfg.prefix, c.id)
+}
+
 // tokenKeys names a token's keys after its scope.
 func tokenKeys(prefix, scope, token string) keys {
 	var tag [48]byte

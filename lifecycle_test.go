@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/onceonly/idempotency/internal/keyspace"
 	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/onceonly/idempotency/internal/syncbuf"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
@@ -505,4 +507,55 @@ func TestResolveKeepsTheResponseLimit(t *testing.T) {
 	require.NoError(t, s.idem.operated().Resolve(t.Context(), st, keyspace.Answer{Status: http.StatusCreated, Body: big, Fingerprint: fp}))
 	requireProblem(t, s.post(s.client(), "/payments", "big", `{}`), http.StatusConflict, "not-replayable")
 	require.EqualValues(t, 0, s.execs.Load())
+}
+
+// A record that vanishes while its handler runs (eviction, a flush) is
+// written again when the answer is stored, the lock is let go at once, and
+// the retry replays: never a second execution.
+func TestRecordVanishingMidRunNeverRunsTwice(t *testing.T) {
+	var logs syncbuf.Buffer
+	s := newShop(t, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), WithResponseCache(0, 0))
+	k := clientKeys(s.idem.cfg.prefix, paymentID("vanish"))
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		s.rdb.Del(context.Background(), k.record) // evicted
+		s.defaultHandler(w, r)
+	}
+	c := s.client()
+	first := s.post(c, "/payments", "vanish", `{}`)
+	require.Equal(t, http.StatusCreated, first.status)
+	require.Zero(t, s.rdb.Exists(t.Context(), k.lock).Val(), "the lock is released with the store")
+	retry := s.post(c, "/payments", "vanish", `{}`)
+	require.Equal(t, http.StatusCreated, retry.status)
+	require.Equal(t, "true", retry.header.Get(ReplayedHeader))
+	require.Equal(t, first.body, retry.body)
+	requireProblem(t, s.post(c, "/payments", "vanish", `{"other":1}`), 422, "key-reused")
+	require.EqualValues(t, 1, s.execs.Load())
+	require.Contains(t, logs.String(), "vanished while its handler ran")
+	require.Empty(t, keysWithoutTTL(t, s.rdb, s.idem.cfg.prefix))
+}
+
+// Even in a full Redis (maxmemory reached), a record that vanished is
+// written back with the answer: the retry replays.
+func TestRecordVanishingInAFullRedis(t *testing.T) {
+	srv := redistest.Private(t)
+	rdb := srv.Client(t)
+	s := newShopOn(t, rdb, WithResponseCache(0, 0))
+	k := clientKeys(s.idem.cfg.prefix, paymentID("full"))
+	ctx := context.Background()
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		rdb.Del(ctx, k.record)               // evicted
+		rdb.ConfigSet(ctx, "maxmemory", "1") // and Redis is full
+		s.defaultHandler(w, r)
+	}
+	c := s.client()
+	first := s.post(c, "/payments", "full", `{}`)
+	require.Equal(t, http.StatusCreated, first.status)
+	// A full Redis refuses new locks (503, nothing runs); once it has room,
+	// the retry finds the answer.
+	requireProblem(t, s.post(c, "/payments", "full", `{}`), http.StatusServiceUnavailable, "store-unavailable")
+	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory", "0").Err())
+	retry := s.post(c, "/payments", "full", `{}`)
+	require.Equal(t, "true", retry.header.Get(ReplayedHeader), retry.body)
+	require.Equal(t, first.body, retry.body)
+	require.EqualValues(t, 1, s.execs.Load())
 }

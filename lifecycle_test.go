@@ -442,7 +442,7 @@ func TestSettlingSurvivesALostReply(t *testing.T) {
 	st, err := s.idem.operated().Inspect(t.Context(), k.record)
 	require.NoError(t, err)
 	proxy.dropNext([]byte(settleHash))
-	require.NoError(t, s.idem.operated().Resolve(t.Context(), st, keyspace.Answer{Status: http.StatusCreated, Body: []byte(`{"ok":true}`), Fingerprint: fp}))
+	require.NoError(t, resolve(t.Context(), s.idem, st, Answer{Status: http.StatusCreated, Body: []byte(`{"ok":true}`), Fingerprint: fp}))
 	require.EqualValues(t, 1, proxy.dropped.Load())
 	got := s.post(c, "/payments", "resolved", `{}`)
 	require.Equal(t, http.StatusCreated, got.status)
@@ -482,7 +482,7 @@ func TestAResolvedKeyIsNotTheStalledExecutors(t *testing.T) {
 		st, err = other.operated().Inspect(context.Background(), k.record)
 		return err == nil && st.Interrupted
 	}, 5*time.Second, 10*time.Millisecond)
-	require.NoError(t, other.operated().Resolve(context.Background(), st, keyspace.Answer{Status: statusResult, Body: []byte(`"resolved"`)}))
+	require.NoError(t, resolve(context.Background(), other, st, Answer{Status: statusResult, Body: []byte(`"resolved"`)}))
 
 	close(wake)
 	require.Equal(t, "mine", <-mine, "the executor's own caller gets what it ran")
@@ -504,7 +504,7 @@ func TestResolveKeepsTheResponseLimit(t *testing.T) {
 	st, err := s.idem.operated().Inspect(t.Context(), k.record)
 	require.NoError(t, err)
 	big := []byte(strings.Repeat("x", 100))
-	require.NoError(t, s.idem.operated().Resolve(t.Context(), st, keyspace.Answer{Status: http.StatusCreated, Body: big, Fingerprint: fp}))
+	require.NoError(t, resolve(t.Context(), s.idem, st, Answer{Status: http.StatusCreated, Body: big, Fingerprint: fp}))
 	requireProblem(t, s.post(s.client(), "/payments", "big", `{}`), http.StatusConflict, "not-replayable")
 	require.EqualValues(t, 0, s.execs.Load())
 }

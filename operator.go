@@ -1,6 +1,8 @@
 package idempotency
 
 import (
+	"net/http"
+
 	"github.com/onceonly/idempotency/internal/keyspace"
 )
 
@@ -18,9 +20,9 @@ func (m *Middleware) operated() *keyspace.Store {
 		Prefix:    m.cfg.prefix,
 		RecordTTL: m.cfg.recordTTL,
 		KeyReused: ErrKeyReused,
-		Record: func(a keyspace.Answer) (string, int, string, []byte) {
-			rec, state := m.recordOf(Answer(a)), "done"
-			if a.NotReplayable || len(rec.body) > m.cfg.maxResponse {
+		Record: func(status int, header http.Header, body []byte, notReplayable bool) (string, int, string, []byte) {
+			rec, state := m.recordOf(Answer{Status: status, Header: header, Body: body}), "done"
+			if notReplayable || len(rec.body) > m.cfg.maxResponse {
 				// As for a handler's answer over the limit: executed, and
 				// answered not-replayable rather than replayed in part or
 				// beyond the bound.

@@ -66,7 +66,7 @@ func TestSettleRefusesAKeyClaimedAnew(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, st.Interrupted)
 	require.NoError(t, s.rdb.HSet(ctx, k.record, "o", "a-new-claim-stalled-past-its-lease").Err())
-	for _, err := range []error{s.idem.operated().Forget(ctx, st), s.idem.operated().Resolve(ctx, st, keyspace.Answer{Status: 201})} {
+	for _, err := range []error{s.idem.operated().Forget(ctx, st), resolve(ctx, s.idem, st, Answer{Status: 201})} {
 		require.ErrorIs(t, err, keyspace.ErrNotInterrupted)
 		require.ErrorContains(t, err, "claimed anew")
 	}
@@ -220,7 +220,7 @@ func TestResolve(t *testing.T) {
 	requireProblem(t, s.post(c, "/payments", "k", `{}`), http.StatusConflict, "interrupted")
 	before := s.rdb.PTTL(ctx, k.record).Val()
 
-	answer := keyspace.Answer{
+	answer := Answer{
 		Status: http.StatusCreated,
 		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/payments/7"},
 			"Set-Cookie": {"flash=created"}},
@@ -229,17 +229,17 @@ func TestResolve(t *testing.T) {
 	}
 	bad := answer
 	bad.Fingerprint = strings.Repeat("00", 32)
-	require.ErrorIs(t, s.idem.operated().Resolve(ctx, seen(t, s, k.record), bad), ErrKeyReused)
+	require.ErrorIs(t, resolve(ctx, s.idem, seen(t, s, k.record), bad), ErrKeyReused)
 	bad.Fingerprint = "0011"
-	require.ErrorContains(t, s.idem.operated().Resolve(ctx, seen(t, s, k.record), bad), "not 32 bytes")
+	require.ErrorContains(t, resolve(ctx, s.idem, seen(t, s, k.record), bad), "not 32 bytes")
 	bad = answer
 	bad.Status = 0
-	require.ErrorContains(t, s.idem.operated().Resolve(ctx, seen(t, s, k.record), bad), "not an HTTP status")
+	require.ErrorContains(t, resolve(ctx, s.idem, seen(t, s, k.record), bad), "not an HTTP status")
 	st, err := s.idem.operated().Inspect(ctx, k.record)
 	require.NoError(t, err)
 	require.True(t, st.Interrupted, "a refused answer changed nothing")
 
-	require.NoError(t, s.idem.operated().Resolve(ctx, seen(t, s, k.lock), answer), "named by its lock")
+	require.NoError(t, resolve(ctx, s.idem, seen(t, s, k.lock), answer), "named by its lock")
 	replay := s.post(c, "/payments", "k", `{}`)
 	require.Equal(t, http.StatusCreated, replay.status, replay.body)
 	require.Equal(t, `{"payment":7}`, replay.body)
@@ -250,25 +250,25 @@ func TestResolve(t *testing.T) {
 	after := s.rdb.PTTL(ctx, k.record).Val()
 	require.True(t, after > 0 && after <= before, "the record keeps its TTL: %v, then %v", before, after)
 
-	err = s.idem.operated().Resolve(ctx, seen(t, s, k.record), answer)
+	err = resolve(ctx, s.idem, seen(t, s, k.record), answer)
 	require.ErrorIs(t, err, keyspace.ErrNotInterrupted)
 	require.ErrorContains(t, err, "has a stored answer")
 
 	running := runningPayment(t, s, "running")
-	err = s.idem.operated().Resolve(ctx, seen(t, s, running.record), answer)
+	err = resolve(ctx, s.idem, seen(t, s, running.record), answer)
 	require.ErrorIs(t, err, keyspace.ErrNotInterrupted)
 	require.ErrorContains(t, err, "its executor holds the lock")
 	require.Equal(t, "run", s.rdb.HGet(ctx, running.record, "st").Val())
 
 	none := clientKeys(s.idem.cfg.prefix, paymentID("never"))
-	require.ErrorIs(t, s.idem.operated().Resolve(ctx, seen(t, s, none.record), answer), keyspace.ErrNotInterrupted)
+	require.ErrorIs(t, resolve(ctx, s.idem, seen(t, s, none.record), answer), keyspace.ErrNotInterrupted)
 	require.Zero(t, s.rdb.Exists(ctx, none.record).Val(), "no record is made up")
 }
 
 func TestResolveKeepsTheRecordsFingerprint(t *testing.T) {
 	s := newShop(t, WithLockLease(100*time.Millisecond))
 	k, _ := interruptedPayment(t, s, "k")
-	require.NoError(t, s.idem.operated().Resolve(t.Context(), seen(t, s, k.record), keyspace.Answer{Status: http.StatusAccepted}))
+	require.NoError(t, resolve(t.Context(), s.idem, seen(t, s, k.record), Answer{Status: http.StatusAccepted}))
 	a := s.post(s.client(), "/payments", "k", `{}`)
 	require.Equal(t, http.StatusAccepted, a.status)
 	require.Equal(t, "true", a.header.Get(ReplayedHeader))
@@ -317,4 +317,9 @@ func TestForgetTokenMode(t *testing.T) {
 	require.NoError(t, s.idem.operated().Forget(ctx, seen(t, s, record+":w")))
 	requireProblem(t, s.post(c, "/orders", tok, `{}`), http.StatusUnprocessableEntity, "token-not-found")
 	require.EqualValues(t, 1, s.execs.Load())
+}
+
+// resolve settles st with a's answer, as admin.Operator.Resolve does.
+func resolve(ctx context.Context, m *Middleware, st keyspace.State, a Answer) error {
+	return m.operated().Resolve(ctx, st, a.Status, a.Header, a.Body, a.Fingerprint, a.NotReplayable)
 }

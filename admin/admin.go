@@ -14,7 +14,6 @@ package admin
 import (
 	"context"
 	"iter"
-	"time"
 
 	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/internal/keyspace"
@@ -25,37 +24,14 @@ import (
 // holds its lock); they have changed nothing.
 var ErrNotInterrupted = keyspace.ErrNotInterrupted
 
-// KeyState is what Redis holds for one key, read in one step.
-type KeyState struct {
-	// Key names the key's record, as the middleware's log lines and
-	// idempotency.Execution.Key (an outcome store's primary key) do.
-	Key string
-	// State is "run" (claimed, no answer stored yet), "done" (an answer
-	// is stored), "big" (executed, its answer not replayable) or "none"
-	// (no record: never claimed, expired, or forgotten).
-	State string
-	// Interrupted: claimed, and nobody holds the lock under the value it
-	// was claimed with, so no executor will store an answer. Retries are
-	// answered 409 interrupted (or recovered, with an outcome store).
-	Interrupted bool
-	// Fingerprint is the claiming request's, in hex.
-	Fingerprint string
-	// Fence is the fencing token of the key's latest execution, and
-	// Executions how many executions it has had.
-	Fence      uint64
-	Executions int64
-	// Status and BodySize describe the stored answer ("done").
-	Status   int
-	BodySize int64
-	// TTL is the record's remaining lifetime.
-	TTL time.Duration
-	// Owner is the lock value the latest execution claimed the key with;
-	// Lock is the value the lock holds now ("" when free), for LockTTL.
-	Owner, Lock string
-	LockTTL     time.Duration
-	// Waiting: another instance waits for the lock.
-	Waiting bool
-}
+// KeyState is what Redis holds for one key, read in one step: the key's
+// record name (Key), its state ("run", "done", "big" or "none"), whether
+// it is Interrupted, the claiming request's Fingerprint, its Fence and
+// Executions, the stored answer's Status and BodySize, the record's TTL,
+// the Owner it was claimed under and the Lock held now, with its LockTTL,
+// and whether another instance is Waiting. Each field is documented on
+// keyspace.State, which it names.
+type KeyState = keyspace.State
 
 // An Operator reads and settles the keys of one middleware: its Redis
 // client, key prefix, record TTL, response limit and replay headers.
@@ -74,8 +50,7 @@ func New(m *idempotency.Middleware) *Operator {
 // Inspect reads the key named key: its record's name (KeyState.Key), or
 // the name of its lock or waiters flag.
 func (o *Operator) Inspect(ctx context.Context, key string) (KeyState, error) {
-	st, err := o.store.Inspect(ctx, key)
-	return KeyState(st), err
+	return o.store.Inspect(ctx, key)
 }
 
 // Interrupted yields every interrupted key under the middleware's prefix,
@@ -85,13 +60,7 @@ func (o *Operator) Inspect(ctx context.Context, key string) (KeyState, error) {
 // the walk may be missed. Break out of the loop to stop early; an error
 // ends the sequence.
 func (o *Operator) Interrupted(ctx context.Context) iter.Seq2[KeyState, error] {
-	return func(yield func(KeyState, error) bool) {
-		for st, err := range o.store.Interrupted(ctx) {
-			if !yield(KeyState(st), err) {
-				return
-			}
-		}
-	}
+	return o.store.Interrupted(ctx)
 }
 
 // Resolve settles the interrupted key that st describes, as Inspect or
@@ -114,7 +83,7 @@ func (o *Operator) Interrupted(ctx context.Context) iter.Seq2[KeyState, error] {
 // stalled, it finds that when it wakes and stores nothing. A Resolve that
 // Redis ran but whose reply was lost and resent reports success.
 func (o *Operator) Resolve(ctx context.Context, st KeyState, a idempotency.Answer) error {
-	return o.store.Resolve(ctx, keyspace.State(st), keyspace.Answer(a))
+	return o.store.Resolve(ctx, st, a.Status, a.Header, a.Body, a.Fingerprint, a.NotReplayable)
 }
 
 // Forget settles the interrupted key that st describes by deleting its
@@ -127,5 +96,5 @@ func (o *Operator) Resolve(ctx context.Context, st KeyState, a idempotency.Answe
 // executor only have stalled, and store its answer after all before a
 // retry ran again, that answer is the key's.
 func (o *Operator) Forget(ctx context.Context, st KeyState) error {
-	return o.store.Forget(ctx, keyspace.State(st))
+	return o.store.Forget(ctx, st)
 }

@@ -39,18 +39,9 @@ type Store struct {
 	// Record turns an answer into the record fields the middleware would
 	// store for it: its state ("done", or "big" when it is not replayable),
 	// status, header block and body.
-	Record func(Answer) (state string, status int, header string, body []byte)
+	Record func(status int, header http.Header, body []byte, notReplayable bool) (state string, recStatus int, recHeader string, recBody []byte)
 	// KeyReused is the error an answer for another request wraps.
 	KeyReused error
-}
-
-// An Answer settles an interrupted key: idempotency.Answer, field for field.
-type Answer struct {
-	Status        int
-	Header        http.Header
-	Body          []byte
-	Fingerprint   string
-	NotReplayable bool
 }
 
 // ScriptHashes are the SHA1 digests of the scripts, for tests that drop
@@ -70,20 +61,36 @@ func LoadScripts(ctx context.Context, c redis.Scripter) error {
 // holds its lock); they have changed nothing.
 var ErrNotInterrupted = errors.New("admin: key is not interrupted")
 
-// State is what Redis holds for one key, read in one step; admin.KeyState
-// documents each field, and converts to and from it.
+// State is what Redis holds for one key, read in one step (admin.KeyState).
 type State struct {
-	Key, State  string
+	// Key names the key's record, as the middleware's log lines and
+	// idempotency.Execution.Key (an outcome store's primary key) do.
+	Key string
+	// State is "run" (claimed, no answer stored yet), "done" (an answer
+	// is stored), "big" (executed, its answer not replayable) or "none"
+	// (no record: never claimed, expired, or forgotten).
+	State string
+	// Interrupted: claimed, and nobody holds the lock under the value it
+	// was claimed with, so no executor will store an answer. Retries are
+	// answered 409 interrupted (or recovered, with an outcome store).
 	Interrupted bool
+	// Fingerprint is the claiming request's, in hex.
 	Fingerprint string
-	Fence       uint64
-	Executions  int64
-	Status      int
-	BodySize    int64
-	TTL         time.Duration
+	// Fence is the fencing token of the key's latest execution, and
+	// Executions how many executions it has had.
+	Fence      uint64
+	Executions int64
+	// Status and BodySize describe the stored answer ("done").
+	Status   int
+	BodySize int64
+	// TTL is the record's remaining lifetime.
+	TTL time.Duration
+	// Owner is the lock value the latest execution claimed the key with;
+	// Lock is the value the lock holds now ("" when free), for LockTTL.
 	Owner, Lock string
 	LockTTL     time.Duration
-	Waiting     bool
+	// Waiting: another instance waits for the lock.
+	Waiting bool
 }
 
 // Inspect reads the key named key: its record's name (State.Key), or
@@ -221,22 +228,22 @@ func globEscape(s string) string {
 	return b.String()
 }
 
-// Resolve settles the interrupted key st describes with a's answer
+// Resolve settles the interrupted key st describes with an answer
 // (admin.Operator.Resolve tells the whole contract).
-func (s *Store) Resolve(ctx context.Context, st State, a Answer) error {
-	if a.Status < 100 || a.Status > 999 {
-		return fmt.Errorf("admin: %d is not an HTTP status", a.Status)
+func (s *Store) Resolve(ctx context.Context, st State, status int, header http.Header, body []byte, fingerprint string, notReplayable bool) error {
+	if status < 100 || status > 999 {
+		return fmt.Errorf("admin: %d is not an HTTP status", status)
 	}
 	var fp []byte
-	if a.Fingerprint != "" {
-		b, err := hex.DecodeString(a.Fingerprint)
+	if fingerprint != "" {
+		b, err := hex.DecodeString(fingerprint)
 		if err != nil || len(b) != sha256.Size {
-			return fmt.Errorf("admin: fingerprint %q is not %d bytes in hex", a.Fingerprint, sha256.Size)
+			return fmt.Errorf("admin: fingerprint %q is not %d bytes in hex", fingerprint, sha256.Size)
 		}
 		fp = b
 	}
-	state, status, header, body := s.Record(a)
-	return s.settle(ctx, st, "answer", state, strconv.Itoa(status), header, body, fp)
+	state, recStatus, recHeader, recBody := s.Record(status, header, body, notReplayable)
+	return s.settle(ctx, st, "answer", state, strconv.Itoa(recStatus), recHeader, recBody, fp)
 }
 
 // Forget settles the interrupted key st describes by deleting its record

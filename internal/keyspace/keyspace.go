@@ -5,17 +5,11 @@ import (
 	"strings"
 )
 
-// Names are the Redis keys of one protected key. They share one hash tag,
-// so that the scripts and the lock work on Redis Cluster:
-//
-//	token mode: PREFIX:{t<scope digest>}:r:<token>  record hash
-//	            PREFIX:{t<scope digest>}:l:<token>  lock
-//	key mode:   PREFIX:{k<scope+key digest>}:r      record hash
-//	            PREFIX:{k<scope+key digest>}:l      lock
-//	both:       <record>:w                          waiters flag, and its channel
-//
-// The middleware builds them on its hot path (keys.go in the root); the
-// operator reads them back with Parse.
+// Names are the Redis keys of one protected key: its record hash, its
+// lock, and in token mode the token they end in. The middleware builds them
+// on its hot path, where keys.go in the root lays out their hash tags; the
+// operator reads them back with Parse, and both name the waiters flag with
+// Waiters.
 type Names struct {
 	Record string
 	Lock   string
@@ -29,8 +23,8 @@ func Waiters(record string) string { return record + ":w" }
 // waiters flag.
 func (k Names) operated() []string { return []string{k.Record, k.Lock, Waiters(k.Record)} }
 
-// keysNamed returns the keys of the record that name belongs to: the
-// record's own name, its lock's or its waiters flag's (the layout above).
+// Parse returns the keys of the record that name belongs to: the
+// record's own name, its lock's or its waiters flag's (keys.go).
 func Parse(prefix, name string) (Names, error) {
 	bad := fmt.Errorf("admin: %q names no record, lock or waiters flag under the key prefix %q", name, prefix)
 	rest, ok := strings.CutPrefix(name, prefix+":{")

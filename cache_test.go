@@ -1,10 +1,14 @@
 package idempotency
 
 import (
+	"io"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -50,4 +54,30 @@ func TestCachedReplayStillChecksTheRequest(t *testing.T) {
 	// ...but a different request under the key is still refused.
 	requireProblem(t, s.post(c, "/payments", "k", `{"amount":2}`), 422, "key-reused")
 	require.EqualValues(t, 1, s.execs.Load())
+}
+
+// The in-process cache answers for a bounded time, and then asks Redis:
+// after Redis lost its data and another instance ran the key again, every
+// instance agrees within that bound.
+func TestCacheAgreesWithRedisAfterDataLoss(t *testing.T) {
+	a := newShop(t, WithResponseCacheTTL(300*time.Millisecond))
+	b := newShopOn(t, a.rdb, WithKeyPrefix(a.idem.cfg.prefix), WithResponseCache(0, 0))
+	unique := func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, strconv.FormatInt(time.Now().UnixNano(), 10))
+	}
+	a.handler, b.handler = unique, unique
+	c := a.client()
+	first := a.post(c, "/payments", "lost", `{}`)
+	require.Equal(t, "true", a.post(c, "/payments", "lost", `{}`).header.Get(ReplayedHeader))
+
+	redistest.DeletePrefix(t, a.rdb, a.idem.cfg.prefix) // Redis restarted without persistence
+	again := b.post(c, "/payments", "lost", `{}`)
+	require.Empty(t, again.header.Get(ReplayedHeader), "the other instance ran the key again")
+	require.NotEqual(t, first.body, again.body)
+	require.Eventually(t, func() bool {
+		req, _ := http.NewRequest(http.MethodPost, a.srv.URL+"/payments", strings.NewReader(`{}`))
+		req.Header.Set(KeyHeader, "lost")
+		got, err := tryDo(c, req)
+		return err == nil && got.body == again.body
+	}, 2*time.Second, 50*time.Millisecond, "the cached answer gives way to Redis's")
 }

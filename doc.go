@@ -20,10 +20,67 @@
 //
 // The same protocol runs functions without HTTP: Do runs a function at most
 // once per Key (a queue message's id, a job's) and gives every duplicate the
-// stored result. Transport is the client side: an http.RoundTripper that
-// sends one Idempotency-Key with every retry of a request.
+// stored result.
 //
 // Every rejection is answered by the error handler (DefaultErrorHandler
 // writes RFC 9457 problem+json); the errors it receives match the package's
 // sentinel errors with errors.Is.
+//
+// # Packages
+//
+// This package holds the protocol. What a user imports separately lives
+// beside it, each importing only what it needs:
+//
+//	client       Transport, the client side: one Idempotency-Key across
+//	             retries; it imports no Redis
+//	cloudevents  Key and Scope, the extractors for CloudEvents over HTTP
+//	admin        Operator: Inspect, Interrupted, Resolve and Forget, the
+//	             operator's view of interrupted keys (cmd/idemctl)
+//
+// They never change: client imports no Redis, and a program that imports
+// only this package (every HTTP user) compiles no gRPC, OpenTelemetry or
+// SQL driver; admin and cloudevents import this package and nothing
+// beyond it. doc_test.go checks it with go list -deps.
+//
+// # Code map
+//
+// Each concept, and the file that holds it. A request's way through
+// follows the order of the list; HTTP (handler.go) and Do (do.go) are two
+// adapters over one lifecycle (lifecycle.go).
+//
+//	middleware.go    New, Middleware, Protect, ProtectKey, KeyHeader
+//	options.go       Option and every With option, their defaults and checks
+//	errors.go        the sentinel errors, their problem types, DefaultErrorHandler
+//	token.go         TokenHandler, FormField, IssueToken: issuing tokens
+//	tokensign.go     how an issued token is signed, and its secret
+//	do.go            Do and Key: the function adapter
+//	handler.go       the HTTP adapter over the lifecycle
+//	extract.go       KeyExtractor: HeaderKey, FormKey, JSONKey, FirstKey
+//	identify.go      the key, the scope and the route a request names
+//	body.go          reading the request body once, for the fingerprint
+//	fingerprint.go   Fingerprinter: DefaultFingerprint, CanonicalJSON, JSONFields, IncludeHeaders
+//	canonical.go     the canonical JSON form
+//	keys.go          the Redis key names and their hash tags
+//	pipeline.go      one request's steps: cache, in-process flight, claim, run
+//	answer.go        the verdict a step reaches, written once
+//	cache.go         completed answers in this process's memory
+//	inflight.go      duplicates inside this process wait for the first
+//	claim.go         taking the lease and claiming the key
+//	ride.go          the claim sent in one pipeline with the lock
+//	waiter.go        waiting for a holder on another instance
+//	replicas.go      WithReplicaAcks: WAIT for replicas before running
+//	lifecycle.go     a key's life from claim to end, and the release rule
+//	execution.go     Release, Execution, ExecutionOf: what a handler's context carries
+//	policy.go        StorePolicy: which answers are stored, for how long
+//	later.go         releases and stores Redis did not answer, retried
+//	watchdog.go      renewing the lease while the work runs
+//	recorder.go      what the handler writes, passed through and kept
+//	replay.go        ReplayedHeader, stored records and their replay
+//	header.go        the stored header block
+//	store.go         the Redis store, one method per script in lua/
+//	outcomestore.go  OutcomeStore, Answer: answers committed with the handler's writes
+//	outcome.go       Outcome: what the middleware did with a request
+//	observe.go       Event, WithObserver's reports, LogObserver
+//	operator.go      the records handed to package admin
+//	context.go       the private context key type
 package idempotency

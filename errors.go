@@ -38,6 +38,9 @@ var (
 	ErrExecutionTimeout = fmt.Errorf("idempotency: execution timeout: %w", context.DeadlineExceeded)
 )
 
+// ErrHandlerPanicked is the Event.Err of an execution whose handler panicked.
+var ErrHandlerPanicked = errors.New("idempotency: handler panicked")
+
 // ProblemTypeBase is the prefix of every problem type URI this package
 // answers with. The URIs are stable; the README documents each one.
 const ProblemTypeBase = "https://github.com/onceonly/idempotency/blob/main/README.md#problem-"

@@ -6,8 +6,10 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -141,4 +143,64 @@ func TestScopeFunctionReadingBodyLeavesItIntact(t *testing.T) {
 	a := s.post(c, "/payments", "k", `{"amount":5}`)
 	require.Equal(t, http.StatusCreated, a.status)
 	require.Equal(t, `{"amount":5}`, a.header.Get("X-Request-Body"))
+}
+
+// formReader parses the form before the protection, as CSRF and method
+// override middleware do.
+func formReader(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.ParseMultipartForm(1 << 20)
+		r.PostFormValue("csrf")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// Behind middleware that parsed the form, token mode finds the token in
+// the parsed form, fingerprints the form, and serves the request.
+func TestTokenInAFormParsedByOuterMiddleware(t *testing.T) {
+	s := newShop(t)
+	var execs atomic.Int64
+	h := formReader(s.idem.Protect(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		execs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "item="+r.PostFormValue("item")+" n="+strconv.FormatInt(execs.Load(), 10))
+	})))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	c := s.client()
+	tok := s.token(c)
+	session := sessionOf(t, s, c)
+	send := func(contentType string, body io.Reader) answer {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL, body)
+		req.Header.Set("Content-Type", contentType)
+		req.AddCookie(&http.Cookie{Name: "idempotency_session", Value: session})
+		return do(t, srv.Client(), req)
+	}
+	form := func(item string) answer {
+		return send("application/x-www-form-urlencoded",
+			strings.NewReader(url.Values{"idempotency_token": {tok}, "item": {item}, "csrf": {"x"}}.Encode()))
+	}
+	first := form("tea")
+	require.Equal(t, http.StatusCreated, first.status, first.body)
+	require.Equal(t, "item=tea n=1", first.body)
+	require.Equal(t, first.body, form("tea").body)
+	requireProblem(t, form("coffee"), 422, "key-reused")
+
+	tok = s.token(c)
+	multi := func(item string) answer {
+		var buf bytes.Buffer
+		mw := multipart.NewWriter(&buf)
+		mw.WriteField("idempotency_token", tok)
+		mw.WriteField("item", item)
+		fw, _ := mw.CreateFormFile("receipt", "r.txt")
+		fw.Write([]byte("paper"))
+		mw.Close()
+		return send(mw.FormDataContentType(), &buf)
+	}
+	first = multi("milk")
+	require.Equal(t, http.StatusCreated, first.status, first.body)
+	require.Equal(t, "item=milk n=2", first.body)
+	require.Equal(t, "true", multi("milk").header.Get(ReplayedHeader))
+	requireProblem(t, multi("sugar"), 422, "key-reused")
+	require.EqualValues(t, 2, execs.Load())
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/admin"
 )
 
 // The promises the check holds the middleware to, each a rule a history can
@@ -71,9 +72,9 @@ type keyCase struct {
 	k         *keyPlan
 	cfg       historyConfig
 	exchanges []*exchange
-	state     *idempotency.KeyState // nil when no execution started
-	starts    map[string]trace      // by execution
-	applied   map[string]trace      // effects applied, by execution
+	state     *admin.KeyState  // nil when no execution started
+	starts    map[string]trace // by execution
+	applied   map[string]trace // effects applied, by execution
 	cancelled map[string]trace
 	attempts  []trace // effects applied or fenced out, in order
 	last      *trace  // the start with the highest fencing token
@@ -409,7 +410,7 @@ func (h *history) outage(i int, from, to time.Time) (out time.Duration, killed b
 	return out, killed
 }
 
-func stateText(st *idempotency.KeyState) string {
+func stateText(st *admin.KeyState) string {
 	if st == nil {
 		return "no record"
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/admin"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -34,9 +35,9 @@ type history struct {
 	// finished, and per key what the handlers traced and Redis holds.
 	drained bool
 	traces  map[*keyPlan][]trace
-	states  map[*keyPlan]*idempotency.KeyState
+	states  map[*keyPlan]*admin.KeyState
 	// records found in Redis that no traced execution names, by name
-	stray map[string]idempotency.KeyState
+	stray map[string]admin.KeyState
 	// faults injected while it ran, by any history
 	faults []faultEvent
 }
@@ -351,15 +352,16 @@ func scanAll(ctx context.Context, db *redis.Client, pattern string) ([]string, e
 }
 
 // collect reads what the handlers traced for each key, and what Redis
-// holds for it, through a Middleware of the history's prefix (Inspect).
+// holds for it, through the operator (admin.Operator.Inspect) of a
+// Middleware of the history's prefix.
 func (r *rig) collect(h *history) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cfg := h.plan.cfg
-	m := idempotency.New(r.storeDB, idempotency.WithKeyPrefix(cfg.Prefix),
-		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
+	m := admin.New(idempotency.New(r.storeDB, idempotency.WithKeyPrefix(cfg.Prefix),
+		idempotency.WithLogger(slog.New(slog.DiscardHandler))))
 	h.traces = map[*keyPlan][]trace{}
-	h.states = map[*keyPlan]*idempotency.KeyState{}
+	h.states = map[*keyPlan]*admin.KeyState{}
 	named := map[string]bool{}
 	for _, k := range h.plan.keys {
 		lines, err := r.effectsDB.LRange(ctx, traceKey(cfg.Prefix, k.scope, k.id), 0, -1).Result()
@@ -385,7 +387,7 @@ func (r *rig) collect(h *history) {
 			}
 		}
 	}
-	h.stray = map[string]idempotency.KeyState{}
+	h.stray = map[string]admin.KeyState{}
 	names, err := scanAll(ctx, r.storeDB, cfg.Prefix+":*:r")
 	if err != nil {
 		r.fail("listing records: %v", err)

@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+
+	"github.com/onceonly/idempotency/internal/route"
 )
 
 // fingerprintSum identifies what a request asks for. A key presented again
@@ -19,14 +21,8 @@ type fingerprintSum [sha256.Size]byte
 // fingerprints are equal. body is the request body as read. The result is
 // hashed; separate the parts unambiguously (the ready-made ones do).
 // DefaultFingerprint, CanonicalJSON, JSONFields and CanonicalQuery are
-// ready-made, and WithHeaders adds headers to any of them.
+// ready-made, and IncludeHeaders adds headers to any of them.
 type Fingerprinter func(r *http.Request, body []byte) []byte
-
-// WithFingerprint sets what makes two requests with one key the same
-// request. Whatever f writes, the middleware binds the fingerprint to the
-// host the request was sent to and, in key mode without WithScope, to its
-// caller (see WithScope). Default DefaultFingerprint.
-func WithFingerprint(f Fingerprinter) Option { return func(c *config) { c.fingerprinter = f } }
 
 // DefaultFingerprint is the method, the path, the raw query and a digest of
 // the raw body: a retry must send the same bytes. It is what the middleware
@@ -44,7 +40,7 @@ func appendDefault(b []byte, r *http.Request, body []byte) []byte {
 	bodySum := sha256.Sum256(body)
 	b = append(b, r.Method...)
 	b = append(b, 0)
-	b = append(b, clientPath(r)...)
+	b = append(b, route.Path(r)...)
 	b = append(b, 0)
 	b = append(b, r.URL.RawQuery...)
 	b = append(b, 0)
@@ -65,7 +61,7 @@ func CanonicalJSON(r *http.Request, body []byte) []byte {
 	if canonical, err := canonicalJSON(body); err == nil {
 		kind, body = "json", canonical
 	}
-	return appendParts(nil, r.Method, clientPath(r), canonicalQuery(r.URL.RawQuery), kind, string(body))
+	return appendParts(nil, r.Method, route.Path(r), canonicalQuery(r.URL.RawQuery), kind, string(body))
 }
 
 // CanonicalQuery is the method, the path, the query's parameters in
@@ -73,7 +69,7 @@ func CanonicalJSON(r *http.Request, body []byte) []byte {
 // switch to it makes records stored before the switch answer 422 to their
 // retries: switch between deploys with no retries in flight.
 func CanonicalQuery(r *http.Request, body []byte) []byte {
-	return appendParts(nil, r.Method, clientPath(r), canonicalQuery(r.URL.RawQuery), string(body))
+	return appendParts(nil, r.Method, route.Path(r), canonicalQuery(r.URL.RawQuery), string(body))
 }
 
 // JSONFields is the method, the path, the canonical query and only the named
@@ -91,7 +87,7 @@ func JSONFields(fields ...string) Fingerprinter {
 		paths[i] = strings.Split(field, ".")
 	}
 	return func(r *http.Request, body []byte) []byte {
-		b := appendParts(nil, r.Method, clientPath(r), canonicalQuery(r.URL.RawQuery))
+		b := appendParts(nil, r.Method, route.Path(r), canonicalQuery(r.URL.RawQuery))
 		v, err := decodeJSON(body)
 		if _, isObject := v.(jsonObject); err != nil || !isObject {
 			return appendParts(b, "raw", string(body))
@@ -117,9 +113,9 @@ func JSONFields(fields ...string) Fingerprinter {
 	}
 }
 
-// WithHeaders adds the named request headers (an API version, a tenant) to
+// IncludeHeaders adds the named request headers (an API version, a tenant) to
 // f's fingerprint: a retry must send the same values.
-func WithHeaders(f Fingerprinter, names ...string) Fingerprinter {
+func IncludeHeaders(f Fingerprinter, names ...string) Fingerprinter {
 	canonical := make([]string, len(names))
 	for i, n := range names {
 		canonical[i] = http.CanonicalHeaderKey(n)

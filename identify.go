@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/onceonly/idempotency/internal/route"
 )
 
 // identify reads the body, the key and the scope, all before Redis is asked,
@@ -43,7 +44,7 @@ func (m *Middleware) identify(c *call, extract KeyExtractor) error {
 	// the only secret.
 	bindCaller := !c.tokenMode && m.cfg.scope == nil
 	if bindCaller {
-		c.id = routeIdentity(hostName(c.r.Host), clientPath(c.r), key)
+		c.id = routeIdentity(hostName(c.r.Host), route.Path(c.r), key)
 	} else {
 		c.scope, err = m.scopeOf(c.r)
 		c.body.Seek(0, io.SeekStart) // a scope function may read the body too
@@ -103,76 +104,6 @@ func routeIdentity(host, path, key string) identity {
 	return identity(sum[:16])
 }
 
-// clientPath is the request's path as the client sent it (escaped), before
-// any router or http.StripPrefix rewrote r.URL.Path: two mounts of one
-// handler are two routes. A request handed to a handler directly has no
-// RequestURI, and its URL is all there is.
-func clientPath(r *http.Request) string {
-	uri := r.RequestURI
-	switch {
-	case uri == "":
-		return unreserved(r.URL.EscapedPath())
-	case uri[0] == '/':
-		if i := strings.IndexByte(uri, '?'); i >= 0 {
-			return unreserved(uri[:i])
-		}
-		return unreserved(uri)
-	}
-	// The absolute form a proxy is sent, or "*".
-	if u, err := url.ParseRequestURI(uri); err == nil {
-		return unreserved(u.EscapedPath())
-	}
-	return uri
-}
-
-// unreserved decodes the percent-escapes of unreserved characters (letters,
-// digits, "-", ".", "_", "~"), which RFC 3986 makes equivalent to the
-// characters themselves: /%70ay is /pay, to a router and to us. Every other
-// escape stays, so /a%2Fb and /a/b remain two paths.
-func unreserved(path string) string {
-	i := strings.IndexByte(path, '%')
-	if i < 0 {
-		return path
-	}
-	b := make([]byte, 0, len(path))
-	for ; i >= 0; i = strings.IndexByte(path, '%') {
-		b = append(b, path[:i]...)
-		if i+2 < len(path) {
-			if c, ok := unhex2(path[i+1], path[i+2]); ok && isUnreserved(c) {
-				b = append(b, c)
-				path = path[i+3:]
-				continue
-			}
-		}
-		b = append(b, '%')
-		path = path[i+1:]
-	}
-	return string(append(b, path...))
-}
-
-func unhex2(hi, lo byte) (byte, bool) {
-	h, ok1 := unhex(hi)
-	l, ok2 := unhex(lo)
-	return h<<4 | l, ok1 && ok2
-}
-
-func unhex(c byte) (byte, bool) {
-	switch {
-	case '0' <= c && c <= '9':
-		return c - '0', true
-	case 'a' <= c && c <= 'f':
-		return c - 'a' + 10, true
-	case 'A' <= c && c <= 'F':
-		return c - 'A' + 10, true
-	}
-	return 0, false
-}
-
-func isUnreserved(c byte) bool {
-	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
-		c == '-' || c == '.' || c == '_' || c == '~'
-}
-
 // hostName is the host the client addressed, without its port and in
 // lower case, so that "Shop.example:443" and "shop.example" are one host:
 // tenants routed by host are told apart, and one service reached on two
@@ -229,14 +160,4 @@ func callerDigest(r *http.Request) (sum callerSum, ok bool) {
 
 func appendCount(b []byte, n int) []byte {
 	return append(b, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
-}
-
-// redisKeys builds the Redis key names, which only the Redis path needs.
-func (m *Middleware) redisKeys(c *call) keys {
-	if c.tokenMode {
-		k := tokenKeys(m.cfg.prefix, c.scope, c.key)
-		k.tokenExpires = c.tokenExpires
-		return k
-	}
-	return clientKeys(m.cfg.prefix, c.id)
 }

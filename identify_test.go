@@ -163,10 +163,6 @@ func TestTwoMountsOfOneHandlerAreTwoRoutes(t *testing.T) {
 // Two spellings of one route are one route: percent-escapes of unreserved
 // characters, and a fully qualified host name.
 func TestSpellingsOfOneRouteAreOneRoute(t *testing.T) {
-	require.Equal(t, "/pay", unreserved("/%70ay"))
-	require.Equal(t, "/a%2Fb", unreserved("/a%2Fb"))
-	require.Equal(t, "/~x%20y%", unreserved("/%7Ex%20y%"))
-	require.Equal(t, "/%zz", unreserved("/%zz"))
 	require.Equal(t, hostName("shop.example"), hostName("SHOP.example.:443"))
 
 	s := newShop(t)
@@ -179,4 +175,42 @@ func TestSpellingsOfOneRouteAreOneRoute(t *testing.T) {
 	again := do(t, c, req)
 	require.Equal(t, "true", again.header.Get(ReplayedHeader), again.body)
 	require.EqualValues(t, 1, s.execs.Load())
+}
+
+// A session cannot read another session's replay, nor learn whether a
+// token exists elsewhere: the answer is the unknown-token answer.
+func TestScopesCannotReadEachOthersReplays(t *testing.T) {
+	s := newShop(t)
+	alice, mallory := s.client(), s.client()
+	tok := s.token(alice)
+	s.token(mallory)
+	require.Equal(t, http.StatusCreated, s.post(alice, "/orders", tok, `{"card":"4242"}`).status)
+
+	stolen := s.post(mallory, "/orders", tok, `{"card":"4242"}`)
+	unknown := s.post(mallory, "/orders", "3f1e2d4c-5b6a-4789-8abc-def012345678", `{"card":"4242"}`)
+	requireProblem(t, stolen, http.StatusUnprocessableEntity, "token-not-found")
+	require.Equal(t, unknown.body, stolen.body, "a used token elsewhere looks like no token at all")
+	require.NotContains(t, stolen.body, "execution")
+	require.Equal(t, "true", s.post(alice, "/orders", tok, `{"card":"4242"}`).header.Get(ReplayedHeader))
+	require.EqualValues(t, 1, s.execs.Load())
+}
+
+// Malformed keys never reach Redis, whatever their size or bytes.
+func TestHostileKeysRejectedBeforeRedis(t *testing.T) {
+	s := newShop(t)
+	c := s.client()
+	for _, key := range []string{
+		strings.Repeat("k", 256), strings.Repeat("k", 64<<10), "a\x00b", "naïve", "tab\there", "\x7f",
+	} {
+		req := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(`{}`))
+		req.Header.Set(KeyHeader, key)
+		w := httptest.NewRecorder()
+		s.idem.ProtectKey(http.NotFoundHandler()).ServeHTTP(w, req)
+		require.Equal(t, http.StatusBadRequest, w.Code, "%q", key)
+	}
+	// CR and LF cannot travel in a header; in a form they are refused too.
+	requireProblem(t, s.postForm(c, "/orders", "idempotency_token=a%0D%0ASet-Cookie:%20x=1"), 400, "invalid-key")
+	keys, err := s.rdb.Keys(t.Context(), "test-"+t.Name()+"*").Result()
+	require.NoError(t, err)
+	require.Empty(t, keys, "nothing was written")
 }

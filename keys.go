@@ -5,6 +5,8 @@ import (
 	"encoding/base64"
 	"sync"
 	"time"
+
+	"github.com/onceonly/idempotency/internal/keyspace"
 )
 
 // keys names the Redis keys one protected request touches. They share one
@@ -34,6 +36,16 @@ func (k keys) lifetime(ttl time.Duration) time.Duration {
 		return ttl
 	}
 	return max(ttl, time.Until(k.tokenExpires)+time.Second)
+}
+
+// redisKeys builds the Redis key names, which only the Redis path needs.
+func (m *Middleware) redisKeys(c *call) keys {
+	if c.tokenMode {
+		k := tokenKeys(m.cfg.prefix, c.scope, c.key)
+		k.tokenExpires = c.tokenExpires
+		return k
+	}
+	return clientKeys(m.cfg.prefix, c.id)
 }
 
 // tokenKeys names a token's keys after its scope.
@@ -80,7 +92,7 @@ func scopeDigest(s string) [16]byte {
 
 // waiters names the flag that says another instance waits for the key's
 // lock, and the channel it waits on.
-func (k keys) waiters() string { return k.record + ":w" }
+func (k keys) waiters() string { return keyspace.Waiters(k.record) }
 
 func (k keys) redisKeys() []string { return []string{k.record, k.lock} }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -15,7 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceonly/idempotency/internal/keyspace"
 	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/onceonly/idempotency/internal/syncbuf"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
@@ -431,24 +434,25 @@ func TestSettlingSurvivesALostReply(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: proxy.addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rdb.Close() })
 	s := newShopOn(t, rdb, WithKeyPrefix("lost-settle"))
-	require.NoError(t, settleScript.Load(t.Context(), rdb).Err())
+	require.NoError(t, keyspace.LoadScripts(t.Context(), rdb))
+	_, settleHash := keyspace.ScriptHashes()
 	c := s.client()
 
 	k, fp := interruptedPayment(t, s, "resolved")
-	st, err := s.idem.Inspect(t.Context(), k.record)
+	st, err := s.idem.operated().Inspect(t.Context(), k.record)
 	require.NoError(t, err)
-	proxy.dropNext([]byte(settleScript.Hash()))
-	require.NoError(t, s.idem.Resolve(t.Context(), st, Answer{Status: http.StatusCreated, Body: []byte(`{"ok":true}`), Fingerprint: fp}))
+	proxy.dropNext([]byte(settleHash))
+	require.NoError(t, resolve(t.Context(), s.idem, st, Answer{Status: http.StatusCreated, Body: []byte(`{"ok":true}`), Fingerprint: fp}))
 	require.EqualValues(t, 1, proxy.dropped.Load())
 	got := s.post(c, "/payments", "resolved", `{}`)
 	require.Equal(t, http.StatusCreated, got.status)
 	require.Equal(t, `{"ok":true}`, got.body)
 
 	k, _ = interruptedPayment(t, s, "forgotten")
-	st, err = s.idem.Inspect(t.Context(), k.record)
+	st, err = s.idem.operated().Inspect(t.Context(), k.record)
 	require.NoError(t, err)
-	proxy.dropNext([]byte(settleScript.Hash()))
-	require.NoError(t, s.idem.Forget(t.Context(), st))
+	proxy.dropNext([]byte(settleHash))
+	require.NoError(t, s.idem.operated().Forget(t.Context(), st))
 	require.EqualValues(t, 2, proxy.dropped.Load())
 	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "forgotten", `{}`).status)
 	require.EqualValues(t, 1, s.execs.Load(), "the forgotten key ran again")
@@ -472,13 +476,13 @@ func TestAResolvedKeyIsNotTheStalledExecutors(t *testing.T) {
 	}()
 	<-started
 	m.store.client.Del(context.Background(), k.lock) // the executor stalls past its lease
-	var st KeyState
+	var st keyspace.State
 	require.Eventually(t, func() bool {
 		var err error
-		st, err = other.Inspect(context.Background(), k.record)
+		st, err = other.operated().Inspect(context.Background(), k.record)
 		return err == nil && st.Interrupted
 	}, 5*time.Second, 10*time.Millisecond)
-	require.NoError(t, other.Resolve(context.Background(), st, Answer{Status: statusResult, Body: []byte(`"resolved"`)}))
+	require.NoError(t, resolve(context.Background(), other, st, Answer{Status: statusResult, Body: []byte(`"resolved"`)}))
 
 	close(wake)
 	require.Equal(t, "mine", <-mine, "the executor's own caller gets what it ran")
@@ -497,10 +501,61 @@ func TestAResolvedKeyIsNotTheStalledExecutors(t *testing.T) {
 func TestResolveKeepsTheResponseLimit(t *testing.T) {
 	s := newShop(t, WithMaxResponseBytes(16))
 	k, fp := interruptedPayment(t, s, "big")
-	st, err := s.idem.Inspect(t.Context(), k.record)
+	st, err := s.idem.operated().Inspect(t.Context(), k.record)
 	require.NoError(t, err)
 	big := []byte(strings.Repeat("x", 100))
-	require.NoError(t, s.idem.Resolve(t.Context(), st, Answer{Status: http.StatusCreated, Body: big, Fingerprint: fp}))
+	require.NoError(t, resolve(t.Context(), s.idem, st, Answer{Status: http.StatusCreated, Body: big, Fingerprint: fp}))
 	requireProblem(t, s.post(s.client(), "/payments", "big", `{}`), http.StatusConflict, "not-replayable")
 	require.EqualValues(t, 0, s.execs.Load())
+}
+
+// A record that vanishes while its handler runs (eviction, a flush) is
+// written again when the answer is stored, the lock is let go at once, and
+// the retry replays: never a second execution.
+func TestRecordVanishingMidRunNeverRunsTwice(t *testing.T) {
+	var logs syncbuf.Buffer
+	s := newShop(t, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))), WithResponseCache(0, 0))
+	k := clientKeys(s.idem.cfg.prefix, paymentID("vanish"))
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		s.rdb.Del(context.Background(), k.record) // evicted
+		s.defaultHandler(w, r)
+	}
+	c := s.client()
+	first := s.post(c, "/payments", "vanish", `{}`)
+	require.Equal(t, http.StatusCreated, first.status)
+	require.Zero(t, s.rdb.Exists(t.Context(), k.lock).Val(), "the lock is released with the store")
+	retry := s.post(c, "/payments", "vanish", `{}`)
+	require.Equal(t, http.StatusCreated, retry.status)
+	require.Equal(t, "true", retry.header.Get(ReplayedHeader))
+	require.Equal(t, first.body, retry.body)
+	requireProblem(t, s.post(c, "/payments", "vanish", `{"other":1}`), 422, "key-reused")
+	require.EqualValues(t, 1, s.execs.Load())
+	require.Contains(t, logs.String(), "vanished while its handler ran")
+	require.Empty(t, keysWithoutTTL(t, s.rdb, s.idem.cfg.prefix))
+}
+
+// Even in a full Redis (maxmemory reached), a record that vanished is
+// written back with the answer: the retry replays.
+func TestRecordVanishingInAFullRedis(t *testing.T) {
+	srv := redistest.Private(t)
+	rdb := srv.Client(t)
+	s := newShopOn(t, rdb, WithResponseCache(0, 0))
+	k := clientKeys(s.idem.cfg.prefix, paymentID("full"))
+	ctx := context.Background()
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		rdb.Del(ctx, k.record)               // evicted
+		rdb.ConfigSet(ctx, "maxmemory", "1") // and Redis is full
+		s.defaultHandler(w, r)
+	}
+	c := s.client()
+	first := s.post(c, "/payments", "full", `{}`)
+	require.Equal(t, http.StatusCreated, first.status)
+	// A full Redis refuses new locks (503, nothing runs); once it has room,
+	// the retry finds the answer.
+	requireProblem(t, s.post(c, "/payments", "full", `{}`), http.StatusServiceUnavailable, "store-unavailable")
+	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory", "0").Err())
+	retry := s.post(c, "/payments", "full", `{}`)
+	require.Equal(t, "true", retry.header.Get(ReplayedHeader), retry.body)
+	require.Equal(t, first.body, retry.body)
+	require.EqualValues(t, 1, s.execs.Load())
 }

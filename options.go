@@ -284,6 +284,46 @@ func WithExpiryHeader(name string) Option {
 // takeover reports whether a retry may take over a key whose executor
 // vanished: then a run whose lease is lost must stop, since another may
 // run in its place.
+// WithObserver calls fn once for every request on a protected route (those
+// let through unprotected included, as Unprotected), after it was
+// answered, from the request's goroutine: keep it fast. LogObserver and the
+// otelidem package provide ready ones. Default none, which costs nothing.
+func WithObserver(fn func(Event)) Option { return func(c *config) { c.observer = fn } }
+
+// WithFingerprint sets what makes two requests with one key the same
+// request. Whatever f writes, the middleware binds the fingerprint to the
+// host the request was sent to and, in key mode without WithScope, to its
+// caller (see WithScope). Default DefaultFingerprint.
+func WithFingerprint(f Fingerprinter) Option { return func(c *config) { c.fingerprinter = f } }
+
+// WithStorePolicy sets which answers are stored. It replaces
+// WithReleaseOnServerError, and that replaces it: the last one given wins.
+// Default StoreAll.
+func WithStorePolicy(p StorePolicy) Option { return func(c *config) { c.storePolicy = p } }
+
+// WithReleaseOnServerError releases the key when the handler answers 5xx, so
+// a retry runs the handler again. Use it only for handlers that fail before
+// any side effect. Default off: a 5xx is stored and replayed like any answer.
+//
+// Deprecated: use WithStorePolicy, with StoreNoTransient or a policy of your
+// own; this option sets a policy that releases 5xx and stores the rest.
+func WithReleaseOnServerError() Option {
+	return WithStorePolicy(func(_ *http.Request, status int) StoreDecision {
+		return StoreDecision{Release: status >= 500}
+	})
+}
+
+// WithOutcomeStore lets the middleware recover abandoned executions from s
+// rather than answer 409 interrupted. Every handler behind the middleware
+// must commit its writes and its answer through s (sqlidem's Handler does):
+// recovery runs a handler again whenever s holds no answer for its key, so
+// a handler that wrote elsewhere would write twice. Protect other routes
+// with a Middleware of their own. It cannot be combined with WithFailOpen
+// (New panics): a request run unprotected would commit no outcome. Default
+// none: an abandoned execution is answered 409 interrupted (or run again,
+// with WithRetryAbandoned).
+func WithOutcomeStore(s OutcomeStore) Option { return func(c *config) { c.outcomes = s } }
+
 func (c *config) takeover() bool { return c.retryAbandoned || c.outcomes != nil }
 
 func newConfig(opts []Option) config {

@@ -1,11 +1,15 @@
 package idempotency
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -374,4 +378,112 @@ func TestRedisMemoryPerEntry(t *testing.T) {
 
 	t.Logf("Redis memory (MEMORY USAGE): a stored record with a 1 KiB body %d B; an issued token 0 B", rec)
 	require.Less(t, rec, int64(1024+1024), "the body is stored as it is: no base64, no JSON")
+}
+
+// A claim resent after it answered "abandoned" answers "abandoned" again.
+func TestResentClaimAfterAbandoned(t *testing.T) {
+	s := newShop(t, WithLockLease(100*time.Millisecond))
+	k := clientKeys(s.idem.cfg.prefix, paymentID("resend"))
+	crashAfterClaim(t, s, k, "fp")
+	time.Sleep(150 * time.Millisecond)
+	ctx := t.Context()
+	lock, err := s.idem.store.obtain(ctx, k)
+	require.NoError(t, err)
+	for range 2 {
+		cl, err := s.idem.store.claim(ctx, k, lock.Token(), "fp")
+		require.NoError(t, err)
+		require.Equal(t, outcomeAbandoned, cl.outcome)
+	}
+	require.Zero(t, s.rdb.Exists(ctx, k.lock).Val(), "the lock was let go")
+}
+
+// A Redis that lost its scripts (a restart, a failover to a replica that
+// never loaded them, SCRIPT FLUSH) answers NOSCRIPT to the lock, and to the
+// claim that rides with it or runs it without the lock. Both are sent again
+// as scripts: the first request runs once and its duplicate on another
+// instance is replayed.
+func TestScriptsFlushedBetweenRequests(t *testing.T) {
+	prefix := "test-" + t.Name()
+	rdb := redistest.Client(t, prefix)
+	a := newShopOn(t, rdb, WithKeyPrefix(prefix))
+	b := newShopOn(t, redistest.Client(t, prefix), WithKeyPrefix(prefix))
+	require.Equal(t, http.StatusCreated, a.post(a.client(), "/payments", "warm", `{}`).status)
+	for _, claimLoaded := range []bool{false, true} {
+		key := fmt.Sprint("after-flush-", claimLoaded)
+		require.NoError(t, rdb.ScriptFlush(t.Context()).Err())
+		if claimLoaded { // the lock's script is missing, the claim's is not
+			require.NoError(t, claimScript.Load(t.Context(), rdb).Err())
+		}
+		first := a.post(a.client(), "/payments", key, `{}`)
+		require.Equal(t, http.StatusCreated, first.status, first.body)
+		require.NoError(t, rdb.ScriptFlush(t.Context()).Err())
+		dup := b.post(b.client(), "/payments", key, `{}`)
+		require.Equal(t, http.StatusCreated, dup.status, dup.body)
+		require.Equal(t, "true", dup.header.Get(ReplayedHeader))
+		require.Equal(t, first.body, dup.body)
+	}
+	require.EqualValues(t, 3, a.execs.Load())
+	require.Zero(t, b.execs.Load())
+}
+
+// The stored-record decoder meets whatever Redis hands back: it must refuse
+// what it cannot read, never panic, and replay what it accepts.
+func FuzzDecodeReply(f *testing.F) {
+	f.Add("201", "Content-Type: application/json\nLocation: /orders/1\n", []byte(`{"id":1}`), int64(86400000))
+	f.Add("303", "", []byte{}, int64(1))
+	f.Add("2x1", "broken", []byte{0xff}, int64(-2))
+	f.Fuzz(func(t *testing.T, code, head string, body []byte, ttl int64) {
+		rec, _, err := decodeReply([]any{code, head, string(body), ttl})
+		if err != nil {
+			return
+		}
+		if rec.status < 100 || rec.status > 999 {
+			t.Fatalf("accepted status %d", rec.status)
+		}
+		w := httptest.NewRecorder()
+		rec.write(w, nil, &config{})
+		if !bytes.Equal(w.Body.Bytes(), body) {
+			t.Fatalf("replayed body differs")
+		}
+	})
+}
+
+// A Redis that stops answering (SIGSTOP: connections stay open, replies
+// never come) fails requests closed within the store timeout, never runs
+// the handler, and serves again once it resumes.
+func TestStalledRedisFailsClosedWithinStoreTimeout(t *testing.T) {
+	srv := redistest.Private(t)
+	rdb := srv.Client(t)
+	const storeTimeout = 200 * time.Millisecond
+	s := newShopOn(t, rdb, WithStoreTimeout(storeTimeout))
+	c := s.client()
+	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "before", `{}`).status)
+
+	require.NoError(t, srv.Signal(syscall.SIGSTOP))
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Signal(syscall.SIGCONT)
+		}
+	}()
+	var slowest time.Duration
+	for i := range 5 {
+		start := time.Now()
+		a := s.post(c, "/payments", "during-"+string(rune('a'+i)), `{}`)
+		slowest = max(slowest, time.Since(start))
+		requireProblem(t, a, http.StatusServiceUnavailable, "store-unavailable")
+		require.Equal(t, "1", a.header.Get("Retry-After"))
+	}
+	require.EqualValues(t, 1, s.execs.Load(), "nothing ran while Redis was stalled")
+	// go-redis's own ReadTimeout is 3 s: answering well inside it shows that
+	// the store timeout, not the client's default, bounds a stalled step.
+	require.Less(t, slowest, 3*time.Second)
+	t.Logf("stalled Redis: slowest 503 after %v (store timeout %v)", slowest, storeTimeout)
+
+	require.NoError(t, srv.Signal(syscall.SIGCONT))
+	resumed = true
+	require.Eventually(t, func() bool {
+		return s.post(c, "/payments", "after", `{}`).status == http.StatusCreated
+	}, 5*time.Second, 20*time.Millisecond)
+	require.EqualValues(t, 2, s.execs.Load())
 }

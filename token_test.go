@@ -1,14 +1,20 @@
 package idempotency
 
 import (
+	"crypto/rand"
 	"crypto/tls"
+	"encoding/base64"
+	"encoding/binary"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 )
 
@@ -220,4 +226,68 @@ func TestATokenBelongsToItsKeyPrefix(t *testing.T) {
 	_, ok, err = b.tokens.check(t.Context(), "u1", tok.Value, time.Now())
 	require.NoError(t, err)
 	require.False(t, ok)
+}
+
+// 10⁶ tokens from the issuance generator collide nowhere (122 random bits
+// make a collision among 10⁶ about a 10⁻²⁵ event), and each is canonical.
+func TestTokenGeneratorHasNoCollisions(t *testing.T) {
+	n := trials(1_000_000, 10_000_000)
+	seen := make(map[[16]byte]struct{}, n)
+	for range n {
+		tok, err := newToken()
+		require.NoError(t, err)
+		id := uuid.MustParse(tok)
+		require.Equal(t, uuid.Version(4), id.Version())
+		seen[id] = struct{}{}
+	}
+	require.Len(t, seen, n)
+	t.Logf("%d tokens generated: %d distinct, 0 collisions", n, len(seen))
+}
+
+// 10⁵ random, well-formed tokens (an expiry in the future, random nonce
+// and MAC) probed against a session that holds 32 real ones: none is
+// accepted, and none spends a real token.
+func TestRandomTokenProbesNeverHit(t *testing.T) {
+	s := newShop(t)
+	c := s.client()
+	var real []string
+	for range 32 {
+		real = append(real, s.token(c))
+	}
+	session := sessionOf(t, s, c)
+	h := s.idem.Protect(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.execs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	n := trials(100_000, 1_000_000)
+	var hits, rejected atomic.Int64
+	var wg sync.WaitGroup
+	per := n / 8
+	for range 8 {
+		wg.Go(func() {
+			for range per {
+				r := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{}`))
+				r.AddCookie(&http.Cookie{Name: "idempotency_session", Value: session})
+				var b [tokenBytes]byte
+				rand.Read(b[:])
+				binary.BigEndian.PutUint64(b[:8], uint64(time.Now().Add(time.Hour).UnixMilli()))
+				r.Header.Set(KeyHeader, base64.RawURLEncoding.EncodeToString(b[:]))
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, r)
+				if w.Code == http.StatusUnprocessableEntity {
+					rejected.Add(1)
+				} else {
+					hits.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d random token probes against a session holding 32 tokens: %d hits, %d rejected", 8*per, hits.Load(), rejected.Load())
+	require.Zero(t, hits.Load())
+	require.Zero(t, s.execs.Load())
+	// Every real token still works.
+	for _, tok := range real {
+		require.Equal(t, http.StatusCreated, s.post(c, "/orders", tok, `{}`).status)
+	}
 }

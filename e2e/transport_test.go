@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/go-retryablehttp"
 	"github.com/onceonly/idempotency"
+	idemclient "github.com/onceonly/idempotency/client"
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/onceonly/idempotency/internal/shopproc"
 	"github.com/stretchr/testify/require"
@@ -77,7 +78,7 @@ func TestTransportLostAnswersPayOnce(t *testing.T) {
 func TestTransportNeverRetriesAReusedKey(t *testing.T) {
 	s := startShop(t, shopproc.Build(t, t.TempDir(), false), redisURL(redistest.Private(t).Addr(), 1))
 	proxy := startLossyProxy(t, strings.TrimPrefix(s.URL, "http://"))
-	client := &http.Client{Timeout: 30 * time.Second, Transport: &idempotency.Transport{Base: newBase(t),
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &idemclient.Transport{Base: newBase(t),
 		BaseDelay: 10 * time.Millisecond}}
 	post := func(body string) *http.Response {
 		req, err := http.NewRequest(http.MethodPost, proxy.URL()+"/payments", strings.NewReader(body))
@@ -108,7 +109,7 @@ func TestTransportNeverRetriesAReusedKey(t *testing.T) {
 // The recommended composition: our Transport does the retries, by the
 // middleware's rules, with one key.
 func viaTransport(t *testing.T, url string) (*http.Response, error) {
-	client := &http.Client{Timeout: 30 * time.Second, Transport: &idempotency.Transport{Base: newBase(t),
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &idemclient.Transport{Base: newBase(t),
 		BaseDelay: 10 * time.Millisecond}}
 	return client.Post(url, "application/json", strings.NewReader(paymentBody))
 }
@@ -118,7 +119,7 @@ func viaTransport(t *testing.T, url string) (*http.Response, error) {
 // through instead of turned into an error.
 func viaRetryablehttpOverTransport(t *testing.T, url string) (*http.Response, error) {
 	rc := retryableClient(0)
-	rc.HTTPClient.Transport = &idempotency.Transport{Base: newBase(t), BaseDelay: 10 * time.Millisecond}
+	rc.HTTPClient.Transport = &idemclient.Transport{Base: newBase(t), BaseDelay: 10 * time.Millisecond}
 	return rc.Do(retryableRequest(t, url, ""))
 }
 
@@ -126,7 +127,7 @@ func viaRetryablehttpOverTransport(t *testing.T, url string) (*http.Response, er
 // key, since the caller set it on the request that every retry resends.
 func viaRetryablehttpRetriesWithKey(t *testing.T, url string) (*http.Response, error) {
 	rc := retryableClient(2)
-	rc.HTTPClient.Transport = &idempotency.Transport{Base: newBase(t), MaxAttempts: 1}
+	rc.HTTPClient.Transport = &idemclient.Transport{Base: newBase(t), MaxAttempts: 1}
 	return rc.Do(retryableRequest(t, url, "order-8-payment"))
 }
 
@@ -136,7 +137,7 @@ func viaTransportOverRetryablehttp(t *testing.T, url string) (*http.Response, er
 	rc := retryableClient(2)
 	rc.HTTPClient.Transport = newBase(t)
 	client := &http.Client{Timeout: 30 * time.Second,
-		Transport: &idempotency.Transport{Base: &retryablehttp.RoundTripper{Client: rc}, MaxAttempts: 1}}
+		Transport: &idemclient.Transport{Base: &retryablehttp.RoundTripper{Client: rc}, MaxAttempts: 1}}
 	return client.Post(url, "application/json", strings.NewReader(paymentBody))
 }
 
@@ -145,7 +146,7 @@ func viaTransportOverRetryablehttp(t *testing.T, url string) (*http.Response, er
 // writes into the caller's request, gives each a new one.
 func viaRetryablehttpRetriesWithoutKey(t *testing.T, url string) (*http.Response, error) {
 	rc := retryableClient(2)
-	rc.HTTPClient.Transport = &idempotency.Transport{Base: newBase(t), MaxAttempts: 1}
+	rc.HTTPClient.Transport = &idemclient.Transport{Base: newBase(t), MaxAttempts: 1}
 	return rc.Do(retryableRequest(t, url, ""))
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/cloudevents"
 	"github.com/onceonly/idempotency/example/internal/orderlog"
 	"github.com/onceonly/idempotency/example/internal/reply"
 	"github.com/onceonly/idempotency/optimistic"
@@ -58,8 +59,8 @@ func registerCallbacks(r chi.Router, rdb redis.UniversalClient, latency time.Dur
 	cb := &callbacks{log: orderlog.New(rdb, callbacksLog, "pid-"+strconv.Itoa(os.Getpid())), latency: latency}
 	byKey := idempotency.New(rdb, idempotency.WithRetryAbandoned())
 	byEvent := idempotency.New(rdb, idempotency.WithRetryAbandoned(),
-		idempotency.WithKeyExtractor(idempotency.CloudEventKey),
-		idempotency.WithScope(idempotency.CloudEventScope))
+		idempotency.WithKeyExtractor(cloudevents.Key),
+		idempotency.WithScope(cloudevents.Scope))
 	r.With(byKey.ProtectKey).Post("/callbacks/orders", cb.handle(relayedEvent))
 	r.With(byEvent.ProtectKey).Post("/callbacks/cloudevents/orders", cb.handle(cloudEvent))
 	r.Get("/callbacks/orders", cb.list)

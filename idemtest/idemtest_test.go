@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/admin"
 	"github.com/onceonly/idempotency/idemtest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -227,21 +228,21 @@ func TestOperatorSettlesInterruptedKeys(t *testing.T) {
 	interrupt("forget-me")
 	p.handle = nil
 
-	var found []idempotency.KeyState
-	for st, err := range idem.Interrupted(t.Context()) {
+	var found []admin.KeyState
+	for st, err := range admin.New(idem).Interrupted(t.Context()) {
 		require.NoError(t, err)
 		found = append(found, st)
 	}
 	require.Len(t, found, 2)
 	for _, st := range found {
-		again, err := idem.Inspect(t.Context(), st.Key)
+		again, err := admin.New(idem).Inspect(t.Context(), st.Key)
 		require.NoError(t, err)
 		require.True(t, again.Interrupted)
 		require.Equal(t, "run", again.State)
 	}
 	// Which is which: Resolve the first, Forget the second.
-	require.NoError(t, idem.Resolve(t.Context(), found[0], idempotency.Answer{Status: http.StatusCreated, Body: []byte("settled")}))
-	require.NoError(t, idem.Forget(t.Context(), found[1]))
+	require.NoError(t, admin.New(idem).Resolve(t.Context(), found[0], idempotency.Answer{Status: http.StatusCreated, Body: []byte("settled")}))
+	require.NoError(t, admin.New(idem).Forget(t.Context(), found[1]))
 	a, b := post(t, http.DefaultClient, p.srv.URL, "resolve-me", `{}`), post(t, http.DefaultClient, p.srv.URL, "forget-me", `{}`)
 	bodies := []string{a.body, b.body}
 	assert.Contains(t, bodies, "settled", "the resolved key replays the operator's answer")
@@ -314,9 +315,9 @@ func TestEveryScriptRunsOnMiniredis(t *testing.T) {
 			resp.Body.Close()
 		}
 	}
-	for st, err := range idem.Interrupted(t.Context()) {
+	for st, err := range admin.New(idem).Interrupted(t.Context()) {
 		require.NoError(t, err)
-		require.NoError(t, idem.Forget(t.Context(), st))
+		require.NoError(t, admin.New(idem).Forget(t.Context(), st))
 	}
 	require.Empty(t, scripts.failures(), "scripts refused by miniredis")
 	t.Logf("%d distinct scripts ran", scripts.count())

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/admin"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -14,7 +14,7 @@ import (
 // paused process) until its execution timeout ends it: the age tells the
 // two apart. The fence is the claiming server's TIME in microseconds, so
 // the age is read on that server's clock, not on ours.
-func (s *session) claimAge(ctx context.Context, st idempotency.KeyState) (time.Duration, error) {
+func (s *session) claimAge(ctx context.Context, st admin.KeyState) (time.Duration, error) {
 	offset, err := s.clock(ctx, st.Key)
 	if err != nil {
 		return 0, err

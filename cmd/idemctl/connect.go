@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/admin"
 	"github.com/onceonly/idempotency/sqlidem"
 	"github.com/redis/go-redis/v9"
 )
@@ -20,7 +21,7 @@ import (
 // and, with -db, the outcome store.
 type session struct {
 	rdb      redis.UniversalClient
-	idem     *idempotency.Middleware
+	ops      *admin.Operator
 	outcomes *sqlidem.Store // nil without -db
 	timeout  time.Duration
 	closers  []func() error
@@ -44,7 +45,7 @@ func connect(ctx context.Context, o options, stderr io.Writer) (*session, error)
 		// allowlist, when it has one.
 		opts = append(opts, idempotency.WithReplayHeaders(o.replayHeaders...))
 	}
-	s.idem = idempotency.New(rdb, opts...)
+	s.ops = admin.New(idempotency.New(rdb, opts...))
 	if o.dsn == "" {
 		return s, nil
 	}

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/admin"
 )
 
 // listInterrupted prints the interrupted keys, one a line, named as the
@@ -13,7 +13,7 @@ import (
 // keys and their figures. age is the claim's (see claimAge).
 func (s *session) listInterrupted(ctx context.Context, out, errw io.Writer, limit int) error {
 	n := 0
-	for st, err := range s.idem.Interrupted(ctx) {
+	for st, err := range s.ops.Interrupted(ctx) {
 		if err != nil {
 			return err
 		}
@@ -39,7 +39,7 @@ func (s *session) listInterrupted(ctx context.Context, out, errw io.Writer, limi
 // sqlColumn says in a word what SQL holds for an interrupted key: answer
 // (resolve -replay applies), other-answer (another request's), fenced or
 // none. Empty without -db.
-func sqlColumn(st idempotency.KeyState, found *sqlAnswer) string {
+func sqlColumn(st admin.KeyState, found *sqlAnswer) string {
 	switch {
 	case found == nil:
 		return ""

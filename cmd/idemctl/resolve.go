@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/admin"
 )
 
 // resolve settles an interrupted key: -replay stores the answer SQL
@@ -71,12 +72,12 @@ func (s *session) resolve(ctx context.Context, stdin io.Reader, out io.Writer, k
 	step, cancel := s.step(ctx)
 	defer cancel()
 	if o.replay {
-		err = s.idem.Resolve(step, st, found.row.Answer)
+		err = s.ops.Resolve(step, st, found.row.Answer)
 	} else {
-		err = s.idem.Forget(step, st)
+		err = s.ops.Forget(step, st)
 	}
 	switch {
-	case errors.Is(err, idempotency.ErrNotInterrupted), errors.Is(err, idempotency.ErrKeyReused):
+	case errors.Is(err, admin.ErrNotInterrupted), errors.Is(err, idempotency.ErrKeyReused):
 		return fmt.Errorf("%w; nothing changed", err)
 	case err != nil:
 		return err

@@ -7,7 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/admin"
 	"github.com/onceonly/idempotency/sqlidem"
 )
 
@@ -51,10 +51,10 @@ func (s *session) show(ctx context.Context, out io.Writer, key string, minAge ti
 	return tw.Flush()
 }
 
-func (s *session) inspect(ctx context.Context, key string) (idempotency.KeyState, error) {
+func (s *session) inspect(ctx context.Context, key string) (admin.KeyState, error) {
 	step, cancel := s.step(ctx)
 	defer cancel()
-	return s.idem.Inspect(step, key)
+	return s.ops.Inspect(step, key)
 }
 
 // sqlAnswer is what the outcome table holds for a key.
@@ -80,11 +80,11 @@ func (s *session) lookup(ctx context.Context, key string) (*sqlAnswer, error) {
 
 // committed reports whether SQL holds an answer for the request that
 // claimed st, the one resolve -replay would store.
-func (a *sqlAnswer) committed(st idempotency.KeyState) bool {
+func (a *sqlAnswer) committed(st admin.KeyState) bool {
 	return a != nil && a.found && a.row.Done && a.row.Answer.Fingerprint == st.Fingerprint
 }
 
-func (a *sqlAnswer) describe(st idempotency.KeyState) string {
+func (a *sqlAnswer) describe(st admin.KeyState) string {
 	switch {
 	case !a.found:
 		return "no row for this key"
@@ -103,7 +103,7 @@ func (a *sqlAnswer) describe(st idempotency.KeyState) string {
 		a.row.Answer.Status, len(a.row.Answer.Body), a.row.Fence, whose)
 }
 
-func stateOf(st idempotency.KeyState) string {
+func stateOf(st admin.KeyState) string {
 	switch {
 	case st.Interrupted:
 		return "run, interrupted: nobody holds the lock it was claimed with"
@@ -117,7 +117,7 @@ func stateOf(st idempotency.KeyState) string {
 	return st.State
 }
 
-func lockOf(st idempotency.KeyState) string {
+func lockOf(st admin.KeyState) string {
 	switch st.Lock {
 	case "":
 		return "free"

@@ -4,13 +4,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/admin"
 )
 
 // verdict says in one line what a key's state means and what settles it.
 // found is nil without -db; claimed is the claim's age, and minAge the
 // age under which resolve refuses an interrupted key.
-func verdict(st idempotency.KeyState, found *sqlAnswer, claimed, minAge time.Duration) string {
+func verdict(st admin.KeyState, found *sqlAnswer, claimed, minAge time.Duration) string {
 	key := shellQuote(st.Key)
 	switch {
 	case st.State == "none":

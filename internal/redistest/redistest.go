@@ -147,3 +147,35 @@ func URL(opts *redis.Options) string {
 
 // Addrs joins addresses the way REDIS_CLUSTER_ADDRS expects them.
 func Addrs(addrs []string) string { return strings.Join(addrs, ",") }
+
+// unreachableAddr is what ExampleAddr gives when there is no Redis for the
+// examples: they then fail on their output, as they must, instead of
+// running against whatever answers on go-redis's default address,
+// localhost:6379.
+const unreachableAddr = "127.0.0.1:0"
+
+// ExampleAddr is the Redis that a package's Example functions dial: the
+// test suite's own server (REDIS_URL, else a private redis-server). The
+// examples share it with the tests and with other packages' examples, so
+// each package keeps its examples under a key prefix of its own, and what
+// earlier runs left under prefix is deleted here, once per run.
+func ExampleAddr(prefix string) string {
+	opts, err := SharedOptions()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "examples: no Redis to run against:", err)
+		return unreachableAddr
+	}
+	// The examples spell out their client options and take only the address
+	// from here, so a server that needs more would be reached wrongly (a
+	// database other than 0) or not at all.
+	if opts.Username != "" || opts.Password != "" || opts.DB != 0 || opts.TLSConfig != nil {
+		fmt.Fprintln(os.Stderr, "examples: REDIS_URL needs credentials, a database or TLS; the examples dial a bare address")
+		return unreachableAddr
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: opts.Addr})
+	defer rdb.Close()
+	if err := DeleteKeys(rdb, prefix); err != nil {
+		fmt.Fprintln(os.Stderr, "examples: deleting what earlier runs left:", err)
+	}
+	return opts.Addr
+}

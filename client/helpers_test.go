@@ -1,4 +1,4 @@
-package idempotency
+package client
 
 import (
 	"io"
@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -79,7 +81,7 @@ func answerWith(code int, body string, header ...string) http.HandlerFunc {
 
 // problemOf answers as the middleware answers err.
 func problemOf(err error) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) { DefaultErrorHandler(w, r, err) }
+	return func(w http.ResponseWriter, r *http.Request) { idempotency.DefaultErrorHandler(w, r, err) }
 }
 
 // hangUp closes the connection without an answer, as a network that lost
@@ -134,3 +136,5 @@ func keysOf(t *testing.T, attempts []attempt) []string {
 	}
 	return keys
 }
+
+func TestMain(m *testing.M) { redistest.Main(m) }

@@ -1,4 +1,4 @@
-package idempotency_test
+package client_test
 
 import (
 	"fmt"
@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/client"
+	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -22,7 +24,7 @@ func ExampleTransport() {
 		ContextTimeoutEnabled: true,      // lets WithStoreTimeout cut a stalled Redis short
 	})
 	defer rdb.Close()
-	idem := idempotency.New(rdb, idempotency.WithKeyPrefix("example:transport"))
+	idem := idempotency.New(rdb, idempotency.WithKeyPrefix("client-example:transport"))
 	var charges atomic.Int64
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -42,16 +44,16 @@ func ExampleTransport() {
 	}))
 	defer srv.Close()
 
-	client := &http.Client{Transport: &idempotency.Transport{}}
+	hc := &http.Client{Transport: &client.Transport{}}
 	for range 2 {
-		resp, err := client.Post(srv.URL+"/payments", "application/json", strings.NewReader(`{"amount":500}`))
+		resp, err := hc.Post(srv.URL+"/payments", "application/json", strings.NewReader(`{"amount":500}`))
 		if err != nil {
 			fmt.Println(err)
 			return
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		fmt.Println(resp.StatusCode, string(body), "replayed:", resp.Header.Get(idempotency.ReplayedHeader) == "true")
+		fmt.Println(resp.StatusCode, string(body), "replayed:", resp.Header.Get(client.ReplayedHeader) == "true")
 	}
 	fmt.Println("charges:", charges.Load())
 	// Output:
@@ -59,3 +61,8 @@ func ExampleTransport() {
 	// 201 charge 2 replayed: false
 	// charges: 2
 }
+
+// redisAddr is the Redis the example dials: the test suite's own server
+// (REDIS_URL, else a private redis-server), under the key prefix
+// "client-example:".
+var redisAddr = redistest.ExampleAddr("client-example:")

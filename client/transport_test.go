@@ -1,14 +1,13 @@
-package idempotency
+package client
 
 import (
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/onceonly/idempotency"
 	"github.com/stretchr/testify/require"
 )
 
@@ -37,7 +36,7 @@ func TestTransportGeneratesOneKeyPerRequest(t *testing.T) {
 func TestTransportKeepsTheCallersKey(t *testing.T) {
 	for _, name := range []string{KeyHeader, "idempotency-key"} {
 		t.Run(name, func(t *testing.T) {
-			srv := newScriptedServer(t, problemOf(ErrInProgress), answerUnavailable, answerCreated)
+			srv := newScriptedServer(t, problemOf(idempotency.ErrInProgress), answerUnavailable, answerCreated)
 			req := newPost(t, srv.URL, `{"amount":500}`)
 			req.Header[name] = []string{"order-8-payment"}
 			code, _, _ := postTo(t, fastTransport(t), req)
@@ -180,40 +179,6 @@ func TestTransportGeneratesAKeyForAnEmptyKeyHeader(t *testing.T) {
 			_, err := uuid.Parse(keys[0])
 			require.NoError(t, err)
 			require.Equal(t, tc.values, req.Header[tc.header], "the caller's request is not changed")
-		})
-	}
-}
-
-// Behind WithOptionalKey, a request whose key header is empty would run
-// unprotected on every attempt. With the key the Transport gives it, two
-// lost answers cost no second execution: the third attempt is the replay.
-func TestTransportEmptyKeyHeaderRunsOnceBehindOptionalKey(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		values []string
-	}{
-		{"nil", nil},
-		{"empty value", []string{""}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			s := newShop(t, WithOptionalKey())
-			var answers atomic.Int64
-			lossy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if answers.Add(1) > 2 {
-					s.srv.Config.Handler.ServeHTTP(w, r)
-					return
-				}
-				s.srv.Config.Handler.ServeHTTP(httptest.NewRecorder(), r) // it runs,
-				hangUp(w, r)                                              // and its answer is lost
-			}))
-			t.Cleanup(lossy.Close)
-			req := newPost(t, lossy.URL+"/payments", `{"amount":500}`)
-			req.Header[KeyHeader] = tc.values
-			code, header, _ := postTo(t, fastTransport(t), req)
-			require.Equal(t, http.StatusCreated, code)
-			require.Equal(t, "true", header.Get(ReplayedHeader))
-			require.EqualValues(t, 1, s.execs.Load())
-			require.EqualValues(t, 3, answers.Load())
 		})
 	}
 }

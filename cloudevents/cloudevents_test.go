@@ -1,20 +1,25 @@
-package idempotency
+package cloudevents
 
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
+	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/stretchr/testify/require"
 )
 
 const structuredEvent = `{"specversion":"1.0","id":"evt-1","source":"https://shop.example/orders","type":"order.paid","data":{"id":"not-this-one","source":"nor-this"}}`
 
-func TestCloudEventKey(t *testing.T) {
+func TestKey(t *testing.T) {
 	binary := func(pairs ...string) http.Header {
 		h := http.Header{"Content-Type": {"application/json"}}
 		for i := 0; i < len(pairs); i += 2 {
@@ -55,7 +60,7 @@ func TestCloudEventKey(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := httptest.NewRequest(http.MethodPost, "/callbacks", strings.NewReader(tc.body))
 			r.Header = tc.header
-			got, err := CloudEventKey(r, []byte(tc.body))
+			got, err := Key(r, []byte(tc.body))
 			if tc.wantErr {
 				require.Error(t, err)
 				return
@@ -66,7 +71,7 @@ func TestCloudEventKey(t *testing.T) {
 	}
 }
 
-func TestCloudEventScope(t *testing.T) {
+func TestScope(t *testing.T) {
 	tests := []struct {
 		name    string
 		path    string
@@ -90,7 +95,7 @@ func TestCloudEventScope(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := httptest.NewRequest(http.MethodPost, tc.path, strings.NewReader(tc.body))
 			r.Header = tc.header
-			got, err := CloudEventScope(r)
+			got, err := Scope(r)
 			if tc.wantErr {
 				require.Error(t, err)
 				return
@@ -107,10 +112,10 @@ func TestCloudEventScope(t *testing.T) {
 
 // Two mounts of one receiver under http.StripPrefix are two routes: the
 // scope has the path the client sent.
-func TestCloudEventScopeOfAStrippedPath(t *testing.T) {
+func TestScopeOfAStrippedPath(t *testing.T) {
 	var scopes []string
 	receiver := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		scope, err := CloudEventScope(r)
+		scope, err := Scope(r)
 		require.NoError(t, err)
 		scopes = append(scopes, scope)
 	})
@@ -124,17 +129,18 @@ func TestCloudEventScopeOfAStrippedPath(t *testing.T) {
 
 // Under the middleware the body is a seekable copy: the scope reads it from
 // the start and leaves it where it found it.
-func TestCloudEventScopeRestoresTheBodyPosition(t *testing.T) {
+func TestScopeRestoresTheBodyPosition(t *testing.T) {
 	r := httptest.NewRequest(http.MethodPost, "/cb", nil)
 	r.Header.Set("Content-Type", "application/cloudevents+json")
-	var br bodyReader
-	br.Reset([]byte(structuredEvent))
-	r.Body = &br
+	r.Body = struct {
+		io.ReadSeeker
+		io.Closer
+	}{strings.NewReader(structuredEvent), io.NopCloser(nil)}
 	head := make([]byte, 5)
 	_, err := io.ReadFull(r.Body, head)
 	require.NoError(t, err)
 
-	scope, err := CloudEventScope(r)
+	scope, err := Scope(r)
 	require.NoError(t, err)
 	require.Equal(t, "3:/cbhttps://shop.example/orders", scope)
 	rest, err := io.ReadAll(r.Body)
@@ -142,12 +148,12 @@ func TestCloudEventScopeRestoresTheBodyPosition(t *testing.T) {
 	require.Equal(t, structuredEvent, string(head)+string(rest))
 }
 
-func TestCloudEventScopeBodyLimitOutsideTheMiddleware(t *testing.T) {
-	big := `{"source":"/s","data":"` + strings.Repeat("x", cloudEventScopeBodyLimit) + `"}`
+func TestScopeBodyLimitOutsideTheMiddleware(t *testing.T) {
+	big := `{"source":"/s","data":"` + strings.Repeat("x", scopeBodyLimit) + `"}`
 	r := httptest.NewRequest(http.MethodPost, "/cb", strings.NewReader(big))
 	r.Header.Set("Content-Type", "application/cloudevents+json")
-	_, err := CloudEventScope(r)
-	require.ErrorIs(t, err, ErrRequestTooLarge)
+	_, err := Scope(r)
+	require.ErrorIs(t, err, idempotency.ErrRequestTooLarge)
 	rest, err := io.ReadAll(r.Body)
 	require.NoError(t, err)
 	require.Equal(t, big, string(rest), "nothing of the body is lost")
@@ -155,14 +161,36 @@ func TestCloudEventScopeBodyLimitOutsideTheMiddleware(t *testing.T) {
 
 // The extractors through the real middleware and Redis: structured and
 // binary events, scoped by source, replayed, and refused as the contract says.
-func TestCloudEventsThroughTheMiddleware(t *testing.T) {
-	s := newShop(t, WithKeyExtractor(CloudEventKey), WithScope(CloudEventScope), WithMaxRequestBytes(4096))
-	c := s.client()
-	send := func(header http.Header, body string) answer {
-		req, err := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(body))
+func TestThroughTheMiddleware(t *testing.T) {
+	const prefix = "test-cloudevents"
+	idem := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix),
+		idempotency.WithKeyExtractor(Key), idempotency.WithScope(Scope), idempotency.WithMaxRequestBytes(4096))
+	var execs atomic.Int64
+	srv := httptest.NewServer(idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("X-Request-Body", string(body))
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"execution":%d}`, execs.Add(1))
+	})))
+	t.Cleanup(srv.Close)
+	send := func(header http.Header, body string) *httptest.ResponseRecorder {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/events", strings.NewReader(body))
 		require.NoError(t, err)
 		req.Header = header
-		return do(t, c, req)
+		resp, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		got := httptest.NewRecorder()
+		maps.Copy(got.Header(), resp.Header)
+		got.WriteHeader(resp.StatusCode)
+		_, err = io.Copy(got, resp.Body)
+		require.NoError(t, err)
+		return got
+	}
+	refused := func(a *httptest.ResponseRecorder, status int, slug string) {
+		t.Helper()
+		require.Equal(t, status, a.Code, a.Body.String())
+		require.Contains(t, a.Body.String(), `"type":"`+idempotency.ProblemTypeBase+slug+`"`)
 	}
 	structured := http.Header{"Content-Type": {"application/cloudevents+json"}}
 	binary := func(id, source string) http.Header {
@@ -175,30 +203,31 @@ func TestCloudEventsThroughTheMiddleware(t *testing.T) {
 	}
 
 	first := send(structured, event("e1", "/a", `{"n":1}`))
-	require.Equal(t, http.StatusCreated, first.status, first.body)
-	require.Equal(t, `{"execution":1}`, first.body)
-	require.Equal(t, event("e1", "/a", `{"n":1}`), first.header.Get("X-Request-Body"), "the handler reads the whole event")
+	require.Equal(t, http.StatusCreated, first.Code, first.Body.String())
+	require.Equal(t, `{"execution":1}`, first.Body.String())
+	require.Equal(t, event("e1", "/a", `{"n":1}`), first.Header().Get("X-Request-Body"), "the handler reads the whole event")
 
 	again := send(structured, event("e1", "/a", `{"n":1}`))
-	require.Equal(t, "true", again.header.Get(ReplayedHeader))
-	require.Equal(t, first.body, again.body)
+	require.Equal(t, "true", again.Header().Get(idempotency.ReplayedHeader))
+	require.Equal(t, first.Body.String(), again.Body.String())
 
 	// The same id from another source is another event.
-	require.Equal(t, `{"execution":2}`, send(structured, event("e1", "/b", `{"n":1}`)).body)
+	require.Equal(t, `{"execution":2}`, send(structured, event("e1", "/b", `{"n":1}`)).Body.String())
 	// Binary mode: the data is the body, the attributes are headers.
-	require.Equal(t, `{"execution":3}`, send(binary("e2", "/a"), `{"n":2}`).body)
-	require.Equal(t, `{"execution":3}`, send(binary("e2", "/a"), `{"n":2}`).body)
-	require.Equal(t, `{"execution":3}`, send(binary("e2", "/a"), `{"n":2}`).body)
+	require.Equal(t, `{"execution":3}`, send(binary("e2", "/a"), `{"n":2}`).Body.String())
+	require.Equal(t, `{"execution":3}`, send(binary("e2", "/a"), `{"n":2}`).Body.String())
 	// Same source and id, different event: a sender bug, never a replay.
-	requireProblem(t, send(structured, event("e1", "/a", `{"n":9}`)), 422, "key-reused")
-	requireProblem(t, send(binary("e3", ""), `{}`), 401, "no-scope")
-	requireProblem(t, send(structured, `{"source":"/a"}`), 400, "missing-key")
-	requireProblem(t, send(http.Header{"Content-Type": {"application/cloudevents-batch+json"}}, "["+event("e4", "/a", "1")+"]"), 400, "invalid-key")
-	requireProblem(t, send(structured, event("e5", "/a", `"`+strings.Repeat("x", 4096)+`"`)), 413, "request-too-large")
-	require.EqualValues(t, 3, s.execs.Load())
+	refused(send(structured, event("e1", "/a", `{"n":9}`)), 422, "key-reused")
+	refused(send(binary("e3", ""), `{}`), 401, "no-scope")
+	refused(send(structured, `{"source":"/a"}`), 400, "missing-key")
+	refused(send(http.Header{"Content-Type": {"application/cloudevents-batch+json"}}, "["+event("e4", "/a", "1")+"]"), 400, "invalid-key")
+	refused(send(structured, event("e5", "/a", `"`+strings.Repeat("x", 4096)+`"`)), 413, "request-too-large")
+	require.EqualValues(t, 3, execs.Load())
 }
 
-func FuzzCloudEventKey(f *testing.F) {
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+func FuzzKey(f *testing.F) {
 	f.Add("application/cloudevents+json", "", "", []byte(structuredEvent))
 	f.Add("application/json", "evt-1", "/orders", []byte(`{"id":1}`))
 	f.Add("application/cloudevents+json; charset=utf-8", "", "", []byte(`{"id":"a","source":"s","ID":"b"}`))
@@ -218,8 +247,8 @@ func FuzzCloudEventKey(f *testing.F) {
 		}
 		// Extraction never panics and always finds the same key: a
 		// redelivery is recognised.
-		key, err := CloudEventKey(request(), body)
-		key2, err2 := CloudEventKey(request(), body)
+		key, err := Key(request(), body)
+		key2, err2 := Key(request(), body)
 		require.Equal(t, key, key2)
 		require.Equal(t, err == nil, err2 == nil)
 
@@ -233,7 +262,7 @@ func FuzzCloudEventKey(f *testing.F) {
 
 		// The scope leaves the body whole for the handler.
 		r := request()
-		CloudEventScope(r)
+		Scope(r)
 		rest, err := io.ReadAll(r.Body)
 		require.NoError(t, err)
 		require.Equal(t, body, rest)

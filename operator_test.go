@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceonly/idempotency/internal/keyspace"
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -44,15 +45,15 @@ func runningPayment(t *testing.T, s *shop, key string) keys {
 // seen is what an operator's Inspect of the key named name said a moment
 // ago: interrupted, under the claim its record holds now. The scripts must
 // still refuse to settle whatever the key has become since.
-func seen(t *testing.T, s *shop, name string) KeyState {
+func seen(t *testing.T, s *shop, name string) keyspace.State {
 	t.Helper()
-	k, err := keysNamed(s.idem.cfg.prefix, name)
+	k, err := keyspace.Parse(s.idem.cfg.prefix, name)
 	require.NoError(t, err)
-	owner := s.rdb.HGet(t.Context(), k.record, "o").Val()
+	owner := s.rdb.HGet(t.Context(), k.Record, "o").Val()
 	if owner == "" {
 		owner = "a-claim-since-gone"
 	}
-	return KeyState{Key: k.record, State: "run", Interrupted: true, Owner: owner}
+	return keyspace.State{Key: k.Record, State: "run", Interrupted: true, Owner: owner}
 }
 
 // A key claimed anew between the operator's look and the settling may be
@@ -61,17 +62,17 @@ func TestSettleRefusesAKeyClaimedAnew(t *testing.T) {
 	s := newShop(t, WithLockLease(100*time.Millisecond))
 	ctx := t.Context()
 	k, _ := interruptedPayment(t, s, "k")
-	st, err := s.idem.Inspect(ctx, k.record)
+	st, err := s.idem.operated().Inspect(ctx, k.record)
 	require.NoError(t, err)
 	require.True(t, st.Interrupted)
 	require.NoError(t, s.rdb.HSet(ctx, k.record, "o", "a-new-claim-stalled-past-its-lease").Err())
-	for _, err := range []error{s.idem.Forget(ctx, st), s.idem.Resolve(ctx, st, Answer{Status: 201})} {
-		require.ErrorIs(t, err, ErrNotInterrupted)
+	for _, err := range []error{s.idem.operated().Forget(ctx, st), resolve(ctx, s.idem, st, Answer{Status: 201})} {
+		require.ErrorIs(t, err, keyspace.ErrNotInterrupted)
 		require.ErrorContains(t, err, "claimed anew")
 	}
 	require.Equal(t, "run", s.rdb.HGet(ctx, k.record, "st").Val())
 	st.Interrupted = false
-	require.ErrorIs(t, s.idem.Forget(ctx, st), ErrNotInterrupted, "a key not seen interrupted")
+	require.ErrorIs(t, s.idem.operated().Forget(ctx, st), keyspace.ErrNotInterrupted, "a key not seen interrupted")
 }
 
 func TestInspect(t *testing.T) {
@@ -83,7 +84,7 @@ func TestInspect(t *testing.T) {
 	first := s.post(c, "/payments", "done", `{}`)
 	require.Equal(t, http.StatusCreated, first.status)
 	for _, name := range []string{done.record, done.lock, done.waiters()} {
-		st, err := s.idem.Inspect(ctx, name)
+		st, err := s.idem.operated().Inspect(ctx, name)
 		require.NoError(t, err, name)
 		require.Equal(t, done.record, st.Key, "named by %s", name)
 		require.Equal(t, "done", st.State)
@@ -98,7 +99,7 @@ func TestInspect(t *testing.T) {
 	}
 
 	k, fp := interruptedPayment(t, s, "interrupted")
-	st, err := s.idem.Inspect(ctx, k.record)
+	st, err := s.idem.operated().Inspect(ctx, k.record)
 	require.NoError(t, err)
 	require.Equal(t, "run", st.State)
 	require.True(t, st.Interrupted)
@@ -108,7 +109,7 @@ func TestInspect(t *testing.T) {
 	require.Zero(t, st.Status)
 
 	running := runningPayment(t, s, "running")
-	st, err = s.idem.Inspect(ctx, running.lock)
+	st, err = s.idem.operated().Inspect(ctx, running.lock)
 	require.NoError(t, err)
 	require.Equal(t, "run", st.State)
 	require.False(t, st.Interrupted, "its executor holds the lock")
@@ -116,53 +117,17 @@ func TestInspect(t *testing.T) {
 	require.True(t, st.LockTTL > 0 && st.LockTTL <= time.Minute, st.LockTTL)
 
 	s.rdb.Set(ctx, running.waiters(), 1, time.Minute)
-	st, err = s.idem.Inspect(ctx, running.record)
+	st, err = s.idem.operated().Inspect(ctx, running.record)
 	require.NoError(t, err)
 	require.True(t, st.Waiting)
 
 	none := clientKeys(s.idem.cfg.prefix, paymentID("never"))
-	st, err = s.idem.Inspect(ctx, none.record)
+	st, err = s.idem.operated().Inspect(ctx, none.record)
 	require.NoError(t, err)
-	require.Equal(t, KeyState{Key: none.record, State: "none"}, st)
+	require.Equal(t, keyspace.State{Key: none.record, State: "none"}, st)
 
-	_, err = s.idem.Inspect(ctx, "elsewhere:"+none.record)
+	_, err = s.idem.operated().Inspect(ctx, "elsewhere:"+none.record)
 	require.ErrorContains(t, err, "names no record")
-}
-
-func TestInspectKeyNames(t *testing.T) {
-	const tok = "0d3c1a55-8c1e-4f7e-9d59-3c3f8a1b2c4d"
-	key := keys{record: "p:{kAbC}:r", lock: "p:{kAbC}:l"}
-	token := keys{record: "p:{tXyZ}:r:" + tok, lock: "p:{tXyZ}:l:" + tok, token: tok}
-	for _, tc := range []struct {
-		name string
-		want keys
-	}{
-		{"p:{kAbC}:r", key},
-		{"p:{kAbC}:l", key},
-		{"p:{kAbC}:r:w", key},
-		{"p:{tXyZ}:r:" + tok, token},
-		{"p:{tXyZ}:l:" + tok, token},
-		{"p:{tXyZ}:r:" + tok + ":w", token},
-		{"p:{kAbC}:l:w", keys{}},
-		{"p:{tXyZ}:tokens", keys{}},
-		{"p:{tXyZ}:r:", keys{}},
-		{"p:{tXyZ}:r:a:b", keys{}},
-		{"p:{k}:r", keys{}},
-		{"p:{kAbC}:x", keys{}},
-		{"p:kAbC:r", keys{}},
-		{"q:{kAbC}:r", keys{}},
-		{"pp:{kAbC}:r", keys{}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := keysNamed("p", tc.name)
-			if tc.want == (keys{}) {
-				require.Error(t, err)
-				return
-			}
-			require.NoError(t, err)
-			require.Equal(t, tc.want, got)
-		})
-	}
 }
 
 // fakeRecord writes a key-mode record as claim.lua would, under a tag of
@@ -207,7 +172,7 @@ func TestInterrupted(t *testing.T) {
 	want = append(want, k.record)
 
 	var got []string
-	for st, err := range s.idem.Interrupted(ctx) {
+	for st, err := range s.idem.operated().Interrupted(ctx) {
 		require.NoError(t, err)
 		require.True(t, st.Interrupted)
 		got = append(got, st.Key)
@@ -217,7 +182,7 @@ func TestInterrupted(t *testing.T) {
 	require.Equal(t, want, got)
 
 	n := 0
-	for range s.idem.Interrupted(ctx) {
+	for range s.idem.operated().Interrupted(ctx) {
 		n++
 		break
 	}
@@ -238,7 +203,7 @@ func TestInterruptedOnCluster(t *testing.T) {
 		}
 	}
 	var got []string
-	for st, err := range m.Interrupted(ctx) {
+	for st, err := range m.operated().Interrupted(ctx) {
 		require.NoError(t, err)
 		got = append(got, st.Key)
 	}
@@ -264,17 +229,17 @@ func TestResolve(t *testing.T) {
 	}
 	bad := answer
 	bad.Fingerprint = strings.Repeat("00", 32)
-	require.ErrorIs(t, s.idem.Resolve(ctx, seen(t, s, k.record), bad), ErrKeyReused)
+	require.ErrorIs(t, resolve(ctx, s.idem, seen(t, s, k.record), bad), ErrKeyReused)
 	bad.Fingerprint = "0011"
-	require.ErrorContains(t, s.idem.Resolve(ctx, seen(t, s, k.record), bad), "not 32 bytes")
+	require.ErrorContains(t, resolve(ctx, s.idem, seen(t, s, k.record), bad), "not 32 bytes")
 	bad = answer
 	bad.Status = 0
-	require.ErrorContains(t, s.idem.Resolve(ctx, seen(t, s, k.record), bad), "not an HTTP status")
-	st, err := s.idem.Inspect(ctx, k.record)
+	require.ErrorContains(t, resolve(ctx, s.idem, seen(t, s, k.record), bad), "not an HTTP status")
+	st, err := s.idem.operated().Inspect(ctx, k.record)
 	require.NoError(t, err)
 	require.True(t, st.Interrupted, "a refused answer changed nothing")
 
-	require.NoError(t, s.idem.Resolve(ctx, seen(t, s, k.lock), answer), "named by its lock")
+	require.NoError(t, resolve(ctx, s.idem, seen(t, s, k.lock), answer), "named by its lock")
 	replay := s.post(c, "/payments", "k", `{}`)
 	require.Equal(t, http.StatusCreated, replay.status, replay.body)
 	require.Equal(t, `{"payment":7}`, replay.body)
@@ -285,25 +250,25 @@ func TestResolve(t *testing.T) {
 	after := s.rdb.PTTL(ctx, k.record).Val()
 	require.True(t, after > 0 && after <= before, "the record keeps its TTL: %v, then %v", before, after)
 
-	err = s.idem.Resolve(ctx, seen(t, s, k.record), answer)
-	require.ErrorIs(t, err, ErrNotInterrupted)
+	err = resolve(ctx, s.idem, seen(t, s, k.record), answer)
+	require.ErrorIs(t, err, keyspace.ErrNotInterrupted)
 	require.ErrorContains(t, err, "has a stored answer")
 
 	running := runningPayment(t, s, "running")
-	err = s.idem.Resolve(ctx, seen(t, s, running.record), answer)
-	require.ErrorIs(t, err, ErrNotInterrupted)
+	err = resolve(ctx, s.idem, seen(t, s, running.record), answer)
+	require.ErrorIs(t, err, keyspace.ErrNotInterrupted)
 	require.ErrorContains(t, err, "its executor holds the lock")
 	require.Equal(t, "run", s.rdb.HGet(ctx, running.record, "st").Val())
 
 	none := clientKeys(s.idem.cfg.prefix, paymentID("never"))
-	require.ErrorIs(t, s.idem.Resolve(ctx, seen(t, s, none.record), answer), ErrNotInterrupted)
+	require.ErrorIs(t, resolve(ctx, s.idem, seen(t, s, none.record), answer), keyspace.ErrNotInterrupted)
 	require.Zero(t, s.rdb.Exists(ctx, none.record).Val(), "no record is made up")
 }
 
 func TestResolveKeepsTheRecordsFingerprint(t *testing.T) {
 	s := newShop(t, WithLockLease(100*time.Millisecond))
 	k, _ := interruptedPayment(t, s, "k")
-	require.NoError(t, s.idem.Resolve(t.Context(), seen(t, s, k.record), Answer{Status: http.StatusAccepted}))
+	require.NoError(t, resolve(t.Context(), s.idem, seen(t, s, k.record), Answer{Status: http.StatusAccepted}))
 	a := s.post(s.client(), "/payments", "k", `{}`)
 	require.Equal(t, http.StatusAccepted, a.status)
 	require.Equal(t, "true", a.header.Get(ReplayedHeader))
@@ -314,19 +279,19 @@ func TestForget(t *testing.T) {
 	ctx := t.Context()
 	c := s.client()
 	k, _ := interruptedPayment(t, s, "k")
-	require.NoError(t, s.idem.Forget(ctx, seen(t, s, k.record)))
+	require.NoError(t, s.idem.operated().Forget(ctx, seen(t, s, k.record)))
 	a := s.post(c, "/payments", "k", `{}`)
 	require.Equal(t, http.StatusCreated, a.status)
 	require.Empty(t, a.header.Get(ReplayedHeader))
 	require.EqualValues(t, 1, s.execs.Load(), "the retry ran")
 
-	err := s.idem.Forget(ctx, seen(t, s, k.record))
-	require.ErrorIs(t, err, ErrNotInterrupted)
+	err := s.idem.operated().Forget(ctx, seen(t, s, k.record))
+	require.ErrorIs(t, err, keyspace.ErrNotInterrupted)
 	require.ErrorContains(t, err, "has a stored answer")
 	require.Equal(t, a.body, s.post(c, "/payments", "k", `{}`).body)
 
 	running := runningPayment(t, s, "running")
-	require.ErrorIs(t, s.idem.Forget(ctx, seen(t, s, running.record)), ErrNotInterrupted)
+	require.ErrorIs(t, s.idem.operated().Forget(ctx, seen(t, s, running.record)), keyspace.ErrNotInterrupted)
 	require.Equal(t, "run", s.rdb.HGet(ctx, running.record, "st").Val())
 }
 
@@ -349,7 +314,12 @@ func TestForgetTokenMode(t *testing.T) {
 	require.NoError(t, s.rdb.HDel(ctx, record, "c", "h", "b").Err())
 	requireProblem(t, s.post(c, "/orders", tok, `{}`), http.StatusConflict, "interrupted")
 
-	require.NoError(t, s.idem.Forget(ctx, seen(t, s, record+":w")))
+	require.NoError(t, s.idem.operated().Forget(ctx, seen(t, s, record+":w")))
 	requireProblem(t, s.post(c, "/orders", tok, `{}`), http.StatusUnprocessableEntity, "token-not-found")
 	require.EqualValues(t, 1, s.execs.Load())
+}
+
+// resolve settles st with a's answer, as admin.Operator.Resolve does.
+func resolve(ctx context.Context, m *Middleware, st keyspace.State, a Answer) error {
+	return m.operated().Resolve(ctx, st, a.Status, a.Header, a.Body, a.Fingerprint, a.NotReplayable)
 }

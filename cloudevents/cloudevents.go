@@ -1,4 +1,12 @@
-package idempotency
+// Package cloudevents reads the key and the scope of CloudEvents delivered
+// over HTTP, for the idempotency middleware's WithKeyExtractor and
+// WithScope:
+//
+//	idem := idempotency.New(rdb,
+//		idempotency.WithKeyExtractor(cloudevents.Key),
+//		idempotency.WithScope(cloudevents.Scope),
+//	)
+package cloudevents
 
 import (
 	"bytes"
@@ -11,6 +19,9 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/route"
 )
 
 // CloudEvents HTTP binding (https://github.com/cloudevents/spec, http-protocol-binding.md):
@@ -25,14 +36,14 @@ const (
 	cloudEventsPrefix      = "application/cloudevents"
 )
 
-// cloudEventScopeBodyLimit bounds the body CloudEventScope reads when it is
+// scopeBodyLimit bounds the body Scope reads when it is
 // called outside the middleware, on a body nobody has read yet. Under the
 // middleware the body is already in memory and WithMaxRequestBytes bounds it.
-const cloudEventScopeBodyLimit = 1 << 20
+const scopeBodyLimit = 1 << 20
 
-// CloudEventKey is a KeyExtractor for CloudEvents delivered over HTTP:
+// Key is a KeyExtractor for CloudEvents delivered over HTTP:
 //
-//	idempotency.WithKeyExtractor(idempotency.CloudEventKey)
+//	idempotency.WithKeyExtractor(cloudevents.Key)
 //
 // A request whose content type is application/cloudevents+json is a
 // structured-mode event, and the key is its "id" attribute; any other
@@ -44,9 +55,9 @@ const cloudEventScopeBodyLimit = 1 << 20
 // another structured format, a repeated ce-id header or a malformed
 // percent-encoding are refused (400 invalid-key), never guessed at.
 //
-// An event id is unique only within its source: pair CloudEventKey with
-// WithScope(CloudEventScope), or two senders' ids collide.
-func CloudEventKey(r *http.Request, body []byte) (string, error) {
+// An event id is unique only within its source: pair Key with
+// WithScope(Scope), or two senders' ids collide.
+func Key(r *http.Request, body []byte) (string, error) {
 	structured, err := cloudEventStructured(r.Header)
 	switch {
 	case err != nil:
@@ -61,11 +72,11 @@ func CloudEventKey(r *http.Request, body []byte) (string, error) {
 	return attrs.id, nil
 }
 
-// CloudEventScope is a scope function for WithScope that puts each
+// Scope is a scope function for WithScope that puts each
 // CloudEvent in the scope of its source, so that two senders' ids never
 // collide:
 //
-//	idempotency.WithScope(idempotency.CloudEventScope)
+//	idempotency.WithScope(cloudevents.Scope)
 //
 // The source is the ce-source header in binary mode, the "source" attribute
 // of the body in structured mode. The scope is the route (the path the
@@ -78,7 +89,7 @@ func CloudEventKey(r *http.Request, body []byte) (string, error) {
 // the copy the middleware already read, and the body is left where it was
 // for the handler; called elsewhere, it reads up to 1 MiB of the body and
 // puts what it read back in r.Body.
-func CloudEventScope(r *http.Request) (string, error) {
+func Scope(r *http.Request) (string, error) {
 	structured, err := cloudEventStructured(r.Header)
 	if err != nil {
 		return "", err
@@ -98,10 +109,10 @@ func CloudEventScope(r *http.Request) (string, error) {
 		return "", err
 	}
 	if source == "" {
-		return "", errors.New("idempotency: CloudEvent without a source")
+		return "", errors.New("cloudevents: CloudEvent without a source")
 	}
 	// Length-prefixed so that no path and source pair reads as another.
-	path := clientPath(r)
+	path := route.Path(r)
 	return strconv.Itoa(len(path)) + ":" + path + source, nil
 }
 
@@ -117,9 +128,9 @@ func cloudEventStructured(h http.Header) (bool, error) {
 	case cloudEventsJSON:
 		return true, nil
 	case cloudEventsBatchJSON:
-		return false, errors.New("idempotency: a CloudEvents batch has no single id")
+		return false, errors.New("cloudevents: a CloudEvents batch has no single id")
 	}
-	return false, fmt.Errorf("idempotency: unsupported CloudEvents format %q", mediaType)
+	return false, fmt.Errorf("cloudevents: unsupported CloudEvents format %q", mediaType)
 }
 
 // cloudEventHeader reads a binary-mode attribute. The binding
@@ -132,11 +143,11 @@ func cloudEventHeader(h http.Header, name string) (string, error) {
 		return "", nil
 	case 1:
 	default:
-		return "", fmt.Errorf("idempotency: %s header repeated", name)
+		return "", fmt.Errorf("cloudevents: %s header repeated", name)
 	}
 	value, err := url.PathUnescape(values[0])
 	if err != nil {
-		return "", fmt.Errorf("idempotency: %s header: %w", name, err)
+		return "", fmt.Errorf("cloudevents: %s header: %w", name, err)
 	}
 	return value, nil
 }
@@ -154,13 +165,13 @@ func cloudEventAttributes(body []byte) (cloudEventAttrs, error) {
 	var attrs cloudEventAttrs
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return attrs, errors.New("idempotency: structured CloudEvent is not a JSON object")
+		return attrs, errors.New("cloudevents: structured CloudEvent is not a JSON object")
 	}
 	seen := map[string]bool{}
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return attrs, fmt.Errorf("idempotency: structured CloudEvent: %w", err)
+			return attrs, fmt.Errorf("cloudevents: structured CloudEvent: %w", err)
 		}
 		name, _ := tok.(string)
 		var dst *string
@@ -171,24 +182,24 @@ func cloudEventAttributes(body []byte) (cloudEventAttrs, error) {
 			dst = &attrs.source
 		default:
 			if err := dec.Decode(&skipJSON{}); err != nil {
-				return attrs, fmt.Errorf("idempotency: structured CloudEvent: %w", err)
+				return attrs, fmt.Errorf("cloudevents: structured CloudEvent: %w", err)
 			}
 			continue
 		}
 		if seen[name] {
-			return attrs, fmt.Errorf("idempotency: structured CloudEvent repeats %q", name)
+			return attrs, fmt.Errorf("cloudevents: structured CloudEvent repeats %q", name)
 		}
 		seen[name] = true
 		// null leaves the attribute absent; anything but a string fails.
 		if err := dec.Decode(dst); err != nil {
-			return attrs, fmt.Errorf("idempotency: structured CloudEvent %q: %w", name, err)
+			return attrs, fmt.Errorf("cloudevents: structured CloudEvent %q: %w", name, err)
 		}
 	}
 	if _, err := dec.Token(); err != nil { // the closing brace
-		return attrs, fmt.Errorf("idempotency: structured CloudEvent: %w", err)
+		return attrs, fmt.Errorf("cloudevents: structured CloudEvent: %w", err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return attrs, errors.New("idempotency: structured CloudEvent has data after the object")
+		return attrs, errors.New("cloudevents: structured CloudEvent has data after the object")
 	}
 	return attrs, nil
 }
@@ -220,13 +231,13 @@ func peekBody(r *http.Request) ([]byte, error) {
 		}
 		return body, err
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, cloudEventScopeBodyLimit+1))
+	body, err := io.ReadAll(io.LimitReader(r.Body, scopeBodyLimit+1))
 	r.Body = &replacedBody{read: bytes.NewReader(body), orig: r.Body}
 	if err != nil {
 		return nil, err
 	}
-	if len(body) > cloudEventScopeBodyLimit {
-		return nil, ErrRequestTooLarge
+	if len(body) > scopeBodyLimit {
+		return nil, idempotency.ErrRequestTooLarge
 	}
 	return body, nil
 }

@@ -1,4 +1,4 @@
-package idempotency
+package client
 
 import (
 	"bytes"
@@ -31,7 +31,7 @@ func retryable(resp *http.Response) bool {
 	case http.StatusServiceUnavailable:
 		return resp.Header.Get("Retry-After") != ""
 	case http.StatusConflict:
-		return problemType(resp) == ProblemTypeBase+problemFor(ErrInProgress).slug
+		return problemType(resp) == inProgressProblem
 	}
 	return false
 }

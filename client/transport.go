@@ -1,11 +1,29 @@
-package idempotency
+// Package client is the client side of the idempotency middleware: an
+// http.RoundTripper that sends one Idempotency-Key with every retry of a
+// request, so that a lost answer turns into a replay instead of a second
+// execution. It needs no Redis: a program that only calls protected
+// endpoints imports this package and not the middleware.
+package client
 
 import (
 	"net/http"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/google/uuid"
 )
+
+// KeyHeader carries the key of a request, as the middleware reads it.
+const KeyHeader = "Idempotency-Key"
+
+// ReplayedHeader marks an answer that the middleware replayed from its
+// store: "true" when an earlier attempt ran the request.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// inProgressProblem is the RFC 9457 type of the middleware's 409 that says
+// the first attempt still runs: the one conflict worth retrying.
+const inProgressProblem = "https://github.com/onceonly/idempotency/blob/main/README.md#problem-in-progress"
 
 // Transport is an http.RoundTripper for clients of endpoints that this
 // package protects: it gives each request of a keyed method (POST and PATCH
@@ -20,9 +38,9 @@ import (
 // unsupported scheme, a TLS handshake that cannot succeed): it is returned
 // after one attempt.
 //
-//	client := &http.Client{Transport: &idempotency.Transport{}}
-//	resp, err := client.Post(url, "application/json", strings.NewReader(`{"amount":500}`))
-//	// resp.Header.Get(idempotency.ReplayedHeader) == "true" when an earlier
+//	hc := &http.Client{Transport: &client.Transport{}}
+//	resp, err := hc.Post(url, "application/json", strings.NewReader(`{"amount":500}`))
+//	// resp.Header.Get(client.ReplayedHeader) == "true" when an earlier
 //	// attempt ran the request and this is its stored answer.
 //
 // A request that already carries an Idempotency-Key keeps it, on every
@@ -159,7 +177,16 @@ func requestKey(h http.Header) (string, error) {
 			return "", nil
 		}
 	}
-	return newToken()
+	return newKey()
+}
+
+// newKey is a random key: a version 4 UUID.
+func newKey() (string, error) {
+	id, err := uuid.NewRandom()
+	if err != nil {
+		return "", err
+	}
+	return id.String(), nil
 }
 
 // notBlank reports whether a header value holds more than the optional

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -138,59 +137,4 @@ func TestRecoveredAnswerNotReplayable(t *testing.T) {
 	requireProblem(t, s.post(s.client(), "/payments", "k", `{}`), 409, "not-replayable")
 	require.Zero(t, s.execs.Load())
 	require.Len(t, outcomes.recovered, 1, "stored in Redis as executed, not replayable")
-}
-
-// Failing open runs a request without its key; behind an outcome store it
-// would commit with no outcome row, and its retry would commit again. New
-// refuses the pair, for handlers and for Do alike (one Middleware serves
-// both).
-func TestFailOpenWithAnOutcomeStoreIsRefused(t *testing.T) {
-	rdb := newShop(t).rdb
-	defer func() {
-		msg, _ := recover().(string)
-		require.Contains(t, msg, "WithFailOpen cannot be combined with WithOutcomeStore")
-	}()
-	New(rdb, WithFailOpen())
-	New(rdb, WithOutcomeStore(&fakeOutcomes{}))
-	New(rdb, WithFailOpen(), WithOutcomeStore(&fakeOutcomes{}))
-	t.Fatal("New accepted WithFailOpen with WithOutcomeStore")
-}
-
-func TestExecutionOf(t *testing.T) {
-	s := newShop(t)
-	var got Execution
-	var ok bool
-	s.handler = func(w http.ResponseWriter, r *http.Request) {
-		got, ok = ExecutionOf(r.Context())
-		w.WriteHeader(201)
-	}
-	s.post(s.client(), "/payments", "k", `{}`)
-	require.True(t, ok)
-	record := clientKeys(s.idem.cfg.prefix, paymentID("k")).record
-	require.Equal(t, record, got.Key, "the record's name, prefix and all")
-	require.Nil(t, got.Codec, "a handler has no codec")
-	require.Len(t, got.Fingerprint, 64)
-	require.NotZero(t, got.Fence)
-	require.Equal(t, 1<<20, got.MaxResponseBytes, "the middleware's WithMaxResponseBytes")
-	_, ok = ExecutionOf(context.Background())
-	require.False(t, ok)
-}
-
-// WriteError answers as the middleware's own error handler does, inside a
-// protected execution; DefaultErrorHandler outside one.
-func TestWriteErrorUsesTheMiddlewaresHandler(t *testing.T) {
-	custom := func(w http.ResponseWriter, _ *http.Request, err error) {
-		w.Header().Set("X-Error-Handler", "custom")
-		w.WriteHeader(StatusCode(err))
-	}
-	s := newShop(t, WithErrorHandler(custom))
-	s.handler = func(w http.ResponseWriter, r *http.Request) { WriteError(w, r, ErrInProgress) }
-	a := s.post(s.client(), "/payments", "k", `{}`)
-	require.Equal(t, http.StatusConflict, a.status)
-	require.Equal(t, "custom", a.header.Get("X-Error-Handler"))
-
-	rec := httptest.NewRecorder()
-	WriteError(rec, httptest.NewRequest(http.MethodPost, "/", nil), ErrInProgress)
-	require.Equal(t, http.StatusConflict, rec.Code)
-	require.Equal(t, "application/problem+json", rec.Header().Get("Content-Type"))
 }

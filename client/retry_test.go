@@ -1,10 +1,9 @@
-package idempotency
+package client
 
 import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/onceonly/idempotency"
 	"github.com/stretchr/testify/require"
 )
 
@@ -23,11 +23,11 @@ func TestTransportDoesNotRetryFinalAnswers(t *testing.T) {
 		name   string
 		answer http.HandlerFunc
 	}{
-		{"422 key-reused", problemOf(ErrKeyReused)},
-		{"422 token-not-found", problemOf(ErrTokenNotFound)},
-		{"409 not-replayable", problemOf(ErrNotReplayable)},
-		{"409 interrupted", problemOf(ErrInterrupted)},
-		{"409 unreadable-record", problemOf(ErrUnreadableRecord)},
+		{"422 key-reused", problemOf(idempotency.ErrKeyReused)},
+		{"422 token-not-found", problemOf(idempotency.ErrTokenNotFound)},
+		{"409 not-replayable", problemOf(idempotency.ErrNotReplayable)},
+		{"409 interrupted", problemOf(idempotency.ErrInterrupted)},
+		{"409 unreadable-record", problemOf(idempotency.ErrUnreadableRecord)},
 		{"409 of another kind with Retry-After", answerWith(http.StatusConflict,
 			`{"type":"https://example.com/probs/out-of-stock"}`, "Retry-After", "0")},
 		{"503 without Retry-After", answerWith(http.StatusServiceUnavailable, "down")},
@@ -37,7 +37,7 @@ func TestTransportDoesNotRetryFinalAnswers(t *testing.T) {
 			"Retry-After", "0", ReplayedHeader, "true")},
 		{"409 in-progress, replayed", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set(ReplayedHeader, "true")
-			problemOf(ErrInProgress)(w, r)
+			problemOf(idempotency.ErrInProgress)(w, r)
 		}},
 		{"201", answerCreated},
 	} {
@@ -57,8 +57,8 @@ func TestTransportDoesNotRetryFinalAnswers(t *testing.T) {
 // until another answer comes, within MaxAttempts; the last answer of an
 // exhausted request is returned as it is.
 func TestTransportRetriesInProgressAndUnavailable(t *testing.T) {
-	inProgress := problemOf(ErrInProgress)
-	storeDown := problemOf(ErrStoreUnavailable)
+	inProgress := problemOf(idempotency.ErrInProgress)
+	storeDown := problemOf(idempotency.ErrStoreUnavailable)
 	for _, tc := range []struct {
 		name     string
 		script   []http.HandlerFunc
@@ -199,7 +199,7 @@ func TestTransportWaitsWithinTheDeadline(t *testing.T) {
 // Answers that are retried are read and closed, so their connection
 // serves the next attempt.
 func TestTransportDrainsRetriedAnswers(t *testing.T) {
-	srv := newScriptedServer(t, problemOf(ErrInProgress), answerUnavailable, answerCreated)
+	srv := newScriptedServer(t, problemOf(idempotency.ErrInProgress), answerUnavailable, answerCreated)
 	code, _, body := postTo(t, fastTransport(t), newPost(t, srv.URL, `{}`))
 	require.Equal(t, http.StatusCreated, code)
 	require.Equal(t, `{"id":1}`, body)
@@ -370,27 +370,3 @@ func viaClient(rt http.RoundTripper) http.RoundTripper {
 type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
-// A handler's 503 with Retry-After is stored like any answer (StoreAll):
-// the retry gets its replay, and a replay is the key's answer for good, so
-// the Transport returns it instead of asking for the same copy again.
-func TestTransportStopsAtAReplayedAnswer(t *testing.T) {
-	s := newShop(t)
-	s.handler = func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Retry-After", "0")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		io.WriteString(w, "provider down")
-	}
-	var attempts atomic.Int64
-	counting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		attempts.Add(1)
-		s.srv.Config.Handler.ServeHTTP(w, r)
-	}))
-	t.Cleanup(counting.Close)
-	code, header, body := postTo(t, fastTransport(t), newPost(t, counting.URL+"/payments", `{"amount":500}`))
-	require.Equal(t, http.StatusServiceUnavailable, code)
-	require.Equal(t, "true", header.Get(ReplayedHeader))
-	require.Equal(t, "provider down", body)
-	require.EqualValues(t, 1, s.execs.Load())
-	require.EqualValues(t, 2, attempts.Load(), "the first answer, then its replay")
-}

@@ -1,0 +1,28 @@
+package idempotency
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// WriteError answers as the middleware's own error handler does, inside a
+// protected execution; DefaultErrorHandler outside one.
+func TestWriteErrorUsesTheMiddlewaresHandler(t *testing.T) {
+	custom := func(w http.ResponseWriter, _ *http.Request, err error) {
+		w.Header().Set("X-Error-Handler", "custom")
+		w.WriteHeader(StatusCode(err))
+	}
+	s := newShop(t, WithErrorHandler(custom))
+	s.handler = func(w http.ResponseWriter, r *http.Request) { WriteError(w, r, ErrInProgress) }
+	a := s.post(s.client(), "/payments", "k", `{}`)
+	require.Equal(t, http.StatusConflict, a.status)
+	require.Equal(t, "custom", a.header.Get("X-Error-Handler"))
+
+	rec := httptest.NewRecorder()
+	WriteError(rec, httptest.NewRequest(http.MethodPost, "/", nil), ErrInProgress)
+	require.Equal(t, http.StatusConflict, rec.Code)
+	require.Equal(t, "application/problem+json", rec.Header().Get("Content-Type"))
+}

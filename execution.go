@@ -1,0 +1,95 @@
+package idempotency
+
+import (
+	"context"
+	"encoding/hex"
+	"net/http"
+	"sync/atomic"
+)
+
+// Release tells the middleware that the protected handler running on ctx
+// did nothing that a retry must not repeat (a validation failure found
+// before any side effect): its answer is sent but not stored, and the key
+// is released, so the client may fix the request and retry with the same
+// key. Call it before the handler writes: waiting duplicates replay nothing
+// and run again. It reports whether it took effect: false outside a
+// protected execution, and once the handler has returned.
+func Release(ctx context.Context) bool {
+	e, ok := ctx.Value(executionKey).(*execution)
+	if !ok {
+		return false
+	}
+	return e.state.CompareAndSwap(execRunning, execReleased) || e.state.Load() == execReleased
+}
+
+// Execution describes the protected execution a context belongs to: what
+// an OutcomeStore records with the handler's writes.
+type Execution struct {
+	// Key names the key's record in Redis, as the middleware's log lines
+	// do: the same for every request with the key, and an outcome store's
+	// primary key. The key prefix (WithKeyPrefix) is part of it, so that
+	// services that share Redis under their own prefixes can share an
+	// outcome table too; changing the prefix leaves the committed rows
+	// behind, as it leaves the Redis records.
+	Key string
+	// Fingerprint is the request's fingerprint in hex. A duplicate has the
+	// same one; a request that reuses the key for another has not.
+	Fingerprint string
+	// Fence is the execution's fencing token (see FencingToken).
+	Fence uint64
+	// Codec encodes the result of a function run by Do (UseCodec); nil
+	// for a handler.
+	Codec Codec
+	// MaxResponseBytes is the middleware's WithMaxResponseBytes: an answer
+	// with a larger body is not kept for replay.
+	MaxResponseBytes int
+}
+
+// ExecutionOf returns the protected execution that ctx belongs to, or ok
+// false outside one (an unprotected request, or no middleware at all).
+func ExecutionOf(ctx context.Context) (e Execution, ok bool) {
+	x, ok := ctx.Value(executionKey).(*execution)
+	if !ok {
+		return Execution{}, false
+	}
+	return Execution{Key: x.key, Fingerprint: hex.EncodeToString(x.fp[:]), Fence: x.fence, Codec: x.codec,
+		MaxResponseBytes: x.maxResponse}, true
+}
+
+// execution is what a protected handler's context carries: who it is
+// (ExecutionOf), its fencing token, and what becomes of its answer.
+type execution struct {
+	key   string // Execution.Key
+	fp    fingerprintSum
+	fence uint64
+	codec Codec // Do's, for a function
+	// maxResponse is the middleware's WithMaxResponseBytes.
+	maxResponse int
+	// onError is the middleware's error handler, for a handler (WriteError).
+	onError func(http.ResponseWriter, *http.Request, error)
+	state   atomic.Int32 // running, released or decided
+	// decision is the policy's answer, taken once, when the status went
+	// out (for the expiry header) or when the handler returned.
+	decision *StoreDecision
+}
+
+const (
+	execRunning int32 = iota
+	execReleased
+	execDecided
+)
+
+var executionKey = &contextKey{"execution"}
+
+func withExecution(ctx context.Context, e *execution) context.Context {
+	return context.WithValue(ctx, executionKey, e)
+}
+
+// released reports whether the work gave its key up with Release.
+func (e *execution) released() bool { return e.state.Load() == execReleased }
+
+// settle ends the handler's say in what becomes of its answer: a Release
+// after it returned takes no effect.
+func (e *execution) settle() {
+	e.state.CompareAndSwap(execRunning, execDecided)
+}

@@ -1,0 +1,34 @@
+package idempotency
+
+import (
+	"net/http"
+
+	"github.com/onceonly/idempotency/internal/keyspace"
+)
+
+// The operator's API (package admin) reads and settles this middleware's
+// records through the store it is handed here, so that it needs nothing
+// unexported of this package and adds nothing to its API.
+func init() {
+	keyspace.StoreOf = func(m any) *keyspace.Store { return m.(*Middleware).operated() }
+}
+
+// operated is the middleware's records as an operator sees them.
+func (m *Middleware) operated() *keyspace.Store {
+	return &keyspace.Store{
+		Client:    m.store.client,
+		Prefix:    m.cfg.prefix,
+		RecordTTL: m.cfg.recordTTL,
+		KeyReused: ErrKeyReused,
+		Record: func(status int, header http.Header, body []byte, notReplayable bool) (string, int, string, []byte) {
+			rec, state := m.recordOf(Answer{Status: status, Header: header, Body: body}), "done"
+			if notReplayable || len(rec.body) > m.cfg.maxResponse {
+				// As for a handler's answer over the limit: executed, and
+				// answered not-replayable rather than replayed in part or
+				// beyond the bound.
+				rec, state = newRecord(rec.status, nil, nil), "big"
+			}
+			return state, rec.status, encodeHeader(rec.header), rec.body
+		},
+	}
+}

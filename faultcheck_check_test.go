@@ -280,16 +280,23 @@ func (c *keyCase) checkCancellations() {
 
 // checkKeyReused: a request is refused as key-reused only when a request
 // with the key and the other body (the key's own, or an impostor's) owns
-// it. A request that was itself refused key-reused never owned it; any
-// other may have (even one refused a connection in the end: the Transport
-// may have resent it after the instance that ran it died).
+// it. A request whose execution started owned it, whatever it was answered
+// in the end (a handler that panics before its status releases the key,
+// and the Transport's resend may then be refused by the other body's
+// claim). Of the others, one that was itself refused key-reused never owned
+// it; any other may have (even one refused a connection in the end: the
+// Transport may have resent it after the instance that ran it died).
 func (c *keyCase) checkKeyReused() {
+	started := map[string]bool{}
+	for _, s := range c.starts {
+		started[s.Request] = true
+	}
 	for _, x := range c.exchanges {
 		if read(x).problem != "key-reused" {
 			continue
 		}
 		owner := slices.ContainsFunc(c.exchanges, func(y *exchange) bool {
-			return y.req.impostor != x.req.impostor && read(y).problem != "key-reused"
+			return y.req.impostor != x.req.impostor && (started[y.req.name] || read(y).problem != "key-reused")
 		})
 		if !owner {
 			c.fail(ruleSpuriousKeyReused, "%s was refused key-reused, but no request with the other body ever owned the key", x.req.name)

@@ -57,8 +57,9 @@ func LoadScripts(ctx context.Context, c redis.Scripter) error {
 }
 
 // ErrNotInterrupted is returned by Resolve and Forget for a key that is not
-// interrupted (it has no record, its answer is stored, or its executor
-// holds its lock); they have changed nothing.
+// interrupted by the claim they were given (it has no record or a
+// forgotten one, its answer is stored, its executor holds its lock, or it
+// was claimed anew); they have changed nothing.
 var ErrNotInterrupted = errors.New("admin: key is not interrupted")
 
 // State is what Redis holds for one key, read in one step (admin.KeyState).

@@ -88,6 +88,9 @@ func (o *Operator) Interrupted(ctx context.Context) iter.Seq2[KeyState, error] {
 // success. Nothing else that finds the key settled does: a Resolve of a
 // key already resolved with another answer, or forgotten, returns an error
 // wrapping ErrNotInterrupted, since the key does not replay a.
+//
+// a.Status must be a final answer's, 200 to 999: a 1xx status is refused
+// (net/http would replay 103 as a 200, and 101 as a switch of protocols).
 func (o *Operator) Resolve(ctx context.Context, st KeyState, a idempotency.Answer) error {
 	return o.store.Resolve(ctx, st, a.Status, a.Header, a.Body, a.Fingerprint, a.NotReplayable)
 }

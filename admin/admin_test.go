@@ -257,3 +257,23 @@ func TestRepeatedSettleReportsSuccess(t *testing.T) {
 	require.Equal(t, "ran", p.retry("forgotten").Body.String())
 	require.Equal(t, int32(3), p.runs.Load(), "two interrupted runs and the forgotten key's retry")
 }
+
+// A 1xx status is an interim answer: net/http would replay 103 as a 200
+// and 101 as a switch of protocols. Resolve refuses it, as it refuses a
+// number that is no status, and the key stays interrupted.
+func TestResolveRefusesAnInterimStatus(t *testing.T) {
+	p := newPayments(t, "test-admin-interim")
+	st := p.interrupted(t, "k")
+	for _, status := range []int{99, http.StatusContinue, http.StatusSwitchingProtocols, http.StatusEarlyHints, 199, 1000} {
+		err := p.ops.Resolve(t.Context(), st, idempotency.Answer{Status: status, Body: []byte("settled")})
+		require.Error(t, err, "status %d", status)
+		require.NotErrorIs(t, err, admin.ErrNotInterrupted)
+	}
+	require.ErrorContains(t, p.ops.Resolve(t.Context(), st, idempotency.Answer{Status: http.StatusEarlyHints}), "interim")
+	require.True(t, p.inspect(t, "k").Interrupted, "nothing changed")
+
+	require.NoError(t, p.ops.Resolve(t.Context(), st, idempotency.Answer{Status: http.StatusOK, Body: []byte("settled")}))
+	w := p.retry("k")
+	require.Equal(t, http.StatusOK, w.Code)
+	require.Equal(t, "settled", w.Body.String())
+}

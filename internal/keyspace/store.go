@@ -232,8 +232,13 @@ func globEscape(s string) string {
 // Resolve settles the interrupted key st describes with an answer
 // (admin.Operator.Resolve tells the whole contract).
 func (s *Store) Resolve(ctx context.Context, st State, status int, header http.Header, body []byte, fingerprint string, notReplayable bool) error {
-	if status < 100 || status > 999 {
+	switch {
+	case status < 100 || status > 999:
 		return fmt.Errorf("admin: %d is not an HTTP status", status)
+	case status < 200:
+		// net/http sends 103 ahead of an implicit 200 and 101 as a switch
+		// of protocols: the key would replay a status nobody gave it.
+		return fmt.Errorf("admin: %d is an interim (1xx) status, never a final answer's; an answer's status is 200 to 999", status)
 	}
 	var fp []byte
 	if fingerprint != "" {

@@ -6,6 +6,7 @@
 package client
 
 import (
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -116,7 +117,12 @@ func (t *Transport) send(req *http.Request, key string) (*http.Response, error) 
 		if err != nil {
 			return nil, err
 		}
-		resp, err := t.base().RoundTrip(try)
+		base := t.base()
+		resp, err := base.RoundTrip(try)
+		if resp == nil && err == nil {
+			// A broken RoundTripper: answered as http.Client answers it.
+			return nil, fmt.Errorf("client: Base (%T) returned a nil *http.Response with a nil error", base)
+		}
 		if attempt >= attempts || ctx.Err() != nil || (err == nil && !retryable(resp)) ||
 			(err != nil && !retryableError(err)) {
 			return resp, err

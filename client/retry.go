@@ -121,15 +121,16 @@ func drain(body io.ReadCloser) {
 // host or network unreachable), a connection closed before the whole
 // answer came (EOF, unexpected EOF, a closed connection), a timeout (the
 // dial, the TLS handshake, the answer's headers), a name server that did
-// not answer, and an HTTP/2 stream that the server reset or refused, or
-// whose connection went away.
+// not answer, and an HTTP/2 stream that the server refused, cancelled or
+// reset to shed load, or whose connection went away.
 //
 // Everything else fails alike on every attempt, and waiting between them
 // only delays the answer: an error of the request itself (an invalid
 // header, method or URL, an unsupported scheme), a TLS handshake that
 // cannot succeed (a certificate the client refuses, an HTTP server asked
 // for HTTPS, a TLS alert), a host name that does not exist, an answer that
-// is not HTTP, and whatever else a RoundTripper returns that is not known
+// is not HTTP, an HTTP/2 stream reset with INTERNAL_ERROR (a handler that
+// panicked), and whatever else a RoundTripper returns that is not known
 // to be a passing failure. The error may come wrapped (a *url.Error from a
 // Base built on an http.Client); the chain is what is read.
 func retryableError(err error) bool {
@@ -176,10 +177,16 @@ type h2StreamError struct {
 func (e h2StreamError) Error() string { return "http2 stream error" }
 
 // retryableStreamCodes are the RST_STREAM codes (RFC 9113 §7) of a stream
-// that another attempt may get through: INTERNAL_ERROR (the server failed,
-// as a handler's panic does), REFUSED_STREAM (it did not start it), CANCEL
-// (it gave it up) and ENHANCE_YOUR_CALM (it sheds load).
-var retryableStreamCodes = []uint32{0x2, 0x7, 0x8, 0xb}
+// that another attempt may get through: REFUSED_STREAM (the server did not
+// start it), CANCEL (it gave it up) and ENHANCE_YOUR_CALM (it sheds load).
+// Not INTERNAL_ERROR: net/http's server resets a stream so when its handler
+// panics, and the middleware releases the key of a handler that panicked
+// before its status went out, so a resend would run the handler again,
+// however many effects it had before the panic; and a handler that panics
+// once mostly panics every time. (It also resets so when the server's
+// WriteTimeout passed before the answer: docs/design.md advises against a
+// WriteTimeout shorter than the handlers.)
+var retryableStreamCodes = []uint32{0x7, 0x8, 0xb}
 
 // The messages of net/http's HTTP/2 errors for a connection that went away
 // under a request, whose types are not exported: the server closed it

@@ -4,15 +4,21 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -314,12 +320,6 @@ func TestTransportRetriesWhatMayPass(t *testing.T) {
 	silent := newScriptedServer(t, func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
 	impatient := fastTransport(t).Base.(*http.Transport)
 	impatient.ResponseHeaderTimeout = 50 * time.Millisecond
-	h2Panics := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
-		panic(http.ErrAbortHandler) // HTTP/2: RST_STREAM INTERNAL_ERROR
-	}))
-	h2Panics.EnableHTTP2 = true
-	h2Panics.StartTLS()
-	t.Cleanup(h2Panics.Close)
 
 	for _, tc := range []struct {
 		name string
@@ -330,7 +330,6 @@ func TestTransportRetriesWhatMayPass(t *testing.T) {
 		{"connection reset", nil, reset.URL},
 		{"connection closed before the answer", nil, lost.URL},
 		{"no answer within ResponseHeaderTimeout", impatient, silent.URL},
-		{"HTTP/2 stream reset by the server", h2Panics.Client().Transport, h2Panics.URL},
 		{"*url.Error: connection closed before the answer", viaClient(nil), lost.URL},
 		{"*url.Error: connection refused", viaClient(nil), refused},
 	} {
@@ -370,3 +369,105 @@ func viaClient(rt http.RoundTripper) http.RoundTripper {
 type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// Of the HTTP/2 stream resets, those of a stream the server did not run
+// (REFUSED_STREAM), gave up (CANCEL) or shed (ENHANCE_YOUR_CALM) may pass;
+// INTERNAL_ERROR, net/http's reset of a handler that panicked, and the
+// resets of a request the server could not read are returned.
+func TestTransportRetriesStreamResetsThatMayPass(t *testing.T) {
+	for code, retried := range map[uint32]bool{
+		0x1: false, // PROTOCOL_ERROR
+		0x2: false, // INTERNAL_ERROR
+		0x7: true,  // REFUSED_STREAM
+		0x8: true,  // CANCEL
+		0xb: true,  // ENHANCE_YOUR_CALM
+	} {
+		err := h2StreamError{StreamID: 1, Code: code}
+		require.Equal(t, retried, retryableError(err), "code %#x", code)
+		require.Equal(t, retried, retryableError(&url.Error{Op: "Post", URL: "https://example.com/", Err: err}), "code %#x, wrapped", code)
+	}
+}
+
+// panicking serves a protected route whose handler takes effect and then
+// panics before its status went out, so that the middleware releases its
+// key: over HTTP/2 or HTTP/1, with a recoverer outside the middleware or
+// none. It returns a Transport to it (three attempts at most), the route's
+// URL and the count of the handler's runs.
+func panicking(t *testing.T, http2, recovered bool) (*Transport, string, *atomic.Int32) {
+	prefix := fmt.Sprintf("test-client-panic-%t-%t", http2, recovered)
+	idem := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix),
+		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
+	runs := new(atomic.Int32)
+	var h http.Handler = idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1) // the side effect
+		var receipt *struct{ ID string }
+		io.WriteString(w, receipt.ID) // panics before the status went out
+	}))
+	if recovered {
+		h = recoverer(h)
+	}
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	if http2 {
+		srv.EnableHTTP2 = true
+		srv.StartTLS()
+	} else {
+		srv.Start()
+	}
+	t.Cleanup(srv.Close)
+	base := srv.Client().Transport.(*http.Transport).Clone()
+	t.Cleanup(base.CloseIdleConnections)
+	rt := &Transport{Base: base, MaxAttempts: 3, BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond}
+	return rt, srv.URL + "/charges", runs
+}
+
+// Over HTTP/2 net/http resets the stream of a handler that panicked with
+// INTERNAL_ERROR. The middleware released the key, so a resend would run
+// the handler again: the error is returned after one attempt.
+func TestTransportDoesNotRetryTheStreamResetOfAPanic(t *testing.T) {
+	rt, url, runs := panicking(t, true, false)
+	_, err := (&http.Client{Transport: rt}).Do(newPost(t, url, `{"amount":500}`))
+	require.ErrorContains(t, err, "INTERNAL_ERROR")
+	require.EqualValues(t, 1, runs.Load(), "runs of the handler")
+}
+
+// A recoverer outside the middleware answers the panic with a 500, which
+// is returned after one attempt, over either protocol.
+func TestTransportReturnsARecoveredPanicAfterOneAttempt(t *testing.T) {
+	for _, http2 := range []bool{false, true} {
+		rt, url, runs := panicking(t, http2, true)
+		resp, err := (&http.Client{Transport: rt}).Do(newPost(t, url, `{"amount":500}`))
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusInternalServerError, resp.StatusCode)
+		require.EqualValues(t, 1, runs.Load(), "runs of the handler, HTTP/2 %t", http2)
+	}
+}
+
+// Over HTTP/1 net/http closes the connection of a handler that panicked
+// with no recoverer: the Transport cannot tell it from an answer that the
+// network lost, and retries it, so that the handler runs on every attempt.
+// The Transport's documentation and docs/client.md say so, and advise the
+// recoverer above.
+func TestTransportRetriesAnHTTP1PanicLikeALostAnswer(t *testing.T) {
+	rt, url, runs := panicking(t, false, false)
+	_, err := (&http.Client{Transport: rt}).Do(newPost(t, url, `{"amount":500}`))
+	require.ErrorIs(t, err, io.EOF)
+	require.EqualValues(t, 3, runs.Load(), "runs of the handler")
+}
+
+// recoverer answers a handler's panic with a 500, as a recovery middleware
+// outside the protection does.
+func recoverer(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				http.Error(w, "internal error", http.StatusInternalServerError)
+			}
+		}()
+		h.ServeHTTP(w, r)
+	})
+}

@@ -39,6 +39,17 @@ const inProgressProblem = "https://github.com/onceonly/idempotency/blob/main/REA
 // unsupported scheme, a TLS handshake that cannot succeed): it is returned
 // after one attempt.
 //
+// A handler that panics before its status went out is a case of its own:
+// the middleware releases the key (nothing of the run counts as executed),
+// so a resend runs the handler again. Over HTTP/2 net/http's server resets
+// the stream with INTERNAL_ERROR, which the Transport does not retry: the
+// error is returned after one attempt. Over HTTP/1 it closes the
+// connection, which cannot be told from an answer the network lost, so
+// the Transport retries, and a handler that panics every time runs
+// MaxAttempts times. Put a recoverer outside the middleware on protected
+// routes: it answers the panic with a 500, which is returned after one
+// attempt over either protocol.
+//
 //	hc := &http.Client{Transport: &client.Transport{}}
 //	resp, err := hc.Post(url, "application/json", strings.NewReader(`{"amount":500}`))
 //	// resp.Header.Get(client.ReplayedHeader) == "true" when an earlier

@@ -1,7 +1,7 @@
 package client
 
 import (
-	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -23,7 +24,7 @@ import (
 // replay, whatever its status: a 503 that the handler answered and the
 // middleware stored is the key's answer, and every retry would only get
 // that stored copy again.
-func retryable(resp *http.Response) bool {
+func retryable(ctx context.Context, resp *http.Response) bool {
 	if resp.Header.Get(ReplayedHeader) == "true" {
 		return false
 	}
@@ -31,7 +32,7 @@ func retryable(resp *http.Response) bool {
 	case http.StatusServiceUnavailable:
 		return resp.Header.Get("Retry-After") != ""
 	case http.StatusConflict:
-		return problemType(resp) == inProgressProblem
+		return problemType(ctx, resp) == inProgressProblem
 	}
 	return false
 }
@@ -40,21 +41,112 @@ func retryable(resp *http.Response) bool {
 // package is a few hundred bytes, and anything longer is not one.
 const problemSniff = 4 << 10
 
+// stallLimit bounds how long the Transport waits for a body it reads
+// itself: a 409's problem, and the rest of an answer it retries. The
+// middleware writes either with its headers; a body that takes longer has
+// stalled, and without this bound a request with no deadline would wait
+// for it for ever.
+const stallLimit = time.Second
+
 // problemType reads the RFC 9457 type of a problem+json body, or "", and
-// leaves resp.Body as it was for whoever reads it next.
-func problemType(resp *http.Response) string {
-	head, _ := io.ReadAll(io.LimitReader(resp.Body, problemSniff))
-	resp.Body = struct {
-		io.Reader
-		io.Closer
-	}{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
+// leaves resp.Body as it was for whoever reads it next. It reads for at
+// most stallLimit (and no longer than ctx lives): a body whose first
+// problemSniff bytes, or all of it, have not come by then is read as far
+// as it came, and resp goes back to the caller, who gets every byte of the
+// body, those read here first.
+func problemType(ctx context.Context, resp *http.Response) string {
+	b := sniff(resp.Body)
+	resp.Body = b
+	timer := time.NewTimer(stallLimit)
+	defer timer.Stop()
+	for !b.over {
+		select {
+		case chunk, ok := <-b.chunks:
+			b.head = append(b.head, chunk...)
+			b.over = !ok
+		case <-timer.C:
+			return typeOf(b.head)
+		case <-ctx.Done():
+			return typeOf(b.head)
+		}
+	}
+	return typeOf(b.head)
+}
+
+// typeOf is the type of the problem+json body, or "" when body is none.
+func typeOf(body []byte) string {
 	var p struct {
 		Type string `json:"type"`
 	}
-	if json.Unmarshal(head, &p) != nil {
+	if json.Unmarshal(body, &p) != nil {
 		return ""
 	}
 	return p.Type
+}
+
+// A sniffedBody is an answer's body whose first problemSniff bytes a
+// goroutine reads and hands over in chunks, so that problemType can stop
+// waiting for them: reading it yields the chunks problemType kept, then
+// the rest of the chunks as they come, then the body's own rest.
+// Closing it closes the body, which ends the goroutine.
+type sniffedBody struct {
+	body   io.ReadCloser
+	chunks chan []byte // the goroutine's reads; closed after the last
+	err    error       // what ended the goroutine's reads; set before chunks is closed
+	closed chan struct{}
+	once   sync.Once
+
+	// The reader's, then, once problemType has returned, the caller's.
+	head []byte // received from chunks, not read yet
+	over bool   // chunks is closed
+}
+
+func sniff(body io.ReadCloser) *sniffedBody {
+	b := &sniffedBody{body: body, chunks: make(chan []byte), closed: make(chan struct{})}
+	go b.fill()
+	return b
+}
+
+// fill reads up to problemSniff bytes of the body into chunks.
+func (b *sniffedBody) fill() {
+	defer close(b.chunks)
+	for n := 0; n < problemSniff; {
+		buf := make([]byte, problemSniff-n)
+		m, err := b.body.Read(buf)
+		if m > 0 {
+			select {
+			case b.chunks <- buf[:m]:
+			case <-b.closed:
+				return
+			}
+			n += m
+		}
+		if err != nil {
+			b.err = err
+			return
+		}
+	}
+}
+
+func (b *sniffedBody) Read(p []byte) (int, error) {
+	if len(b.head) == 0 && !b.over {
+		chunk, ok := <-b.chunks
+		b.head, b.over = chunk, !ok
+	}
+	if len(b.head) > 0 {
+		n := copy(p, b.head)
+		b.head = b.head[n:]
+		return n, nil
+	}
+	if b.err != nil {
+		return 0, b.err
+	}
+	return b.body.Read(p)
+}
+
+func (b *sniffedBody) Close() error {
+	b.once.Do(func() { close(b.closed) })
+	return b.body.Close()
 }
 
 // wait is how long to pause before the attempt after attempt: what resp's
@@ -109,9 +201,37 @@ func backoff(base, maxDelay time.Duration, attempt int) time.Duration {
 // any "try again" answer, so its connection is reused, and no more.
 const drainLimit = 64 << 10
 
-func drain(body io.ReadCloser) {
-	io.Copy(io.Discard, io.LimitReader(body, drainLimit))
-	body.Close()
+// drain reads what is left of body, up to drainLimit, in the background,
+// so that its connection may serve the next attempt; the channel is closed
+// when it is done. It does not close body: closeDrained does.
+func drain(body io.Reader) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		io.Copy(io.Discard, io.LimitReader(body, drainLimit))
+	}()
+	return done
+}
+
+// closeDrained closes body once drained is closed, or at the latest at
+// cutoff or when ctx ends: a stalled body costs its connection, never the
+// retry. Closing the body ends the drain's read.
+func closeDrained(ctx context.Context, body io.Closer, drained <-chan struct{}, cutoff time.Time) {
+	defer body.Close()
+	if d := time.Until(cutoff); d > 0 {
+		timer := time.NewTimer(d)
+		defer timer.Stop()
+		select {
+		case <-drained:
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+		return
+	}
+	select {
+	case <-drained:
+	default:
+	}
 }
 
 // retryableError reports whether a transport error may pass on a resend:

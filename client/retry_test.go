@@ -471,3 +471,88 @@ func recoverer(h http.Handler) http.Handler {
 		h.ServeHTTP(w, r)
 	})
 }
+
+// stalling answers status with header name, value, … pairs, a Content-Length
+// of 100,000 and only body of it, then stalls until the client closes the
+// connection (or the test ends), and closes gone when it does.
+func stalling(t *testing.T, status int, body string, gone chan<- struct{}, header ...string) http.HandlerFunc {
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) }) // before the server's Close, which waits for its handlers
+	return func(w http.ResponseWriter, r *http.Request) {
+		for i := 0; i+1 < len(header); i += 2 {
+			w.Header().Set(header[i], header[i+1])
+		}
+		w.Header().Set("Content-Length", "100000")
+		w.WriteHeader(status)
+		io.WriteString(w, body)
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done(): // the client closed the connection
+			close(gone)
+		case <-stop:
+		}
+	}
+}
+
+// requireClosed fails unless gone is closed within a few seconds.
+func requireClosed(t *testing.T, gone <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-gone:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s: the connection was not closed", what)
+	}
+}
+
+// A 409 whose problem stalls before it is whole is not known to be
+// in-progress: it is returned after stallLimit, also to a request with no
+// deadline, with every byte that came, and closing it closes its
+// connection.
+func TestTransportReturnsAConflictWhoseProblemStalls(t *testing.T) {
+	const partial = `{"type":"` + inProgressProblem + `"`
+	gone := make(chan struct{})
+	srv := newScriptedServer(t, stalling(t, http.StatusConflict, partial, gone,
+		"Content-Type", "application/problem+json", "Retry-After", "0"), answerCreated)
+	start := time.Now()
+	resp, err := fastTransport(t).RoundTrip(newPost(t, srv.URL, `{}`))
+	require.NoError(t, err)
+	require.Less(t, time.Since(start), stallLimit+time.Second)
+	require.Equal(t, http.StatusConflict, resp.StatusCode)
+	require.Len(t, srv.seen(), 1, "not retried")
+	got := make([]byte, len(partial))
+	_, err = io.ReadFull(resp.Body, got)
+	require.NoError(t, err)
+	require.Equal(t, partial, string(got), "the caller reads what came")
+	require.NoError(t, resp.Body.Close())
+	requireClosed(t, gone, "the returned answer")
+}
+
+// A retried answer whose body stalls (a 503 with Retry-After, or a 409
+// whose whole in-progress problem came and then the body stalled) is not
+// waited for beyond stallLimit: its connection is closed and the request
+// is sent again, also with no deadline.
+func TestTransportRetriesPastAStalledBody(t *testing.T) {
+	inProgress := `{"type":"` + inProgressProblem + `","status":409}`
+	for _, tc := range []struct {
+		name   string
+		status int
+		body   string
+	}{
+		{"503 with Retry-After", http.StatusServiceUnavailable, "try"},
+		{"409 in-progress", http.StatusConflict, inProgress},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gone := make(chan struct{})
+			srv := newScriptedServer(t, stalling(t, tc.status, tc.body, gone,
+				"Content-Type", "application/problem+json", "Retry-After", "0"), answerCreated)
+			start := time.Now()
+			resp, err := fastTransport(t).RoundTrip(newPost(t, srv.URL, `{}`))
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Less(t, time.Since(start), stallLimit+time.Second)
+			require.Equal(t, http.StatusCreated, resp.StatusCode)
+			require.Len(t, srv.seen(), 2)
+			requireClosed(t, gone, "the retried answer")
+		})
+	}
+}

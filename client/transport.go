@@ -74,6 +74,15 @@ const inProgressProblem = "https://github.com/onceonly/idempotency/blob/main/REA
 // closed; the last answer is returned as is, headers and body, so that a
 // replay is visible.
 //
+// What the Transport reads of an answer itself, a 409's problem type and
+// the rest of an answer it retries, it waits for at most a second after
+// the answer's headers came, so that a body that stalls never holds
+// RoundTrip, even for a request with no deadline: a 409 whose problem has
+// not come whole by then is not known to be in-progress and is returned,
+// its body whole to the caller (the bytes read so far first); a retried
+// answer whose rest has not come is closed, its connection with it, and
+// the request is sent again.
+//
 // A Transport is safe for concurrent use.
 type Transport struct {
 	// Base sends each attempt. Nil means http.DefaultTransport.
@@ -130,11 +139,12 @@ func (t *Transport) send(req *http.Request, key string) (*http.Response, error) 
 		}
 		base := t.base()
 		resp, err := base.RoundTrip(try)
+		answered := time.Now()
 		if resp == nil && err == nil {
 			// A broken RoundTripper: answered as http.Client answers it.
 			return nil, fmt.Errorf("client: Base (%T) returned a nil *http.Response with a nil error", base)
 		}
-		if attempt >= attempts || ctx.Err() != nil || (err == nil && !retryable(resp)) ||
+		if attempt >= attempts || ctx.Err() != nil || (err == nil && !retryable(ctx, resp)) ||
 			(err != nil && !retryableError(err)) {
 			return resp, err
 		}
@@ -142,15 +152,29 @@ func (t *Transport) send(req *http.Request, key string) (*http.Response, error) 
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= wait {
 			return resp, err
 		}
+		// The answer's body is drained during the wait, then closed: what
+		// the Transport reads of it (its problem, its rest) gets stallLimit
+		// in all.
+		var drained <-chan struct{}
+		cutoff := answered.Add(stallLimit)
 		if resp != nil {
-			drain(resp.Body)
+			drained = drain(resp.Body)
 		}
 		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			timer.Stop()
+			if resp != nil {
+				resp.Body.Close()
+			}
 			return nil, ctx.Err()
 		case <-timer.C:
+		}
+		if resp != nil {
+			closeDrained(ctx, resp.Body, drained, cutoff)
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
 		}
 	}
 }

@@ -41,25 +41,25 @@ func retryable(ctx context.Context, resp *http.Response) bool {
 // package is a few hundred bytes, and anything longer is not one.
 const problemSniff = 4 << 10
 
-// stallLimit bounds how long the Transport waits for a body it reads
-// itself: a 409's problem, and the rest of an answer it retries. The
-// middleware writes either with its headers; a body that takes longer has
+// stallLimit bounds how long the Transport waits for a 409's problem. The
+// middleware writes it with the headers; a body that takes longer has
 // stalled, and without this bound a request with no deadline would wait
 // for it for ever.
 const stallLimit = time.Second
 
 // problemType reads the RFC 9457 type of a problem+json body, or "", and
-// leaves resp.Body as it was for whoever reads it next. It reads for at
-// most stallLimit (and no longer than ctx lives): a body whose first
-// problemSniff bytes, or all of it, have not come by then is read as far
-// as it came, and resp goes back to the caller, who gets every byte of the
-// body, those read here first.
+// leaves resp.Body as it was for whoever reads it next. It reads until the
+// body ends, its first problemSniff bytes came or they hold one whole JSON
+// value (the rest may stall: drainGrace bounds it), for at most stallLimit
+// and no longer than ctx lives: what came by then is read as the body, and
+// resp goes back to the caller, who gets every byte of the body, those read
+// here first.
 func problemType(ctx context.Context, resp *http.Response) string {
 	b := sniff(resp.Body)
 	resp.Body = b
 	timer := time.NewTimer(stallLimit)
 	defer timer.Stop()
-	for !b.over {
+	for !b.over && !json.Valid(b.head) {
 		select {
 		case chunk, ok := <-b.chunks:
 			b.head = append(b.head, chunk...)
@@ -200,6 +200,12 @@ func backoff(base, maxDelay time.Duration, attempt int) time.Duration {
 // drainLimit bounds what is read of an answer that is retried: enough for
 // any "try again" answer, so its connection is reused, and no more.
 const drainLimit = 64 << 10
+
+// drainGrace bounds how long the rest of a retried answer is read once the
+// wait before the retry began: it is read during the wait, and for at most
+// drainGrace in all. A body that takes longer has stalled; it costs its
+// connection, never more than drainGrace of delay.
+const drainGrace = 100 * time.Millisecond
 
 // drain reads what is left of body, up to drainLimit, in the background,
 // so that its connection may serve the next attempt; the channel is closed

@@ -528,9 +528,10 @@ func TestTransportReturnsAConflictWhoseProblemStalls(t *testing.T) {
 }
 
 // A retried answer whose body stalls (a 503 with Retry-After, or a 409
-// whose whole in-progress problem came and then the body stalled) is not
-// waited for beyond stallLimit: its connection is closed and the request
-// is sent again, also with no deadline.
+// whose whole in-progress problem came and then the body stalled) costs
+// its connection and drainGrace at most, also with no deadline: the
+// request is sent again, and an answer that always stalls is returned
+// after MaxAttempts.
 func TestTransportRetriesPastAStalledBody(t *testing.T) {
 	inProgress := `{"type":"` + inProgressProblem + `","status":409}`
 	for _, tc := range []struct {
@@ -549,10 +550,27 @@ func TestTransportRetriesPastAStalledBody(t *testing.T) {
 			resp, err := fastTransport(t).RoundTrip(newPost(t, srv.URL, `{}`))
 			require.NoError(t, err)
 			resp.Body.Close()
-			require.Less(t, time.Since(start), stallLimit+time.Second)
+			require.Less(t, time.Since(start), drainGrace+500*time.Millisecond)
 			require.Equal(t, http.StatusCreated, resp.StatusCode)
 			require.Len(t, srv.seen(), 2)
 			requireClosed(t, gone, "the retried answer")
+
+			always := make(chan struct{}, defaultAttempts)
+			stalls := newScriptedServer(t, func(w http.ResponseWriter, r *http.Request) {
+				gone := make(chan struct{})
+				go func() { <-gone; always <- struct{}{} }()
+				stalling(t, tc.status, tc.body, gone, "Content-Type", "application/problem+json", "Retry-After", "0")(w, r)
+			})
+			start = time.Now()
+			resp, err = fastTransport(t).RoundTrip(newPost(t, stalls.URL, `{}`))
+			require.NoError(t, err)
+			require.Less(t, time.Since(start), defaultAttempts*drainGrace+time.Second)
+			require.Equal(t, tc.status, resp.StatusCode, "the last answer")
+			require.Len(t, stalls.seen(), defaultAttempts)
+			require.NoError(t, resp.Body.Close())
+			for range defaultAttempts {
+				requireClosed(t, always, "every attempt's answer")
+			}
 		})
 	}
 }

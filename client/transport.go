@@ -74,14 +74,13 @@ const inProgressProblem = "https://github.com/onceonly/idempotency/blob/main/REA
 // closed; the last answer is returned as is, headers and body, so that a
 // replay is visible.
 //
-// What the Transport reads of an answer itself, a 409's problem type and
-// the rest of an answer it retries, it waits for at most a second after
-// the answer's headers came, so that a body that stalls never holds
-// RoundTrip, even for a request with no deadline: a 409 whose problem has
-// not come whole by then is not known to be in-progress and is returned,
-// its body whole to the caller (the bytes read so far first); a retried
-// answer whose rest has not come is closed, its connection with it, and
-// the request is sent again.
+// A body that stalls after its headers never holds RoundTrip, even for a
+// request with no deadline. A 409's problem type is waited for at most a
+// second: a 409 whose problem has not come whole by then is not known to
+// be in-progress, and is returned, its body whole to the caller (the bytes
+// read so far first). The rest of an answer that is retried is read during
+// the wait before the retry and at most 100 ms in all; one that has not
+// come by then is closed, its connection with it.
 //
 // A Transport is safe for concurrent use.
 type Transport struct {
@@ -139,7 +138,6 @@ func (t *Transport) send(req *http.Request, key string) (*http.Response, error) 
 		}
 		base := t.base()
 		resp, err := base.RoundTrip(try)
-		answered := time.Now()
 		if resp == nil && err == nil {
 			// A broken RoundTripper: answered as http.Client answers it.
 			return nil, fmt.Errorf("client: Base (%T) returned a nil *http.Response with a nil error", base)
@@ -152,11 +150,10 @@ func (t *Transport) send(req *http.Request, key string) (*http.Response, error) 
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= wait {
 			return resp, err
 		}
-		// The answer's body is drained during the wait, then closed: what
-		// the Transport reads of it (its problem, its rest) gets stallLimit
-		// in all.
+		// The answer's rest is drained during the wait, and for at most
+		// drainGrace in all, then closed.
 		var drained <-chan struct{}
-		cutoff := answered.Add(stallLimit)
+		cutoff := time.Now().Add(drainGrace)
 		if resp != nil {
 			drained = drain(resp.Body)
 		}

@@ -20,8 +20,9 @@ import (
 )
 
 // ErrNotInterrupted is returned by Resolve and Forget for a key that is not
-// interrupted (it has no record, its answer is stored, or its executor
-// holds its lock); they have changed nothing.
+// interrupted by the claim they were given (it has no record or a
+// forgotten one, its answer is stored, its executor holds its lock, or it
+// was claimed anew); they have changed nothing.
 var ErrNotInterrupted = keyspace.ErrNotInterrupted
 
 // KeyState is what Redis holds for one key, read in one step: the key's
@@ -80,8 +81,16 @@ func (o *Operator) Interrupted(ctx context.Context) iter.Seq2[KeyState, error] {
 // marked NotReplayable, settles the key as executed and not replayable
 // (409 not-replayable), as a handler's would. Once settled, the key is no
 // longer the interrupted execution's: should its executor only have
-// stalled, it finds that when it wakes and stores nothing. A Resolve that
-// Redis ran but whose reply was lost and resent reports success.
+// stalled, it finds that when it wakes and stores nothing.
+//
+// Resolve with the same st and a again, while the record is the one it
+// stored (go-redis resending a Resolve whose reply was lost, say), reports
+// success. Nothing else that finds the key settled does: a Resolve of a
+// key already resolved with another answer, or forgotten, returns an error
+// wrapping ErrNotInterrupted, since the key does not replay a.
+//
+// a.Status must be a final answer's, 200 to 999: a 1xx status is refused
+// (net/http would replay 103 as a 200, and 101 as a switch of protocols).
 func (o *Operator) Resolve(ctx context.Context, st KeyState, a idempotency.Answer) error {
 	return o.store.Resolve(ctx, st, a.Status, a.Header, a.Body, a.Fingerprint, a.NotReplayable)
 }
@@ -91,10 +100,14 @@ func (o *Operator) Resolve(ctx context.Context, st KeyState, a idempotency.Answe
 // that was interrupted had no effect, or its effect was undone. A
 // token-mode key's token stays spent; its retry is answered
 // token-not-found and asks for a new token. When the key is no longer
-// interrupted by the claim st saw, Forget returns an error wrapping
-// ErrNotInterrupted and has changed nothing. Should the interrupted
-// executor only have stalled, and store its answer after all before a
-// retry ran again, that answer is the key's.
+// interrupted by the claim st saw (it has an answer, a resolved one
+// included, its executor holds the lock, or a retry claimed it anew since
+// it was forgotten), Forget returns an error wrapping ErrNotInterrupted
+// and has changed nothing. Forget with the same st again, while the record
+// is still the one it forgot (go-redis resending a Forget whose reply was
+// lost, say), reports success. Should the interrupted executor only have
+// stalled, and store its answer after all before a retry ran again, that
+// answer is the key's.
 func (o *Operator) Forget(ctx context.Context, st KeyState) error {
 	return o.store.Forget(ctx, st)
 }

@@ -1,7 +1,7 @@
 package client
 
 import (
-	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -23,7 +24,7 @@ import (
 // replay, whatever its status: a 503 that the handler answered and the
 // middleware stored is the key's answer, and every retry would only get
 // that stored copy again.
-func retryable(resp *http.Response) bool {
+func retryable(ctx context.Context, resp *http.Response) bool {
 	if resp.Header.Get(ReplayedHeader) == "true" {
 		return false
 	}
@@ -31,7 +32,7 @@ func retryable(resp *http.Response) bool {
 	case http.StatusServiceUnavailable:
 		return resp.Header.Get("Retry-After") != ""
 	case http.StatusConflict:
-		return problemType(resp) == inProgressProblem
+		return problemType(ctx, resp) == inProgressProblem
 	}
 	return false
 }
@@ -40,21 +41,112 @@ func retryable(resp *http.Response) bool {
 // package is a few hundred bytes, and anything longer is not one.
 const problemSniff = 4 << 10
 
+// stallLimit bounds how long the Transport waits for a 409's problem. The
+// middleware writes it with the headers; a body that takes longer has
+// stalled, and without this bound a request with no deadline would wait
+// for it for ever.
+const stallLimit = time.Second
+
 // problemType reads the RFC 9457 type of a problem+json body, or "", and
-// leaves resp.Body as it was for whoever reads it next.
-func problemType(resp *http.Response) string {
-	head, _ := io.ReadAll(io.LimitReader(resp.Body, problemSniff))
-	resp.Body = struct {
-		io.Reader
-		io.Closer
-	}{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
+// leaves resp.Body as it was for whoever reads it next. It reads until the
+// body ends, its first problemSniff bytes came or they hold one whole JSON
+// value (the rest may stall: drainGrace bounds it), for at most stallLimit
+// and no longer than ctx lives: what came by then is read as the body, and
+// resp goes back to the caller, who gets every byte of the body, those read
+// here first.
+func problemType(ctx context.Context, resp *http.Response) string {
+	b := sniff(resp.Body)
+	resp.Body = b
+	timer := time.NewTimer(stallLimit)
+	defer timer.Stop()
+	for !b.over && !json.Valid(b.head) {
+		select {
+		case chunk, ok := <-b.chunks:
+			b.head = append(b.head, chunk...)
+			b.over = !ok
+		case <-timer.C:
+			return typeOf(b.head)
+		case <-ctx.Done():
+			return typeOf(b.head)
+		}
+	}
+	return typeOf(b.head)
+}
+
+// typeOf is the type of the problem+json body, or "" when body is none.
+func typeOf(body []byte) string {
 	var p struct {
 		Type string `json:"type"`
 	}
-	if json.Unmarshal(head, &p) != nil {
+	if json.Unmarshal(body, &p) != nil {
 		return ""
 	}
 	return p.Type
+}
+
+// A sniffedBody is an answer's body whose first problemSniff bytes a
+// goroutine reads and hands over in chunks, so that problemType can stop
+// waiting for them: reading it yields the chunks problemType kept, then
+// the rest of the chunks as they come, then the body's own rest.
+// Closing it closes the body, which ends the goroutine.
+type sniffedBody struct {
+	body   io.ReadCloser
+	chunks chan []byte // the goroutine's reads; closed after the last
+	err    error       // what ended the goroutine's reads; set before chunks is closed
+	closed chan struct{}
+	once   sync.Once
+
+	// The reader's, then, once problemType has returned, the caller's.
+	head []byte // received from chunks, not read yet
+	over bool   // chunks is closed
+}
+
+func sniff(body io.ReadCloser) *sniffedBody {
+	b := &sniffedBody{body: body, chunks: make(chan []byte), closed: make(chan struct{})}
+	go b.fill()
+	return b
+}
+
+// fill reads up to problemSniff bytes of the body into chunks.
+func (b *sniffedBody) fill() {
+	defer close(b.chunks)
+	for n := 0; n < problemSniff; {
+		buf := make([]byte, problemSniff-n)
+		m, err := b.body.Read(buf)
+		if m > 0 {
+			select {
+			case b.chunks <- buf[:m]:
+			case <-b.closed:
+				return
+			}
+			n += m
+		}
+		if err != nil {
+			b.err = err
+			return
+		}
+	}
+}
+
+func (b *sniffedBody) Read(p []byte) (int, error) {
+	if len(b.head) == 0 && !b.over {
+		chunk, ok := <-b.chunks
+		b.head, b.over = chunk, !ok
+	}
+	if len(b.head) > 0 {
+		n := copy(p, b.head)
+		b.head = b.head[n:]
+		return n, nil
+	}
+	if b.err != nil {
+		return 0, b.err
+	}
+	return b.body.Read(p)
+}
+
+func (b *sniffedBody) Close() error {
+	b.once.Do(func() { close(b.closed) })
+	return b.body.Close()
 }
 
 // wait is how long to pause before the attempt after attempt: what resp's
@@ -109,9 +201,43 @@ func backoff(base, maxDelay time.Duration, attempt int) time.Duration {
 // any "try again" answer, so its connection is reused, and no more.
 const drainLimit = 64 << 10
 
-func drain(body io.ReadCloser) {
-	io.Copy(io.Discard, io.LimitReader(body, drainLimit))
-	body.Close()
+// drainGrace bounds how long the rest of a retried answer is read once the
+// wait before the retry began: it is read during the wait, and for at most
+// drainGrace in all. A body that takes longer has stalled; it costs its
+// connection, never more than drainGrace of delay.
+const drainGrace = 100 * time.Millisecond
+
+// drain reads what is left of body, up to drainLimit, in the background,
+// so that its connection may serve the next attempt; the channel is closed
+// when it is done. It does not close body: closeDrained does.
+func drain(body io.Reader) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		io.Copy(io.Discard, io.LimitReader(body, drainLimit))
+	}()
+	return done
+}
+
+// closeDrained closes body once drained is closed, or at the latest at
+// cutoff or when ctx ends: a stalled body costs its connection, never the
+// retry. Closing the body ends the drain's read.
+func closeDrained(ctx context.Context, body io.Closer, drained <-chan struct{}, cutoff time.Time) {
+	defer body.Close()
+	if d := time.Until(cutoff); d > 0 {
+		timer := time.NewTimer(d)
+		defer timer.Stop()
+		select {
+		case <-drained:
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+		return
+	}
+	select {
+	case <-drained:
+	default:
+	}
 }
 
 // retryableError reports whether a transport error may pass on a resend:
@@ -121,15 +247,16 @@ func drain(body io.ReadCloser) {
 // host or network unreachable), a connection closed before the whole
 // answer came (EOF, unexpected EOF, a closed connection), a timeout (the
 // dial, the TLS handshake, the answer's headers), a name server that did
-// not answer, and an HTTP/2 stream that the server reset or refused, or
-// whose connection went away.
+// not answer, and an HTTP/2 stream that the server refused, cancelled or
+// reset to shed load, or whose connection went away.
 //
 // Everything else fails alike on every attempt, and waiting between them
 // only delays the answer: an error of the request itself (an invalid
 // header, method or URL, an unsupported scheme), a TLS handshake that
 // cannot succeed (a certificate the client refuses, an HTTP server asked
 // for HTTPS, a TLS alert), a host name that does not exist, an answer that
-// is not HTTP, and whatever else a RoundTripper returns that is not known
+// is not HTTP, an HTTP/2 stream reset with INTERNAL_ERROR (a handler that
+// panicked), and whatever else a RoundTripper returns that is not known
 // to be a passing failure. The error may come wrapped (a *url.Error from a
 // Base built on an http.Client); the chain is what is read.
 func retryableError(err error) bool {
@@ -176,10 +303,16 @@ type h2StreamError struct {
 func (e h2StreamError) Error() string { return "http2 stream error" }
 
 // retryableStreamCodes are the RST_STREAM codes (RFC 9113 §7) of a stream
-// that another attempt may get through: INTERNAL_ERROR (the server failed,
-// as a handler's panic does), REFUSED_STREAM (it did not start it), CANCEL
-// (it gave it up) and ENHANCE_YOUR_CALM (it sheds load).
-var retryableStreamCodes = []uint32{0x2, 0x7, 0x8, 0xb}
+// that another attempt may get through: REFUSED_STREAM (the server did not
+// start it), CANCEL (it gave it up) and ENHANCE_YOUR_CALM (it sheds load).
+// Not INTERNAL_ERROR: net/http's server resets a stream so when its handler
+// panics, and the middleware releases the key of a handler that panicked
+// before its status went out, so a resend would run the handler again,
+// however many effects it had before the panic; and a handler that panics
+// once mostly panics every time. (It also resets so when the server's
+// WriteTimeout passed before the answer: docs/design.md advises against a
+// WriteTimeout shorter than the handlers.)
+var retryableStreamCodes = []uint32{0x7, 0x8, 0xb}
 
 // The messages of net/http's HTTP/2 errors for a connection that went away
 // under a request, whose types are not exported: the server closed it

@@ -4,15 +4,21 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -314,12 +320,6 @@ func TestTransportRetriesWhatMayPass(t *testing.T) {
 	silent := newScriptedServer(t, func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
 	impatient := fastTransport(t).Base.(*http.Transport)
 	impatient.ResponseHeaderTimeout = 50 * time.Millisecond
-	h2Panics := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
-		panic(http.ErrAbortHandler) // HTTP/2: RST_STREAM INTERNAL_ERROR
-	}))
-	h2Panics.EnableHTTP2 = true
-	h2Panics.StartTLS()
-	t.Cleanup(h2Panics.Close)
 
 	for _, tc := range []struct {
 		name string
@@ -330,7 +330,6 @@ func TestTransportRetriesWhatMayPass(t *testing.T) {
 		{"connection reset", nil, reset.URL},
 		{"connection closed before the answer", nil, lost.URL},
 		{"no answer within ResponseHeaderTimeout", impatient, silent.URL},
-		{"HTTP/2 stream reset by the server", h2Panics.Client().Transport, h2Panics.URL},
 		{"*url.Error: connection closed before the answer", viaClient(nil), lost.URL},
 		{"*url.Error: connection refused", viaClient(nil), refused},
 	} {
@@ -370,3 +369,208 @@ func viaClient(rt http.RoundTripper) http.RoundTripper {
 type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// Of the HTTP/2 stream resets, those of a stream the server did not run
+// (REFUSED_STREAM), gave up (CANCEL) or shed (ENHANCE_YOUR_CALM) may pass;
+// INTERNAL_ERROR, net/http's reset of a handler that panicked, and the
+// resets of a request the server could not read are returned.
+func TestTransportRetriesStreamResetsThatMayPass(t *testing.T) {
+	for code, retried := range map[uint32]bool{
+		0x1: false, // PROTOCOL_ERROR
+		0x2: false, // INTERNAL_ERROR
+		0x7: true,  // REFUSED_STREAM
+		0x8: true,  // CANCEL
+		0xb: true,  // ENHANCE_YOUR_CALM
+	} {
+		err := h2StreamError{StreamID: 1, Code: code}
+		require.Equal(t, retried, retryableError(err), "code %#x", code)
+		require.Equal(t, retried, retryableError(&url.Error{Op: "Post", URL: "https://example.com/", Err: err}), "code %#x, wrapped", code)
+	}
+}
+
+// panicking serves a protected route whose handler takes effect and then
+// panics before its status went out, so that the middleware releases its
+// key: over HTTP/2 or HTTP/1, with a recoverer outside the middleware or
+// none. It returns a Transport to it (three attempts at most), the route's
+// URL and the count of the handler's runs.
+func panicking(t *testing.T, http2, recovered bool) (*Transport, string, *atomic.Int32) {
+	prefix := fmt.Sprintf("test-client-panic-%t-%t", http2, recovered)
+	idem := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix),
+		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
+	runs := new(atomic.Int32)
+	var h http.Handler = idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1) // the side effect
+		var receipt *struct{ ID string }
+		io.WriteString(w, receipt.ID) // panics before the status went out
+	}))
+	if recovered {
+		h = recoverer(h)
+	}
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	if http2 {
+		srv.EnableHTTP2 = true
+		srv.StartTLS()
+	} else {
+		srv.Start()
+	}
+	t.Cleanup(srv.Close)
+	base := srv.Client().Transport.(*http.Transport).Clone()
+	t.Cleanup(base.CloseIdleConnections)
+	rt := &Transport{Base: base, MaxAttempts: 3, BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond}
+	return rt, srv.URL + "/charges", runs
+}
+
+// Over HTTP/2 net/http resets the stream of a handler that panicked with
+// INTERNAL_ERROR. The middleware released the key, so a resend would run
+// the handler again: the error is returned after one attempt.
+func TestTransportDoesNotRetryTheStreamResetOfAPanic(t *testing.T) {
+	rt, url, runs := panicking(t, true, false)
+	_, err := (&http.Client{Transport: rt}).Do(newPost(t, url, `{"amount":500}`))
+	require.ErrorContains(t, err, "INTERNAL_ERROR")
+	require.EqualValues(t, 1, runs.Load(), "runs of the handler")
+}
+
+// A recoverer outside the middleware answers the panic with a 500, which
+// is returned after one attempt, over either protocol.
+func TestTransportReturnsARecoveredPanicAfterOneAttempt(t *testing.T) {
+	for _, http2 := range []bool{false, true} {
+		rt, url, runs := panicking(t, http2, true)
+		resp, err := (&http.Client{Transport: rt}).Do(newPost(t, url, `{"amount":500}`))
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusInternalServerError, resp.StatusCode)
+		require.EqualValues(t, 1, runs.Load(), "runs of the handler, HTTP/2 %t", http2)
+	}
+}
+
+// Over HTTP/1 net/http closes the connection of a handler that panicked
+// with no recoverer: the Transport cannot tell it from an answer that the
+// network lost, and retries it, so that the handler runs on every attempt.
+// The Transport's documentation and docs/client.md say so, and advise the
+// recoverer above.
+func TestTransportRetriesAnHTTP1PanicLikeALostAnswer(t *testing.T) {
+	rt, url, runs := panicking(t, false, false)
+	_, err := (&http.Client{Transport: rt}).Do(newPost(t, url, `{"amount":500}`))
+	require.ErrorIs(t, err, io.EOF)
+	require.EqualValues(t, 3, runs.Load(), "runs of the handler")
+}
+
+// recoverer answers a handler's panic with a 500, as a recovery middleware
+// outside the protection does.
+func recoverer(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				http.Error(w, "internal error", http.StatusInternalServerError)
+			}
+		}()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// stalling answers status with header name, value, … pairs, a Content-Length
+// of 100,000 and only body of it, then stalls until the client closes the
+// connection (or the test ends), and closes gone when it does.
+func stalling(t *testing.T, status int, body string, gone chan<- struct{}, header ...string) http.HandlerFunc {
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) }) // before the server's Close, which waits for its handlers
+	return func(w http.ResponseWriter, r *http.Request) {
+		for i := 0; i+1 < len(header); i += 2 {
+			w.Header().Set(header[i], header[i+1])
+		}
+		w.Header().Set("Content-Length", "100000")
+		w.WriteHeader(status)
+		io.WriteString(w, body)
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done(): // the client closed the connection
+			close(gone)
+		case <-stop:
+		}
+	}
+}
+
+// requireClosed fails unless gone is closed within a few seconds.
+func requireClosed(t *testing.T, gone <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-gone:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s: the connection was not closed", what)
+	}
+}
+
+// A 409 whose problem stalls before it is whole is not known to be
+// in-progress: it is returned after stallLimit, also to a request with no
+// deadline, with every byte that came, and closing it closes its
+// connection.
+func TestTransportReturnsAConflictWhoseProblemStalls(t *testing.T) {
+	const partial = `{"type":"` + inProgressProblem + `"`
+	gone := make(chan struct{})
+	srv := newScriptedServer(t, stalling(t, http.StatusConflict, partial, gone,
+		"Content-Type", "application/problem+json", "Retry-After", "0"), answerCreated)
+	start := time.Now()
+	resp, err := fastTransport(t).RoundTrip(newPost(t, srv.URL, `{}`))
+	require.NoError(t, err)
+	require.Less(t, time.Since(start), stallLimit+time.Second)
+	require.Equal(t, http.StatusConflict, resp.StatusCode)
+	require.Len(t, srv.seen(), 1, "not retried")
+	got := make([]byte, len(partial))
+	_, err = io.ReadFull(resp.Body, got)
+	require.NoError(t, err)
+	require.Equal(t, partial, string(got), "the caller reads what came")
+	require.NoError(t, resp.Body.Close())
+	requireClosed(t, gone, "the returned answer")
+}
+
+// A retried answer whose body stalls (a 503 with Retry-After, or a 409
+// whose whole in-progress problem came and then the body stalled) costs
+// its connection and drainGrace at most, also with no deadline: the
+// request is sent again, and an answer that always stalls is returned
+// after MaxAttempts.
+func TestTransportRetriesPastAStalledBody(t *testing.T) {
+	inProgress := `{"type":"` + inProgressProblem + `","status":409}`
+	for _, tc := range []struct {
+		name   string
+		status int
+		body   string
+	}{
+		{"503 with Retry-After", http.StatusServiceUnavailable, "try"},
+		{"409 in-progress", http.StatusConflict, inProgress},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gone := make(chan struct{})
+			srv := newScriptedServer(t, stalling(t, tc.status, tc.body, gone,
+				"Content-Type", "application/problem+json", "Retry-After", "0"), answerCreated)
+			start := time.Now()
+			resp, err := fastTransport(t).RoundTrip(newPost(t, srv.URL, `{}`))
+			require.NoError(t, err)
+			resp.Body.Close()
+			require.Less(t, time.Since(start), drainGrace+500*time.Millisecond)
+			require.Equal(t, http.StatusCreated, resp.StatusCode)
+			require.Len(t, srv.seen(), 2)
+			requireClosed(t, gone, "the retried answer")
+
+			always := make(chan struct{}, defaultAttempts)
+			stalls := newScriptedServer(t, func(w http.ResponseWriter, r *http.Request) {
+				gone := make(chan struct{})
+				go func() { <-gone; always <- struct{}{} }()
+				stalling(t, tc.status, tc.body, gone, "Content-Type", "application/problem+json", "Retry-After", "0")(w, r)
+			})
+			start = time.Now()
+			resp, err = fastTransport(t).RoundTrip(newPost(t, stalls.URL, `{}`))
+			require.NoError(t, err)
+			require.Less(t, time.Since(start), defaultAttempts*drainGrace+time.Second)
+			require.Equal(t, tc.status, resp.StatusCode, "the last answer")
+			require.Len(t, stalls.seen(), defaultAttempts)
+			require.NoError(t, resp.Body.Close())
+			for range defaultAttempts {
+				requireClosed(t, always, "every attempt's answer")
+			}
+		})
+	}
+}

@@ -6,6 +6,7 @@
 package client
 
 import (
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -38,6 +39,17 @@ const inProgressProblem = "https://github.com/onceonly/idempotency/blob/main/REA
 // unsupported scheme, a TLS handshake that cannot succeed): it is returned
 // after one attempt.
 //
+// A handler that panics before its status went out is a case of its own:
+// the middleware releases the key (nothing of the run counts as executed),
+// so a resend runs the handler again. Over HTTP/2 net/http's server resets
+// the stream with INTERNAL_ERROR, which the Transport does not retry: the
+// error is returned after one attempt. Over HTTP/1 it closes the
+// connection, which cannot be told from an answer the network lost, so
+// the Transport retries, and a handler that panics every time runs
+// MaxAttempts times. Put a recoverer outside the middleware on protected
+// routes: it answers the panic with a 500, which is returned after one
+// attempt over either protocol.
+//
 //	hc := &http.Client{Transport: &client.Transport{}}
 //	resp, err := hc.Post(url, "application/json", strings.NewReader(`{"amount":500}`))
 //	// resp.Header.Get(client.ReplayedHeader) == "true" when an earlier
@@ -61,6 +73,14 @@ const inProgressProblem = "https://github.com/onceonly/idempotency/blob/main/REA
 // context's error. The bodies of answers that are retried are drained and
 // closed; the last answer is returned as is, headers and body, so that a
 // replay is visible.
+//
+// A body that stalls after its headers never holds RoundTrip, even for a
+// request with no deadline. A 409's problem type is waited for at most a
+// second: a 409 whose problem has not come whole by then is not known to
+// be in-progress, and is returned, its body whole to the caller (the bytes
+// read so far first). The rest of an answer that is retried is read during
+// the wait before the retry and at most 100 ms in all; one that has not
+// come by then is closed, its connection with it.
 //
 // A Transport is safe for concurrent use.
 type Transport struct {
@@ -116,8 +136,13 @@ func (t *Transport) send(req *http.Request, key string) (*http.Response, error) 
 		if err != nil {
 			return nil, err
 		}
-		resp, err := t.base().RoundTrip(try)
-		if attempt >= attempts || ctx.Err() != nil || (err == nil && !retryable(resp)) ||
+		base := t.base()
+		resp, err := base.RoundTrip(try)
+		if resp == nil && err == nil {
+			// A broken RoundTripper: answered as http.Client answers it.
+			return nil, fmt.Errorf("client: Base (%T) returned a nil *http.Response with a nil error", base)
+		}
+		if attempt >= attempts || ctx.Err() != nil || (err == nil && !retryable(ctx, resp)) ||
 			(err != nil && !retryableError(err)) {
 			return resp, err
 		}
@@ -125,15 +150,28 @@ func (t *Transport) send(req *http.Request, key string) (*http.Response, error) 
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= wait {
 			return resp, err
 		}
+		// The answer's rest is drained during the wait, and for at most
+		// drainGrace in all, then closed.
+		var drained <-chan struct{}
+		cutoff := time.Now().Add(drainGrace)
 		if resp != nil {
-			drain(resp.Body)
+			drained = drain(resp.Body)
 		}
 		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			timer.Stop()
+			if resp != nil {
+				resp.Body.Close()
+			}
 			return nil, ctx.Err()
 		case <-timer.C:
+		}
+		if resp != nil {
+			closeDrained(ctx, resp.Body, drained, cutoff)
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
 		}
 	}
 }

@@ -182,3 +182,21 @@ func TestTransportGeneratesAKeyForAnEmptyKeyHeader(t *testing.T) {
 		})
 	}
 }
+
+// A Base that answers neither a response nor an error breaks the
+// RoundTripper contract: the Transport answers it with an error, as
+// http.Client does, after one attempt, and never panics.
+func TestTransportRefusesANilResponseFromBase(t *testing.T) {
+	var calls int
+	base := roundTripperFunc(func(*http.Request) (*http.Response, error) {
+		calls++
+		return nil, nil
+	})
+	resp, err := (&Transport{Base: base}).RoundTrip(newPost(t, "http://127.0.0.1:1/", `{}`))
+	require.Nil(t, resp)
+	require.ErrorContains(t, err, "nil *http.Response with a nil error")
+	require.Equal(t, 1, calls)
+
+	_, err = (&http.Client{Transport: &Transport{Base: base}}).Do(newPost(t, "http://127.0.0.1:1/", `{}`))
+	require.Error(t, err)
+}

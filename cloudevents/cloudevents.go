@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -45,10 +44,11 @@ const scopeBodyLimit = 1 << 20
 //
 //	idempotency.WithKeyExtractor(cloudevents.Key)
 //
-// A request whose content type is application/cloudevents+json is a
-// structured-mode event, and the key is its "id" attribute; any other
-// request is a binary-mode one, and the key is its ce-id header,
-// percent-decoded as the binding prescribes. A request with no id carries
+// A request whose content type is application/cloudevents+json (with any
+// parameters, well-formed or not: none is read) is a structured-mode
+// event, and the key is its "id" attribute; any other request is a
+// binary-mode one, and the key is its ce-id header, percent-decoded as the
+// binding prescribes. A request with no id carries
 // no key (400 missing-key). A structured event that is not a JSON object,
 // whose id is not a string or appears twice, a batch
 // (application/cloudevents-batch+json, many ids in one request), an event in
@@ -118,10 +118,17 @@ func Scope(r *http.Request) (string, error) {
 
 // cloudEventStructured tells a structured-mode event from a binary-mode one
 // by its content type, and refuses the structured forms this package cannot
-// read.
+// read. The media type is what comes before the first ';', trimmed and
+// lowercased (media types are case-insensitive); sdk-go's format.Lookup
+// also reads no further. The parameters are not parsed, so that a
+// malformed one ("application/cloudevents+json; charset", which
+// mime.ParseMediaType refuses) cannot turn a structured event into a
+// binary one, whose key would be a stray ce-id header instead of the
+// event's own id.
 func cloudEventStructured(h http.Header) (bool, error) {
-	mediaType, _, err := mime.ParseMediaType(h.Get("Content-Type"))
-	if err != nil || !strings.HasPrefix(mediaType, cloudEventsPrefix) {
+	mediaType, _, _ := strings.Cut(h.Get("Content-Type"), ";")
+	mediaType = strings.ToLower(strings.TrimSpace(mediaType))
+	if !strings.HasPrefix(mediaType, cloudEventsPrefix) {
 		return false, nil // binary mode: the content type is the data's own
 	}
 	switch mediaType {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -55,6 +56,14 @@ func TestKey(t *testing.T) {
 		{"structured trailing data", structured, `{"id":"evt-1"}{"id":"evt-2"}`, "", true},
 		{"batch", http.Header{"Content-Type": {"application/cloudevents-batch+json"}}, `[` + structuredEvent + `]`, "", true},
 		{"other structured format", http.Header{"Content-Type": {"application/cloudevents+avro"}}, `x`, "", true},
+		// The parameters are never read: a malformed one leaves the mode
+		// as the media type says.
+		{"structured, malformed parameter", http.Header{"Content-Type": {"application/cloudevents+json; charset"}, "Ce-Id": {"hdr"}}, structuredEvent, "evt-1", false},
+		{"structured, repeated parameter", http.Header{"Content-Type": {"application/cloudevents+json; charset=utf-8; charset=utf-8"}, "Ce-Id": {"hdr"}}, structuredEvent, "evt-1", false},
+		{"structured, upper case and spaces", http.Header{"Content-Type": {" Application/CloudEvents+JSON ;charset=\"utf-8"}, "Ce-Id": {"hdr"}}, structuredEvent, "evt-1", false},
+		{"batch, malformed parameter", http.Header{"Content-Type": {"application/cloudevents-batch+json; charset"}}, `[` + structuredEvent + `]`, "", true},
+		{"malformed structured media type", http.Header{"Content-Type": {"application/cloudevents+json garbage"}, "Ce-Id": {"hdr"}}, structuredEvent, "", true},
+		{"binary, malformed parameter", http.Header{"Content-Type": {"application/json; charset"}, "Ce-Id": {"evt-1"}}, `{"id":"data"}`, "evt-1", false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -225,12 +234,49 @@ func TestThroughTheMiddleware(t *testing.T) {
 	require.EqualValues(t, 3, execs.Load())
 }
 
+// One event is one key whatever its content type's parameters say, a
+// malformed one included, and whatever ce-id header a relay stamps beside
+// a structured event: its redelivery is replayed, and another event with
+// the same stray ce-id runs.
+func TestAStructuredEventIsOneKeyWhateverItsParameters(t *testing.T) {
+	const prefix = "test-cloudevents-parameters"
+	idem := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix),
+		idempotency.WithKeyExtractor(Key), idempotency.WithScope(Scope),
+		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
+	var runs atomic.Int32
+	h := idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "run %d", runs.Add(1))
+	}))
+	deliver := func(event, contentType, ceID string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/events", strings.NewReader(event))
+		r.Header.Set("Content-Type", contentType)
+		r.Header.Set("Ce-Id", ceID)
+		r.Header.Set("Ce-Source", "/orders")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	const (
+		first  = `{"specversion":"1.0","id":"evt-1","source":"/orders","type":"order.paid"}`
+		second = `{"specversion":"1.0","id":"evt-2","source":"/orders","type":"order.paid"}`
+	)
+	a := deliver(first, "application/cloudevents+json", "relay-1")
+	require.Equal(t, "run 1", a.Body.String())
+	b := deliver(first, "application/cloudevents+json; charset", "relay-2")
+	require.Equal(t, "run 1", b.Body.String(), "the same event is replayed")
+	require.Equal(t, "true", b.Header().Get(idempotency.ReplayedHeader))
+	c := deliver(second, "application/cloudevents+json; charset", "relay-2")
+	require.Equal(t, "run 2", c.Body.String(), "another event with the same stray ce-id runs")
+	require.EqualValues(t, 2, runs.Load())
+}
+
 func TestMain(m *testing.M) { redistest.Main(m) }
 
 func FuzzKey(f *testing.F) {
 	f.Add("application/cloudevents+json", "", "", []byte(structuredEvent))
 	f.Add("application/json", "evt-1", "/orders", []byte(`{"id":1}`))
 	f.Add("application/cloudevents+json; charset=utf-8", "", "", []byte(`{"id":"a","source":"s","ID":"b"}`))
+	f.Add("application/cloudevents+json; charset", "evt-1", "/orders", []byte(structuredEvent))
 	f.Add("application/cloudevents-batch+json", "", "", []byte(`[]`))
 	f.Add("text/plain", "%41%", "%zz", []byte(``))
 	f.Fuzz(func(t *testing.T, contentType, ceID, ceSource string, body []byte) {

@@ -57,8 +57,9 @@ func LoadScripts(ctx context.Context, c redis.Scripter) error {
 }
 
 // ErrNotInterrupted is returned by Resolve and Forget for a key that is not
-// interrupted (it has no record, its answer is stored, or its executor
-// holds its lock); they have changed nothing.
+// interrupted by the claim they were given (it has no record or a
+// forgotten one, its answer is stored, its executor holds its lock, or it
+// was claimed anew); they have changed nothing.
 var ErrNotInterrupted = errors.New("admin: key is not interrupted")
 
 // State is what Redis holds for one key, read in one step (admin.KeyState).
@@ -231,8 +232,13 @@ func globEscape(s string) string {
 // Resolve settles the interrupted key st describes with an answer
 // (admin.Operator.Resolve tells the whole contract).
 func (s *Store) Resolve(ctx context.Context, st State, status int, header http.Header, body []byte, fingerprint string, notReplayable bool) error {
-	if status < 100 || status > 999 {
+	switch {
+	case status < 100 || status > 999:
 		return fmt.Errorf("admin: %d is not an HTTP status", status)
+	case status < 200:
+		// net/http sends 103 ahead of an implicit 200 and 101 as a switch
+		// of protocols: the key would replay a status nobody gave it.
+		return fmt.Errorf("admin: %d is an interim (1xx) status, never a final answer's; an answer's status is 200 to 999", status)
 	}
 	var fp []byte
 	if fingerprint != "" {

@@ -32,9 +32,16 @@ var consumable = []struct{ module, pkg string }{
 // installable are the commands a user installs with go install.
 var installable = []string{"github.com/onceonly/idempotency/cmd/idemctl"}
 
-// unpublished are tagged with the rest, but nobody imports them: the
-// example, tests, benchmarks, and the test support other modules' tests use.
-var unpublished = []string{"bench", "e2e", "example", "internal/release", "internal/sqltest", "sqlidem/internal/servertest"}
+// support are modules that no user imports, but that a published module
+// needs to build: idemctl reads -db with internal/sqltest/dburl, as the
+// example service reads DATABASE_URL. Each must build from its tag.
+var support = []string{"internal/sqltest"}
+
+// unpublished are tagged with the rest, but no published module imports
+// them outside its tests: the example, tests, benchmarks, and the test
+// support other modules' tests use. The test checks that no published
+// module's packages import them.
+var unpublished = []string{"bench", "e2e", "example", "internal/release", "sqlidem/internal/servertest"}
 
 // maxRootModules bounds `go list -m all` of a program that requires only
 // the root module: itself, the library, and what go-redis, redislock,
@@ -91,6 +98,7 @@ func TestRelease(t *testing.T) {
 		covered = append(covered, strings.TrimPrefix(strings.TrimPrefix(c.module, "github.com/onceonly/idempotency"), "/"))
 	}
 	covered = append(covered, "cmd")
+	covered = append(covered, support...)
 	covered = append(covered, unpublished...)
 	for i, c := range covered {
 		if c == "" {
@@ -138,14 +146,25 @@ func TestRelease(t *testing.T) {
 	}
 
 	// The released go.mod and go.sum files are complete on their own:
-	// each module builds from its tag with nothing added.
+	// each module builds from its tag with nothing added, and its packages
+	// (its tests aside) import no module that is not published for them.
 	tagged := t.TempDir()
 	run(t, src, nil, "sh", "-c", "git archive "+version+" | tar -x -C "+tagged)
+	var unimported []string
+	for _, dir := range unpublished {
+		unimported = append(unimported, "github.com/onceonly/idempotency/"+dir)
+	}
 	for _, dir := range dirs {
 		if slices.Contains(unpublished, dir) {
 			continue
 		}
-		run(t, filepath.Join(tagged, dir), append(env, "GOFLAGS=-mod=readonly -modcacherw -trimpath", "GOBIN="+t.TempDir()), "go", "install", "./...")
+		readonly := append(env, "GOFLAGS=-mod=readonly -modcacherw -trimpath", "GOBIN="+t.TempDir())
+		run(t, filepath.Join(tagged, dir), readonly, "go", "install", "./...")
+		deps := strings.Fields(run(t, filepath.Join(tagged, dir), readonly,
+			"go", "list", "-deps", "-f", "{{with .Module}}{{.Path}}{{end}}", "./..."))
+		for _, m := range unimported {
+			require.NotContains(t, deps, m, "%s imports an unpublished module", dir)
+		}
 		t.Logf("%s at %s builds with its own go.mod and go.sum (-mod=readonly)", dir, version)
 	}
 }

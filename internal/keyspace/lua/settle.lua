@@ -13,19 +13,37 @@
 -- or a takeover that runs just before sees its own result kept, one that
 -- runs just after sees the settled record.
 --
--- A settled record names the claim it settled ('s') and no executor ('o'
+-- A settled record names what settled it ('s') and no executor ('o'
 -- empty): the executor of that claim, stalled rather than gone, finds the
 -- key no longer its own when it wakes and stores nothing (complete.lua), so
--- the key keeps one answer; and a resend of this script (go-redis resends
--- when a reply is lost) finds its own work done and answers 'settled'
--- again. Forget leaves such a record too, in state 'forgotten', which a
--- claim reads as no record at all.
--- Replies: 'settled', or why not: 'none' (no record), 'done', 'big' (an
--- answer is stored), 'running' (the executor holds its lock), 'mismatch'
--- (the answer is another request's), 'changed' (claimed anew since the
--- operator looked: that claim may be running, stalled past its lease).
+-- the key keeps one answer. 's' is this script's mark: the mode, for an
+-- answer 16 hex digits of a SHA-1 of everything it stored, and the claim's
+-- lock value. A resend of this script with the same ARGV (go-redis resends
+-- when a reply is lost) finds its own mark on the record it left and
+-- answers 'settled' again; any other call is decided from what the record
+-- says now, so that a Resolve after a Forget, a Forget after a Resolve or a
+-- second Resolve with another answer is refused, never reported done. The
+-- mark counts only on the record as this script left it: a forgotten
+-- record that a claim took anew keeps its 's' (claim.lua writes over 'st'
+-- and 'o' only), but it is no longer 'forgotten'. Forget leaves state
+-- 'forgotten', which a claim reads as no record at all.
+-- Replies: 'settled', or why not: 'none' (no record, or a forgotten one),
+-- 'done', 'big' (an answer is stored), 'running' (the executor holds its
+-- lock), 'mismatch' (the answer is another request's), 'changed' (claimed
+-- anew since the operator looked: that claim may be running, stalled past
+-- its lease).
 local rec = redis.call('HMGET', KEYS[1], 'st', 'o', 'fp', 's')
-if rec[1] and rec[1] ~= 'run' and rec[4] == ARGV[2] then
+local mark, left
+if ARGV[1] == 'forget' then
+  mark, left = 'f:' .. ARGV[2], 'forgotten'
+else
+  local parts = {}
+  for i = 4, 8 do
+    parts[#parts + 1] = #ARGV[i] .. ':' .. ARGV[i]
+  end
+  mark, left = 'a:' .. string.sub(redis.sha1hex(table.concat(parts)), 1, 16) .. ':' .. ARGV[2], ARGV[4]
+end
+if rec[1] == left and rec[4] == mark then
   return 'settled'
 end
 if not rec[1] or rec[1] == 'forgotten' then
@@ -47,7 +65,7 @@ if ARGV[1] == 'forget' then
   -- under maxmemory a script that has written may grow memory.
   local ttl = redis.call('PTTL', KEYS[1])
   redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], 'st', 'forgotten', 's', ARGV[2])
+  redis.call('HSET', KEYS[1], 'st', 'forgotten', 's', mark)
   if ttl <= 0 then
     ttl = ARGV[3]
   end
@@ -57,7 +75,7 @@ else
     return 'mismatch'
   end
   -- HSET first: under maxmemory it is refused before anything else ran.
-  redis.call('HSET', KEYS[1], 'st', ARGV[4], 'o', '', 's', ARGV[2], 'c', ARGV[5], 'h', ARGV[6], 'b', ARGV[7])
+  redis.call('HSET', KEYS[1], 'st', ARGV[4], 'o', '', 's', mark, 'c', ARGV[5], 'h', ARGV[6], 'b', ARGV[7])
   if redis.call('PTTL', KEYS[1]) < 0 then
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
   end

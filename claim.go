@@ -102,7 +102,7 @@ func (m *Middleware) claimKey(c *call, l *lease) (claim, error) {
 	if m.cfg.replicaAcks > 0 {
 		return m.claimReplicated(l.step, c, l)
 	}
-	return m.store.claim(l.step, l.k, l.token, string(c.fp[:]))
+	return m.store.claim(l.step, l.k, l.token, l.fpText)
 }
 
 // acquire takes the key's lock and starts its lease, waiting while another
@@ -130,17 +130,20 @@ func (m *Middleware) acquire(c *call, k keys) (l *lease, r *rode, err error) {
 		}
 	}()
 	riding := m.cfg.replicaAcks == 0
+	fp := string(c.fp[:]) // once for every attempt and the lease's scripts
 	for {
 		began := time.Now()
 		ctx, cancel := m.store.stepContext(c.ctx)
 		var lock *redislock.Lock
 		if riding {
-			lock, r, err = m.store.obtainClaiming(ctx, k, string(c.fp[:]))
+			lock, r, err = m.store.obtainClaiming(ctx, k, fp)
 		} else {
 			lock, err = m.store.obtain(ctx, k)
 		}
 		if err == nil {
-			return m.startLease(k, lock, began, ctx, cancel), r, nil
+			l = m.startLease(k, lock, began, ctx, cancel)
+			l.fpText = fp
+			return l, r, nil
 		}
 		cancel()
 		if !errors.Is(err, redislock.ErrNotObtained) {

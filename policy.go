@@ -91,10 +91,6 @@ const (
 
 var executionKey = &contextKey{"execution"}
 
-func withExecution(ctx context.Context, e *execution) context.Context {
-	return context.WithValue(ctx, executionKey, e)
-}
-
 // Release tells the middleware that the protected handler running on ctx
 // did nothing that a retry must not repeat (a validation failure found
 // before any side effect): its answer is sent but not stored, and the key

@@ -90,9 +90,9 @@ func (s *store) claimOn(ctx context.Context, via redis.Scripter, k keys, lockVal
 
 // claimArgs are claim.lua's ARGV.
 func (s *store) claimArgs(k keys, lockValue, fingerprint string) []any {
-	issued, ttl := "", s.recordTTL
+	issued, ttl := argNotIssued, s.recordTTL
 	if k.token != "" {
-		issued = "t"
+		issued = argIssued
 		if life := k.lifetime(s.cfg.recordTTL); life > s.cfg.recordTTL {
 			ttl = life.Milliseconds()
 		}
@@ -172,12 +172,24 @@ const (
 // rec == nil stores "executed, not replayable". It returns ErrLockLost when another
 // executor owns the key now, and then writes nothing but the lock's release.
 func (s *store) complete(ctx context.Context, k keys, lockValue string, fp fingerprintSum, fence uint64, rec *record, ttl time.Duration) (completion, error) {
-	state, status, head, body := "big", "0", "", []byte(nil)
+	fpText := string(fp[:])
+	return s.completeAs(ctx, k, &lockValue, &fpText, &fence, rec, ttl)
+}
+
+// completeAs is complete with the lease's own values, by pointer: go-redis
+// writes a *string or *uint64 argument as its value, and a pointer costs no
+// allocation to pass as one, where each string or number would.
+func (s *store) completeAs(ctx context.Context, k keys, lockValue, fp *string, fence *uint64, rec *record, ttl time.Duration) (completion, error) {
+	state, status, head, body := argBig, any(0), any(""), any(nil)
 	if rec != nil {
-		state, status, head, body = "done", strconv.Itoa(rec.status), encodeHeader(rec.header), rec.body
+		state, status, head, body = argDone, rec.status, encodeHeader(rec.header), (*recordBody)(rec)
 	}
-	stored, err := completeScript.Run(ctx, s.client, []string{k.record, k.lock, k.waiters()},
-		lockValue, state, status, head, body, k.lifetime(ttl).Milliseconds(), string(fp[:]), strconv.FormatUint(fence, 10)).Int()
+	life := s.recordTTL
+	if ms := k.lifetime(ttl).Milliseconds(); ms != s.cfg.recordTTL.Milliseconds() {
+		life = ms
+	}
+	stored, err := completeScript.Run(ctx, s.client, k.flagged(),
+		lockValue, state, status, head, body, life, fp, fence).Int()
 	switch {
 	case err != nil:
 		return 0, err
@@ -188,6 +200,17 @@ func (s *store) complete(ctx context.Context, k keys, lockValue string, fp finge
 	}
 	return completed, nil
 }
+
+// Script arguments that are constants, boxed once.
+var (
+	argDone, argBig, argIssued, argNotIssued any = "done", "big", "t", ""
+)
+
+// recordBody passes a record's body to go-redis as a script argument
+// without boxing a slice: go-redis writes what MarshalBinary returns.
+type recordBody record
+
+func (b *recordBody) MarshalBinary() ([]byte, error) { return b.body, nil }
 
 // fingerprintOf returns the fingerprint of the request that claimed the
 // key, or "" when nobody has.
@@ -203,7 +226,7 @@ func (s *store) fingerprintOf(ctx context.Context, k keys) (string, error) {
 // back), and the lock is freed. It does nothing to a record another
 // executor owns.
 func (s *store) release(ctx context.Context, k keys, lockValue string) error {
-	return releaseScript.Run(ctx, s.client, []string{k.record, k.lock, k.waiters()}, lockValue).Err()
+	return releaseScript.Run(ctx, s.client, k.flagged(), lockValue).Err()
 }
 
 // stepContext bounds one Redis step. It outlives the request's own context:

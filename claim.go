@@ -58,6 +58,7 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 	}
 	switch cl.outcome {
 	case outcomeClaimed:
+		l.watch()
 		if l.wd.isLost() {
 			// The lease ran out during the claim or the replica wait:
 			// another instance may own the key by now, so the handler must
@@ -99,6 +100,7 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 // that obtained the lock; with WithReplicaAcks it then waits for replicas.
 func (m *Middleware) claimKey(c *call, l *lease) (claim, error) {
 	defer l.endStep()
+	l.watch() // the claim and a replica wait are renewed
 	if m.cfg.replicaAcks > 0 {
 		return m.claimReplicated(l.step, c, l)
 	}

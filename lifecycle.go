@@ -59,13 +59,17 @@ import (
 // store of the answer, by a release or by keep. Its watchdog renews the
 // lock exactly that long, so neither a slow claim, a replica wait nor a
 // slow handler outlives it, while a crashed instance frees the key within
-// one lease.
+// one lease. The watchdog starts (watch) once the lease is to outlast its
+// claim's round trip, on the schedule it would have had from the obtain:
+// a claim that rode with the lock and did not claim (a replay, a refusal)
+// ends the lease before any renewal is due, and then costs no timer.
 type lease struct {
 	m     *Middleware
 	k     keys
 	token string          // the lock's value, which the scripts check
 	lock  *redislock.Lock // nil for a claim whose lock reply never came
-	wd    *watchdog       // nil with lock
+	wd    *watchdog       // nil until watch, and without lock
+	began time.Time       // when the attempt that obtained the lock began
 	// step bounds the exchange that obtained the lock; the claim shares it,
 	// so the store timeout bounds the two together.
 	step    context.Context
@@ -83,8 +87,14 @@ type lease struct {
 // startLease starts the lease of a lock obtained by an attempt that began
 // at began.
 func (m *Middleware) startLease(k keys, lock *redislock.Lock, began time.Time, step context.Context, endStep context.CancelFunc) *lease {
-	return &lease{m: m, k: k, token: lock.Token(), lock: lock, step: step, endStep: endStep,
-		wd: startWatchdog(lock, m.cfg.lease, m.cfg.storeTimeout, began)}
+	return &lease{m: m, k: k, token: lock.Token(), lock: lock, step: step, endStep: endStep, began: began}
+}
+
+// watch starts the lease's watchdog, counting from the obtain.
+func (l *lease) watch() {
+	if l.wd == nil && l.lock != nil {
+		l.wd = startWatchdog(l.lock, l.m.cfg.lease, l.m.cfg.storeTimeout, l.began)
+	}
 }
 
 // orphanClaim is the lease of a claim made under a lock value whose lock

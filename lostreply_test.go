@@ -16,6 +16,12 @@ import (
 // the command, go-redis resends it on a new connection, and still no key
 // runs twice and none is left undecided.
 func TestLostRepliesTrials(t *testing.T) {
+	t.Run("plain", func(t *testing.T) { testLostReplies(t) })
+	// Batched: the pipeliner resends the batch that lost its reply.
+	t.Run("autopipeline", func(t *testing.T) { testLostReplies(t, WithAutoPipeline()) })
+}
+
+func testLostReplies(t *testing.T, opts ...Option) {
 	srv := redistest.Private(t)
 	proxy := newReplyDropper(t, srv.Addr())
 	rdb := redis.NewClient(&redis.Options{Addr: proxy.addr(), ContextTimeoutEnabled: true})
@@ -23,7 +29,7 @@ func TestLostRepliesTrials(t *testing.T) {
 	direct := srv.Client(t)
 
 	h := newCounting(0)
-	m := New(rdb, WithKeyPrefix("lost")).ProtectKey(h)
+	m := New(rdb, append(opts, WithKeyPrefix("lost"))...).ProtectKey(h)
 	send(m, "warm-up", `{}`) // loads every script, so each trial's commands are EVALSHA
 
 	steps := map[string]string{"claim": claimScript.Hash(), "complete": completeScript.Hash()}

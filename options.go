@@ -35,6 +35,7 @@ type config struct {
 	outcomes        OutcomeStore
 	replicaAcks     int
 	replicaWait     time.Duration
+	autoPipeline    bool
 	sessionCookie   string
 	formField       string
 	secureCookieSet bool
@@ -195,6 +196,25 @@ func WithRetryAbandoned() Option { return func(c *config) { c.retryAbandoned = t
 func WithReplicaAcks(n int, timeout time.Duration) Option {
 	return func(c *config) { c.replicaAcks, c.replicaWait = n, timeout }
 }
+
+// WithAutoPipeline sends a request's scripts (the lock with the claim
+// riding behind it, the store of its answer, a release) through go-redis's
+// AutoPipeliner (the client's AsyncAutoPipeline, one ordered stream), so
+// that the scripts of concurrent requests share round trips: under load
+// Redis reads and answers many requests' scripts at a time, which costs it
+// and the server less per request. It pays where many requests run at
+// once on an instance (16 at a time: about a third less CPU per first
+// execution, in Redis and in the server), and costs where few do: the
+// pipeliner holds a batch briefly for the commands it expects to follow,
+// so one request at a time waits about a millisecond more for its round
+// trips. Each request still waits at most WithStoreTimeout for its own
+// scripts; a script whose reply has not come
+// by then is treated as one whose reply was lost, as without it (a claim is
+// undone, an answer stored in the background), and what undoes it follows
+// it in the same ordered stream. The client must be a *redis.Client,
+// *redis.ClusterClient or *redis.Ring, whose AutoPipeliner lives as long as
+// the client; New panics otherwise. Default off.
+func WithAutoPipeline() Option { return func(c *config) { c.autoPipeline = true } }
 
 // WithSessionCookie names the cookie that carries the default token scope.
 // Default "idempotency_session".

@@ -36,12 +36,17 @@ type riderKey struct{}
 
 // ridingScripter is the redis.Scripter redislock talks to. A lock script
 // sent under a context that carries a claimRider goes out in one pipeline
-// with the claim; every other script, as redislock sends it.
-type ridingScripter struct{ redis.UniversalClient }
+// with the claim (or, with WithAutoPipeline, right behind it in the
+// autopipeliner's ordered stream); every other script, as redislock sends
+// it.
+type ridingScripter struct {
+	redis.UniversalClient
+	ap *redis.AutoPipeliner // nil without WithAutoPipeline
+}
 
 func (s ridingScripter) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
 	if rider := pendingRider(ctx); rider != nil {
-		return s.ride(ctx, rider, func(p redis.Pipeliner) *redis.Cmd { return p.EvalSha(ctx, sha, keys, args...) })
+		return s.ride(ctx, rider, "evalsha", sha, keys, args)
 	}
 	return s.UniversalClient.EvalSha(ctx, sha, keys, args...)
 }
@@ -49,7 +54,7 @@ func (s ridingScripter) EvalSha(ctx context.Context, sha string, keys []string, 
 // Eval is redislock's way in when the server lacked its script (NOSCRIPT).
 func (s ridingScripter) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
 	if rider := pendingRider(ctx); rider != nil {
-		return s.ride(ctx, rider, func(p redis.Pipeliner) *redis.Cmd { return p.Eval(ctx, script, keys, args...) })
+		return s.ride(ctx, rider, "eval", script, keys, args)
 	}
 	return s.UniversalClient.Eval(ctx, script, keys, args...)
 }
@@ -62,11 +67,24 @@ func pendingRider(ctx context.Context) *claimRider {
 	return rider
 }
 
-func (s ridingScripter) ride(ctx context.Context, rider *claimRider, lockScript func(redis.Pipeliner) *redis.Cmd) *redis.Cmd {
-	pipe := s.Pipeline()
-	lock := lockScript(pipe)
-	rider.reply = pipe.EvalSha(ctx, claimScript.Hash(), rider.keys, rider.args...)
-	pipe.Exec(ctx) // each command carries its own reply or error
+// ride sends the lock script (name is evalsha or eval) with the claim
+// right behind it.
+func (s ridingScripter) ride(ctx context.Context, rider *claimRider, name, script string, keys []string, args []any) *redis.Cmd {
+	var lock *redis.Cmd
+	if s.ap != nil {
+		cmds := piped(ctx, s.ap, scriptCmd(ctx, name, script, keys, args),
+			scriptCmd(ctx, "evalsha", claimScript.Hash(), rider.keys, rider.args))
+		lock, rider.reply = cmds[0], cmds[1]
+	} else {
+		pipe := s.Pipeline()
+		if name == "eval" {
+			lock = pipe.Eval(ctx, script, keys, args...)
+		} else {
+			lock = pipe.EvalSha(ctx, script, keys, args...)
+		}
+		rider.reply = pipe.EvalSha(ctx, claimScript.Hash(), rider.keys, rider.args...)
+		pipe.Exec(ctx) // each command carries its own reply or error
+	}
 	if isNoScript(lock.Err()) {
 		// The server lacked the lock script, so the claim ran without the
 		// lock and its reply means nothing. redislock sends the script

@@ -32,6 +32,7 @@ var (
 // answers a repeat the way it answered the original.
 type store struct {
 	client redis.UniversalClient
+	ap     *redis.AutoPipeliner // WithAutoPipeline: the scripts of a lease go here
 	locks  *redislock.Client
 	cfg    *config
 	// Script arguments that never change, boxed once instead of per call.
@@ -43,10 +44,70 @@ func newStore(client redis.UniversalClient, cfg *config) *store {
 	if cfg.takeover() {
 		retry = "1"
 	}
-	return &store{
-		client: client, locks: redislock.New(ridingScripter{client}), cfg: cfg,
-		recordTTL: cfg.recordTTL.Milliseconds(), retryAbandoned: retry,
+	s := &store{client: client, cfg: cfg, recordTTL: cfg.recordTTL.Milliseconds(), retryAbandoned: retry}
+	if cfg.autoPipeline {
+		c, ok := client.(interface {
+			AsyncAutoPipeline() (*redis.AutoPipeliner, error)
+		})
+		if !ok {
+			panic(fmt.Sprintf("idempotency: WithAutoPipeline needs a *redis.Client, *redis.ClusterClient or *redis.Ring, not %T", client))
+		}
+		ap, err := c.AsyncAutoPipeline()
+		if err != nil {
+			panic("idempotency: WithAutoPipeline: " + err.Error())
+		}
+		s.ap = ap
 	}
+	s.locks = redislock.New(ridingScripter{client, s.ap})
+	return s
+}
+
+// run runs a script of the lease: through the autopipeliner when there is
+// one, else as go-redis's Script.Run does.
+func (s *store) run(ctx context.Context, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
+	if s.ap == nil {
+		return sc.Run(ctx, s.client, keys, args...)
+	}
+	cmd := piped(ctx, s.ap, scriptCmd(ctx, "evalsha", sc.Hash(), keys, args))[0]
+	if isNoScript(cmd.Err()) {
+		sc.Load(ctx, s.client) // a restart or SCRIPT FLUSH: load it, and send it again
+		cmd = piped(ctx, s.ap, scriptCmd(ctx, "evalsha", sc.Hash(), keys, args))[0]
+	}
+	return cmd
+}
+
+// scriptCmd is EVAL or EVALSHA (name) of script, as go-redis builds it.
+func scriptCmd(ctx context.Context, name, script string, keys []string, args []any) *redis.Cmd {
+	all := make([]any, 0, 3+len(keys)+len(args))
+	all = append(all, name, script, len(keys))
+	for _, k := range keys {
+		all = append(all, k)
+	}
+	cmd := redis.NewCmd(ctx, append(all, args...)...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	return cmd
+}
+
+// piped sends cmds through ap, in order, and waits for their replies until
+// ctx ends. The pipeliner sends on a context of its own, so ctx bounds only
+// the wait: a command whose reply has not come by then is answered with
+// ctx's error, as a network timeout would be (it may still run, as one whose
+// reply was lost may have), and its own result is never read, since the
+// pipeliner may still be writing it.
+func piped(ctx context.Context, ap *redis.AutoPipeliner, cmds ...*redis.Cmd) []*redis.Cmd {
+	var futures [2]redis.AutoFuture
+	for i, cmd := range cmds {
+		futures[i] = ap.Submit(ctx, cmd)
+	}
+	for i := range cmds {
+		if err := futures[i].WaitContext(ctx); err != nil && err == ctx.Err() {
+			cmds[i] = redis.NewCmd(ctx)
+			cmds[i].SetErr(err)
+		}
+	}
+	return cmds
 }
 
 // claimOutcome is what claim decided.
@@ -79,7 +140,7 @@ func (s *store) obtain(ctx context.Context, k keys) (*redislock.Lock, error) {
 // claim runs claim.lua under the lock held with lockValue. Any outcome but
 // outcomeClaimed has released the lock.
 func (s *store) claim(ctx context.Context, k keys, lockValue, fingerprint string) (claim, error) {
-	return s.claimOn(ctx, s.client, k, lockValue, fingerprint)
+	return s.claimReply(k, s.run(ctx, claimScript, k.redisKeys(), s.claimArgs(k, lockValue, fingerprint)...))
 }
 
 // claimOn runs the claim through via: a dedicated connection when the claim
@@ -188,7 +249,7 @@ func (s *store) completeAs(ctx context.Context, k keys, lockValue, fp *string, f
 	if ms := k.lifetime(ttl).Milliseconds(); ms != s.cfg.recordTTL.Milliseconds() {
 		life = ms
 	}
-	stored, err := completeScript.Run(ctx, s.client, k.flagged(),
+	stored, err := s.run(ctx, completeScript, k.flagged(),
 		lockValue, state, status, head, body, life, fp, fence).Int()
 	switch {
 	case err != nil:
@@ -226,7 +287,7 @@ func (s *store) fingerprintOf(ctx context.Context, k keys) (string, error) {
 // back), and the lock is freed. It does nothing to a record another
 // executor owns.
 func (s *store) release(ctx context.Context, k keys, lockValue string) error {
-	return releaseScript.Run(ctx, s.client, k.flagged(), lockValue).Err()
+	return s.run(ctx, releaseScript, k.flagged(), lockValue).Err()
 }
 
 // stepContext bounds one Redis step. It outlives the request's own context:

@@ -15,10 +15,17 @@ import (
 )
 
 func TestRoundTripBudget(t *testing.T) {
+	t.Run("plain", func(t *testing.T) { testRoundTripBudget(t) })
+	// Batched with other requests' scripts under load, a lone request's
+	// scripts still go out as they would without: nothing waits for a batch.
+	t.Run("autopipeline", func(t *testing.T) { testRoundTripBudget(t, WithAutoPipeline()) })
+}
+
+func testRoundTripBudget(t *testing.T, opts ...Option) {
 	srv := redistest.Private(t)
 	rdb := srv.Client(t)
-	a := newShopOn(t, rdb)
-	b := newShopOn(t, rdb) // a second instance: nothing of a's in its memory
+	a := newShopOn(t, rdb, opts...)
+	b := newShopOn(t, rdb, opts...) // a second instance: nothing of a's in its memory
 	c := a.client()
 	a.post(c, "/orders", a.token(c), `{}`) // loads the scripts into the server
 	b.token(c)                             // and b's copy of the token secret

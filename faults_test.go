@@ -14,17 +14,18 @@ import (
 // never come) fails requests closed within the store timeout, never runs
 // the handler, and serves again once it resumes.
 func TestStalledRedisFailsClosedWithinStoreTimeout(t *testing.T) {
-	t.Run("plain", func(t *testing.T) { testStalledRedisFailsClosed(t) })
+	t.Run("plain", func(t *testing.T) { testStalledRedisFailsClosed(t, false) })
 	// Batched: the pipeliner sends on a context of its own, and each
 	// request stops waiting for its scripts at its own store timeout.
-	t.Run("autopipeline", func(t *testing.T) { testStalledRedisFailsClosed(t, WithAutoPipeline()) })
+	t.Run("autopipeline", func(t *testing.T) { testStalledRedisFailsClosed(t, true) })
 }
 
-func testStalledRedisFailsClosed(t *testing.T, opts ...Option) {
+func testStalledRedisFailsClosed(t *testing.T, batched bool) {
 	srv := redistest.Private(t)
 	rdb := srv.Client(t)
 	const storeTimeout = 200 * time.Millisecond
-	s := newShopOn(t, rdb, append(opts, WithStoreTimeout(storeTimeout))...)
+	s := newShopOn(t, rdb, batchedIf(batched, WithStoreTimeout(storeTimeout))...)
+	alwaysBatch(s.idem, batched)
 	c := s.client()
 	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "before", `{}`).status)
 

@@ -202,13 +202,14 @@ func WithReplicaAcks(n int, timeout time.Duration) Option {
 // AutoPipeliner (the client's AsyncAutoPipeline, one ordered stream), so
 // that the scripts of concurrent requests share round trips: under load
 // Redis reads and answers many requests' scripts at a time, which costs it
-// and the server less per request. It pays where many requests run at
-// once on an instance (16 at a time: about a third less CPU per first
-// execution, in Redis and in the server), and costs where few do: the
+// and the server less per request (16 first executions at a time: about a
+// third less CPU per first execution, in Redis and in the server). The
 // pipeliner holds a batch briefly for the commands it expects to follow,
-// so one request at a time waits about a millisecond more for its round
-// trips. Each request still waits at most WithStoreTimeout for its own
-// scripts; a script whose reply has not come
+// which costs more than it saves when few requests run at once, so scripts
+// are batched only while more than four others wait for Redis; otherwise
+// they go out as without it. The batches trade some latency for that CPU:
+// where Redis and the server have cores to spare, leave it off. Each
+// request still waits at most WithStoreTimeout for its own scripts; a script whose reply has not come
 // by then is treated as one whose reply was lost, as without it (a claim is
 // undone, an answer stored in the background), and what undoes it follows
 // it in the same ordered stream. The client must be a *redis.Client,

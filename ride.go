@@ -41,7 +41,7 @@ type riderKey struct{}
 // it.
 type ridingScripter struct {
 	redis.UniversalClient
-	ap *redis.AutoPipeliner // nil without WithAutoPipeline
+	s *store // whose autopipeliner, if any, carries the ride
 }
 
 func (s ridingScripter) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
@@ -71,8 +71,10 @@ func pendingRider(ctx context.Context) *claimRider {
 // right behind it.
 func (s ridingScripter) ride(ctx context.Context, rider *claimRider, name, script string, keys []string, args []any) *redis.Cmd {
 	var lock *redis.Cmd
-	if s.ap != nil {
-		cmds := piped(ctx, s.ap, scriptCmd(ctx, name, script, keys, args),
+	batched, done := s.s.batching()
+	defer done()
+	if batched {
+		cmds := piped(ctx, s.s.ap, scriptCmd(ctx, name, script, keys, args),
 			scriptCmd(ctx, "evalsha", claimScript.Hash(), rider.keys, rider.args))
 		lock, rider.reply = cmds[0], cmds[1]
 	} else {

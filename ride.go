@@ -30,6 +30,15 @@ type claimRider struct {
 	keys  []string
 	args  []any
 	reply *redis.Cmd // set once sent
+
+	// What an obtain with a rider needs besides, made in the rider's one
+	// allocation: the claim's ARGV, the fingerprint it names (args hold
+	// pointers to it and to rode.value), redislock's options and what the
+	// claim answered.
+	argv [5]any
+	fp   string
+	opts redislock.Options
+	rode rode
 }
 
 type riderKey struct{}
@@ -113,9 +122,10 @@ func (s *store) obtainClaiming(ctx context.Context, k keys, fingerprint string) 
 	if err != nil {
 		return nil, nil, err
 	}
-	rider := &claimRider{keys: k.redisKeys(), args: s.claimArgs(k, value, fingerprint)}
-	lock, err := s.locks.Obtain(context.WithValue(ctx, riderKey{}, rider), k.lock, s.cfg.lease,
-		&redislock.Options{Token: value})
+	rider := &claimRider{keys: k.redisKeys(), fp: fingerprint, opts: redislock.Options{Token: value}}
+	rider.rode.value = value
+	rider.args = s.claimArgsIn(&rider.argv, k, &rider.rode.value, &rider.fp)
+	lock, err := s.locks.Obtain(context.WithValue(ctx, riderKey{}, rider), k.lock, s.cfg.lease, &rider.opts)
 	if rider.reply == nil {
 		return lock, nil, err
 	}
@@ -126,7 +136,7 @@ func (s *store) obtainClaiming(ctx context.Context, k keys, fingerprint string) 
 		claimScript.Load(ctx, s.client)
 		return lock, nil, err
 	}
-	r := &rode{value: value}
+	r := &rider.rode
 	r.claim, r.err = s.claimReply(k, rider.reply)
 	return lock, r, err
 }

@@ -179,6 +179,12 @@ func (s *store) claimOn(ctx context.Context, via redis.Scripter, k keys, lockVal
 
 // claimArgs are claim.lua's ARGV.
 func (s *store) claimArgs(k keys, lockValue, fingerprint string) []any {
+	return s.claimArgsIn(new([5]any), k, lockValue, fingerprint)
+}
+
+// claimArgsIn writes claim.lua's ARGV into argv. The lock value and the
+// fingerprint may be strings or pointers to them (see completeAs).
+func (s *store) claimArgsIn(argv *[5]any, k keys, lockValue, fingerprint any) []any {
 	issued, ttl := argNotIssued, s.recordTTL
 	if k.token != "" {
 		issued = argIssued
@@ -186,7 +192,8 @@ func (s *store) claimArgs(k keys, lockValue, fingerprint string) []any {
 			ttl = life.Milliseconds()
 		}
 	}
-	return []any{lockValue, fingerprint, ttl, issued, s.retryAbandoned}
+	*argv = [5]any{lockValue, fingerprint, ttl, issued, s.retryAbandoned}
+	return argv[:]
 }
 
 // claimReply reads claim.lua's reply.

@@ -207,7 +207,9 @@ func WithReplicaAcks(n int, timeout time.Duration) Option {
 // pipeliner holds a batch briefly for the commands it expects to follow,
 // which costs more than it saves when few requests run at once, so scripts
 // are batched only while more than four others wait for Redis; otherwise
-// they go out as without it. The batches trade some latency for that CPU:
+// they go out as without it. A lock and the claim that rides with it stay
+// in order, but may go in two consecutive batches. The batches trade some
+// latency for that CPU:
 // where Redis and the server have cores to spare, leave it off. Each
 // request still waits at most WithStoreTimeout for its own scripts; a script whose reply has not come
 // by then is treated as one whose reply was lost, as without it (a claim is

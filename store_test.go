@@ -16,8 +16,8 @@ import (
 
 func TestRoundTripBudget(t *testing.T) {
 	t.Run("plain", func(t *testing.T) { testRoundTripBudget(t, false) })
-	// Batched, every script: the lock and its claim still share one round
-	// trip, since they are submitted back to back.
+	// Batched, every script: the same budget, but for a lock and its claim
+	// that the pipeliner may send in two batches (see below).
 	t.Run("autopipeline", func(t *testing.T) { testRoundTripBudget(t, true) })
 }
 
@@ -77,18 +77,23 @@ func testRoundTripBudget(t *testing.T, batched bool) {
 
 	t.Logf("Redis round trips: issuance %d, first execution %d (key mode %d), duplicate on another instance %d (key mode %d), on the same instance %d, rejected %d, first + 10 concurrent duplicates on one instance %d",
 		issuance, first, keyFirst, dupOther, keyDup, dupSame, rejected, burst)
+	// Batched, the lock and its claim are submitted back to back, and the
+	// pipeliner may send the lock before the claim has joined it: then they
+	// go in two batches, in order, which costs a round trip and nothing else.
+	split := 0
+	if batched {
+		split = 1
+	}
 	require.Zero(t, issuance, "a token is signed, not stored")
-	require.LessOrEqual(t, first, 2, "the lock with the claim, then the answer's store")
-	require.LessOrEqual(t, keyFirst, 2)
-	require.LessOrEqual(t, dupOther, 1, "the lock with the claim, which finds the answer")
-	require.LessOrEqual(t, keyDup, 1)
+	require.LessOrEqual(t, first, 2+split, "the lock with the claim, then the answer's store")
+	require.LessOrEqual(t, keyFirst, 2+split)
+	require.LessOrEqual(t, dupOther, 1+split, "the lock with the claim, which finds the answer")
+	require.LessOrEqual(t, keyDup, 1+split)
 	require.Zero(t, rejected)
 	require.Zero(t, dupSame, "answered from the in-process cache")
-	require.LessOrEqual(t, burst, 2)
+	require.LessOrEqual(t, burst, 2+split)
 }
 
-// roundTrips counts a client's round trips: each command sent alone, and
-// each pipeline, since its commands go out and come back together.
 // batchedIf adds WithAutoPipeline to opts when batched.
 func batchedIf(batched bool, opts ...Option) []Option {
 	if batched {
@@ -106,6 +111,8 @@ func alwaysBatch(m *Middleware, batched bool) {
 	}
 }
 
+// roundTrips counts a client's round trips: each command sent alone, and
+// each pipeline, since its commands go out and come back together.
 type roundTrips struct{ n atomic.Int64 }
 
 func (*roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }

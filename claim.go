@@ -58,6 +58,7 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 	}
 	switch cl.outcome {
 	case outcomeClaimed:
+		l.watch()
 		if l.wd.isLost() {
 			// The lease ran out during the claim or the replica wait:
 			// another instance may own the key by now, so the handler must
@@ -99,10 +100,11 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 // that obtained the lock; with WithReplicaAcks it then waits for replicas.
 func (m *Middleware) claimKey(c *call, l *lease) (claim, error) {
 	defer l.endStep()
+	l.watch() // the claim and a replica wait are renewed
 	if m.cfg.replicaAcks > 0 {
 		return m.claimReplicated(l.step, c, l)
 	}
-	return m.store.claim(l.step, l.k, l.token, string(c.fp[:]))
+	return m.store.claim(l.step, l.k, l.token, l.fpText)
 }
 
 // acquire takes the key's lock and starts its lease, waiting while another
@@ -130,17 +132,20 @@ func (m *Middleware) acquire(c *call, k keys) (l *lease, r *rode, err error) {
 		}
 	}()
 	riding := m.cfg.replicaAcks == 0
+	fp := string(c.fp[:]) // once for every attempt and the lease's scripts
 	for {
 		began := time.Now()
 		ctx, cancel := m.store.stepContext(c.ctx)
 		var lock *redislock.Lock
 		if riding {
-			lock, r, err = m.store.obtainClaiming(ctx, k, string(c.fp[:]))
+			lock, r, err = m.store.obtainClaiming(ctx, k, fp)
 		} else {
 			lock, err = m.store.obtain(ctx, k)
 		}
 		if err == nil {
-			return m.startLease(k, lock, began, ctx, cancel), r, nil
+			l = m.startLease(k, lock, began, ctx, cancel)
+			l.fpText = fp
+			return l, r, nil
 		}
 		cancel()
 		if !errors.Is(err, redislock.ErrNotObtained) {

@@ -81,10 +81,6 @@ const (
 
 var executionKey = &contextKey{"execution"}
 
-func withExecution(ctx context.Context, e *execution) context.Context {
-	return context.WithValue(ctx, executionKey, e)
-}
-
 // released reports whether the work gave its key up with Release.
 func (e *execution) released() bool { return e.state.Load() == execReleased }
 

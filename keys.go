@@ -26,6 +26,9 @@ type keys struct {
 	lock         string
 	token        string    // the issued token, token mode only
 	tokenExpires time.Time // when token expires
+	// names holds record, lock and the waiters flag, made once per request
+	// for the scripts' KEYS; nil for keys named another way (keysNamed).
+	names *[3]string
 }
 
 // lifetime is how long the record is kept when ttl is asked for: at least
@@ -52,12 +55,13 @@ func (m *Middleware) redisKeys(c *call) keys {
 func tokenKeys(prefix, scope, token string) keys {
 	var tag [48]byte
 	t := appendTag(tag[:0], prefix, 't', scopeDigest(scope))
-	// One statement per name: each append reuses t's array, and Go does not
-	// order conversions inside one expression.
-	k := keys{token: token}
-	k.record = string(append(append(t, "r:"...), token...))
-	k.lock = string(append(append(t, "l:"...), token...))
-	return k
+	// One string holds the three names ("…r:<token>:w…l:<token>"), sliced.
+	n := len(t) + 2 + len(token)
+	b := append(append(t, "r:"...), token...)
+	b = append(append(b, ":w"...), b[:len(t)]...)
+	all := string(append(append(b, "l:"...), token...))
+	return keys{token: token, record: all[:n], lock: all[n+2:],
+		names: &[3]string{all[:n], all[n+2:], all[:n+2]}}
 }
 
 // clientKeys names a client key's keys after its identity, which already
@@ -65,10 +69,11 @@ func tokenKeys(prefix, scope, token string) keys {
 func clientKeys(prefix string, id identity) keys {
 	var tag [48]byte
 	t := appendTag(tag[:0], prefix, 'k', id)
-	var k keys
-	k.record = string(append(t, 'r'))
-	k.lock = string(append(t, 'l'))
-	return k
+	// One string holds the three names ("…r:w…l"), sliced: one allocation
+	// for what the scripts name on every request.
+	n := len(t)
+	all := string(append(append(append(t, "r:w"...), t...), 'l'))
+	return keys{record: all[:n+1], lock: all[n+3:], names: &[3]string{all[:n+1], all[n+3:], all[:n+3]}}
 }
 
 // appendTag appends "PREFIX:{<kind><digest>}:" to b.
@@ -92,9 +97,29 @@ func scopeDigest(s string) [16]byte {
 
 // waiters names the flag that says another instance waits for the key's
 // lock, and the channel it waits on.
-func (k keys) waiters() string { return keyspace.Waiters(k.record) }
+func (k keys) waiters() string {
+	if k.names != nil {
+		return k.names[2]
+	}
+	return keyspace.Waiters(k.record)
+}
 
-func (k keys) redisKeys() []string { return []string{k.record, k.lock} }
+// redisKeys are claim.lua's KEYS: the record and the lock.
+func (k keys) redisKeys() []string {
+	if k.names != nil {
+		return k.names[:2:2]
+	}
+	return []string{k.record, k.lock}
+}
+
+// flagged are the KEYS of the scripts that end a lease: the record, the
+// lock and the waiters flag.
+func (k keys) flagged() []string {
+	if k.names != nil {
+		return k.names[:]
+	}
+	return []string{k.record, k.lock, k.waiters()}
+}
 
 // identity names a token or key inside this process (the in-flight table
 // and the response cache) without building the Redis key strings, which a

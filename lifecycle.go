@@ -59,18 +59,23 @@ import (
 // store of the answer, by a release or by keep. Its watchdog renews the
 // lock exactly that long, so neither a slow claim, a replica wait nor a
 // slow handler outlives it, while a crashed instance frees the key within
-// one lease.
+// one lease. The watchdog starts (watch) once the lease is to outlast its
+// claim's round trip, on the schedule it would have had from the obtain:
+// a claim that rode with the lock and did not claim (a replay, a refusal)
+// ends the lease before any renewal is due, and then costs no timer.
 type lease struct {
 	m     *Middleware
 	k     keys
 	token string          // the lock's value, which the scripts check
 	lock  *redislock.Lock // nil for a claim whose lock reply never came
-	wd    *watchdog       // nil with lock
+	wd    *watchdog       // nil until watch, and without lock
+	began time.Time       // when the attempt that obtained the lock began
 	// step bounds the exchange that obtained the lock; the claim shares it,
 	// so the store timeout bounds the two together.
 	step    context.Context
 	endStep context.CancelFunc
 	fp      fingerprintSum // the claiming request's
+	fpText  string         // fp as the scripts take it
 	fence   uint64         // the claim's fencing token, once claimed
 
 	// The run's context: cancelled with ErrLockLost or, by its timer, with
@@ -82,8 +87,14 @@ type lease struct {
 // startLease starts the lease of a lock obtained by an attempt that began
 // at began.
 func (m *Middleware) startLease(k keys, lock *redislock.Lock, began time.Time, step context.Context, endStep context.CancelFunc) *lease {
-	return &lease{m: m, k: k, token: lock.Token(), lock: lock, step: step, endStep: endStep,
-		wd: startWatchdog(lock, m.cfg.lease, m.cfg.storeTimeout, began)}
+	return &lease{m: m, k: k, token: lock.Token(), lock: lock, step: step, endStep: endStep, began: began}
+}
+
+// watch starts the lease's watchdog, counting from the obtain.
+func (l *lease) watch() {
+	if l.wd == nil && l.lock != nil {
+		l.wd = startWatchdog(l.lock, l.m.cfg.lease, l.m.cfg.storeTimeout, l.began)
+	}
 }
 
 // orphanClaim is the lease of a claim made under a lock value whose lock
@@ -142,19 +153,43 @@ func (l *lease) execute(c *call) verdict {
 // middleware cuts it off only as the release rule says.
 func (l *lease) startRun(c *call) (context.Context, *execution) {
 	x := &execution{key: l.k.record, fp: c.fp, fence: l.fence, maxResponse: l.m.cfg.maxResponse}
-	ctx, cut := context.WithCancelCause(context.WithoutCancel(c.ctx))
-	l.cutRun = cut
+	var ctx context.Context = &runContext{parent: c.ctx, x: x}
 	if l.m.cfg.takeover() {
+		// Only a lease that someone else could take over cuts its run off.
+		var cut context.CancelCauseFunc
+		ctx, cut = context.WithCancelCause(ctx)
+		l.cutRun = cut
 		l.wd.notify(func() { cut(ErrLockLost) })
 	}
-	ctx, l.stopRun = context.WithTimeoutCause(withExecution(ctx, x), l.m.cfg.execTimeout, ErrExecutionTimeout)
+	ctx, l.stopRun = context.WithTimeoutCause(ctx, l.m.cfg.execTimeout, ErrExecutionTimeout)
 	return ctx, x
 }
 
 // endRun releases the run's context and its timer.
 func (l *lease) endRun() {
 	l.stopRun()
-	l.cutRun(nil)
+	if l.cutRun != nil {
+		l.cutRun(nil)
+	}
+}
+
+// runContext carries the caller's values and the execution, and none of
+// the caller's cancellation: what context.WithoutCancel and
+// context.WithValue make together, in one allocation instead of two.
+type runContext struct {
+	parent context.Context
+	x      *execution
+}
+
+func (*runContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (*runContext) Done() <-chan struct{}       { return nil }
+func (*runContext) Err() error                  { return nil }
+
+func (c *runContext) Value(key any) any {
+	if key == executionKey {
+		return c.x
+	}
+	return c.parent.Value(key)
 }
 
 // cutOff is why the middleware cut the run on ctx off, or nil.
@@ -214,7 +249,7 @@ func (l *lease) complete(ctx context.Context, rec *record, ttl time.Duration) (h
 			time.Sleep(pause)
 		}
 		step, cancel := l.m.store.stepContext(ctx)
-		how, err = l.m.store.complete(step, l.k, l.token, l.fp, l.fence, rec, ttl)
+		how, err = l.m.store.completeAs(step, l.k, &l.token, &l.fpText, &l.fence, rec, ttl)
 		cancel()
 		if err == nil || errors.Is(err, ErrLockLost) {
 			return how, err
@@ -256,7 +291,7 @@ func (l *lease) storeLater(rec *record, ttl time.Duration) {
 		size = rec.size()
 	}
 	l.m.later.add(l.k, "store", size, func(ctx context.Context) error {
-		_, err := l.m.store.complete(ctx, l.k, l.token, l.fp, l.fence, rec, ttl)
+		_, err := l.m.store.completeAs(ctx, l.k, &l.token, &l.fpText, &l.fence, rec, ttl)
 		if errors.Is(err, ErrLockLost) {
 			return nil // another executor owns the key: nothing of ours to store
 		}

@@ -27,7 +27,7 @@ func (m *Middleware) claimReplicated(ctx context.Context, c *call, l *lease) (cl
 	}
 	conn := primary.Conn()
 	defer conn.Close()
-	cl, err := m.store.claimOn(ctx, conn, l.k, l.token, string(c.fp[:]))
+	cl, err := m.store.claimOn(ctx, conn, l.k, l.token, l.fpText)
 	if err != nil || cl.outcome != outcomeClaimed {
 		return cl, err
 	}

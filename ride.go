@@ -30,18 +30,32 @@ type claimRider struct {
 	keys  []string
 	args  []any
 	reply *redis.Cmd // set once sent
+
+	// What an obtain with a rider needs besides, made in the rider's one
+	// allocation: the claim's ARGV, the fingerprint it names (args hold
+	// pointers to it and to rode.value), redislock's options and what the
+	// claim answered.
+	argv [5]any
+	fp   string
+	opts redislock.Options
+	rode rode
 }
 
 type riderKey struct{}
 
 // ridingScripter is the redis.Scripter redislock talks to. A lock script
 // sent under a context that carries a claimRider goes out in one pipeline
-// with the claim; every other script, as redislock sends it.
-type ridingScripter struct{ redis.UniversalClient }
+// with the claim (or, with WithAutoPipeline, right behind it in the
+// autopipeliner's ordered stream); every other script, as redislock sends
+// it.
+type ridingScripter struct {
+	redis.UniversalClient
+	s *store // whose autopipeliner, if any, carries the ride
+}
 
 func (s ridingScripter) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
 	if rider := pendingRider(ctx); rider != nil {
-		return s.ride(ctx, rider, func(p redis.Pipeliner) *redis.Cmd { return p.EvalSha(ctx, sha, keys, args...) })
+		return s.ride(ctx, rider, "evalsha", sha, keys, args)
 	}
 	return s.UniversalClient.EvalSha(ctx, sha, keys, args...)
 }
@@ -49,7 +63,7 @@ func (s ridingScripter) EvalSha(ctx context.Context, sha string, keys []string, 
 // Eval is redislock's way in when the server lacked its script (NOSCRIPT).
 func (s ridingScripter) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
 	if rider := pendingRider(ctx); rider != nil {
-		return s.ride(ctx, rider, func(p redis.Pipeliner) *redis.Cmd { return p.Eval(ctx, script, keys, args...) })
+		return s.ride(ctx, rider, "eval", script, keys, args)
 	}
 	return s.UniversalClient.Eval(ctx, script, keys, args...)
 }
@@ -62,11 +76,26 @@ func pendingRider(ctx context.Context) *claimRider {
 	return rider
 }
 
-func (s ridingScripter) ride(ctx context.Context, rider *claimRider, lockScript func(redis.Pipeliner) *redis.Cmd) *redis.Cmd {
-	pipe := s.Pipeline()
-	lock := lockScript(pipe)
-	rider.reply = pipe.EvalSha(ctx, claimScript.Hash(), rider.keys, rider.args...)
-	pipe.Exec(ctx) // each command carries its own reply or error
+// ride sends the lock script (name is evalsha or eval) with the claim
+// right behind it.
+func (s ridingScripter) ride(ctx context.Context, rider *claimRider, name, script string, keys []string, args []any) *redis.Cmd {
+	var lock *redis.Cmd
+	batched, done := s.s.batching()
+	defer done()
+	if batched {
+		cmds := piped(ctx, s.s.ap, scriptCmd(ctx, name, script, keys, args),
+			scriptCmd(ctx, "evalsha", claimScript.Hash(), rider.keys, rider.args))
+		lock, rider.reply = cmds[0], cmds[1]
+	} else {
+		pipe := s.Pipeline()
+		if name == "eval" {
+			lock = pipe.Eval(ctx, script, keys, args...)
+		} else {
+			lock = pipe.EvalSha(ctx, script, keys, args...)
+		}
+		rider.reply = pipe.EvalSha(ctx, claimScript.Hash(), rider.keys, rider.args...)
+		pipe.Exec(ctx) // each command carries its own reply or error
+	}
 	if isNoScript(lock.Err()) {
 		// The server lacked the lock script, so the claim ran without the
 		// lock and its reply means nothing. redislock sends the script
@@ -93,9 +122,10 @@ func (s *store) obtainClaiming(ctx context.Context, k keys, fingerprint string) 
 	if err != nil {
 		return nil, nil, err
 	}
-	rider := &claimRider{keys: k.redisKeys(), args: s.claimArgs(k, value, fingerprint)}
-	lock, err := s.locks.Obtain(context.WithValue(ctx, riderKey{}, rider), k.lock, s.cfg.lease,
-		&redislock.Options{Token: value})
+	rider := &claimRider{keys: k.redisKeys(), fp: fingerprint, opts: redislock.Options{Token: value}}
+	rider.rode.value = value
+	rider.args = s.claimArgsIn(&rider.argv, k, &rider.rode.value, &rider.fp)
+	lock, err := s.locks.Obtain(context.WithValue(ctx, riderKey{}, rider), k.lock, s.cfg.lease, &rider.opts)
 	if rider.reply == nil {
 		return lock, nil, err
 	}
@@ -106,7 +136,7 @@ func (s *store) obtainClaiming(ctx context.Context, k keys, fingerprint string) 
 		claimScript.Load(ctx, s.client)
 		return lock, nil, err
 	}
-	r := &rode{value: value}
+	r := &rider.rode
 	r.claim, r.err = s.claimReply(k, rider.reply)
 	return lock, r, err
 }

@@ -235,12 +235,28 @@ func (rep *report) markdown() string {
 		strings.Replace(rep.Load.Warmup, "-s SCRIPT URL -- ARG", "-s SCRIPT", 1),
 		strings.Replace(rep.Load.Measured, "-s SCRIPT URL -- ARG", "-s SCRIPT", 1))
 
-	b.WriteString("| workload | this library | Fiber | net/http alone | this library / Fiber | this library / net/http |\n")
-	b.WriteString("| --- | ---: | ---: | ---: | ---: | ---: |\n")
+	// A column per server, then each middleware of ours over Fiber, and
+	// this library over net/http.
+	var ratios []kind
+	for _, k := range kinds {
+		if k.Name != "fiber" && k.Name != "bare" {
+			ratios = append(ratios, k)
+		}
+	}
+	b.WriteString("| workload |" + kindColumns() + "")
+	for _, k := range ratios {
+		b.WriteString(" " + k.Title + " / Fiber |")
+	}
+	b.WriteString(" this library / net/http |\n| --- |" + strings.Repeat(" ---: |", len(kinds)+len(ratios)+1) + "\n")
 	for _, w := range []string{"first", "duplicates"} {
-		o, f, n := rep.median("ours", w), rep.median("fiber", w), rep.median("bare", w)
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %.2f | %.2f |\n", workloadTitles[w],
-			thousands(o.RPS), thousands(f.RPS), thousands(n.RPS), o.VsFiber, o.VsBare)
+		fmt.Fprintf(&b, "| %s |", workloadTitles[w])
+		for _, k := range kinds {
+			fmt.Fprintf(&b, " %s |", thousands(rep.median(k.Name, w).RPS))
+		}
+		for _, k := range ratios {
+			fmt.Fprintf(&b, " %.2f |", rep.median(k.Name, w).VsFiber)
+		}
+		fmt.Fprintf(&b, " %.2f |\n", rep.median("ours", w).VsBare)
 	}
 
 	b.WriteString("\nCPU time per request in microseconds, median of the rounds: the server's process (every " +
@@ -264,7 +280,7 @@ func (rep *report) markdown() string {
 	b.WriteString("\nEvery run: req/s, p50 latency, non-2xx answers (wrk's count), and whether every answer was as it " +
 		"should be (the server's own count: 201s for first executions; for duplicates behind a middleware, " +
 		"201 replays with no execution of the handler):\n\n")
-	b.WriteString("| round | workload | this library | Fiber | net/http alone |\n| ---: | --- | --- | --- | --- |\n")
+	b.WriteString("| round | workload |" + kindColumns() + "\n| ---: | --- |" + strings.Repeat(" --- |", len(kinds)) + "\n")
 	for round := 1; round <= rep.Load.Rounds; round++ {
 		for _, w := range []string{"first", "duplicates"} {
 			fmt.Fprintf(&b, "| %d | %s |", round, w)
@@ -293,7 +309,7 @@ func (rep *report) markdown() string {
 		requests = rep.RedisCounts[0].Requests
 	}
 	fmt.Fprintf(&b, "%d sequential requests per case:\n\n", requests)
-	b.WriteString("| request | this library | Fiber | net/http alone |\n| --- | --- | --- | --- |\n")
+	b.WriteString("| request |" + kindColumns() + "\n| --- |" + strings.Repeat(" --- |", len(kinds)) + "\n")
 	for _, c := range countCases {
 		fmt.Fprintf(&b, "| %s |", c.what)
 		for _, k := range kinds {
@@ -335,9 +351,18 @@ type perRequestRow struct {
 	redis bool
 }
 
+// kindColumns is a table header's column per server, in kinds' order.
+func kindColumns() string {
+	var b strings.Builder
+	for _, k := range kinds {
+		b.WriteString(" " + k.Title + " |")
+	}
+	return b.String()
+}
+
 // perRequestTable writes rows for each workload, a column per server.
 func (rep *report) perRequestTable(b *strings.Builder, rows []perRequestRow) {
-	b.WriteString("| workload | of | this library | Fiber | net/http alone |\n| --- | --- | ---: | ---: | ---: |\n")
+	b.WriteString("| workload | of |" + kindColumns() + "\n| --- | --- |" + strings.Repeat(" ---: |", len(kinds)) + "\n")
 	for _, w := range []string{"first", "duplicates"} {
 		for _, row := range rows {
 			fmt.Fprintf(b, "| %s | %s |", shortWorkloadTitles[w], row.what)

@@ -40,6 +40,15 @@ var kinds = []kind{
 		},
 	},
 	{
+		Name: "batched", Title: "this library, WithAutoPipeline",
+		What:      "idempotency.New(rdb, idempotency.WithAutoPipeline()).ProtectKey, go-redis PoolSize 64, ContextTimeoutEnabled",
+		Package:   "github.com/onceonly/idempotency/bench/peers/batched",
+		UsesRedis: true,
+		Replay: func(resp *http.Response, body, first []byte) bool {
+			return resp.Header.Get("Idempotent-Replayed") == "true" && string(body) == string(first)
+		},
+	},
+	{
 		Name: "fiber", Title: "Fiber",
 		What: "Fiber v3 middleware/idempotency with storage/redis/v3 (PoolSize 64); KeyHeader Idempotency-Key, " +
 			"KeyHeaderValidate 1–255 bytes, all else as shipped (its lock is in process memory)",

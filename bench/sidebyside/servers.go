@@ -9,7 +9,9 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -20,11 +22,14 @@ import (
 
 // A kind is one of the compared servers.
 type kind struct {
-	Name      string `json:"name"`
-	Title     string `json:"title"`
-	What      string `json:"what"`
-	Package   string `json:"package"`
-	UsesRedis bool   `json:"uses_redis"`
+	Name    string `json:"name"`
+	Title   string `json:"title"`
+	What    string `json:"what"`
+	Package string `json:"package"`
+	// Args are the kind's own flags to its package's command: two kinds may
+	// be one command configured two ways.
+	Args      []string `json:"args,omitempty"`
+	UsesRedis bool     `json:"uses_redis"`
 	// Replay tells whether a duplicate's answer is a replay of first.
 	Replay func(resp *http.Response, body, first []byte) bool `json:"-"`
 }
@@ -35,18 +40,15 @@ var kinds = []kind{
 		What:      "idempotency.New(rdb).ProtectKey, go-redis PoolSize 64, ContextTimeoutEnabled",
 		Package:   "github.com/onceonly/idempotency/bench/peers/ours",
 		UsesRedis: true,
-		Replay: func(resp *http.Response, body, first []byte) bool {
-			return resp.Header.Get("Idempotent-Replayed") == "true" && string(body) == string(first)
-		},
+		Replay:    replayedByUs,
 	},
 	{
 		Name: "batched", Title: "this library, WithAutoPipeline",
 		What:      "idempotency.New(rdb, idempotency.WithAutoPipeline()).ProtectKey, go-redis PoolSize 64, ContextTimeoutEnabled",
-		Package:   "github.com/onceonly/idempotency/bench/peers/batched",
+		Package:   "github.com/onceonly/idempotency/bench/peers/ours",
+		Args:      []string{"-autopipeline"},
 		UsesRedis: true,
-		Replay: func(resp *http.Response, body, first []byte) bool {
-			return resp.Header.Get("Idempotent-Replayed") == "true" && string(body) == string(first)
-		},
+		Replay:    replayedByUs,
 	},
 	{
 		Name: "fiber", Title: "Fiber",
@@ -64,6 +66,14 @@ var kinds = []kind{
 		Package: "github.com/onceonly/idempotency/bench/peers/bare",
 	},
 }
+
+// replayedByUs: this library marks a replay, and replays first's body.
+func replayedByUs(resp *http.Response, body, first []byte) bool {
+	return resp.Header.Get("Idempotent-Replayed") == "true" && string(body) == string(first)
+}
+
+// binary is the file `go build -o DIR/` writes a kind's command to.
+func (k kind) binary(dir string) string { return filepath.Join(dir, path.Base(k.Package)) }
 
 // children are the processes this run started; stopChildren ends those
 // still running.
@@ -105,7 +115,9 @@ func stopChildren() {
 func buildServers(ctx context.Context, dir string) (map[string]map[string]string, error) {
 	args := []string{"build", "-o", dir + string(filepath.Separator)}
 	for _, k := range kinds {
-		args = append(args, k.Package)
+		if !slices.Contains(args, k.Package) {
+			args = append(args, k.Package)
+		}
 	}
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
@@ -114,7 +126,7 @@ func buildServers(ctx context.Context, dir string) (map[string]map[string]string
 	}
 	versions := map[string]map[string]string{}
 	for _, k := range kinds {
-		out, err := exec.CommandContext(ctx, "go", "version", "-m", filepath.Join(dir, k.Name)).Output()
+		out, err := exec.CommandContext(ctx, "go", "version", "-m", k.binary(dir)).Output()
 		if err != nil {
 			return nil, fmt.Errorf("go version -m %s: %w", k.Name, err)
 		}
@@ -161,7 +173,8 @@ func startInstance(ctx context.Context, dir string, k kind, name, redisAddr stri
 	if k.UsesRedis {
 		args = append(args, "-redis", redisAddr)
 	}
-	cmd, err := startChild(ctx, filepath.Join(dir, k.Name), args...)
+	args = append(args, k.Args...)
+	cmd, err := startChild(ctx, k.binary(dir), args...)
 	if err != nil {
 		return nil, err
 	}

@@ -79,6 +79,16 @@ func Open(t testing.TB, kind Kind) *DB {
 	}
 	db.SetMaxOpenConns(16)
 	t.Cleanup(func() { db.Close() })
+	if kind == SQLite {
+		// One connection first turns the new file to WAL (the DSN's
+		// journal_mode pragma): several connections opening a fresh file
+		// at once race for that switch, and the loser gets SQLITE_BUSY
+		// without the busy timeout being consulted. WAL mode stays with
+		// the file, so later connections find it done.
+		if err := db.PingContext(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
 	d.DB = db
 	return d
 }

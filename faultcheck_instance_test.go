@@ -89,7 +89,6 @@ type historyConfig struct {
 	RetryAbandoned bool
 	NoTransient    bool // StoreNoTransient instead of StoreAll
 	Cache          bool // the in-process response cache
-	AutoPipeline   bool // WithAutoPipeline
 }
 
 // recordTTL outlives every history by far: a record that expired during
@@ -121,9 +120,6 @@ func (c historyConfig) options() []idempotency.Option {
 	if !c.Cache {
 		opts = append(opts, idempotency.WithResponseCache(0, 0))
 	}
-	if c.AutoPipeline {
-		opts = append(opts, idempotency.WithAutoPipeline())
-	}
 	return opts
 }
 
@@ -139,8 +135,8 @@ func (c historyConfig) String() string {
 	if c.NoTransient {
 		policy = "StoreNoTransient"
 	}
-	return fmt.Sprintf("prefix=%s lease=%v storeTimeout=%v wait=%v execTimeout=%v outerTimeout=%v retryAbandoned=%v policy=%s cache=%v autoPipeline=%v",
-		c.Prefix, c.Lease, c.StoreTimeout, c.Wait, c.ExecTimeout, c.OuterTimeout, c.RetryAbandoned, policy, c.Cache, c.AutoPipeline)
+	return fmt.Sprintf("prefix=%s lease=%v storeTimeout=%v wait=%v execTimeout=%v outerTimeout=%v retryAbandoned=%v policy=%s cache=%v",
+		c.Prefix, c.Lease, c.StoreTimeout, c.Wait, c.ExecTimeout, c.OuterTimeout, c.RetryAbandoned, policy, c.Cache)
 }
 
 // instanceSpec is what an instance process is started with.

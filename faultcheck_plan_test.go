@@ -217,7 +217,6 @@ func drawConfig(rng *rand.Rand, prefix string) historyConfig {
 		RetryAbandoned: rng.IntN(5) < 2,
 		NoTransient:    rng.IntN(2) == 0,
 		Cache:          rng.IntN(2) == 0,
-		AutoPipeline:   rng.IntN(2) == 0,
 	}
 }
 

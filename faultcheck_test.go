@@ -126,13 +126,12 @@ func TestFaultCheck(t *testing.T) {
 
 // tally counts what a run did and found.
 type tally struct {
-	mu            sync.Mutex
-	histories     int
-	autoPipelined int                   // histories whose instances ran WithAutoPipeline
-	injected      map[string]int        // faults by kind
-	answers       map[string]int        // answers by class
-	broken        map[string]int        // violations by rule
-	shortest      map[string][]*finding // by rule, shortest story first, at most -idem.stories
+	mu        sync.Mutex
+	histories int
+	injected  map[string]int        // faults by kind
+	answers   map[string]int        // answers by class
+	broken    map[string]int        // violations by rule
+	shortest  map[string][]*finding // by rule, shortest story first, at most -idem.stories
 }
 
 // finding is one violation with what is needed to read and replay it.
@@ -152,9 +151,6 @@ func (tl *tally) add(h *history, found []violation) {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
 	tl.histories++
-	if h.plan.cfg.AutoPipeline {
-		tl.autoPipelined++
-	}
 	for k, n := range h.injected {
 		tl.injected[k] += n
 	}
@@ -189,7 +185,7 @@ func replayCommand(seed uint64, kinds kindSet) func(index int) string {
 func (tl *tally) report(t *testing.T, replay func(index int) string, took time.Duration) {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
-	t.Logf("fault check: %d histories (%d with WithAutoPipeline) in %v", tl.histories, tl.autoPipelined, took.Round(time.Second))
+	t.Logf("fault check: %d histories in %v", tl.histories, took.Round(time.Second))
 	t.Logf("faults injected:\n%s", counts(tl.injected))
 	t.Logf("answers:\n%s", counts(tl.answers))
 	if len(tl.broken) == 0 {

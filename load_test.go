@@ -20,11 +20,6 @@ import (
 // still runs, some on the other instance). No key may run twice, and every
 // answer must be a 201 (executed or replayed) or a 409 while in progress.
 func TestLoadTwoInstancesWithDuplicates(t *testing.T) {
-	t.Run("plain", func(t *testing.T) { testLoadTwoInstances(t) })
-	t.Run("autopipeline", func(t *testing.T) { testLoadTwoInstances(t, WithAutoPipeline()) })
-}
-
-func testLoadTwoInstances(t *testing.T, opts ...Option) {
 	duration := 5 * time.Second
 	if *long {
 		duration = 30 * time.Second
@@ -33,8 +28,8 @@ func testLoadTwoInstances(t *testing.T, opts ...Option) {
 	rdb := srv.Client(t)
 	h := newCounting(2 * time.Millisecond)
 	instances := []*httptest.Server{
-		httptest.NewServer(New(rdb, opts...).ProtectKey(h)),
-		httptest.NewServer(New(rdb, opts...).ProtectKey(h)),
+		httptest.NewServer(New(rdb).ProtectKey(h)),
+		httptest.NewServer(New(rdb).ProtectKey(h)),
 	}
 	for _, s := range instances {
 		t.Cleanup(s.Close)

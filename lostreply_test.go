@@ -16,12 +16,6 @@ import (
 // the command, go-redis resends it on a new connection, and still no key
 // runs twice and none is left undecided.
 func TestLostRepliesTrials(t *testing.T) {
-	t.Run("plain", func(t *testing.T) { testLostReplies(t, false) })
-	// Batched: the pipeliner resends the batch that lost its reply.
-	t.Run("autopipeline", func(t *testing.T) { testLostReplies(t, true) })
-}
-
-func testLostReplies(t *testing.T, batched bool) {
 	srv := redistest.Private(t)
 	proxy := newReplyDropper(t, srv.Addr())
 	rdb := redis.NewClient(&redis.Options{Addr: proxy.addr(), ContextTimeoutEnabled: true})
@@ -29,9 +23,7 @@ func testLostReplies(t *testing.T, batched bool) {
 	direct := srv.Client(t)
 
 	h := newCounting(0)
-	idem := New(rdb, batchedIf(batched, WithKeyPrefix("lost"))...)
-	alwaysBatch(idem, batched)
-	m := idem.ProtectKey(h)
+	m := New(rdb, WithKeyPrefix("lost")).ProtectKey(h)
 	send(m, "warm-up", `{}`) // loads every script, so each trial's commands are EVALSHA
 
 	steps := map[string]string{"claim": claimScript.Hash(), "complete": completeScript.Hash()}

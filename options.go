@@ -35,7 +35,6 @@ type config struct {
 	outcomes        OutcomeStore
 	replicaAcks     int
 	replicaWait     time.Duration
-	autoPipeline    bool
 	sessionCookie   string
 	formField       string
 	secureCookieSet bool
@@ -196,27 +195,6 @@ func WithRetryAbandoned() Option { return func(c *config) { c.retryAbandoned = t
 func WithReplicaAcks(n int, timeout time.Duration) Option {
 	return func(c *config) { c.replicaAcks, c.replicaWait = n, timeout }
 }
-
-// WithAutoPipeline sends a request's scripts (the lock with the claim
-// riding behind it, the store of its answer, a release) through go-redis's
-// AutoPipeliner (the client's AsyncAutoPipeline, one ordered stream), so
-// that the scripts of concurrent requests share round trips. With 16
-// connections of first executions it cost Redis about 30% less CPU per
-// first execution and the server about 15% less. The pipeliner holds a
-// batch briefly for the commands it expects to follow, which costs more
-// than it saves when few requests run at once, so scripts are batched only
-// while more than four others wait for Redis; otherwise they go out as
-// without it. A lock and the claim that rides with it stay in order, but
-// may go in two consecutive batches. The batches trade some latency for
-// that CPU: where Redis and the server have cores to spare, leave it off.
-//
-// Each request still waits at most WithStoreTimeout for its own scripts; a
-// script whose reply has not come by then is treated as one whose reply
-// was lost, as without it (a claim is undone, an answer stored in the
-// background). The client must be a *redis.Client, *redis.ClusterClient or
-// *redis.Ring, whose AutoPipeliner lives as long as the client; New panics
-// otherwise. Default off.
-func WithAutoPipeline() Option { return func(c *config) { c.autoPipeline = true } }
 
 // WithSessionCookie names the cookie that carries the default token scope.
 // Default "idempotency_session".

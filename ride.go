@@ -45,12 +45,9 @@ type riderKey struct{}
 
 // ridingScripter is the redis.Scripter redislock talks to. A lock script
 // sent under a context that carries a claimRider goes out in one pipeline
-// with the claim (or, with WithAutoPipeline, right behind it in the
-// autopipeliner's ordered stream); every other script, as redislock sends
-// it.
+// with the claim; every other script, as redislock sends it.
 type ridingScripter struct {
 	redis.UniversalClient
-	s *store // whose autopipeliner, if any, carries the ride
 }
 
 func (s ridingScripter) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
@@ -80,22 +77,14 @@ func pendingRider(ctx context.Context) *claimRider {
 // right behind it.
 func (s ridingScripter) ride(ctx context.Context, rider *claimRider, name, script string, keys []string, args []any) *redis.Cmd {
 	var lock *redis.Cmd
-	batched, done := s.s.batching()
-	defer done()
-	if batched {
-		cmds := piped(ctx, s.s.ap, scriptCmd(ctx, name, script, keys, args),
-			scriptCmd(ctx, "evalsha", claimScript.Hash(), rider.keys, rider.args))
-		lock, rider.reply = cmds[0], cmds[1]
+	pipe := s.Pipeline()
+	if name == "eval" {
+		lock = pipe.Eval(ctx, script, keys, args...)
 	} else {
-		pipe := s.Pipeline()
-		if name == "eval" {
-			lock = pipe.Eval(ctx, script, keys, args...)
-		} else {
-			lock = pipe.EvalSha(ctx, script, keys, args...)
-		}
-		rider.reply = pipe.EvalSha(ctx, claimScript.Hash(), rider.keys, rider.args...)
-		pipe.Exec(ctx) // each command carries its own reply or error
+		lock = pipe.EvalSha(ctx, script, keys, args...)
 	}
+	rider.reply = pipe.EvalSha(ctx, claimScript.Hash(), rider.keys, rider.args...)
+	pipe.Exec(ctx) // each command carries its own reply or error
 	if isNoScript(lock.Err()) {
 		// The server lacked the lock script, so the claim ran without the
 		// lock and its reply means nothing. redislock sends the script

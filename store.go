@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/bsm/redislock"
@@ -33,13 +32,8 @@ var (
 // answers a repeat the way it answered the original.
 type store struct {
 	client redis.UniversalClient
-	ap     *redis.AutoPipeliner // WithAutoPipeline: the scripts of a lease go here
-	// busy counts the lease scripts waiting for Redis; under WithAutoPipeline
-	// they are batched only while more than batchFrom wait (see batching).
-	busy      atomic.Int32
-	batchFrom int32
-	locks     *redislock.Client
-	cfg       *config
+	locks  *redislock.Client
+	cfg    *config
 	// Script arguments that never change, boxed once instead of per call.
 	recordTTL, retryAbandoned any
 }
@@ -49,93 +43,15 @@ func newStore(client redis.UniversalClient, cfg *config) *store {
 	if cfg.takeover() {
 		retry = "1"
 	}
-	s := &store{client: client, cfg: cfg, recordTTL: cfg.recordTTL.Milliseconds(), retryAbandoned: retry,
-		batchFrom: batchFrom}
-	if cfg.autoPipeline {
-		c, ok := client.(interface {
-			AsyncAutoPipeline() (*redis.AutoPipeliner, error)
-		})
-		if !ok {
-			panic(fmt.Sprintf("idempotency: WithAutoPipeline needs a *redis.Client, *redis.ClusterClient or *redis.Ring, not %T", client))
-		}
-		ap, err := c.AsyncAutoPipeline()
-		if err != nil {
-			panic("idempotency: WithAutoPipeline: " + err.Error())
-		}
-		s.ap = ap
+	return &store{
+		client: client, locks: redislock.New(ridingScripter{client}), cfg: cfg,
+		recordTTL: cfg.recordTTL.Milliseconds(), retryAbandoned: retry,
 	}
-	s.locks = redislock.New(ridingScripter{client, s})
-	return s
 }
 
-// batchFrom is how many lease scripts must be waiting for Redis at once
-// before one more is batched. Below it the pipeliner only costs: it holds
-// a batch briefly for the commands it expects to follow, which one request
-// at a time paid with about a millisecond each (650 instead of 4,700 first
-// executions a second) and four times the server's CPU; from about this
-// many on, the batches it sends save Redis and the server more than that.
-const batchFrom = 4
-
-// batching marks one more lease script as waiting for Redis and reports
-// whether it goes through the autopipeliner; done must be called once it
-// has its reply. Ordering does not depend on it: a script's undo goes out
-// after the script's own answer (or timeout), whichever way each of them
-// went, as without batching.
-func (s *store) batching() (batched bool, done func()) {
-	n := s.busy.Add(1)
-	return s.ap != nil && n > s.batchFrom, s.idle
-}
-
-func (s *store) idle() { s.busy.Add(-1) }
-
-// run runs a script of the lease: through the autopipeliner when there is
-// one, else as go-redis's Script.Run does.
+// run runs a script of the lease, as go-redis's Script.Run does.
 func (s *store) run(ctx context.Context, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
-	batched, done := s.batching()
-	defer done()
-	if !batched {
-		return sc.Run(ctx, s.client, keys, args...)
-	}
-	cmd := piped(ctx, s.ap, scriptCmd(ctx, "evalsha", sc.Hash(), keys, args))[0]
-	if isNoScript(cmd.Err()) {
-		sc.Load(ctx, s.client) // a restart or SCRIPT FLUSH: load it, and send it again
-		cmd = piped(ctx, s.ap, scriptCmd(ctx, "evalsha", sc.Hash(), keys, args))[0]
-	}
-	return cmd
-}
-
-// scriptCmd is EVAL or EVALSHA (name) of script, as go-redis builds it.
-func scriptCmd(ctx context.Context, name, script string, keys []string, args []any) *redis.Cmd {
-	all := make([]any, 0, 3+len(keys)+len(args))
-	all = append(all, name, script, len(keys))
-	for _, k := range keys {
-		all = append(all, k)
-	}
-	cmd := redis.NewCmd(ctx, append(all, args...)...)
-	if len(keys) > 0 {
-		cmd.SetFirstKeyPos(3)
-	}
-	return cmd
-}
-
-// piped sends cmds through ap, in order, and waits for their replies until
-// ctx ends. The pipeliner sends on a context of its own, so ctx bounds only
-// the wait: a command whose reply has not come by then is answered with
-// ctx's error, as a network timeout would be (it may still run, as one whose
-// reply was lost may have), and its own result is never read, since the
-// pipeliner may still be writing it.
-func piped(ctx context.Context, ap *redis.AutoPipeliner, cmds ...*redis.Cmd) []*redis.Cmd {
-	var futures [2]redis.AutoFuture
-	for i, cmd := range cmds {
-		futures[i] = ap.Submit(ctx, cmd)
-	}
-	for i := range cmds {
-		if err := futures[i].WaitContext(ctx); err != nil && err == ctx.Err() {
-			cmds[i] = redis.NewCmd(ctx)
-			cmds[i].SetErr(err)
-		}
-	}
-	return cmds
+	return sc.Run(ctx, s.client, keys, args...)
 }
 
 // claimOutcome is what claim decided.

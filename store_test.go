@@ -19,19 +19,10 @@ import (
 )
 
 func TestRoundTripBudget(t *testing.T) {
-	t.Run("plain", func(t *testing.T) { testRoundTripBudget(t, false) })
-	// Batched, every script: the same budget, but for a lock and its claim
-	// that the pipeliner may send in two batches (see below).
-	t.Run("autopipeline", func(t *testing.T) { testRoundTripBudget(t, true) })
-}
-
-func testRoundTripBudget(t *testing.T, batched bool) {
 	srv := redistest.Private(t)
 	rdb := srv.Client(t)
-	a := newShopOn(t, rdb, batchedIf(batched)...)
-	b := newShopOn(t, rdb, batchedIf(batched)...) // a second instance: nothing of a's in its memory
-	alwaysBatch(a.idem, batched)
-	alwaysBatch(b.idem, batched)
+	a := newShopOn(t, rdb)
+	b := newShopOn(t, rdb) // a second instance: nothing of a's in its memory
 	c := a.client()
 	a.post(c, "/orders", a.token(c), `{}`) // loads the scripts into the server
 	b.token(c)                             // and b's copy of the token secret
@@ -81,38 +72,14 @@ func testRoundTripBudget(t *testing.T, batched bool) {
 
 	t.Logf("Redis round trips: issuance %d, first execution %d (key mode %d), duplicate on another instance %d (key mode %d), on the same instance %d, rejected %d, first + 10 concurrent duplicates on one instance %d",
 		issuance, first, keyFirst, dupOther, keyDup, dupSame, rejected, burst)
-	// Batched, the lock and its claim are submitted back to back, and the
-	// pipeliner may send the lock before the claim has joined it: then they
-	// go in two batches, in order, which costs a round trip and nothing else.
-	split := 0
-	if batched {
-		split = 1
-	}
 	require.Zero(t, issuance, "a token is signed, not stored")
-	require.LessOrEqual(t, first, 2+split, "the lock with the claim, then the answer's store")
-	require.LessOrEqual(t, keyFirst, 2+split)
-	require.LessOrEqual(t, dupOther, 1+split, "the lock with the claim, which finds the answer")
-	require.LessOrEqual(t, keyDup, 1+split)
+	require.LessOrEqual(t, first, 2, "the lock with the claim, then the answer's store")
+	require.LessOrEqual(t, keyFirst, 2)
+	require.LessOrEqual(t, dupOther, 1, "the lock with the claim, which finds the answer")
+	require.LessOrEqual(t, keyDup, 1)
 	require.Zero(t, rejected)
 	require.Zero(t, dupSame, "answered from the in-process cache")
-	require.LessOrEqual(t, burst, 2+split)
-}
-
-// batchedIf adds WithAutoPipeline to opts when batched.
-func batchedIf(batched bool, opts ...Option) []Option {
-	if batched {
-		return append(opts, WithAutoPipeline())
-	}
-	return opts
-}
-
-// alwaysBatch makes m batch every script under WithAutoPipeline, as it does
-// only under load otherwise, so that a test of one request at a time
-// exercises the pipeliner.
-func alwaysBatch(m *Middleware, batched bool) {
-	if batched {
-		m.store.batchFrom = 0
-	}
+	require.LessOrEqual(t, burst, 2)
 }
 
 // roundTrips counts a client's round trips: each command sent alone, and
@@ -485,18 +452,10 @@ func FuzzDecodeReply(f *testing.F) {
 // never come) fails requests closed within the store timeout, never runs
 // the handler, and serves again once it resumes.
 func TestStalledRedisFailsClosedWithinStoreTimeout(t *testing.T) {
-	t.Run("plain", func(t *testing.T) { testStalledRedisFailsClosed(t, false) })
-	// Batched: the pipeliner sends on a context of its own, and each
-	// request stops waiting for its scripts at its own store timeout.
-	t.Run("autopipeline", func(t *testing.T) { testStalledRedisFailsClosed(t, true) })
-}
-
-func testStalledRedisFailsClosed(t *testing.T, batched bool) {
 	srv := redistest.Private(t)
 	rdb := srv.Client(t)
 	const storeTimeout = 200 * time.Millisecond
-	s := newShopOn(t, rdb, batchedIf(batched, WithStoreTimeout(storeTimeout))...)
-	alwaysBatch(s.idem, batched)
+	s := newShopOn(t, rdb, WithStoreTimeout(storeTimeout))
 	c := s.client()
 	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "before", `{}`).status)
 

@@ -22,14 +22,11 @@ import (
 
 // A kind is one of the compared servers.
 type kind struct {
-	Name    string `json:"name"`
-	Title   string `json:"title"`
-	What    string `json:"what"`
-	Package string `json:"package"`
-	// Args are the kind's own flags to its package's command: two kinds may
-	// be one command configured two ways.
-	Args      []string `json:"args,omitempty"`
-	UsesRedis bool     `json:"uses_redis"`
+	Name      string `json:"name"`
+	Title     string `json:"title"`
+	What      string `json:"what"`
+	Package   string `json:"package"`
+	UsesRedis bool   `json:"uses_redis"`
 	// Replay tells whether a duplicate's answer is a replay of first.
 	Replay func(resp *http.Response, body, first []byte) bool `json:"-"`
 }
@@ -39,14 +36,6 @@ var kinds = []kind{
 		Name: "ours", Title: "this library",
 		What:      "idempotency.New(rdb).ProtectKey, go-redis PoolSize 64, ContextTimeoutEnabled",
 		Package:   "github.com/onceonly/idempotency/bench/peers/ours",
-		UsesRedis: true,
-		Replay:    replayedByUs,
-	},
-	{
-		Name: "batched", Title: "this library, WithAutoPipeline",
-		What:      "idempotency.New(rdb, idempotency.WithAutoPipeline()).ProtectKey, go-redis PoolSize 64, ContextTimeoutEnabled",
-		Package:   "github.com/onceonly/idempotency/bench/peers/ours",
-		Args:      []string{"-autopipeline"},
 		UsesRedis: true,
 		Replay:    replayedByUs,
 	},
@@ -173,7 +162,6 @@ func startInstance(ctx context.Context, dir string, k kind, name, redisAddr stri
 	if k.UsesRedis {
 		args = append(args, "-redis", redisAddr)
 	}
-	args = append(args, k.Args...)
 	cmd, err := startChild(ctx, k.binary(dir), args...)
 	if err != nil {
 		return nil, err

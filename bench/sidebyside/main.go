@@ -118,27 +118,12 @@ func main() {
 }
 
 func runAll(ctx context.Context, cfg config) (err error) {
-	defer func() {
-		if err != nil && ctx.Err() != nil {
-			err = fmt.Errorf("%w (%w)", err, context.Cause(ctx))
-		}
-	}()
-	if err := lookTools(cfg); err != nil {
-		return err
-	}
-	dir, err := os.MkdirTemp("", "sidebyside-")
+	defer func() { err = withCause(ctx, err) }()
+	dir, scripts, cleanup, err := prepare(cfg, map[string][]byte{"first": newkeyLua, "duplicates": samekeyLua})
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	defer stopChildren()
-	scripts := map[string]string{"first": filepath.Join(dir, "newkey.lua"), "duplicates": filepath.Join(dir, "samekey.lua")}
-	if err := os.WriteFile(scripts["first"], newkeyLua, 0o644); err != nil {
-		return err
-	}
-	if err := os.WriteFile(scripts["duplicates"], samekeyLua, 0o644); err != nil {
-		return err
-	}
+	defer cleanup()
 
 	started := time.Now()
 	log.Printf("building the servers")
@@ -481,3 +466,38 @@ const (
 	beginMarker = "<!-- sidebyside:begin -->"
 	endMarker   = "<!-- sidebyside:end -->"
 )
+
+// withCause adds why ctx ended to err, when it did: a run cut short by
+// -timeout or a signal says so.
+func withCause(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w (%w)", err, context.Cause(ctx))
+	}
+	return err
+}
+
+// prepare checks for the tools a run needs and writes the wrk scripts
+// (workload → source) into a new directory, where the servers are built
+// too; it returns each script's path. cleanup stops every process the run
+// started and removes the directory.
+func prepare(cfg config, sources map[string][]byte) (dir string, scripts map[string]string, cleanup func(), err error) {
+	if err := lookTools(cfg); err != nil {
+		return "", nil, nil, err
+	}
+	if dir, err = os.MkdirTemp("", "sidebyside-"); err != nil {
+		return "", nil, nil, err
+	}
+	cleanup = func() {
+		stopChildren()
+		os.RemoveAll(dir)
+	}
+	scripts = map[string]string{}
+	for workload, source := range sources {
+		scripts[workload] = filepath.Join(dir, workload+".lua")
+		if err := os.WriteFile(scripts[workload], source, 0o644); err != nil {
+			cleanup()
+			return "", nil, nil, err
+		}
+	}
+	return dir, scripts, cleanup, nil
+}

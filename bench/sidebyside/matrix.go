@@ -102,24 +102,13 @@ type matrixRun struct {
 }
 
 func runMatrix(ctx context.Context, cfg config) (err error) {
-	defer func() {
-		if err != nil && ctx.Err() != nil {
-			err = fmt.Errorf("%w (%w)", err, context.Cause(ctx))
-		}
-	}()
-	if err := lookTools(cfg); err != nil {
-		return err
-	}
-	dir, err := os.MkdirTemp("", "sidebyside-")
+	defer func() { err = withCause(ctx, err) }()
+	dir, scripts, cleanup, err := prepare(cfg, map[string][]byte{"first": newkeyLua})
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	defer stopChildren()
-	script := filepath.Join(dir, "newkey.lua")
-	if err := os.WriteFile(script, newkeyLua, 0o644); err != nil {
-		return err
-	}
+	defer cleanup()
+	script := scripts["first"]
 	started := time.Now()
 	log.Printf("building the server")
 	builds, err := buildServers(ctx, dir)

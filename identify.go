@@ -91,17 +91,7 @@ func (m *Middleware) scopeOf(r *http.Request) (string, error) {
 // keeps it apart from the keys of any scope a WithScope function returns.
 // A host has no NUL, nor does a path as a client sends it.
 func routeIdentity(host, path, key string) identity {
-	bp := scratch.Get().(*[]byte)
-	b := append((*bp)[:0], 'r')
-	b = append(b, host...)
-	b = append(b, 0)
-	b = append(b, path...)
-	b = append(b, 0)
-	b = append(b, key...)
-	sum := sha256.Sum256(b)
-	*bp = b
-	scratch.Put(bp)
-	return identity(sum[:16])
+	return identityOfKind('r', host, path, key)
 }
 
 // hostName is the host the client addressed, without its port and in

@@ -138,14 +138,19 @@ func identityOf(tokenMode bool, scope, key string) identity {
 }
 
 // identityOfKind hashes kind first, so that identities of tokens ('t'),
-// request keys ('k') and function calls ('f') never meet, whatever scope
-// a WithScope function returns.
-func identityOfKind(kind byte, scope, key string) identity {
+// request keys ('k'), route keys ('r') and function calls ('f') never
+// meet, whatever scope a WithScope function returns; then the parts (a
+// scope, or a host and a path, and the key), each after a NUL but the
+// first.
+func identityOfKind(kind byte, parts ...string) identity {
 	bp := scratch.Get().(*[]byte)
 	b := append((*bp)[:0], kind)
-	b = append(b, scope...)
-	b = append(b, 0)
-	b = append(b, key...)
+	for i, part := range parts {
+		if i > 0 {
+			b = append(b, 0)
+		}
+		b = append(b, part...)
+	}
 	sum := sha256.Sum256(b)
 	*bp = b
 	scratch.Put(bp)

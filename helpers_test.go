@@ -115,6 +115,20 @@ func (s *shop) post(c *http.Client, path, key, body string) answer {
 	return do(s.t, c, req)
 }
 
+// postDropped posts once to a handler that panics, so that the server
+// drops the connection: on a transport of its own, since net/http resends
+// a request that failed on a pooled connection. What came back, if
+// anything, is not read.
+func (s *shop) postDropped(path, key, body string) {
+	s.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, s.srv.URL+path, strings.NewReader(body))
+	require.NoError(s.t, err)
+	req.Header.Set(KeyHeader, key)
+	if resp, err := (&http.Client{Transport: &http.Transport{}}).Do(req); err == nil {
+		resp.Body.Close()
+	}
+}
+
 func do(t testing.TB, c *http.Client, req *http.Request) answer {
 	t.Helper()
 	resp, err := c.Do(req)

@@ -153,12 +153,7 @@ func TestARunThatPanicsOnceCutOffKeepsTheKey(t *testing.T) {
 		panic(context.Cause(r.Context())) // a must(err) on the context's error
 	}
 	c := s.client()
-	c.Transport = &http.Transport{} // the server drops the connection: no retry on a pooled one
-	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
-	req.Header.Set(KeyHeader, "k")
-	if resp, err := c.Do(req); err == nil {
-		resp.Body.Close()
-	}
+	s.postDropped("/payments", "k", `{}`)
 	requireProblem(t, s.post(c, "/payments", "k", `{}`), http.StatusConflict, "interrupted")
 	require.EqualValues(t, 1, s.execs.Load())
 }
@@ -220,12 +215,7 @@ func TestAnInvalidStatusIsNoStatusSent(t *testing.T) {
 		s.defaultHandler(w, r)
 	}
 	c := s.client()
-	c.Transport = &http.Transport{} // the server drops the connection: no retry on a pooled one
-	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
-	req.Header.Set(KeyHeader, "k")
-	if resp, err := c.Do(req); err == nil {
-		resp.Body.Close()
-	}
+	s.postDropped("/payments", "k", `{}`)
 	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "k", `{}`).status)
 	require.EqualValues(t, 2, s.execs.Load())
 }

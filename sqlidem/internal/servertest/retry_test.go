@@ -42,6 +42,17 @@ func abortable(t *testing.T, d *sqltest.DB) *sql.DB {
 	return base
 }
 
+// abortsOnce is a transaction hook that makes the database abort the first
+// transaction it sees (see abort), and lets every later one through.
+func abortsOnce(t *testing.T, d *sqltest.DB) func(context.Context, *sql.Tx) error {
+	base := abortable(t, d)
+	var once sync.Once
+	return func(ctx context.Context, tx *sql.Tx) (err error) {
+		once.Do(func() { err = abort(ctx, d, base, tx) })
+		return err
+	}
+}
+
 // abort makes the database abort tx, which has read already, as a
 // serialization failure or a deadlock does: PostgreSQL and MySQL raise
 // the very SQLSTATE and error number, and on SQLite (a deferred pool)
@@ -72,12 +83,7 @@ func TestAbortedTransactionIsRunAgain(t *testing.T) {
 	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
 		d = deferred(t, d)
 		b := newBank(t, d)
-		base := abortable(t, d)
-		var once sync.Once
-		b.beforeDebit = func(ctx context.Context, tx *sql.Tx) (err error) {
-			once.Do(func() { err = abort(ctx, d, base, tx) })
-			return err
-		}
+		b.beforeDebit = abortsOnce(t, d)
 		r := b.post("k1", 5)
 		if r.status != 201 || r.replayed {
 			t.Fatalf("answered %+v; want the transfer's 201 after one more attempt", r)
@@ -232,12 +238,7 @@ func TestRunRunsAnAbortedTransactionAgain(t *testing.T) {
 	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
 		d = deferred(t, d)
 		l := newLedger(t, d)
-		base := abortable(t, d)
-		var once sync.Once
-		l.hook = func(ctx context.Context, tx *sql.Tx) (err error) {
-			once.Do(func() { err = abort(ctx, d, base, tx) })
-			return err
-		}
+		l.hook = abortsOnce(t, d)
 		var o idempotency.Outcome
 		r, err := l.consume("m1", 9, idempotency.ReportOutcome(&o))
 		if err != nil || r.Charge != 9 || o != idempotency.Executed {

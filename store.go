@@ -49,11 +49,6 @@ func newStore(client redis.UniversalClient, cfg *config) *store {
 	}
 }
 
-// run runs a script of the lease, as go-redis's Script.Run does.
-func (s *store) run(ctx context.Context, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
-	return sc.Run(ctx, s.client, keys, args...)
-}
-
 // claimOutcome is what claim decided.
 type claimOutcome int
 
@@ -84,7 +79,7 @@ func (s *store) obtain(ctx context.Context, k keys) (*redislock.Lock, error) {
 // claim runs claim.lua under the lock held with lockValue. Any outcome but
 // outcomeClaimed has released the lock.
 func (s *store) claim(ctx context.Context, k keys, lockValue, fingerprint string) (claim, error) {
-	return s.claimReply(k, s.run(ctx, claimScript, k.redisKeys(), s.claimArgs(k, lockValue, fingerprint)...))
+	return s.claimOn(ctx, s.client, k, lockValue, fingerprint)
 }
 
 // claimOn runs the claim through via: a dedicated connection when the claim
@@ -200,7 +195,7 @@ func (s *store) completeAs(ctx context.Context, k keys, lockValue, fp *string, f
 	if ms := k.lifetime(ttl).Milliseconds(); ms != s.cfg.recordTTL.Milliseconds() {
 		life = ms
 	}
-	stored, err := s.run(ctx, completeScript, k.flagged(),
+	stored, err := completeScript.Run(ctx, s.client, k.flagged(),
 		lockValue, state, status, head, body, life, fp, fence).Int()
 	switch {
 	case err != nil:
@@ -238,7 +233,7 @@ func (s *store) fingerprintOf(ctx context.Context, k keys) (string, error) {
 // back), and the lock is freed. It does nothing to a record another
 // executor owns.
 func (s *store) release(ctx context.Context, k keys, lockValue string) error {
-	return s.run(ctx, releaseScript, k.flagged(), lockValue).Err()
+	return releaseScript.Run(ctx, s.client, k.flagged(), lockValue).Err()
 }
 
 // stepContext bounds one Redis step. It outlives the request's own context:

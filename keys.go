@@ -5,8 +5,6 @@ import (
 	"encoding/base64"
 	"sync"
 	"time"
-
-	"github.com/onceonly/idempotency/internal/keyspace"
 )
 
 // keys names the Redis keys one protected request touches. They share one
@@ -27,7 +25,8 @@ type keys struct {
 	token        string    // the issued token, token mode only
 	tokenExpires time.Time // when token expires
 	// names holds record, lock and the waiters flag, made once per request
-	// for the scripts' KEYS; nil for keys named another way (keysNamed).
+	// for the scripts' KEYS by tokenKeys or clientKeys, the only makers of
+	// keys.
 	names *[3]string
 }
 
@@ -96,30 +95,15 @@ func scopeDigest(s string) [16]byte {
 }
 
 // waiters names the flag that says another instance waits for the key's
-// lock, and the channel it waits on.
-func (k keys) waiters() string {
-	if k.names != nil {
-		return k.names[2]
-	}
-	return keyspace.Waiters(k.record)
-}
+// lock, and the channel it waits on (keyspace.Waiters of the record).
+func (k keys) waiters() string { return k.names[2] }
 
 // redisKeys are claim.lua's KEYS: the record and the lock.
-func (k keys) redisKeys() []string {
-	if k.names != nil {
-		return k.names[:2:2]
-	}
-	return []string{k.record, k.lock}
-}
+func (k keys) redisKeys() []string { return k.names[:2:2] }
 
 // flagged are the KEYS of the scripts that end a lease: the record, the
 // lock and the waiters flag.
-func (k keys) flagged() []string {
-	if k.names != nil {
-		return k.names[:]
-	}
-	return []string{k.record, k.lock, k.waiters()}
-}
+func (k keys) flagged() []string { return k.names[:] }
 
 // identity names a token or key inside this process (the in-flight table
 // and the response cache) without building the Redis key strings, which a

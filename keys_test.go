@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/onceonly/idempotency/internal/keyspace"
 	"github.com/stretchr/testify/require"
 )
 
@@ -16,6 +17,7 @@ func TestKeyNamesShareOneHashTag(t *testing.T) {
 		for _, name := range names {
 			require.Contains(t, name, tag+"}:", "every key of one request in one slot")
 		}
+		require.Equal(t, keyspace.Waiters(k.record), k.waiters(), "the flag the operator's view reads")
 	}
 	require.Equal(t, "idem:"+tk.record[5:strings.Index(tk.record, "}")+2]+"r:3f1e2d4c-5b6a-4789-8abc-def012345678", tk.record)
 	require.True(t, strings.HasSuffix(tk.lock, "}:l:3f1e2d4c-5b6a-4789-8abc-def012345678"))

@@ -3,6 +3,7 @@ module github.com/onceonly/idempotency/bench
 go 1.26.0
 
 require (
+	github.com/bsm/redislock v0.10.0
 	github.com/gofiber/fiber/v3 v3.1.0
 	github.com/gofiber/storage/redis/v3 v3.4.3
 	github.com/onceonly/idempotency v0.1.0
@@ -11,7 +12,6 @@ require (
 
 require (
 	github.com/andybalholm/brotli v1.2.0 // indirect
-	github.com/bsm/redislock v0.10.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/gofiber/schema v1.7.0 // indirect
 	github.com/gofiber/utils/v2 v2.0.2 // indirect

@@ -1,13 +1,14 @@
 // Command sidebyside measures, in one run on one machine, this library in
-// key mode, Fiber v3's idempotency middleware with its Redis storage, and
-// net/http with no middleware, each a server of its own in front of the
-// same trivial handler and the same private redis-server, loaded by wrk on
-// loopback. Rounds interleave the servers, so that whatever else the
-// machine does falls on all of them alike; the medians of the rounds are
-// compared. It also counts what each server asks of Redis per request:
-// round trips (through a counting proxy), commands run inside Redis (INFO
-// commandstats, a script's own commands included) and, for one request,
-// exactly what was sent (MONITOR).
+// key mode, the floor (bench/peers/floor: the fewest Redis commands that
+// keep its lock, lease, fence and fingerprint), Fiber v3's idempotency
+// middleware with its Redis storage, and net/http with no middleware,
+// each a server of its own in front of the same trivial handler and the
+// same private redis-server, loaded by wrk on loopback. Rounds interleave
+// the servers, so that whatever else the machine does falls on all of them
+// alike; the medians of the rounds are compared. It also counts what each
+// server asks of Redis per request: round trips (through a counting proxy),
+// commands run inside Redis (INFO commandstats, a script's own commands
+// included) and, for one request, exactly what was sent (MONITOR).
 //
 //	go run ./bench/sidebyside -out bench/sidebyside.json -docs docs/benchmarks.md
 //
@@ -57,6 +58,7 @@ type config struct {
 	count    int
 	out      string
 	docs     string
+	readme   string
 	timeout  time.Duration
 	servers  []redisServer
 }
@@ -75,6 +77,7 @@ func main() {
 	flag.IntVar(&cfg.count, "count", 100, "sequential requests per Redis count")
 	flag.StringVar(&cfg.out, "out", "bench/sidebyside.json", "write the results as JSON here (bench/servers.json for several -server)")
 	flag.StringVar(&cfg.docs, "docs", "", "rewrite this file's section between the side-by-side markers")
+	flag.StringVar(&cfg.readme, "readme", "", "rewrite this file's short table between the side-by-side summary markers")
 	flag.DurationVar(&cfg.timeout, "timeout", 5*time.Minute, "give up after this long")
 	server := flag.String("server", "redis7", "the Redis: redis7, redis8 or valkey8; several, comma-separated, compare them")
 	trixie := flag.String("trixie", defaultTrixieBin(), "where scripts/trixie.sh put the redis8 and valkey8 wrappers")
@@ -164,6 +167,12 @@ func runAll(ctx context.Context, cfg config) (err error) {
 			return err
 		}
 		log.Printf("%s updated", cfg.docs)
+	}
+	if cfg.readme != "" {
+		if err := docs.ReplaceSection(cfg.readme, summaryBegin, summaryEnd, rep.summary()); err != nil {
+			return err
+		}
+		log.Printf("%s updated", cfg.readme)
 	}
 	if bad := rep.failures(); len(bad) > 0 {
 		return fmt.Errorf("unexpected answers:\n  %s", strings.Join(bad, "\n  "))

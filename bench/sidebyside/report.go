@@ -85,7 +85,7 @@ func newReport(ctx context.Context, cfg config, rdb *redis.Client, builds map[st
 		Measured: "wrk " + strings.Join(wrkArgs(cfg.threads, cfg.conns, cfg.duration, true, "SCRIPT", "URL", "ARG"), " "),
 		Warmup:   "wrk " + strings.Join(wrkArgs(cfg.threads, cfg.conns, cfg.warmup, false, "SCRIPT", "URL", "ARG"), " "),
 		Rounds:   cfg.rounds,
-		Order:    "round r starts with server r (ours, fiber, bare), each server's two workloads back to back on an emptied Redis",
+		Order:    "round r starts with server r (ours, floor, fiber, bare), each server's two workloads back to back on an emptied Redis",
 		First:    "bench/sidebyside/newkey.lua: POST /payments, a new Idempotency-Key per request (ARG: a prefix per round)",
 		Dups:     "bench/sidebyside/samekey.lua: POST /payments, every connection repeating one key (ARG) after one first call",
 		Counts: fmt.Sprintf("%d sequential requests per case through a counting proxy (round trips) with INFO commandstats "+
@@ -339,7 +339,8 @@ func (rep *report) markdown() string {
 	}
 	b.WriteString("\nFiber's lock is its default, in the " +
 		"memory of one process: two instances do not exclude each other. This library's lock is in Redis, " +
-		"shared by every instance. Regenerate with `./scripts/bench.sh`; the JSON is bench/sidebyside.json.\n")
+		"shared by every instance, and so is the floor's, which has no in-process cache: its duplicates " +
+		"read Redis every time. Regenerate with `./scripts/bench.sh`; the JSON is bench/sidebyside.json.\n")
 	return b.String()
 }
 

@@ -40,6 +40,15 @@ var kinds = []kind{
 		Replay:    replayedByUs,
 	},
 	{
+		Name: "floor", Title: "the floor",
+		What: "bench/peers/floor: redislock with a two-command claim riding in its pipeline, a lease timer, " +
+			"a fence and a fingerprint, and one completion script; a record is one string. The fewest " +
+			"commands the guarantees allow, not a product (no waiting, no recovery, one header)",
+		Package:   "github.com/onceonly/idempotency/bench/peers/floor",
+		UsesRedis: true,
+		Replay:    replayedByUs,
+	},
+	{
 		Name: "fiber", Title: "Fiber",
 		What: "Fiber v3 middleware/idempotency with storage/redis/v3 (PoolSize 64); KeyHeader Idempotency-Key, " +
 			"KeyHeaderValidate 1–255 bytes, all else as shipped (its lock is in process memory)",

@@ -41,7 +41,7 @@ var kinds = []kind{
 	},
 	{
 		Name: "floor", Title: "the floor",
-		What: "bench/peers/floor: redislock with a two-command claim riding in its pipeline, a lease timer, " +
+		What: "bench/peers/floor: redislock with a four-command claim riding in its pipeline, a lease timer, " +
 			"a fence and a fingerprint, and one completion script; a record is one string. The fewest " +
 			"commands the guarantees allow, not a product (no waiting, no recovery, one header)",
 		Package:   "github.com/onceonly/idempotency/bench/peers/floor",

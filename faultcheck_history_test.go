@@ -263,21 +263,21 @@ func (r *rig) stopRedis(d time.Duration) string {
 // while.
 func (p *instanceProc) slowOrCut(f *faultPlan) string {
 	if f.kind == kindDelay {
-		p.proxy.setDelay(f.delay)
+		p.proxy.SetDelay(f.delay)
 		time.Sleep(f.dur)
-		p.proxy.setDelay(0)
+		p.proxy.SetDelay(0)
 		return fmt.Sprintf("every Redis reply to %s late by %v, for %v", p.name, f.delay, f.dur)
 	}
-	p.proxy.startBlackhole()
+	p.proxy.StartBlackhole()
 	time.Sleep(f.dur)
-	p.proxy.endBlackhole()
+	p.proxy.EndBlackhole()
 	return fmt.Sprintf("blackhole between %s and Redis for %v", p.name, f.dur)
 }
 
 // dropReply loses the reply to the instance's next command that contains
 // needle.
 func (p *instanceProc) dropReply(needle string) string {
-	p.proxy.dropNextReply(needle)
+	p.proxy.DropNextReply(needle)
 	what := "the next command"
 	if needle != "" {
 		what = "the next " + needle

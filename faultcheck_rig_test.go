@@ -63,11 +63,7 @@ func newRig(t *testing.T) *rig {
 	r.http = &http.Client{Transport: transport}
 	t.Cleanup(transport.CloseIdleConnections)
 	for _, name := range []string{"a", "b"} {
-		proxy, err := startFaultProxy(r.store.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(proxy.close)
+		proxy := redistest.NewProxy(t, r.store.Addr())
 		p := &instanceProc{name: name, proxy: proxy, effects: r.effects.Addr()}
 		if err := p.start(); err != nil {
 			t.Fatal(err)
@@ -82,7 +78,7 @@ func newRig(t *testing.T) *rig {
 // kill.
 type instanceProc struct {
 	name    string
-	proxy   *faultProxy
+	proxy   *redistest.Proxy
 	effects string
 
 	// lifecycle serializes kills and restarts; proxyFaults the delays
@@ -105,7 +101,7 @@ const instanceStartLimit = 60 * time.Second
 
 // start runs a new process of the instance and waits until it listens.
 func (p *instanceProc) start() error {
-	spec, _ := json.Marshal(instanceSpec{Name: p.name, Store: p.proxy.addr(), Effects: p.effects})
+	spec, _ := json.Marshal(instanceSpec{Name: p.name, Store: p.proxy.Addr(), Effects: p.effects})
 	cmd := exec.Command(os.Args[0], "-test.run=^TestFaultCheckInstance$")
 	cmd.Env = append(os.Environ(), instanceEnv+"="+string(spec))
 	cmd.SysProcAttr = instanceProcAttr()

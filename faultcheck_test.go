@@ -114,7 +114,7 @@ func TestFaultCheck(t *testing.T) {
 	tl.report(t, replayCommand(seed, kinds), time.Since(began))
 	lost := int64(0)
 	for _, p := range r.instances {
-		lost += p.proxy.dropped.Load()
+		lost += p.proxy.Dropped()
 	}
 	t.Logf("Redis replies lost by the proxies: %d", lost)
 	for _, p := range r.instances {

@@ -17,8 +17,8 @@ import (
 // runs twice and none is left undecided.
 func TestLostRepliesTrials(t *testing.T) {
 	srv := redistest.Private(t)
-	proxy := newReplyDropper(t, srv.Addr())
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.addr(), ContextTimeoutEnabled: true})
+	proxy := redistest.NewProxy(t, srv.Addr())
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { rdb.Close() })
 	direct := srv.Client(t)
 
@@ -30,11 +30,11 @@ func TestLostRepliesTrials(t *testing.T) {
 	n := trials(200, 1000)
 	for _, step := range []string{"claim", "complete"} {
 		t.Run(step, func(t *testing.T) {
-			before := proxy.dropped.Load()
+			before := proxy.Dropped()
 			firsts := map[int]int{}
 			for trial := range n {
 				key := fmt.Sprintf("%s-%d", step, trial)
-				proxy.dropNext([]byte(steps[step]))
+				proxy.DropNextReply(steps[step])
 				first := send(m, key, `{}`)
 				require.Contains(t, []int{http.StatusCreated, http.StatusServiceUnavailable}, first.Code, first.Body.String())
 				firsts[first.Code]++
@@ -47,8 +47,8 @@ func TestLostRepliesTrials(t *testing.T) {
 			}
 			require.Empty(t, h.doubles())
 			t.Logf("%d replies to %s dropped after Redis ran it: first answers %v, 0 double executions, every key decided",
-				proxy.dropped.Load()-before, step, firsts)
-			require.GreaterOrEqual(t, proxy.dropped.Load()-before, int64(n))
+				proxy.Dropped()-before, step, firsts)
+			require.GreaterOrEqual(t, proxy.Dropped()-before, int64(n))
 		})
 	}
 }

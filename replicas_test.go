@@ -62,8 +62,8 @@ func TestFailoverWindow(t *testing.T) {
 			primary := redistest.Private(t, "--repl-diskless-sync-delay", "0") // sync the replica at once
 			// The replica follows the primary through a proxy that can
 			// partition them.
-			link := newReplyDropper(t, primary.Addr())
-			host, port, _ := strings.Cut(link.addr(), ":")
+			link := redistest.NewProxy(t, primary.Addr())
+			host, port, _ := strings.Cut(link.Addr(), ":")
 			replica := redistest.Private(t, "--replicaof", host, port)
 			rdb := primary.Client(t)
 			awaitReplica(t, rdb)
@@ -74,7 +74,7 @@ func TestFailoverWindow(t *testing.T) {
 			before := newShopOn(t, rdb, opts...)
 			c := before.client()
 
-			link.blackhole.Store(true) // the claim reaches only the primary
+			link.StartBlackhole() // the claim reaches only the primary
 			first := before.post(c, "/payments", "pay-1", `{}`)
 			// The primary dies, and the replica is promoted.
 			require.NoError(t, primary.Signal(syscall.SIGKILL))

@@ -1,27 +1,28 @@
-package idempotency_test
+package redistest
 
 import (
 	"bytes"
 	"net"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 )
 
-// faultProxy is a loopback TCP proxy between one server instance and the
-// Redis that holds its keys. It passes bytes through, and on demand:
+// Proxy is a loopback TCP proxy in front of a Redis (or between a replica
+// and its primary). It passes bytes through, and on demand:
 //
 //   - delays every reply by a fixed time (a slow network or a busy Redis);
 //   - loses the reply to the next command containing a needle: it forwards
 //     the command, Redis runs it, and the instance's connection is closed
 //     instead of the reply passed on, so go-redis resends the command on a
-//     new connection;
+//     new connection, which is exactly the case the scripts must survive;
 //   - blackholes: keeps every connection open and discards every byte in
 //     both directions (a partition). When it lifts, the connections that
 //     lost bytes are closed, as a healed network resets the connections it
 //     broke: a stream with a hole in it is not a Redis conversation any
 //     more.
-type faultProxy struct {
+type Proxy struct {
 	ln     net.Listener
 	target string
 
@@ -48,21 +49,28 @@ func (p *proxyPair) close() {
 	p.server.Close()
 }
 
-func startFaultProxy(target string) (*faultProxy, error) {
+// NewProxy starts a proxy to target, closed when the test ends.
+func NewProxy(t testing.TB, target string) *Proxy {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, err
+		t.Fatal(err)
 	}
-	p := &faultProxy{ln: ln, target: target, pairs: map[*proxyPair]bool{}}
+	p := &Proxy{ln: ln, target: target, pairs: map[*proxyPair]bool{}}
 	p.wg.Go(p.accept)
-	return p, nil
+	t.Cleanup(p.Close)
+	return p
 }
 
-func (p *faultProxy) addr() string { return p.ln.Addr().String() }
+// Addr is the address to connect to instead of target.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
-// close stops accepting, closes every connection and waits for the
+// Dropped is how many replies the proxy has lost so far.
+func (p *Proxy) Dropped() int64 { return p.dropped.Load() }
+
+// Close stops accepting, closes every connection and waits for the
 // forwarding goroutines.
-func (p *faultProxy) close() {
+func (p *Proxy) Close() {
 	p.ln.Close()
 	p.mu.Lock()
 	for pair := range p.pairs {
@@ -72,22 +80,23 @@ func (p *faultProxy) close() {
 	p.wg.Wait()
 }
 
-// setDelay delays every reply by d from now on (0: none).
-func (p *faultProxy) setDelay(d time.Duration) { p.delay.Store(int64(d)) }
+// SetDelay delays every reply by d from now on (0: none).
+func (p *Proxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 
-// dropNextReply arms the proxy: the reply to the next command whose bytes
-// contain needle (any command, when needle is empty) is lost.
-func (p *faultProxy) dropNextReply(needle string) {
+// DropNextReply arms the proxy: the reply to the next command whose bytes,
+// in lower case, contain needle (any command, when needle is empty) is
+// lost. A needle is a lower-case command name or a script's SHA1.
+func (p *Proxy) DropNextReply(needle string) {
 	b := []byte(needle)
 	p.drop.Store(&b)
 }
 
-// startBlackhole discards every byte from now on, until endBlackhole.
-func (p *faultProxy) startBlackhole() { p.blackhole.Store(true) }
+// StartBlackhole discards every byte from now on, until EndBlackhole.
+func (p *Proxy) StartBlackhole() { p.blackhole.Store(true) }
 
-// endBlackhole passes bytes again, and closes the connections that lost
+// EndBlackhole passes bytes again, and closes the connections that lost
 // some.
-func (p *faultProxy) endBlackhole() {
+func (p *Proxy) EndBlackhole() {
 	p.blackhole.Store(false)
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -98,7 +107,7 @@ func (p *faultProxy) endBlackhole() {
 	}
 }
 
-func (p *faultProxy) accept() {
+func (p *Proxy) accept() {
 	for {
 		client, err := p.ln.Accept()
 		if err != nil {
@@ -125,7 +134,7 @@ func (p *faultProxy) accept() {
 
 // commands forwards what the instance sends, watching for the command
 // whose reply is to be lost.
-func (p *faultProxy) commands(pair *proxyPair) {
+func (p *Proxy) commands(pair *proxyPair) {
 	defer pair.close()
 	buf := make([]byte, 64<<10)
 	for {
@@ -154,7 +163,7 @@ func (p *faultProxy) commands(pair *proxyPair) {
 
 // replies forwards what Redis answers, late when delayed, and not at all
 // for a doomed reply: the connection closes instead.
-func (p *faultProxy) replies(pair *proxyPair) {
+func (p *Proxy) replies(pair *proxyPair) {
 	defer pair.close()
 	buf := make([]byte, 64<<10)
 	for {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/stretchr/testify/require"
@@ -135,6 +136,20 @@ func keysOf(t *testing.T, attempts []attempt) []string {
 		keys = append(keys, a.keys[0])
 	}
 	return keys
+}
+
+// generatedKey requires that each of the want attempts carried one key,
+// the first attempt's, and that it is a UUID; it returns the UUID.
+func generatedKey(t *testing.T, attempts []attempt, want int) uuid.UUID {
+	t.Helper()
+	keys := keysOf(t, attempts)
+	require.Len(t, keys, want)
+	for _, k := range keys {
+		require.Equal(t, keys[0], k, "every attempt carries the first attempt's key")
+	}
+	id, err := uuid.Parse(keys[0])
+	require.NoError(t, err)
+	return id
 }
 
 func TestMain(m *testing.M) { redistest.Main(m) }

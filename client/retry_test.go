@@ -85,11 +85,7 @@ func TestTransportRetriesInProgressAndUnavailable(t *testing.T) {
 			rt.MaxAttempts = tc.attempts
 			code, _, body := postTo(t, rt, newPost(t, srv.URL, `{}`))
 			require.Equal(t, tc.status, code)
-			keys := keysOf(t, srv.seen())
-			require.Len(t, keys, tc.sent)
-			for _, k := range keys {
-				require.Equal(t, keys[0], k)
-			}
+			generatedKey(t, srv.seen(), tc.sent)
 			want := httptest.NewRecorder()
 			tc.script[min(tc.sent, len(tc.script))-1](want, httptest.NewRequest(http.MethodPost, "/", nil))
 			require.Equal(t, want.Body.String(), body, "the last answer's body, unread")
@@ -275,15 +271,7 @@ func TestTransportDoesNotRetryWhatCannotChange(t *testing.T) {
 		{"*url.Error: certificate signed by an unknown authority", viaClient(nil), untrusted.URL, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			base := tc.base
-			if base == nil {
-				base = fastTransport(t).Base
-			}
-			var calls atomic.Int64
-			counting := roundTripperFunc(func(r *http.Request) (*http.Response, error) {
-				calls.Add(1)
-				return base.RoundTrip(r)
-			})
+			counting, calls := countAttempts(t, tc.base)
 			req := newPost(t, tc.url, `{}`)
 			if tc.alter != nil {
 				tc.alter(req)
@@ -334,15 +322,7 @@ func TestTransportRetriesWhatMayPass(t *testing.T) {
 		{"*url.Error: connection refused", viaClient(nil), refused},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			base := tc.base
-			if base == nil {
-				base = fastTransport(t).Base
-			}
-			var calls atomic.Int64
-			counting := roundTripperFunc(func(r *http.Request) (*http.Response, error) {
-				calls.Add(1)
-				return base.RoundTrip(r)
-			})
+			counting, calls := countAttempts(t, tc.base)
 			rt := &Transport{Base: counting, MaxAttempts: 3, BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond}
 			resp, err := rt.RoundTrip(newPost(t, tc.url, `{}`))
 			if resp != nil {
@@ -364,6 +344,19 @@ func viaClient(rt http.RoundTripper) http.RoundTripper {
 	return roundTripperFunc(func(r *http.Request) (*http.Response, error) {
 		return client.Do(r.Clone(r.Context()))
 	})
+}
+
+// countAttempts wraps base (nil: a fresh clone of http.DefaultTransport)
+// so that it counts the attempts that reach it.
+func countAttempts(t *testing.T, base http.RoundTripper) (http.RoundTripper, *atomic.Int64) {
+	if base == nil {
+		base = fastTransport(t).Base
+	}
+	calls := new(atomic.Int64)
+	return roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+		calls.Add(1)
+		return base.RoundTrip(r)
+	}), calls
 }
 
 type roundTripperFunc func(*http.Request) (*http.Response, error)

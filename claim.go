@@ -25,9 +25,6 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 	case err != nil:
 		return nil, refuse(err)
 	}
-	if l != nil {
-		l.fp = c.fp
-	}
 	var cl claim
 	switch {
 	case l == nil: // the claim that rode with someone else's lock decided

@@ -198,7 +198,7 @@ func TestUndoingATakeoverHandsTheKeyBack(t *testing.T) {
 	got := s.rdb.HMGet(t.Context(), k.record, "st", "o", "f").Val()
 	require.Equal(t, []any{"run", stalled, strconv.FormatUint(c.fence, 10)}, got, "back to the stalled executor")
 
-	how, err := s.idem.store.complete(t.Context(), k, stalled, fingerprintSum([]byte(strings.Repeat("f", 32))),
+	how, err := s.idem.store.completeWith(t.Context(), k, stalled, fingerprintSum([]byte(strings.Repeat("f", 32))),
 		c.fence, newRecord(201, nil, []byte("late")), time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, completed, how, "the stalled executor's answer is the key's")

@@ -256,7 +256,7 @@ func staleExecutorTrial(ctx context.Context, rdb redis.UniversalClient, stale, f
 			return fmt.Errorf("trial %d: the takeover's fencing token %d does not outrank the stale %d", trial, fc.fence, sc.fence)
 		}
 		staleWrite := func() error {
-			_, err := stale.complete(ctx, k, staleLock.Token(), fingerprintSum{}, 1, newRecord(500, nil, []byte("stale")), time.Hour)
+			_, err := stale.completeWith(ctx, k, staleLock.Token(), fingerprintSum{}, 1, newRecord(500, nil, []byte("stale")), time.Hour)
 			if !errors.Is(err, ErrLockLost) {
 				return fmt.Errorf("trial %d: the stale executor's write answered %v, want ErrLockLost", trial, err)
 			}
@@ -268,7 +268,7 @@ func staleExecutorTrial(ctx context.Context, rdb redis.UniversalClient, stale, f
 				return err
 			}
 		}
-		done, err := fresh.complete(ctx, k, freshLock.Token(), fingerprintSum{}, 1, newRecord(201, nil, []byte("fresh")), time.Hour)
+		done, err := fresh.completeWith(ctx, k, freshLock.Token(), fingerprintSum{}, 1, newRecord(201, nil, []byte("fresh")), time.Hour)
 		if err != nil || done != completed {
 			return fmt.Errorf("trial %d: the takeover's write: %v, %v", trial, done, err)
 		}

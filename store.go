@@ -94,7 +94,7 @@ func (s *store) claimArgs(k keys, lockValue, fingerprint string) []any {
 }
 
 // claimArgsIn writes claim.lua's ARGV into argv. The lock value and the
-// fingerprint may be strings or pointers to them (see completeAs).
+// fingerprint may be strings or pointers to them (see complete).
 func (s *store) claimArgsIn(argv *[5]any, k keys, lockValue, fingerprint any) []any {
 	issued, ttl := argNotIssued, s.recordTTL
 	if k.token != "" {
@@ -176,17 +176,12 @@ const (
 )
 
 // complete stores rec as the key's answer for ttl and releases the lock;
-// rec == nil stores "executed, not replayable". It returns ErrLockLost when another
-// executor owns the key now, and then writes nothing but the lock's release.
-func (s *store) complete(ctx context.Context, k keys, lockValue string, fp fingerprintSum, fence uint64, rec *record, ttl time.Duration) (completion, error) {
-	fpText := string(fp[:])
-	return s.completeAs(ctx, k, &lockValue, &fpText, &fence, rec, ttl)
-}
-
-// completeAs is complete with the lease's own values, by pointer: go-redis
-// writes a *string or *uint64 argument as its value, and a pointer costs no
+// rec == nil stores "executed, not replayable". It returns ErrLockLost when
+// another executor owns the key now, and then writes nothing but the lock's
+// release. It takes the lease's own values by pointer: go-redis writes a
+// *string or *uint64 argument as its value, and a pointer costs no
 // allocation to pass as one, where each string or number would.
-func (s *store) completeAs(ctx context.Context, k keys, lockValue, fp *string, fence *uint64, rec *record, ttl time.Duration) (completion, error) {
+func (s *store) complete(ctx context.Context, k keys, lockValue, fp *string, fence *uint64, rec *record, ttl time.Duration) (completion, error) {
 	state, status, head, body := argBig, any(0), any(""), any(nil)
 	if rec != nil {
 		state, status, head, body = argDone, rec.status, encodeHeader(rec.header), (*recordBody)(rec)

@@ -243,10 +243,10 @@ func TestStaleExecutorCannotOverwrite(t *testing.T) {
 	c, err := fresh.claim(ctx, k, lock.Token(), "fp")
 	require.NoError(t, err)
 	require.Equal(t, outcomeClaimed, c.outcome, "the new executor took over")
-	_, err = fresh.complete(ctx, k, lock.Token(), fingerprintSum{}, 1, &record{status: 201, body: []byte("fresh")}, time.Hour)
+	_, err = fresh.completeWith(ctx, k, lock.Token(), fingerprintSum{}, 1, &record{status: 201, body: []byte("fresh")}, time.Hour)
 	require.NoError(t, err)
 
-	_, err = s.idem.store.complete(ctx, k, stale, fingerprintSum{}, 1, &record{status: 500, body: []byte("stale")}, time.Hour)
+	_, err = s.idem.store.completeWith(ctx, k, stale, fingerprintSum{}, 1, &record{status: 500, body: []byte("stale")}, time.Hour)
 	require.ErrorIs(t, err, ErrLockLost)
 	a := s.post(s.client(), "/payments", "k", ``)
 	require.Equal(t, 422, a.status, "fingerprint differs from the test's claim")
@@ -486,4 +486,11 @@ func TestStalledRedisFailsClosedWithinStoreTimeout(t *testing.T) {
 		return s.post(c, "/payments", "after", `{}`).status == http.StatusCreated
 	}, 5*time.Second, 20*time.Millisecond)
 	require.EqualValues(t, 2, s.execs.Load())
+}
+
+// completeWith is complete with plain values, for tests that store as
+// some executor would without holding its lease.
+func (s *store) completeWith(ctx context.Context, k keys, lockValue string, fp fingerprintSum, fence uint64, rec *record, ttl time.Duration) (completion, error) {
+	fpText := string(fp[:])
+	return s.complete(ctx, k, &lockValue, &fpText, &fence, rec, ttl)
 }

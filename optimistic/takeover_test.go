@@ -2,7 +2,6 @@ package optimistic
 
 import (
 	"context"
-	"github.com/onceonly/idempotency/internal/syncbuf"
 	"io"
 	"log/slog"
 	"net"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/onceonly/idempotency/internal/syncbuf"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )

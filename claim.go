@@ -129,7 +129,7 @@ func (m *Middleware) acquire(c *call, k keys) (l *lease, r *rode, err error) {
 		}
 	}()
 	riding := m.cfg.replicaAcks == 0
-	fp := string(c.fp[:]) // once for every attempt and the lease's scripts
+	fp := c.fp.text() // once for every attempt and the lease's scripts
 	for {
 		began := time.Now()
 		ctx, cancel := m.store.stepContext(c.ctx)
@@ -199,7 +199,7 @@ func (m *Middleware) differsFromRecord(c *call, k keys) bool {
 	ctx, cancel := m.store.stepContext(c.ctx)
 	defer cancel()
 	fp, err := m.store.fingerprintOf(ctx, k)
-	return err == nil && fp != "" && fp != string(c.fp[:])
+	return err == nil && fp != "" && fp != c.fp.text()
 }
 
 // pause waits for a release message on sub (or plain time without one), or

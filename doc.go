@@ -77,6 +77,7 @@
 //	recorder.go      what the handler writes, passed through and kept
 //	replay.go        ReplayedHeader, stored records and their replay
 //	header.go        the stored header block
+//	record.go        a record as Redis holds it: one string, read and written whole
 //	store.go         the Redis store, one method per script in lua/
 //	outcomestore.go  OutcomeStore, Answer: answers committed with the handler's writes
 //	outcome.go       Outcome: what the middleware did with a request

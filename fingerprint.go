@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"net/http"
 	"net/url"
@@ -15,6 +16,14 @@ import (
 // with another fingerprint is a client bug (or an attack), never a retry, so
 // it is refused rather than replayed.
 type fingerprintSum [sha256.Size]byte
+
+// text is the fingerprint as the scripts store it in a record, where a
+// space or a newline ends a field: in hex.
+func (f *fingerprintSum) text() string {
+	var b [2 * sha256.Size]byte
+	hex.Encode(b[:], f[:])
+	return string(b[:])
+}
 
 // A Fingerprinter writes what makes a request the request it is, for the
 // fingerprint: two requests with one key are the same request when their

@@ -19,20 +19,40 @@ const headerFormat = 0x01
 
 // encodeHeader writes name, value, … pairs in the stored format.
 func encodeHeader(pairs []string) string {
+	return string(appendHeader(make([]byte, 0, headerSize(pairs)), pairs))
+}
+
+// headerSize is the length of pairs in the stored format.
+func headerSize(pairs []string) int {
 	if len(pairs) == 0 {
-		return ""
+		return 0
 	}
 	n := 1
 	for _, s := range pairs {
-		n += binary.MaxVarintLen32 + len(s)
+		n += uvarintSize(uint64(len(s))) + len(s)
 	}
-	b := make([]byte, 1, n)
-	b[0] = headerFormat
+	return n
+}
+
+func uvarintSize(x uint64) int {
+	n := 1
+	for ; x >= 0x80; x >>= 7 {
+		n++
+	}
+	return n
+}
+
+// appendHeader appends pairs in the stored format to b.
+func appendHeader(b []byte, pairs []string) []byte {
+	if len(pairs) == 0 {
+		return b
+	}
+	b = append(b, headerFormat)
 	for _, s := range pairs {
 		b = binary.AppendUvarint(b, uint64(len(s)))
 		b = append(b, s...)
 	}
-	return string(b)
+	return b
 }
 
 var errCorruptHeader = errors.New("idempotency: corrupt stored header")

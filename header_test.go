@@ -5,6 +5,9 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/idempotency/internal/keyspace"
+	"github.com/onceonly/idempotency/internal/redistest"
 )
 
 // Header values round-trip any byte: a replay from Redis sends what net/http
@@ -40,7 +43,9 @@ func TestRecordsOfTheLineFormatStillReplay(t *testing.T) {
 	c := s.client()
 	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "old", `{}`).status)
 	k := clientKeys(s.idem.cfg.prefix, paymentID("old"))
-	require.NoError(t, s.rdb.HSet(t.Context(), k.record, "h", "Location: /orders/7\nX-Old: yes\n").Err())
+	require.NoError(t, redistest.EditRecord(t.Context(), s.rdb, k.record, func(r *keyspace.Record) {
+		r.Header = "Location: /orders/7\nX-Old: yes\n"
+	}))
 	a := s.post(c, "/payments", "old", `{}`)
 	require.Equal(t, http.StatusCreated, a.status)
 	require.Equal(t, "/orders/7", a.header.Get("Location"))

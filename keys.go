@@ -10,9 +10,9 @@ import (
 // keys names the Redis keys one protected request touches. They share one
 // hash tag, so the scripts and the lock work on Redis Cluster:
 //
-//	token mode: PREFIX:{t<scope digest>}:r:<token> record hash
+//	token mode: PREFIX:{t<scope digest>}:r:<token> record
 //	            PREFIX:{t<scope digest>}:l:<token> lock
-//	key mode:   PREFIX:{k<scope+key digest>}:r     record hash
+//	key mode:   PREFIX:{k<scope+key digest>}:r     record
 //	            PREFIX:{k<scope+key digest>}:l     lock
 //	both:       PREFIX:token-secret                the secret tokens are signed with (tokensign.go)
 //

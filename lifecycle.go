@@ -248,7 +248,7 @@ func (l *lease) complete(ctx context.Context, rec *record, ttl time.Duration) (h
 			time.Sleep(pause)
 		}
 		step, cancel := l.m.store.stepContext(ctx)
-		how, err = l.m.store.complete(step, l.k, &l.token, &l.fpText, &l.fence, rec, ttl)
+		how, err = l.m.store.complete(step, l.k, &l.token, l.fpText, l.fence, rec, ttl)
 		cancel()
 		if err == nil || errors.Is(err, ErrLockLost) {
 			return how, err
@@ -290,7 +290,7 @@ func (l *lease) storeLater(rec *record, ttl time.Duration) {
 		size = rec.size()
 	}
 	l.m.later.add(l.k, "store", size, func(ctx context.Context) error {
-		_, err := l.m.store.complete(ctx, l.k, &l.token, &l.fpText, &l.fence, rec, ttl)
+		_, err := l.m.store.complete(ctx, l.k, &l.token, l.fpText, l.fence, rec, ttl)
 		if errors.Is(err, ErrLockLost) {
 			return nil // another executor owns the key: nothing of ours to store
 		}

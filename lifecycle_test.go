@@ -195,8 +195,10 @@ func TestUndoingATakeoverHandsTheKeyBack(t *testing.T) {
 	require.True(t, taken.retaken)
 
 	require.NoError(t, s.idem.store.release(t.Context(), k, lock.Token()))
-	got := s.rdb.HMGet(t.Context(), k.record, "st", "o", "f").Val()
-	require.Equal(t, []any{"run", stalled, strconv.FormatUint(c.fence, 10)}, got, "back to the stalled executor")
+	got, err := redistest.ReadRecord(t.Context(), s.rdb, k.record)
+	require.NoError(t, err)
+	require.Equal(t, []string{"run", stalled, strconv.FormatUint(c.fence, 10)}, []string{got.State, got.Owner, got.Fence},
+		"back to the stalled executor")
 
 	how, err := s.idem.store.completeWith(t.Context(), k, stalled, fingerprintSum([]byte(strings.Repeat("f", 32))),
 		c.fence, newRecord(201, nil, []byte("late")), time.Minute)
@@ -251,7 +253,7 @@ func TestDoCutOffByALostLeaseKeepsTheKey(t *testing.T) {
 	})
 	require.ErrorIs(t, err, ErrLockLost)
 	require.ErrorIs(t, err, context.Canceled)
-	require.Equal(t, "run", m.store.client.HGet(context.Background(), k.record, "st").Val(),
+	require.Equal(t, "run", redistest.RecordState(context.Background(), m.store.client, k.record),
 		"kept claimed, for a takeover")
 }
 

@@ -42,7 +42,7 @@ func TestLostRepliesTrials(t *testing.T) {
 				// replays the one execution, or runs it if none happened.
 				retry := send(m, key, `{}`)
 				require.Equal(t, http.StatusCreated, retry.Code, retry.Body.String())
-				st := direct.HGet(context.Background(), clientKeys("lost", routeIdentity("example.com", "/payments", key)).record, "st").Val()
+				st := redistest.RecordState(context.Background(), direct, clientKeys("lost", routeIdentity("example.com", "/payments", key)).record)
 				require.Equal(t, "done", st)
 			}
 			require.Empty(t, h.doubles())

@@ -6,14 +6,16 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/onceonly/idempotency/internal/keyspace"
-	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/idempotency/internal/keyspace"
+	"github.com/onceonly/idempotency/internal/redistest"
 )
 
 // interruptedPayment leaves the payment with key claimed by an instance
@@ -24,7 +26,7 @@ func interruptedPayment(t *testing.T, s *shop, key string) (keys, string) {
 	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
 	fp := fingerprint(req, []byte(`{}`), true)
 	k := clientKeys(s.idem.cfg.prefix, paymentID(key))
-	crashAfterClaim(t, s, k, string(fp[:]))
+	crashAfterClaim(t, s, k, fp.text())
 	return k, hex.EncodeToString(fp[:])
 }
 
@@ -49,7 +51,8 @@ func seen(t *testing.T, s *shop, name string) keyspace.State {
 	t.Helper()
 	k, err := keyspace.Parse(s.idem.cfg.prefix, name)
 	require.NoError(t, err)
-	owner := s.rdb.HGet(t.Context(), k.Record, "o").Val()
+	rec, _ := redistest.ReadRecord(t.Context(), s.rdb, k.Record)
+	owner := rec.Owner
 	if owner == "" {
 		owner = "a-claim-since-gone"
 	}
@@ -65,12 +68,12 @@ func TestSettleRefusesAKeyClaimedAnew(t *testing.T) {
 	st, err := s.idem.operated().Inspect(ctx, k.record)
 	require.NoError(t, err)
 	require.True(t, st.Interrupted)
-	require.NoError(t, s.rdb.HSet(ctx, k.record, "o", "a-new-claim-stalled-past-its-lease").Err())
+	require.NoError(t, redistest.EditRecord(ctx, s.rdb, k.record, func(r *keyspace.Record) { r.Owner = "a-new-claim-stalled-past-its-lease" }))
 	for _, err := range []error{s.idem.operated().Forget(ctx, st), resolve(ctx, s.idem, st, Answer{Status: 201})} {
 		require.ErrorIs(t, err, keyspace.ErrNotInterrupted)
 		require.ErrorContains(t, err, "claimed anew")
 	}
-	require.Equal(t, "run", s.rdb.HGet(ctx, k.record, "st").Val())
+	require.Equal(t, "run", redistest.RecordState(ctx, s.rdb, k.record))
 	st.Interrupted = false
 	require.ErrorIs(t, s.idem.operated().Forget(ctx, st), keyspace.ErrNotInterrupted, "a key not seen interrupted")
 }
@@ -134,8 +137,8 @@ func TestInspect(t *testing.T) {
 // its own, without a request.
 func fakeRecord(ctx context.Context, p redis.Cmdable, prefix string, n int, state, owner string) keys {
 	k := clientKeys(prefix, identityOf(false, "/fake", fmt.Sprint(n)))
-	p.HSet(ctx, k.record, "st", state, "o", owner, "fp", "fp", "n", 1, "f", 1000+n)
-	p.PExpire(ctx, k.record, time.Hour)
+	p.Set(ctx, k.record, keyspace.Record{State: state, Fingerprint: "fp", Owner: owner, Executions: "1",
+		Fence: strconv.Itoa(1000 + n)}.String(), time.Hour)
 	return k
 }
 
@@ -258,7 +261,7 @@ func TestResolve(t *testing.T) {
 	err = resolve(ctx, s.idem, seen(t, s, running.record), answer)
 	require.ErrorIs(t, err, keyspace.ErrNotInterrupted)
 	require.ErrorContains(t, err, "its executor holds the lock")
-	require.Equal(t, "run", s.rdb.HGet(ctx, running.record, "st").Val())
+	require.Equal(t, "run", redistest.RecordState(ctx, s.rdb, running.record))
 
 	none := clientKeys(s.idem.cfg.prefix, paymentID("never"))
 	require.ErrorIs(t, resolve(ctx, s.idem, seen(t, s, none.record), answer), keyspace.ErrNotInterrupted)
@@ -292,7 +295,7 @@ func TestForget(t *testing.T) {
 
 	running := runningPayment(t, s, "running")
 	require.ErrorIs(t, s.idem.operated().Forget(ctx, seen(t, s, running.record)), keyspace.ErrNotInterrupted)
-	require.Equal(t, "run", s.rdb.HGet(ctx, running.record, "st").Val())
+	require.Equal(t, "run", redistest.RecordState(ctx, s.rdb, running.record))
 }
 
 func TestForgetTokenMode(t *testing.T) {
@@ -310,8 +313,7 @@ func TestForgetTokenMode(t *testing.T) {
 	record := <-records
 	// As the instance that ran it would have left it had it died before
 	// the store.
-	require.NoError(t, s.rdb.HSet(ctx, record, "st", "run", "o", "an-executor-that-died").Err())
-	require.NoError(t, s.rdb.HDel(ctx, record, "c", "h", "b").Err())
+	require.NoError(t, redistest.Abandon(ctx, s.rdb, record))
 	requireProblem(t, s.post(c, "/orders", tok, `{}`), http.StatusConflict, "interrupted")
 
 	require.NoError(t, s.idem.operated().Forget(ctx, seen(t, s, record+":w")))

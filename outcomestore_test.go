@@ -37,7 +37,7 @@ func abandonedPayment(t *testing.T, s *shop) string {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
 	fp := fingerprint(req, []byte(`{}`), true)
-	crashAfterClaim(t, s, clientKeys(s.idem.cfg.prefix, paymentID("k")), string(fp[:]))
+	crashAfterClaim(t, s, clientKeys(s.idem.cfg.prefix, paymentID("k")), fp.text())
 	return hex.EncodeToString(fp[:])
 }
 
@@ -102,12 +102,11 @@ func TestResentTakeoverSaysRetaken(t *testing.T) {
 	s := newShop(t, WithLockLease(100*time.Millisecond), WithOutcomeStore(&fakeOutcomes{}))
 	ctx := t.Context()
 	fp := abandonedPayment(t, s)
-	raw, _ := hex.DecodeString(fp)
 	k := clientKeys(s.idem.cfg.prefix, paymentID("k"))
 	lock, err := s.idem.store.obtain(ctx, k)
 	require.NoError(t, err)
 	for range 2 {
-		c, err := s.idem.store.claim(ctx, k, lock.Token(), string(raw))
+		c, err := s.idem.store.claim(ctx, k, lock.Token(), fp)
 		require.NoError(t, err)
 		require.Equal(t, outcomeClaimed, c.outcome)
 		require.True(t, c.retaken)

@@ -277,11 +277,12 @@ func staleExecutorTrial(ctx context.Context, rdb redis.UniversalClient, stale, f
 				return err
 			}
 		}
-		got, err := rdb.HMGet(ctx, k.record, "st", "c", "b", "o").Result()
+		rec, err := redistest.ReadRecord(ctx, rdb, k.record)
 		if err != nil {
 			return fmt.Errorf("trial %d: reading the record: %w", trial, err)
 		}
-		if want := []any{"done", "201", "fresh", freshLock.Token()}; fmt.Sprint(got) != fmt.Sprint(want) {
+		got := []string{rec.State, rec.Status, rec.Body, rec.Owner}
+		if want := []string{"done", "201", "fresh", freshLock.Token()}; fmt.Sprint(got) != fmt.Sprint(want) {
 			return fmt.Errorf("trial %d: the record holds %q, want the takeover's %q", trial, got, want)
 		}
 		return nil

@@ -6,8 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceonly/idempotency/internal/syncbuf"
 	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/idempotency/internal/keyspace"
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/onceonly/idempotency/internal/syncbuf"
 )
 
 // A header the handler set under a name that is not canonical
@@ -64,7 +67,7 @@ func TestUndecodableRecordIsNotStoreUnavailable(t *testing.T) {
 	c := s.client()
 	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "corrupt", `{}`).status)
 	k := clientKeys(s.idem.cfg.prefix, paymentID("corrupt"))
-	require.NoError(t, s.rdb.HSet(t.Context(), k.record, "h", "\x01\x05ab").Err())
+	require.NoError(t, redistest.EditRecord(t.Context(), s.rdb, k.record, func(r *keyspace.Record) { r.Header = "\x01\x05ab" }))
 	for range 2 {
 		a := s.post(c, "/payments", "corrupt", `{}`)
 		requireProblem(t, a, http.StatusConflict, "unreadable-record")

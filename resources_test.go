@@ -250,7 +250,7 @@ func TestAnswerStoredWhenRedisFillsDuringHandler(t *testing.T) {
 	}
 	c := s.client()
 	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "filling", `{}`).status)
-	st := rdb.HGet(ctx, clientKeys("idem", paymentID("filling")).record, "st").Val()
+	st := redistest.RecordState(ctx, rdb, clientKeys("idem", paymentID("filling")).record)
 	require.Equal(t, "done", st, "the answer was stored past maxmemory")
 	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory", "0").Err())
 	other := newShopOn(t, rdb)

@@ -245,7 +245,7 @@ func (f *failoverTraffic) checkpoint(primary *redistest.Server) map[string]bool 
 	ctx := f.t.Context()
 	for k := range keys {
 		record := clientKeys("sentinel", identityOf(false, "sentinel", k)).record
-		require.Eventually(f.t, func() bool { return c.HGet(ctx, record, "st").Val() == "done" }, 10*time.Second,
+		require.Eventually(f.t, func() bool { return redistest.RecordState(ctx, c, record) == "done" }, 10*time.Second,
 			5*time.Millisecond, "key %s is stored", k)
 	}
 	require.NoError(f.t, c.Set(ctx, "sentinel-checkpoint", "1", time.Minute).Err())

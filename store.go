@@ -123,16 +123,16 @@ func (s *store) claimReply(k keys, cmd *redis.Cmd) (claim, error) {
 		}
 		return claim{outcome: outcomeClaimed, fence: fence, retaken: len(reply) > 2}, nil
 	case "done":
-		rec, ttl, err := decodeReply(reply[1:])
+		text, _ := reply[1].(string)
+		ttl, _ := reply[2].(int64)
+		rec, err := decodeRecord(text)
 		if err != nil {
-			// The handler ran; what it answered is lost to us. Retrying
-			// cannot help, so this is no store failure.
-			s.cfg.logger.Error("idempotency: stored answer cannot be decoded; duplicates get the "+
-				"unreadable-record problem until the record expires", "key", k.record, "error", err)
-			return claim{outcome: outcomeUnreadable}, nil
+			return s.unreadable(k, err), nil
 		}
-		rec.expires = time.Now().Add(ttl)
+		rec.expires = time.Now().Add(time.Duration(ttl) * time.Millisecond)
 		return claim{outcome: outcomeDone, rec: rec}, nil
+	case "corrupt":
+		return s.unreadable(k, errCorruptRecord), nil
 	case "unknown":
 		return claim{outcome: outcomeUnknown}, nil
 	case "mismatch":
@@ -147,24 +147,13 @@ func (s *store) claimReply(k keys, cmd *redis.Cmd) (claim, error) {
 	return claim{}, fmt.Errorf("idempotency: unexpected claim reply %q", word)
 }
 
-// decodeReply reads a stored record: status, header, body, remaining TTL.
-func decodeReply(fields []any) (*record, time.Duration, error) {
-	if len(fields) != 4 {
-		return nil, 0, errCorruptRecord
-	}
-	code, _ := fields[0].(string)
-	head, _ := fields[1].(string)
-	body, _ := fields[2].(string)
-	ttl, _ := fields[3].(int64)
-	status, err := strconv.Atoi(code)
-	if err != nil || status < 100 || status > 999 {
-		return nil, 0, errCorruptRecord
-	}
-	header, err := decodeHeader(head)
-	if err != nil {
-		return nil, 0, err
-	}
-	return newRecord(status, header, []byte(body)), time.Duration(ttl) * time.Millisecond, nil
+// unreadable is the claim of a key whose record cannot be read. The
+// handler ran; what it answered is lost to us. Retrying cannot help, so
+// this is no store failure.
+func (s *store) unreadable(k keys, err error) claim {
+	s.cfg.logger.Error("idempotency: stored answer cannot be decoded; duplicates get the "+
+		"unreadable-record problem until the record expires", "key", k.record, "error", err)
+	return claim{outcome: outcomeUnreadable}
 }
 
 // completion is what complete found when it stored an answer.
@@ -178,20 +167,17 @@ const (
 // complete stores rec as the key's answer for ttl and releases the lock;
 // rec == nil stores "executed, not replayable". It returns ErrLockLost when
 // another executor owns the key now, and then writes nothing but the lock's
-// release. It takes the lease's own values by pointer: go-redis writes a
-// *string or *uint64 argument as its value, and a pointer costs no
-// allocation to pass as one, where each string or number would.
-func (s *store) complete(ctx context.Context, k keys, lockValue, fp *string, fence *uint64, rec *record, ttl time.Duration) (completion, error) {
-	state, status, head, body := argBig, any(0), any(""), any(nil)
-	if rec != nil {
-		state, status, head, body = argDone, rec.status, encodeHeader(rec.header), (*recordBody)(rec)
-	}
+// release. It takes the lock value by pointer: go-redis writes a *string
+// argument as its value, and a pointer to the lease's own field costs no
+// allocation to pass as one, where a string would.
+func (s *store) complete(ctx context.Context, k keys, lockValue *string, fp string, fence uint64, rec *record, ttl time.Duration) (completion, error) {
+	texts := newCompletionTexts(fp, *lockValue, fence, rec)
 	life := s.recordTTL
 	if ms := k.lifetime(ttl).Milliseconds(); ms != s.cfg.recordTTL.Milliseconds() {
 		life = ms
 	}
 	stored, err := completeScript.Run(ctx, s.client, k.flagged(),
-		lockValue, state, status, head, body, life, fp, fence).Int()
+		lockValue, (*storedText)(texts), life, (*claimedText)(texts)).Int()
 	switch {
 	case err != nil:
 		return 0, err
@@ -204,24 +190,17 @@ func (s *store) complete(ctx context.Context, k keys, lockValue, fp *string, fen
 }
 
 // Script arguments that are constants, boxed once.
-var (
-	argDone, argBig, argIssued, argNotIssued any = "done", "big", "t", ""
-)
-
-// recordBody passes a record's body to go-redis as a script argument
-// without boxing a slice: go-redis writes what MarshalBinary returns.
-type recordBody record
-
-func (b *recordBody) MarshalBinary() ([]byte, error) { return b.body, nil }
+var argIssued, argNotIssued any = "t", ""
 
 // fingerprintOf returns the fingerprint of the request that claimed the
-// key, or "" when nobody has.
+// key, or "" when nobody has. It reads the record's first fields only: the
+// answer after them may be large.
 func (s *store) fingerprintOf(ctx context.Context, k keys) (string, error) {
-	fp, err := s.client.HGet(ctx, k.record, "fp").Result()
-	if errors.Is(err, redis.Nil) {
-		return "", nil
+	head, err := s.client.GetRange(ctx, k.record, 0, recordHeadBytes-1).Result()
+	if err != nil {
+		return "", err
 	}
-	return fp, err
+	return recordFingerprint(head), nil
 }
 
 // release undoes a claim: the record goes (which gives an issued token

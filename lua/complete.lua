@@ -1,47 +1,72 @@
 -- complete.lua: store the executor's answer and release its lock.
--- KEYS[1] record hash, KEYS[2] lock, KEYS[3] waiters flag (also the channel)
--- ARGV[1] our lock value, ARGV[2] state (done or big), ARGV[3] status,
--- ARGV[4] headers, ARGV[5] body, ARGV[6] record TTL ms, ARGV[7] fingerprint,
--- ARGV[8] our fencing token
+-- KEYS[1] record, KEYS[2] lock, KEYS[3] waiters flag (also the channel)
+-- ARGV[1] our lock value, ARGV[2] the record to store: its state (done or
+-- big), our claim's fields and the answer; ARGV[3] record TTL ms, ARGV[4]
+-- the record as our claim wrote it (state run, the same fields, no answer).
+-- The caller builds both texts, so that this script compares and stores
+-- whole strings rather than building them (the layout is claim.lua's).
 -- Returns 1 when the answer is stored, 2 when it is stored although the
 -- record had vanished while the handler ran (evicted, expired, flushed), and
 -- 0 when another executor owns the key now, or an operator settled it
 -- (then nothing is written). Our lock is released whatever the answer. Safe
 -- to run twice.
-local rec = redis.call('HMGET', KEYS[1], 'st', 'o', 'w')
-local stored = 0
-if not rec[1] or rec[1] == 'forgotten' then
-  -- No record is claimed now (a claim writes one; an operator forgot the
-  -- claim, taking our executor for gone), so our answer is the key's:
-  -- writing it back keeps a retry from running the handler a second time. Under maxmemory the HSET must not be the script's first write
-  -- (see below), so the lock goes first, and a PEXPIRE (a write that
-  -- cannot grow memory) when the lock is no longer ours. 'w' tells a
-  -- resend that the record was written back.
+--
+-- The handler has run: its answer must be kept even if Redis reached
+-- maxmemory meanwhile. Redis refuses a memory-growing command only in a
+-- script that has not written yet, so a write that cannot grow memory goes
+-- before the SET: the lock's DEL or, when the lock is no longer ours, a
+-- PEXPIRE of the record.
+local function unlock_first()
   if redis.call('GET', KEYS[2]) == ARGV[1] then
     redis.call('DEL', KEYS[2])
   else
-    redis.call('PEXPIRE', KEYS[1], ARGV[6])
-  end
-  redis.call('HSET', KEYS[1], 'st', ARGV[2], 'o', ARGV[1], 'fp', ARGV[7],
-    'c', ARGV[3], 'h', ARGV[4], 'b', ARGV[5], 'n', 1, 'f', ARGV[8], 'w', 1)
-  redis.call('PEXPIRE', KEYS[1], ARGV[6])
-  stored = 2
-elseif rec[2] == ARGV[1] then
-  if rec[1] == 'run' then
-    -- The handler has run: its answer must be kept even if Redis reached
-    -- maxmemory meanwhile. Redis refuses a memory-growing command only in a
-    -- script that has not written yet, so a write that cannot grow memory
-    -- goes first. (PEXPIRE rather than HDEL: an HDEL first leaves the hash
-    -- three times larger once the body is in.)
-    redis.call('PEXPIRE', KEYS[1], ARGV[6])
-    redis.call('HSET', KEYS[1], 'st', ARGV[2], 'c', ARGV[3], 'h', ARGV[4], 'b', ARGV[5])
-  end
-  stored = 1
-  if rec[3] then
-    stored = 2
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
   end
 end
-if redis.call('GET', KEYS[2]) == ARGV[1] then
+
+local rec = redis.call('GET', KEYS[1])
+local stored, unlocked = 0, false
+if rec == ARGV[4] then
+  -- The record as our claim left it: the common case.
+  unlock_first()
+  unlocked = true
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  stored = 1
+else
+  local st, fields, o, w
+  if rec then
+    st, fields = string.match(rec, '^(%l+)( [^\n]*\n)')
+    if fields then
+      o, w = string.match(fields, '^ [^ ]* ([^ ]*) %d* %d* [^ ]* %d* (%d*) ')
+    end
+  end
+  -- Where the answer starts in ARGV[2], after its state and our fields.
+  local answer = string.find(ARGV[2], ' ', 1, true) + #ARGV[4] - 3
+  if not st or st == 'forgotten' then
+    -- No record is claimed now (a claim writes one; an operator forgot the
+    -- claim, taking our executor for gone), so our answer is the key's:
+    -- writing it back keeps a retry from running the handler a second
+    -- time. The written-back field tells a resend that it was.
+    unlock_first()
+    unlocked = true
+    redis.call('SET', KEYS[1], string.sub(ARGV[2], 1, answer - 3) .. '1 \n' .. string.sub(ARGV[2], answer),
+      'PX', ARGV[3])
+    stored = 2
+  elseif o == ARGV[1] then
+    if st == 'run' then
+      -- Ours after a takeover: the record keeps its own fields.
+      unlock_first()
+      unlocked = true
+      redis.call('SET', KEYS[1], string.sub(ARGV[2], 1, answer - #ARGV[4] + 2) .. fields .. string.sub(ARGV[2], answer),
+        'PX', ARGV[3])
+    end
+    stored = 1
+    if w ~= '' then
+      stored = 2
+    end
+  end
+end
+if not unlocked and redis.call('GET', KEYS[2]) == ARGV[1] then
   redis.call('DEL', KEYS[2])
 end
 -- Only a key that another instance is waiting for costs a message.

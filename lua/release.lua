@@ -1,21 +1,26 @@
 -- release.lua: undo a claim whose run must not count as executed (nothing
 -- of it can take effect any more: see lifecycle.go), so a retry runs.
--- KEYS[1] record hash, KEYS[2] lock, KEYS[3] waiters flag (also the channel)
+-- KEYS[1] record, KEYS[2] lock, KEYS[3] waiters flag (also the channel)
 -- ARGV[1] our lock value
 -- An issued token's record is what marks it spent, so deleting the record
 -- gives the token back until it expires. A takeover is undone by handing
--- the key back to the executor it was taken from.
-local rec = redis.call('HMGET', KEYS[1], 'st', 'o', 'p', 'q')
-if rec[1] == 'run' and rec[2] == ARGV[1] then
-  if rec[3] then
-    -- Our claim took the key over from an executor whose lease had run
-    -- out. Undoing it frees nothing: the key goes back to that executor,
-    -- which may have taken effect and may still store its answer; the
-    -- next retry finds it abandoned again.
-    redis.call('HSET', KEYS[1], 'o', rec[3], 'f', rec[4])
-    redis.call('HDEL', KEYS[1], 'p', 'q')
-  else
-    redis.call('DEL', KEYS[1])
+-- the key back to the executor it was taken from. The record's layout is
+-- claim.lua's.
+local rec = redis.call('GET', KEYS[1])
+if rec then
+  local fp, o, n, p, q, w, s = string.match(rec,
+    '^run ([^ ]*) ([^ ]*) %d* (%d*) ([^ ]*) (%d*) (%d*) ([^ \n]*)\n')
+  if o == ARGV[1] then
+    if p ~= '' then
+      -- Our claim took the key over from an executor whose lease had run
+      -- out. Undoing it frees nothing: the key goes back to that executor,
+      -- which may have taken effect and may still store its answer; the
+      -- next retry finds it abandoned again.
+      redis.call('SET', KEYS[1], 'run ' .. fp .. ' ' .. p .. ' ' .. q .. ' ' .. n .. '   ' .. w .. ' ' .. s .. '\n',
+        'KEEPTTL')
+    else
+      redis.call('DEL', KEYS[1])
+    end
   end
 end
 if redis.call('GET', KEYS[2]) == ARGV[1] then

@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/onceonly/idempotency/internal/keyspace"
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -21,9 +23,8 @@ func TestCluster(t *testing.T) {
 	rec := prefix + ":{kClustered}:r"
 	now, err := c.Time(ctx).Result()
 	must(t, err)
-	must(t, c.HSet(ctx, rec, "st", "run", "o", "an-executor-that-died", "fp", "x", "n", 1,
-		"f", now.Add(-5*time.Minute).UnixMicro()).Err())
-	must(t, c.Expire(ctx, rec, time.Hour).Err())
+	must(t, c.Set(ctx, rec, keyspace.Record{State: "run", Fingerprint: "x", Owner: "an-executor-that-died",
+		Fence: strconv.FormatInt(now.Add(-5*time.Minute).UnixMicro(), 10), Executions: "1"}.String(), time.Hour).Err())
 
 	url := "redis://" + addrs[0] + "?addr=" + strings.Join(addrs[1:], "&addr=")
 	user := ""

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/keyspace"
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/onceonly/idempotency/internal/sqltest"
 	"github.com/onceonly/idempotency/sqlidem"
@@ -194,14 +195,16 @@ func (s *service) abandon(key string, ago time.Duration) string {
 	rec := s.record(key)
 	now, err := s.rdb.Time(ctx).Result()
 	must(s.t, err)
-	fence := now.Add(-ago).UnixMicro()
-	must(s.t, s.rdb.HSet(ctx, rec, "st", "run", "o", "an-executor-that-died", "f", fence).Err())
-	must(s.t, s.rdb.HDel(ctx, rec, "c", "h", "b").Err())
+	fence := strconv.FormatInt(now.Add(-ago).UnixMicro(), 10)
+	must(s.t, redistest.EditRecord(ctx, s.rdb, rec, func(r *keyspace.Record) {
+		r.State, r.Owner, r.Fence = "run", "an-executor-that-died", fence
+		r.Status, r.Header, r.Body = "", "", ""
+	}))
 	return rec
 }
 
 func (s *service) state(rec string) string {
-	return s.rdb.HGet(s.t.Context(), rec, "st").Val()
+	return redistest.RecordState(s.t.Context(), s.rdb, rec)
 }
 
 // result is what a run of idemctl printed and how it exited.
@@ -382,13 +385,13 @@ func TestResolveRefusesKeysNotInterrupted(t *testing.T) {
 		t.Fatalf("first transfer: %d %s", r.status, r.body)
 	}
 	done := s.record("done")
-	body := s.rdb.HGet(ctx, done, "b").Val()
+	body := s.rdb.Get(ctx, done).Val()
 
 	// Running: claimed under a lock value that the lock still holds.
 	runningRecord := strings.Replace(done, "{k", "{kRunning", 1)
 	running := strings.TrimSuffix(runningRecord, ":r") + ":l"
-	must(t, s.rdb.HSet(ctx, runningRecord, "st", "run", "o", "alive", "fp", "x", "n", 1, "f", 7).Err())
-	must(t, s.rdb.PExpire(ctx, runningRecord, time.Hour).Err())
+	must(t, s.rdb.Set(ctx, runningRecord, keyspace.Record{State: "run", Fingerprint: "x", Owner: "alive",
+		Fence: "7", Executions: "1"}.String(), time.Hour).Err())
 	must(t, s.rdb.Set(ctx, running, "alive", time.Hour).Err())
 
 	for _, tc := range []struct {
@@ -406,7 +409,7 @@ func TestResolveRefusesKeysNotInterrupted(t *testing.T) {
 			t.Errorf("resolve %v %s: exit %d, %q", tc.args, tc.key, r.code, r.stderr)
 		}
 	}
-	if s.state(done) != "done" || s.rdb.HGet(ctx, done, "b").Val() != body || s.state(runningRecord) != "run" {
+	if s.state(done) != "done" || s.rdb.Get(ctx, done).Val() != body || s.state(runningRecord) != "run" {
 		t.Error("a refused resolve changed a record")
 	}
 	expect(t, s.idemctl("", true, "show", running), 0, "running: wait for its executor", "held by its executor")

@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// Names are the Redis keys of one protected key: its record hash, its
+// Names are the Redis keys of one protected key: its record, its
 // lock, and in token mode the token they end in. The middleware builds them
 // on its hot path, where keys.go in the root lays out their hash tags; the
 // operator reads them back with Parse, and both name the waiters flag with

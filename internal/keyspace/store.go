@@ -69,7 +69,8 @@ type State struct {
 	Key string
 	// State is "run" (claimed, no answer stored yet), "done" (an answer
 	// is stored), "big" (executed, its answer not replayable) or "none"
-	// (no record: never claimed, expired, or forgotten).
+	// (no record: never claimed, expired, or forgotten), or "corrupt" (a
+	// record it cannot read).
 	State string
 	// Interrupted: claimed, and nobody holds the lock under the value it
 	// was claimed with, so no executor will store an answer. Retries are
@@ -240,13 +241,13 @@ func (s *Store) Resolve(ctx context.Context, st State, status int, header http.H
 		// of protocols: the key would replay a status nobody gave it.
 		return fmt.Errorf("admin: %d is an interim (1xx) status, never a final answer's; an answer's status is 200 to 999", status)
 	}
-	var fp []byte
+	var fp string
 	if fingerprint != "" {
 		b, err := hex.DecodeString(fingerprint)
 		if err != nil || len(b) != sha256.Size {
 			return fmt.Errorf("admin: fingerprint %q is not %d bytes in hex", fingerprint, sha256.Size)
 		}
-		fp = b
+		fp = hex.EncodeToString(b) // as the record holds it: lower case
 	}
 	state, recStatus, recHeader, recBody := s.Record(status, header, body, notReplayable)
 	return s.settle(ctx, st, "answer", state, strconv.Itoa(recStatus), recHeader, recBody, fp)
@@ -305,7 +306,7 @@ func stateOf(k Names, cmd *redis.Cmd) (State, error) {
 	number := func(i int) int64 { n, _ := r[i].(int64); return n }
 	s := State{
 		Key: k.Record, State: text(0), Owner: text(1),
-		Fingerprint: hex.EncodeToString([]byte(text(2))),
+		Fingerprint: text(2),
 		BodySize:    number(6), TTL: remaining(number(7)),
 		Lock: text(8), LockTTL: remaining(number(9)), Waiting: number(10) == 1,
 	}

@@ -1,14 +1,27 @@
 -- inspect.lua: read what Redis holds for one key in one step, so that an
 -- operator never sees a record from before a store and a lock from after it.
--- KEYS[1] record hash, KEYS[2] lock, KEYS[3] waiters flag
--- Reply: {st, o, fp, c, n, f, body length, record PTTL, lock value,
--- lock PTTL, waiters flag exists}; '' for what is missing. (A Lua false
--- would end the reply array early.)
-local rec = redis.call('HMGET', KEYS[1], 'st', 'o', 'fp', 'c', 'n', 'f')
-for i = 1, 6 do
-  rec[i] = rec[i] or ''
+-- KEYS[1] record, KEYS[2] lock, KEYS[3] waiters flag
+-- The record's layout is claim.lua's (lua/claim.lua in the root).
+-- Reply: {state, executor's lock value, fingerprint, status, executions,
+-- fence, body length, record PTTL, lock value, lock PTTL, waiters flag
+-- exists}; '' for what is missing (a Lua false would end the reply array
+-- early), and the state 'corrupt' for a record it cannot read.
+local rec = redis.call('GET', KEYS[1])
+local st, fp, o, f, n, c, hl, at = '', '', '', '', '', '', 0, 0
+if rec then
+  local meta
+  st, fp, o, f, n, meta = string.match(rec, '^(%l+) ([^ ]*) ([^ ]*) (%d*) (%d*) [^\n]*\n()')
+  if st then
+    c, hl, at = string.match(rec, '^(%d*) (%d+)\n()', meta)
+  else
+    st, fp, o, f, n = 'corrupt', '', '', '', ''
+  end
+  c = c or ''
 end
-return {rec[1], rec[2], rec[3], rec[4], rec[5], rec[6],
-  redis.call('HSTRLEN', KEYS[1], 'b'), redis.call('PTTL', KEYS[1]),
+local size = 0
+if at and at > 0 then
+  size = #rec - at + 1 - tonumber(hl)
+end
+return {st, o, fp, c, n, f, size, redis.call('PTTL', KEYS[1]),
   redis.call('GET', KEYS[2]) or '', redis.call('PTTL', KEYS[2]),
   redis.call('EXISTS', KEYS[3])}

@@ -1,38 +1,43 @@
 -- settle.lua: an operator settles an interrupted key: stores a committed
 -- answer as its record, or forgets the record so that a retry runs again.
--- KEYS[1] record hash, KEYS[2] lock, KEYS[3] waiters flag (also the channel)
+-- KEYS[1] record, KEYS[2] lock, KEYS[3] waiters flag (also the channel)
 -- ARGV[1] 'answer' or 'forget', ARGV[2] the lock value of the claim the
 -- operator inspected, ARGV[3] record TTL ms, used only when the record has
 -- none; for 'answer': ARGV[4] state ('done', or 'big' for an answer over the
 -- response limit), ARGV[5] status, ARGV[6] headers, ARGV[7] body, ARGV[8]
--- fingerprint ('' keeps the record's)
+-- fingerprint in hex ('' keeps the record's)
 --
 -- It acts only while the key is interrupted, the state claim.lua calls
--- abandoned: claimed (st run) under a lock value that nobody holds the lock
+-- abandoned: claimed (state run) under a lock value that nobody holds the lock
 -- with. Checking inside the script is what makes it safe: a claim, a store
 -- or a takeover that runs just before sees its own result kept, one that
 -- runs just after sees the settled record.
 --
--- A settled record names what settled it ('s') and no executor ('o'
--- empty): the executor of that claim, stalled rather than gone, finds the
--- key no longer its own when it wakes and stores nothing (complete.lua), so
--- the key keeps one answer. 's' is this script's mark: the mode, for an
+-- The record's layout is claim.lua's (lua/claim.lua in the root). A
+-- settled record names what settled it (its last field) and no executor
+-- (an empty lock value): the executor of that claim, stalled rather than
+-- gone, finds the key no longer its own when it wakes and stores nothing
+-- (complete.lua), so the key keeps one answer. What settled it is this
+-- script's mark: the mode, for an
 -- answer 16 hex digits of a SHA-1 of everything it stored, and the claim's
 -- lock value. A resend of this script with the same ARGV (go-redis resends
 -- when a reply is lost) finds its own mark on the record it left and
 -- answers 'settled' again; any other call is decided from what the record
 -- says now, so that a Resolve after a Forget, a Forget after a Resolve or a
 -- second Resolve with another answer is refused, never reported done. The
--- mark counts only on the record as this script left it: a forgotten
--- record that a claim took anew keeps its 's' (claim.lua writes over 'st'
--- and 'o' only), but it is no longer 'forgotten'. Forget leaves state
+-- mark counts only on the record as this script left it: a claim that
+-- takes a forgotten key anew writes a record of its own. Forget leaves state
 -- 'forgotten', which a claim reads as no record at all.
 -- Replies: 'settled', or why not: 'none' (no record, or a forgotten one),
 -- 'done', 'big' (an answer is stored), 'running' (the executor holds its
 -- lock), 'mismatch' (the answer is another request's), 'changed' (claimed
 -- anew since the operator looked: that claim may be running, stalled past
 -- its lease).
-local rec = redis.call('HMGET', KEYS[1], 'st', 'o', 'fp', 's')
+local rec = redis.call('GET', KEYS[1])
+local st, fp, o, rest, s
+if rec then
+  st, fp, o, rest, s = string.match(rec, '^(%l+) ([^ ]*) ([^ ]*) (%d* %d* [^ ]* %d* %d*) ([^ \n]*)\n')
+end
 local mark, left
 if ARGV[1] == 'forget' then
   mark, left = 'f:' .. ARGV[2], 'forgotten'
@@ -43,42 +48,40 @@ else
   end
   mark, left = 'a:' .. string.sub(redis.sha1hex(table.concat(parts)), 1, 16) .. ':' .. ARGV[2], ARGV[4]
 end
-if rec[1] == left and rec[4] == mark then
+if st == left and s == mark then
   return 'settled'
 end
-if not rec[1] or rec[1] == 'forgotten' then
+if not st or st == 'forgotten' then
   return 'none'
 end
-if rec[1] ~= 'run' then
-  return rec[1]
+if st ~= 'run' then
+  return st
 end
-if redis.call('GET', KEYS[2]) == rec[2] then
+if redis.call('GET', KEYS[2]) == o then
   return 'running'
 end
-if rec[2] ~= ARGV[2] then
+if o ~= ARGV[2] then
   return 'changed'
+end
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl <= 0 then
+  ttl = ARGV[3]
 end
 if ARGV[1] == 'forget' then
   -- A token-mode key's token is not given back: its retry is answered
   -- token-not-found and fetches a new token, as after any spent token,
-  -- rather than a form's token coming back to life hours later. DEL first:
-  -- under maxmemory a script that has written may grow memory.
-  local ttl = redis.call('PTTL', KEYS[1])
+  -- rather than a form's token coming back to life hours later.
+  -- DEL first: under maxmemory a script that has written may grow memory.
   redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], 'st', 'forgotten', 's', mark)
-  if ttl <= 0 then
-    ttl = ARGV[3]
-  end
-  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('SET', KEYS[1], 'forgotten        ' .. mark .. '\n', 'PX', ttl)
 else
-  if ARGV[8] ~= '' and ARGV[8] ~= rec[3] then
+  if ARGV[8] ~= '' and ARGV[8] ~= fp then
     return 'mismatch'
   end
-  -- HSET first: under maxmemory it is refused before anything else ran.
-  redis.call('HSET', KEYS[1], 'st', ARGV[4], 'o', '', 's', mark, 'c', ARGV[5], 'h', ARGV[6], 'b', ARGV[7])
-  if redis.call('PTTL', KEYS[1]) < 0 then
-    redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  end
+  -- The fence and the executions stay; the executor goes. SET first: under
+  -- maxmemory it is refused before anything else ran.
+  redis.call('SET', KEYS[1], ARGV[4] .. ' ' .. fp .. '  ' .. rest .. ' ' .. mark .. '\n' ..
+    ARGV[5] .. ' ' .. #ARGV[6] .. '\n' .. ARGV[6] .. ARGV[7], 'PX', ttl)
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('PUBLISH', KEYS[3], 'settled')

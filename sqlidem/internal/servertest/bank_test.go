@@ -216,8 +216,7 @@ func (b *bank) abandon(key string) {
 	b.t.Helper()
 	rec := b.record(key)
 	ctx := b.t.Context()
-	must(b.t, b.rdb.HSet(ctx, rec, "st", "run", "o", "an-executor-that-died").Err())
-	must(b.t, b.rdb.HDel(ctx, rec, "c", "h", "b").Err())
+	must(b.t, redistest.Abandon(ctx, b.rdb, rec))
 }
 
 // record names the key's Redis record, which is its Execution.Key.

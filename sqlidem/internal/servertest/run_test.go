@@ -110,8 +110,7 @@ func TestRunCommitsOnceThroughDo(t *testing.T) {
 		}
 
 		// Abandoned after the commit: recovery returns the committed result.
-		must(t, rdb.HSet(t.Context(), l.record, "st", "run", "o", "an-executor-that-died").Err())
-		must(t, rdb.HDel(t.Context(), l.record, "c", "h", "b").Err())
+		must(t, redistest.Abandon(t.Context(), rdb, l.record))
 		var o idempotency.Outcome
 		recovered, err := l.consume("m1", 30, idempotency.ReportOutcome(&o))
 		must(t, err)

@@ -1,0 +1,30 @@
+package keyspace
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A record reads back as written, and what claim.lua writes parses.
+func TestRecordRoundTrip(t *testing.T) {
+	for _, r := range []Record{
+		{State: "run", Fingerprint: "ab12", Owner: "lock-value", Fence: "1795545899564249", Executions: "1"},
+		{State: "run", Fingerprint: "ab12", Owner: "new", Fence: "7", Executions: "2", PrevOwner: "old", PrevFence: "6"},
+		{State: "done", Fingerprint: "ab12", Owner: "o", Fence: "7", Executions: "1", WrittenBack: "1",
+			Status: "201", Header: "\x01\x04Name\x05value", Body: "body\nwith\nnewlines and spaces"},
+		{State: "big", Fingerprint: "ab12", Fence: "7", Executions: "1", Settled: "a:0123456789abcdef:lock", Status: "0"},
+		{State: "forgotten", Settled: "f:lock"},
+	} {
+		got, ok := ParseRecord(r.String())
+		require.True(t, ok, "%q", r.String())
+		require.Equal(t, r, got)
+	}
+	got, ok := ParseRecord("run ab12 lock 1795545899564249 1    \n")
+	require.True(t, ok)
+	require.Equal(t, Record{State: "run", Fingerprint: "ab12", Owner: "lock", Fence: "1795545899564249", Executions: "1"}, got)
+	for _, text := range []string{"", "run", "run a b c\n", "done a b 1 1    \n201 99\nshort", "done a b 1 1    \n201\n"} {
+		_, ok := ParseRecord(text)
+		require.False(t, ok, "%q", text)
+	}
+}

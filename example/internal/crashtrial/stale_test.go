@@ -413,16 +413,14 @@ func readRecord(t *testing.T, rdb *redis.Client) redisRecord {
 	if err != nil || len(names) != 1 {
 		t.Fatalf("Redis holds the records %q (error %v); want one", names, err)
 	}
-	f, err := rdb.HMGet(ctx, names[0], "st", "n", "f").Result()
+	f, err := redistest.ReadRecord(ctx, rdb, names[0])
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := redisRecord{name: names[0], lock: strings.TrimSuffix(names[0], "r") + "l"}
-	rec.state, _ = f[0].(string)
-	s, _ := f[1].(string)
-	rec.runs, _ = strconv.Atoi(s)
-	s, _ = f[2].(string)
-	rec.fence, _ = strconv.ParseUint(s, 10, 64)
+	rec.state = f.State
+	rec.runs, _ = strconv.Atoi(f.Executions)
+	rec.fence, _ = strconv.ParseUint(f.Fence, 10, 64)
 	return rec
 }
 

@@ -524,14 +524,14 @@ func redisRecords(t *testing.T, rdb *redis.Client) (orphans, takenOver int) {
 	iter := rdb.Scan(ctx, 0, "*:r", 1000).Iterator()
 	for iter.Next(ctx) {
 		name := iter.Val()
-		f, err := rdb.HMGet(ctx, name, "st", "n").Result()
+		f, err := redistest.ReadRecord(ctx, rdb, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if f[1] != nil && f[1] != "1" {
+		if f.Executions != "" && f.Executions != "1" {
 			takenOver++
 		}
-		if f[0] == "run" {
+		if f.State == "run" {
 			lock := strings.TrimSuffix(name, "r") + "l"
 			if n, _ := rdb.Exists(ctx, lock).Result(); n == 0 {
 				orphans++

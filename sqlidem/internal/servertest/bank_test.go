@@ -238,8 +238,7 @@ func (b *bank) loseLease(ctx context.Context, record string) {
 }
 
 func (b *bank) redisState(key string) string {
-	st, _ := b.rdb.HGet(b.t.Context(), b.record(key), "st").Result()
-	return st
+	return redistest.RecordState(b.t.Context(), b.rdb, b.record(key))
 }
 
 func exec(db *sql.DB, query string) error {

@@ -325,3 +325,34 @@ func TestForgetTokenMode(t *testing.T) {
 func resolve(ctx context.Context, m *Middleware, st keyspace.State, a Answer) error {
 	return m.operated().Resolve(ctx, st, a.Status, a.Header, a.Body, a.Fingerprint, a.NotReplayable)
 }
+
+// A key that holds no record of this layout (a hash, as earlier versions
+// stored) reads as unreadable everywhere: its duplicates are refused and
+// never run, Inspect reports it corrupt, settling it is refused, and the
+// walk over interrupted keys goes past it.
+func TestUnreadableRecordLayout(t *testing.T) {
+	s := newShop(t, WithLockLease(100*time.Millisecond), WithResponseCache(0, 0))
+	ctx := t.Context()
+	c := s.client()
+	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "old", `{}`).status)
+	old := clientKeys(s.idem.cfg.prefix, paymentID("old"))
+	require.NoError(t, s.rdb.Del(ctx, old.record).Err())
+	require.NoError(t, s.rdb.HSet(ctx, old.record, "st", "done", "c", "201", "b", "{}").Err())
+	require.NoError(t, s.rdb.Expire(ctx, old.record, time.Hour).Err())
+	interrupted, _ := interruptedPayment(t, s, "interrupted")
+
+	requireProblem(t, s.post(c, "/payments", "old", `{}`), http.StatusConflict, "unreadable-record")
+	st, err := s.idem.operated().Inspect(ctx, old.record)
+	require.NoError(t, err)
+	require.Equal(t, "corrupt", st.State)
+	require.False(t, st.Interrupted)
+	st.Interrupted, st.Owner = true, "anyone"
+	require.ErrorIs(t, s.idem.operated().Forget(ctx, st), keyspace.ErrNotInterrupted)
+	var listed []string
+	for st, err := range s.idem.operated().Interrupted(ctx) {
+		require.NoError(t, err)
+		listed = append(listed, st.Key)
+	}
+	require.Equal(t, []string{interrupted.record}, listed)
+	require.EqualValues(t, 1, s.execs.Load())
+}

@@ -40,7 +40,9 @@ else
       o, w = string.match(fields, '^ [^ ]* ([^ ]*) %d* %d* [^ ]* %d* (%d*) ')
     end
   end
-  -- Where the answer starts in ARGV[2], after its state and our fields.
+  -- Where the answer starts in ARGV[2], after its state and our fields
+  -- (ARGV[4] less its 'run'). Our fields end in four empty ones, as a
+  -- fresh claim writes them: ' 1    \n' (record.go, appendClaimFields).
   local answer = string.find(ARGV[2], ' ', 1, true) + #ARGV[4] - 3
   if not st or st == 'forgotten' then
     -- No record is claimed now (a claim writes one; an operator forgot the

@@ -285,6 +285,8 @@ func (s *Store) settle(ctx context.Context, st State, mode string, answer ...any
 		return fmt.Errorf("%w: %s was executed, and its answer was not replayable", ErrNotInterrupted, k.Record)
 	case "running":
 		return fmt.Errorf("%w: %s is running: its executor holds the lock", ErrNotInterrupted, k.Record)
+	case "corrupt":
+		return fmt.Errorf("%w: %s holds a record that cannot be read", ErrNotInterrupted, k.Record)
 	case "changed":
 		return fmt.Errorf("%w: %s was claimed anew since it was inspected", ErrNotInterrupted, k.Record)
 	case "mismatch":

@@ -6,8 +6,11 @@
 -- fence, body length, record PTTL, lock value, lock PTTL, waiters flag
 -- exists}; '' for what is missing (a Lua false would end the reply array
 -- early), and the state 'corrupt' for a record it cannot read.
-local rec = redis.call('GET', KEYS[1])
+local rec = redis.pcall('GET', KEYS[1])
 local st, fp, o, f, n, c, hl, at = '', '', '', '', '', '', 0, 0
+if type(rec) == 'table' then
+  rec = '' -- not a string: a hash, as versions before the string record stored
+end
 if rec then
   local meta
   st, fp, o, f, n, meta = string.match(rec, '^(%l+) ([^ ]*) ([^ ]*) (%d*) (%d*) [^\n]*\n()')

@@ -29,14 +29,20 @@
 -- takes a forgotten key anew writes a record of its own. Forget leaves state
 -- 'forgotten', which a claim reads as no record at all.
 -- Replies: 'settled', or why not: 'none' (no record, or a forgotten one),
+-- 'corrupt' (a record it cannot read),
 -- 'done', 'big' (an answer is stored), 'running' (the executor holds its
 -- lock), 'mismatch' (the answer is another request's), 'changed' (claimed
 -- anew since the operator looked: that claim may be running, stalled past
 -- its lease).
-local rec = redis.call('GET', KEYS[1])
+local rec = redis.pcall('GET', KEYS[1])
 local st, fp, o, rest, s
-if rec then
+if type(rec) == 'string' then
   st, fp, o, rest, s = string.match(rec, '^(%l+) ([^ ]*) ([^ ]*) (%d* %d* [^ ]* %d* %d*) ([^ \n]*)\n')
+  if not st then
+    return 'corrupt'
+  end
+elseif rec then
+  return 'corrupt'
 end
 local mark, left
 if ARGV[1] == 'forget' then

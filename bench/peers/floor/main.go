@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/bsm/redislock"
+	"github.com/onceonly/idempotency/bench/peers/floor/floorlua"
 	"github.com/onceonly/idempotency/bench/peers/peer"
 	"github.com/redis/go-redis/v9"
 )
@@ -34,42 +35,6 @@ const (
 	recordTTL = 24*time.Hour + lease
 	stepLimit = 2 * time.Second
 )
-
-// claimScript: KEYS[1] record, KEYS[2] lock; ARGV[1] our lock value,
-// ARGV[2] record TTL ms. Returns the record when there is one (a resend of
-// our own claim finds "r" and our value), 0 when the lock is not ours, or
-// the fence (Redis's clock in µs) once the key is claimed.
-var claimScript = redis.NewScript(`
-local r = redis.call('GET', KEYS[1])
-if r then
-  if r:sub(1, 1) == 'd' and redis.call('GET', KEYS[2]) == ARGV[1] then
-    redis.call('DEL', KEYS[2])
-  end
-  return r
-end
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then
-  return 0
-end
-local t = redis.call('TIME')
-redis.call('SET', KEYS[1], 'r' .. ARGV[1], 'PX', ARGV[2])
-return t[1] * 1000000 + t[2]
-`)
-
-// completeScript: KEYS[1] record, KEYS[2] lock; ARGV[1] our lock value,
-// ARGV[2] the done record, ARGV[3] record TTL ms. Stores the answer when
-// the key is still ours (or its record vanished) and lets the lock go.
-var completeScript = redis.NewScript(`
-local r = redis.call('GET', KEYS[1])
-local stored = 0
-if not r or r == 'r' .. ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  stored = 1
-end
-if redis.call('GET', KEYS[2]) == ARGV[1] then
-  redis.call('DEL', KEYS[2])
-end
-return stored
-`)
 
 func main() {
 	f := peer.ParseFlags(true)
@@ -143,7 +108,7 @@ func (m *middleware) protect(next http.Handler) http.Handler {
 		done = append(done, out.body.Bytes()...)
 		ctx, cancel = context.WithTimeout(context.Background(), stepLimit)
 		defer cancel()
-		if err := completeScript.Run(ctx, m.rdb, keys, value, done, recordTTL.Milliseconds()).Err(); err != nil {
+		if err := floorlua.Complete.Run(ctx, m.rdb, keys, value, done, recordTTL.Milliseconds()).Err(); err != nil {
 			http.Error(w, "answer not stored", http.StatusServiceUnavailable)
 			return
 		}
@@ -220,14 +185,14 @@ func (s ridingScripter) ride(ctx context.Context, rd *rider, name, script string
 	} else {
 		lock = pipe.EvalSha(ctx, script, keys, args...)
 	}
-	rd.reply = pipe.EvalSha(ctx, claimScript.Hash(), rd.keys, rd.args...)
+	rd.reply = pipe.EvalSha(ctx, floorlua.Claim.Hash(), rd.keys, rd.args...)
 	pipe.Exec(ctx)
 	switch {
 	case isNoScript(lock.Err()):
 		rd.reply = nil // the claim rides again with redislock's Eval
 	case isNoScript(rd.reply.Err()):
-		claimScript.Load(ctx, s.Client)
-		rd.reply = claimScript.Run(ctx, s.Client, rd.keys, rd.args...)
+		floorlua.Claim.Load(ctx, s.Client)
+		rd.reply = floorlua.Claim.Run(ctx, s.Client, rd.keys, rd.args...)
 	}
 	return lock
 }

@@ -34,6 +34,7 @@ func headerSize(pairs []string) int {
 	return n
 }
 
+// uvarintSize is how many bytes binary.AppendUvarint writes for x.
 func uvarintSize(x uint64) int {
 	n := 1
 	for ; x >= 0x80; x >>= 7 {

@@ -113,17 +113,24 @@ func (s *store) claimReply(k keys, cmd *redis.Cmd) (claim, error) {
 	if err != nil {
 		return claim{}, err
 	}
-	word, _ := reply[0].(string)
+	var word, text string
+	if len(reply) > 0 {
+		word, _ = reply[0].(string)
+	}
+	if len(reply) > 1 {
+		text, _ = reply[1].(string)
+	}
 	switch word {
 	case "claimed":
-		text, _ := reply[1].(string)
 		fence, err := strconv.ParseUint(text, 10, 64)
 		if err != nil || fence == 0 {
 			return claim{}, fmt.Errorf("idempotency: bad fencing token %q", text)
 		}
 		return claim{outcome: outcomeClaimed, fence: fence, retaken: len(reply) > 2}, nil
 	case "done":
-		text, _ := reply[1].(string)
+		if len(reply) != 3 {
+			return s.unreadable(k, errCorruptRecord), nil
+		}
 		ttl, _ := reply[2].(int64)
 		rec, err := decodeRecord(text)
 		if err != nil {

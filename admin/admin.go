@@ -26,12 +26,12 @@ import (
 var ErrNotInterrupted = keyspace.ErrNotInterrupted
 
 // KeyState is what Redis holds for one key, read in one step: the key's
-// record name (Key), its state ("run", "done", "big" or "none"), whether
-// it is Interrupted, the claiming request's Fingerprint, its Fence and
-// Executions, the stored answer's Status and BodySize, the record's TTL,
-// the Owner it was claimed under and the Lock held now, with its LockTTL,
-// and whether another instance is Waiting. Each field is documented on
-// keyspace.State, which it names.
+// record name (Key), its state ("run", "done", "big", "none", or "corrupt"
+// for a record it cannot read), whether it is Interrupted, the claiming
+// request's Fingerprint, its Fence and Executions, the stored answer's
+// Status and BodySize, the record's TTL, the Owner it was claimed under
+// and the Lock held now, with its LockTTL, and whether another instance is
+// Waiting. Each field is documented on keyspace.State, which it names.
 type KeyState = keyspace.State
 
 // An Operator reads and settles the keys of one middleware: its Redis

@@ -113,6 +113,8 @@ func stateOf(st admin.KeyState) string {
 		return "big: executed, its answer was not replayable"
 	case st.State == "none":
 		return "none: no record"
+	case st.State == "corrupt":
+		return "corrupt: a record this version cannot read"
 	}
 	return st.State
 }

@@ -19,6 +19,8 @@ func verdict(st admin.KeyState, found *sqlAnswer, claimed, minAge time.Duration)
 		return "done: every retry is replayed the stored answer"
 	case st.State == "big":
 		return "executed: retries are answered 409 not-replayable until the record expires"
+	case st.State == "corrupt":
+		return "unreadable: retries are answered 409 unreadable-record until the record expires, and nothing runs again"
 	case !st.Interrupted:
 		return "running: wait for its executor to store an answer"
 	case claimed < minAge:

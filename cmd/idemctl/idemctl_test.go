@@ -445,3 +445,16 @@ func must(t testing.TB, err error) {
 		t.Fatal(err)
 	}
 }
+
+// A key that holds no record this version can read is shown as such, and
+// nothing offers to settle it.
+func TestShowUnreadableRecord(t *testing.T) {
+	s := newService(t)
+	if r := s.post(s.durable, "/transfers", "x"); r.status != http.StatusCreated {
+		t.Fatalf("first transfer: %d %s", r.status, r.body)
+	}
+	rec := strings.Replace(s.record("x"), "{k", "{kCorrupt", 1)
+	must(t, s.rdb.HSet(t.Context(), rec, "st", "done").Err())
+	must(t, s.rdb.Expire(t.Context(), rec, time.Hour).Err())
+	expect(t, s.idemctl("", true, "show", rec), 0, "corrupt: a record this version cannot read", "unreadable-record")
+}

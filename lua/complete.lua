@@ -10,28 +10,11 @@
 -- 0 when another executor owns the key now, or an operator settled it
 -- (then nothing is written). Our lock is released whatever the answer. Safe
 -- to run twice.
---
--- The handler has run: its answer must be kept even if Redis reached
--- maxmemory meanwhile. Redis refuses a memory-growing command only in a
--- script that has not written yet, so a write that cannot grow memory goes
--- before the SET: the lock's DEL or, when the lock is no longer ours, a
--- PEXPIRE of the record.
-local function unlock_first()
-  if redis.call('GET', KEYS[2]) == ARGV[1] then
-    redis.call('DEL', KEYS[2])
-  else
-    redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  end
-end
-
 local rec = redis.call('GET', KEYS[1])
-local stored, unlocked = 0, false
+local stored, text = 0, nil
 if rec == ARGV[4] then
   -- The record as our claim left it: the common case.
-  unlock_first()
-  unlocked = true
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  stored = 1
+  stored, text = 1, ARGV[2]
 else
   local st, fields, o, w
   if rec then
@@ -49,26 +32,31 @@ else
     -- claim, taking our executor for gone), so our answer is the key's:
     -- writing it back keeps a retry from running the handler a second
     -- time. The written-back field tells a resend that it was.
-    unlock_first()
-    unlocked = true
-    redis.call('SET', KEYS[1], string.sub(ARGV[2], 1, answer - 3) .. '1 \n' .. string.sub(ARGV[2], answer),
-      'PX', ARGV[3])
-    stored = 2
+    stored, text = 2, string.sub(ARGV[2], 1, answer - 3) .. '1 \n' .. string.sub(ARGV[2], answer)
   elseif o == ARGV[1] then
-    if st == 'run' then
-      -- Ours after a takeover: the record keeps its own fields.
-      unlock_first()
-      unlocked = true
-      redis.call('SET', KEYS[1], string.sub(ARGV[2], 1, answer - #ARGV[4] + 2) .. fields .. string.sub(ARGV[2], answer),
-        'PX', ARGV[3])
-    end
     stored = 1
     if w ~= '' then
       stored = 2
     end
+    if st == 'run' then
+      -- Ours after a takeover: the record keeps its own fields.
+      text = string.sub(ARGV[2], 1, answer - #ARGV[4] + 2) .. fields .. string.sub(ARGV[2], answer)
+    end
   end
 end
-if not unlocked and redis.call('GET', KEYS[2]) == ARGV[1] then
+if text then
+  -- The handler has run: its answer must be kept even if Redis reached
+  -- maxmemory meanwhile. Redis refuses a memory-growing command only in a
+  -- script that has not written yet, so a write that cannot grow memory
+  -- goes before the SET: the lock's DEL or, when the lock is no longer
+  -- ours, a PEXPIRE of the record.
+  if redis.call('GET', KEYS[2]) == ARGV[1] then
+    redis.call('DEL', KEYS[2])
+  else
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  end
+  redis.call('SET', KEYS[1], text, 'PX', ARGV[3])
+elseif redis.call('GET', KEYS[2]) == ARGV[1] then
   redis.call('DEL', KEYS[2])
 end
 -- Only a key that another instance is waiting for costs a message.

@@ -18,9 +18,8 @@
 -- (an empty lock value): the executor of that claim, stalled rather than
 -- gone, finds the key no longer its own when it wakes and stores nothing
 -- (complete.lua), so the key keeps one answer. What settled it is this
--- script's mark: the mode, for an
--- answer 16 hex digits of a SHA-1 of everything it stored, and the claim's
--- lock value. A resend of this script with the same ARGV (go-redis resends
+-- script's mark: the mode, for an answer 16 hex digits of a SHA-1 of
+-- everything it stored, and the claim's lock value. A resend of this script with the same ARGV (go-redis resends
 -- when a reply is lost) finds its own mark on the record it left and
 -- answers 'settled' again; any other call is decided from what the record
 -- says now, so that a Resolve after a Forget, a Forget after a Resolve or a

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"bytes"
 	"crypto/sha256"
+	"errors"
 	"io"
 	"math"
 	"mime"
@@ -80,6 +81,12 @@ func readAll(r io.Reader, declared, limit int64) ([]byte, error) {
 		}
 		if err == io.EOF {
 			return b, nil
+		}
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			// A limit set outside us (http.MaxBytesHandler) is the same
+			// refusal as our own.
+			return nil, ErrRequestTooLarge
 		}
 		if err != nil {
 			return nil, ErrUnreadableBody

@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"mime/multipart"
 	"net/http"
@@ -94,6 +95,24 @@ func TestRequestBodyLimit(t *testing.T) {
 	c := s.client()
 	requireProblem(t, s.post(c, "/payments", "k", strings.Repeat("x", 17)), 413, "request-too-large")
 	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "k", strings.Repeat("x", 16)).status)
+}
+
+// A limit set outside the middleware (http.MaxBytesHandler) refuses a
+// body over it as the middleware's own limit does: 413, and nothing runs.
+func TestOuterRequestBodyLimit(t *testing.T) {
+	s := newShop(t)
+	h := http.MaxBytesHandler(s.idem.ProtectKey(http.HandlerFunc(s.count)), 16)
+	for body, want := range map[string]int{strings.Repeat("x", 17): 413, strings.Repeat("x", 16): 201} {
+		r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader(body))
+		r.Header.Set(KeyHeader, fmt.Sprint("k", len(body)))
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		require.Equal(t, want, w.Code, w.Body.String())
+		if want == 413 {
+			require.Contains(t, w.Body.String(), "request-too-large")
+		}
+	}
+	require.EqualValues(t, 1, s.execs.Load())
 }
 
 func FuzzDecodeHeader(f *testing.F) {

@@ -11,15 +11,52 @@ import (
 
 // claim takes the key's lease and claims the key in Redis. It returns the
 // lease when the handler is to run under it; otherwise the verdict answers.
+//
+// A key whose lock lapsed while its executor may still store its answer
+// (a stalled Redis let the lock run out under a live run) is waited for as
+// if its lock were held: it is in progress, not interrupted.
 func (m *Middleware) claim(c *call) (*lease, verdict) {
 	k := m.redisKeys(c)
+	for pause := 50 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
+		l, v := m.claimOnce(c, k)
+		if l != nil || !errors.Is(v.err, errStillRunning) {
+			return l, v
+		}
+		left := time.Until(c.deadline)
+		if left <= 0 {
+			return nil, refuse(m.inProgress())
+		}
+		began := time.Now()
+		err := m.pause(c.ctx, nil, min(pause, left))
+		c.waited += time.Since(began)
+		if err != nil {
+			return nil, m.callerDone(c)
+		}
+	}
+}
+
+// storeUnavailable answers a call that Redis cannot take now: refused, or
+// run unprotected with WithFailOpen.
+func (m *Middleware) storeUnavailable(c *call, err error) verdict {
+	if !m.cfg.failOpen {
+		return refuse(err)
+	}
+	m.cfg.logger.Warn("idempotency: Redis unavailable, running the handler unprotected", "error", err)
+	v := m.runUnprotected(c, err)
+	v.outcome = Executed
+	return v
+}
+
+// errStillRunning: the key's lock lapsed, and its executor may still
+// store; the claim waits.
+var errStillRunning = errors.New("idempotency: the key's executor may still store")
+
+// claimOnce is one attempt of claim.
+func (m *Middleware) claimOnce(c *call, k keys) (*lease, verdict) {
 	l, r, err := m.acquire(c, k)
 	switch {
-	case errors.Is(err, ErrStoreUnavailable) && m.cfg.failOpen:
-		m.cfg.logger.Warn("idempotency: Redis unavailable, running the handler unprotected", "error", err)
-		v := m.runUnprotected(c, err)
-		v.outcome = Executed
-		return nil, v
+	case errors.Is(err, ErrStoreUnavailable):
+		return nil, m.storeUnavailable(c, err)
 	case errors.Is(err, errCallerDone):
 		return nil, m.callerDone(c)
 	case err != nil:
@@ -43,9 +80,12 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 		// Otherwise it goes on in the background: when Redis cannot hear
 		// the undo either, the lease runs out and a retry finds the claim
 		// abandoned, the handler never run.
-		if errors.Is(err, errTooFewReplicas) {
+		switch {
+		case errors.Is(err, errTooFewReplicas):
 			l.release(c.ctx)
-		} else {
+		case neverSent(err):
+			l.end() // nothing to undo; the lock runs out by itself
+		default:
 			l.releaseLater()
 		}
 		return nil, refuse(unavailable(err))
@@ -87,6 +127,8 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 		err = ErrInterrupted
 	case outcomeUnreadable:
 		err = ErrUnreadableRecord
+	case outcomeRunning:
+		err = errStillRunning
 	default: // outcomeLost: Redis was slower than the whole lease
 		err = unavailable(errors.New("lock lease ran out before the claim"))
 	}
@@ -146,7 +188,7 @@ func (m *Middleware) acquire(c *call, k keys) (l *lease, r *rode, err error) {
 		}
 		cancel()
 		if !errors.Is(err, redislock.ErrNotObtained) {
-			if r != nil {
+			if r != nil && !neverSent(err) {
 				// The lock's reply was lost, but the claim behind it may
 				// have run under it: undo it, as a claim that failed.
 				m.orphanClaim(k, r.value).releaseLater()

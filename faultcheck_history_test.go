@@ -304,22 +304,33 @@ const drainBound = 20 * time.Second
 // settle waits until nothing of the history can still change: no request
 // left inside an instance, every lock let go or run out, and one lease
 // more for the releases and undos that go on in the background.
+//
+// A request whose client left may still be on its way into an instance
+// (read from its connection, not yet at a handler: on a busy machine that
+// takes a while), and start its execution after the instances looked
+// drained. So the history is settled only once the instances stayed
+// drained over the last lease's wait as well.
 func (r *rig) settle(h *history) {
 	cfg := h.plan.cfg
 	deadline := time.Now().Add(drainBound)
-	for !r.drained(cfg.Prefix) {
-		if time.Now().After(deadline) {
-			h.settled = time.Now()
-			return // h.drained stays false: a finding of its own
+	for {
+		for !r.drained(cfg.Prefix) {
+			if time.Now().After(deadline) {
+				h.settled = time.Now()
+				return // h.drained stays false: a finding of its own
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
-		time.Sleep(50 * time.Millisecond)
+		h.drained = true
+		locks := time.Now().Add(3*cfg.Lease + time.Second)
+		for r.locked(cfg.Prefix) && time.Now().Before(locks) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		time.Sleep(cfg.Lease)
+		if r.drained(cfg.Prefix) && !r.locked(cfg.Prefix) || time.Now().After(deadline) {
+			break
+		}
 	}
-	h.drained = true
-	deadline = time.Now().Add(3*cfg.Lease + time.Second)
-	for r.locked(cfg.Prefix) && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
-	time.Sleep(cfg.Lease)
 	h.settled = time.Now()
 }
 

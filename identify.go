@@ -54,14 +54,15 @@ func (m *Middleware) identify(c *call, extract KeyExtractor) error {
 		if c.tokenMode {
 			// Unknown, expired and another scope's tokens are refused
 			// here, before Redis is asked, and all three alike.
-			expires, issued, err := m.tokens.check(c.ctx, c.scope, key, time.Now())
+			expires, state, err := m.tokens.check(c.ctx, c.scope, key, time.Now())
 			if err != nil {
 				return err
 			}
-			if !issued {
+			if state == tokenInvalid {
 				return ErrTokenNotFound
 			}
 			c.tokenExpires = expires
+			c.lookupOnly = state == tokenRetired
 		}
 		c.id = identityOf(c.tokenMode, c.scope, key)
 	}

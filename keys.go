@@ -24,6 +24,7 @@ type keys struct {
 	lock         string
 	token        string    // the issued token, token mode only
 	tokenExpires time.Time // when token expires
+	lookupOnly   bool      // the token is never spent now (tokenRetired)
 	// names holds record, lock and the waiters flag, made once per request
 	// for the scripts' KEYS by tokenKeys or clientKeys, the only makers of
 	// keys.
@@ -44,7 +45,7 @@ func (k keys) lifetime(ttl time.Duration) time.Duration {
 func (m *Middleware) redisKeys(c *call) keys {
 	if c.tokenMode {
 		k := tokenKeys(m.cfg.prefix, c.scope, c.key)
-		k.tokenExpires = c.tokenExpires
+		k.tokenExpires, k.lookupOnly = c.tokenExpires, c.lookupOnly
 		return k
 	}
 	return clientKeys(m.cfg.prefix, c.id)

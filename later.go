@@ -2,6 +2,8 @@ package idempotency
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -10,54 +12,116 @@ import (
 // reply was lost or whose release failed, and the store of an answer that
 // Redis did not take. The caller's answer never waits for a Redis that just
 // failed it. Left undone, a released claim would read as interrupted (409)
-// for the record's whole lifetime although nothing ran, and a stored
-// answer would be lost; so no job is dropped while there is room for it.
+// although nothing ran, and a stored answer would be lost; so no job is
+// ever dropped. A job is tried until it succeeds or until nothing it could
+// write would still count (claimHorizon): past that, claims read the key as
+// interrupted.
 //
-// During an outage every request fails, nearly all without reaching Redis,
-// and each retrying job would otherwise be a goroutine of its own:
-// thousands, all knocking on a Redis that is coming back. They wait in a
-// queue instead, bounded in jobs and in the bytes of the answers they hold,
-// and worked by a few goroutines that exist only while it holds something.
+// The queue is bounded by back-pressure, not by dropping: every call that
+// may leave a job behind is admitted first (enter), and while the queue
+// holds laterJobs jobs or laterBytes bytes of answers, new calls are
+// refused with 503 before they claim anything. A call admitted before the
+// queue filled still queues its job, so the bounds are exceeded by at most
+// the calls in flight, each by one job and one answer (WithMaxResponseBytes).
+//
+// Refused sooner: while laterOutage jobs wait and the last try failed,
+// Redis is down or stalled, and a new call would only wait out its store
+// timeout to fail, and leave the undo of a claim that may never have
+// reached Redis (go-redis cannot say) behind in the queue. It is refused at
+// once instead; the queue's own tries tell when Redis answers again.
+//
+// During an outage each retrying job would otherwise be a goroutine of its
+// own, all knocking on a Redis that is coming back. They wait in a queue,
+// worked by at most laterWorkers goroutines that exist only while it holds
+// something. Shutdown drains it.
 const (
-	laterWorkers  = 32
-	laterQueueLen = 8192
-	laterBytes    = 64 << 20
+	laterWorkers = 32
+	laterJobs    = 8192
+	laterBytes   = 64 << 20
+	laterOutage  = 64
 )
 
 type laterJob struct {
-	k    keys
-	what string // "release" or "store", for the log
-	size int64  // the bytes of the answer it holds
-	try  func(context.Context) error
+	k        keys
+	what     string // "release" or "store", for the log
+	size     int64  // the bytes of the answer it holds
+	deadline time.Time
+	try      func(context.Context) error
 }
 
 type later struct {
-	m       *Middleware
-	queue   chan laterJob
-	mu      sync.Mutex
-	working int
+	m  *Middleware
+	mu sync.Mutex
+	// queue holds the jobs nobody works on yet; pending every job not done,
+	// worked or queued, so that an unfinished drain can name their keys.
+	queue   []*laterJob
+	pending map[*laterJob]struct{}
 	bytes   int64
+	working int
+	// active counts the calls admitted to claim that have not ended: each
+	// may still queue a job.
+	active  int
+	closing bool
+	failing bool // the last try failed
+	// refused counts the calls refused since the queue began refusing.
+	refused int
+	// changed is closed, and replaced, whenever a job ends or a call
+	// leaves: Shutdown waits on it.
+	changed chan struct{}
 }
 
 func newLater(m *Middleware) *later {
-	return &later{m: m, queue: make(chan laterJob, laterQueueLen)}
+	return &later{m: m, pending: map[*laterJob]struct{}{}, changed: make(chan struct{})}
 }
 
-// add queues a job, to be tried until it succeeds or a lease has passed.
-func (q *later) add(k keys, what string, size int64, try func(context.Context) error) {
+// errBacklog: the background queue is full, or the Middleware is shutting
+// down; a new call must not claim, since it could leave work that nothing
+// would do.
+var (
+	errBacklog      = errors.New("too many stores and releases wait for Redis")
+	errShuttingDown = errors.New("shutting down")
+)
+
+// enter admits a call that may claim a key: it returns an error to refuse
+// it with while the queue is full or a drain has begun. Every admitted call
+// leaves.
+func (q *later) enter() error {
 	q.mu.Lock()
-	if q.bytes+size > laterBytes {
-		q.mu.Unlock()
-		q.drop(k, what)
-		return
+	defer q.mu.Unlock()
+	switch {
+	case q.closing:
+		return unavailable(errShuttingDown)
+	case len(q.pending) >= laterJobs || q.bytes >= laterBytes || (q.failing && len(q.pending) >= laterOutage):
+		q.refused++
+		if q.refused == 1 {
+			q.m.cfg.logger.Error("idempotency: protected routes are refusing new requests (503): stores and "+
+				"releases wait for Redis", "jobs", len(q.pending), "bytes", q.bytes)
+		}
+		return unavailable(fmt.Errorf("%w (%d jobs, %d bytes)", errBacklog, len(q.pending), q.bytes))
 	}
-	select {
-	case q.queue <- laterJob{k, what, size, try}:
-	default:
-		q.mu.Unlock()
-		q.drop(k, what)
-		return
+	if q.refused > 0 {
+		q.m.cfg.logger.Warn("idempotency: protected routes take new requests again", "refused", q.refused)
+		q.refused = 0
 	}
+	q.active++
+	return nil
+}
+
+// leave ends an admitted call.
+func (q *later) leave() {
+	q.mu.Lock()
+	q.active--
+	q.signal()
+	q.mu.Unlock()
+}
+
+// add queues a job, to be tried until it succeeds or deadline passes. It
+// never drops one: enter bounds how many there can be.
+func (q *later) add(k keys, what string, size int64, deadline time.Time, try func(context.Context) error) {
+	job := &laterJob{k: k, what: what, size: size, deadline: deadline, try: try}
+	q.mu.Lock()
+	q.queue = append(q.queue, job)
+	q.pending[job] = struct{}{}
 	q.bytes += size
 	start := q.working < laterWorkers
 	if start {
@@ -69,51 +133,100 @@ func (q *later) add(k keys, what string, size int64, try func(context.Context) e
 	}
 }
 
-func (q *later) drop(k keys, what string) {
-	q.m.cfg.logger.Warn("idempotency: too much left to do once Redis answers; this "+what+" is left undone, "+
-		"and retries find the key interrupted once its lease ends", "key", k.record)
-}
-
 // work does queued jobs until the queue is empty.
 func (q *later) work() {
 	for {
-		select {
-		case job := <-q.queue:
-			q.do(job)
-			q.mu.Lock()
-			q.bytes -= job.size
-			q.mu.Unlock()
-			continue
-		default:
-		}
 		q.mu.Lock()
-		if len(q.queue) > 0 { // queued after the check above
+		if len(q.queue) == 0 {
+			q.working--
+			q.signal()
 			q.mu.Unlock()
-			continue
+			return
 		}
-		q.working--
+		job := q.queue[0]
+		q.queue[0] = nil
+		q.queue = q.queue[1:]
 		q.mu.Unlock()
-		return
+
+		q.do(job)
+
+		q.mu.Lock()
+		delete(q.pending, job)
+		q.bytes -= job.size
+		q.signal()
+		q.mu.Unlock()
 	}
 }
 
-// do tries job, pausing longer each time, for up to a lease: the lock of
-// the key it settles lives at least two thirds of one after its last
-// renewal, so a job that lands within it is seen by nobody as interrupted.
-func (q *later) do(job laterJob) {
-	deadline := time.Now().Add(q.m.cfg.lease)
+// signal wakes Shutdown; q.mu is held.
+func (q *later) signal() {
+	close(q.changed)
+	q.changed = make(chan struct{})
+}
+
+// do tries job, pausing longer each time, until it succeeds or its deadline
+// passes.
+func (q *later) do(job *laterJob) {
 	for pause := 50 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
 		ctx, cancel := q.m.store.stepContext(context.Background())
 		err := job.try(ctx)
 		cancel()
+		q.mu.Lock()
+		q.failing = err != nil
+		q.mu.Unlock()
 		if err == nil {
 			return
 		}
-		if time.Now().Add(pause).After(deadline) {
+		if time.Now().Add(pause).After(job.deadline) {
 			q.m.cfg.logger.Warn("idempotency: Redis did not answer a "+job.what+" in time; retries find the "+
-				"key interrupted once its lease ends", "key", job.k.record, "error", err)
+				"key interrupted", "key", job.k.record, "error", err)
 			return
 		}
 		time.Sleep(pause)
+	}
+}
+
+// Shutdown waits until every call the Middleware admitted has ended and
+// every store and release that Redis did not answer at once has been done
+// in the background: call it when the server has stopped taking requests
+// (after http.Server.Shutdown returns, or when a queue consumer has
+// stopped), before the process exits. From its call on, calls that this
+// process's memory does not answer are refused (503 store-unavailable for
+// a request, ErrStoreUnavailable for Do), so that the drain ends.
+//
+// When ctx ends first, Shutdown logs the key of each store or release left
+// undone (a retry of those keys finds them interrupted once no store can
+// land; an operator settles them with idemctl) and returns ctx's error.
+// The work goes on in the background while the process lives.
+func (m *Middleware) Shutdown(ctx context.Context) error {
+	q := m.later
+	for {
+		q.mu.Lock()
+		q.closing = true
+		if q.active == 0 && len(q.pending) == 0 {
+			q.mu.Unlock()
+			return nil
+		}
+		changed := q.changed
+		q.mu.Unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			q.abandon()
+			return ctx.Err()
+		}
+	}
+}
+
+// abandon logs what a drain left undone.
+func (q *later) abandon() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for job := range q.pending {
+		q.m.cfg.logger.Error("idempotency: shutdown: a "+job.what+" Redis has not taken is left undone; "+
+			"settle the key with idemctl if it reads interrupted", "key", job.k.record)
+	}
+	if q.active > 0 {
+		q.m.cfg.logger.Error("idempotency: shutdown: calls were still running", "calls", q.active)
 	}
 }

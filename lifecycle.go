@@ -51,8 +51,8 @@ import (
 // still names the run, and its answer is stored once Redis answers.
 //
 // A release or a store that Redis does not answer is tried again in the
-// background for up to a lease (later.go), so a brief outage neither turns
-// a released key into an interrupted one nor loses an answer.
+// background (later.go), so a brief outage neither turns a released key
+// into an interrupted one nor loses an answer; Shutdown drains it.
 
 // A lease is one call's hold on a key. It begins when the lock is obtained
 // and ends when the lock is let go: by a claim that did not claim, by the
@@ -277,9 +277,22 @@ func (l *lease) release(ctx context.Context) {
 // nothing ran.
 func (l *lease) releaseLater() {
 	l.end()
-	l.m.later.add(l.k, "release", 0, func(ctx context.Context) error {
+	l.m.later.add(l.k, "release", 0, l.laterDeadline(), func(ctx context.Context) error {
 		return l.m.store.release(ctx, l.k, l.token)
 	})
+}
+
+// laterDeadline is how long the background tries a job of this lease: a
+// lease from now, and at least until the execution timeout has passed
+// since the claim. Within the claim horizon, so a claim that finds the
+// key's lock lapsed reads it in progress for as long as the job may land.
+func (l *lease) laterDeadline() time.Time {
+	cfg := &l.m.cfg
+	deadline := time.Now().Add(cfg.lease)
+	if end := l.began.Add(cfg.execTimeout + cfg.lease); end.After(deadline) {
+		return end
+	}
+	return deadline
 }
 
 // storeLater stores rec in the background, for a run whose store Redis did
@@ -289,7 +302,7 @@ func (l *lease) storeLater(rec *record, ttl time.Duration) {
 	if rec != nil {
 		size = rec.size()
 	}
-	l.m.later.add(l.k, "store", size, func(ctx context.Context) error {
+	l.m.later.add(l.k, "store", size, l.laterDeadline(), func(ctx context.Context) error {
 		_, err := l.m.store.complete(ctx, l.k, &l.token, l.fpText, l.fence, rec, ttl)
 		if errors.Is(err, ErrLockLost) {
 			return nil // another executor owns the key: nothing of ours to store
@@ -304,7 +317,13 @@ func (l *lease) storeLater(rec *record, ttl time.Duration) {
 // WithRetryAbandoned or an outcome store).
 func (l *lease) keep(why error) verdict {
 	l.end()
-	l.letGo()
+	ctx, cancel := l.m.store.stepContext(context.Background())
+	if err := l.m.store.keep(ctx, l.k, l.token); err != nil {
+		// Unmarked, the key reads in progress until the claim horizon
+		// has passed, and interrupted then.
+		l.letGo()
+	}
+	cancel()
 	l.m.cfg.logger.Warn("idempotency: the run ended without an answer to store and may have taken effect; "+
 		"its key is kept as interrupted", "key", l.k.record, "reason", why)
 	return verdict{outcome: Executed, err: why}

@@ -32,7 +32,8 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 	}
 	m := &Middleware{cfg: newConfig(opts)}
 	m.later = newLater(m)
-	m.tokens = &tokenSigner{prefix: m.cfg.prefix, client: client, timeout: m.cfg.storeTimeout, secret: m.cfg.tokenSecret}
+	m.tokens = &tokenSigner{prefix: m.cfg.prefix, client: client, timeout: m.cfg.storeTimeout, secret: m.cfg.tokenSecret,
+		logger: m.cfg.logger}
 	m.store = newStore(client, &m.cfg)
 	m.cache = newResponseCache(m.cfg.cacheEntries, m.cfg.cacheBytes)
 	if known, enabled := contextTimeouts(client); known && !enabled {
@@ -118,9 +119,12 @@ type call struct {
 	scope        string
 	key          string
 	tokenExpires time.Time // an issued token's (token mode)
-	id           identity
-	fp           fingerprintSum
-	body         bodyReader // what the handler reads as r.Body
+	// lookupOnly: the token may have been spent, and must not be now (it
+	// was signed by a retired secret): its record answers, or nothing.
+	lookupOnly bool
+	id         identity
+	fp         fingerprintSum
+	body       bodyReader // what the handler reads as r.Body
 
 	fromCache bool
 	waited    time.Duration

@@ -326,6 +326,16 @@ func WithOutcomeStore(s OutcomeStore) Option { return func(c *config) { c.outcom
 
 func (c *config) takeover() bool { return c.retryAbandoned || c.outcomes != nil }
 
+// claimHorizon is how long after its claim an executor may still store an
+// answer: its run lasts up to the execution timeout, the store is tried
+// three times, each within the store timeout, and then in the background
+// for a lease, each try again within the store timeout. Until then a key
+// whose lock lapsed is still running (a stalled Redis lets a live run's
+// lock run out), and reads in progress, not interrupted.
+func (c *config) claimHorizon() time.Duration {
+	return c.execTimeout + c.lease + 4*c.storeTimeout + 100*time.Millisecond
+}
+
 func newConfig(opts []Option) config {
 	var c config
 	for _, o := range opts {
@@ -389,10 +399,10 @@ func (c *config) validate() error {
 		return fmt.Errorf("token TTL %v and record TTL %v must be at least 1ms", c.tokenTTL, c.recordTTL)
 	case c.wait < 0, c.storeTimeout < 0, c.execTimeout < 0, c.cacheTTL < 0:
 		return fmt.Errorf("timeouts must be positive")
-	case c.recordTTL <= c.lease+c.execTimeout:
-		return fmt.Errorf("WithRecordTTL(%v) must exceed the lock lease (%v) plus the execution timeout (%v): "+
-			"a record that expires while its handler may still run lets a retry run it again",
-			c.recordTTL, c.lease, c.execTimeout)
+	case c.recordTTL <= c.claimHorizon():
+		return fmt.Errorf("WithRecordTTL(%v) must exceed the lock lease (%v) plus the execution timeout (%v) "+
+			"plus four store timeouts (%v): a record that expires while its handler may still run or store "+
+			"lets a retry run it again", c.recordTTL, c.lease, c.execTimeout, c.storeTimeout)
 	case c.replicaAcks > 0 && c.replicaWait >= c.lease:
 		return fmt.Errorf("WithReplicaAcks timeout %v must be shorter than the lock lease %v (WithLockLease)",
 			c.replicaWait, c.lease)

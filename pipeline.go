@@ -131,6 +131,12 @@ func (m *Middleware) lead(c *call, fl *flight) (v verdict) {
 	if fl != nil {
 		defer func() { m.flights.land(c.id, fl, v.shared()) }()
 	}
+	// A call that may leave work for the background is admitted first:
+	// while that work cannot be taken on, it is refused before it claims.
+	if err := m.later.enter(); err != nil {
+		return m.storeUnavailable(c, err)
+	}
+	defer m.later.leave()
 	l, v := m.claim(c)
 	if l == nil {
 		return v

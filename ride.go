@@ -35,7 +35,7 @@ type claimRider struct {
 	// allocation: the claim's ARGV, the fingerprint it names (args hold
 	// pointers to it and to rode.value), redislock's options and what the
 	// claim answered.
-	argv [5]any
+	argv [6]any
 	fp   string
 	opts redislock.Options
 	rode rode

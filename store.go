@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"time"
 
@@ -19,10 +20,13 @@ var (
 	completeSource string
 	//go:embed lua/release.lua
 	releaseSource string
+	//go:embed lua/keep.lua
+	keepSource string
 
 	claimScript    = redis.NewScript(claimSource)
 	completeScript = redis.NewScript(completeSource)
 	releaseScript  = redis.NewScript(releaseSource)
+	keepScript     = redis.NewScript(keepSource)
 )
 
 // store is the Redis side of the middleware. Each method is one round trip
@@ -35,7 +39,7 @@ type store struct {
 	locks  *redislock.Client
 	cfg    *config
 	// Script arguments that never change, boxed once instead of per call.
-	recordTTL, retryAbandoned any
+	recordTTL, retryAbandoned, horizon any
 }
 
 func newStore(client redis.UniversalClient, cfg *config) *store {
@@ -46,6 +50,7 @@ func newStore(client redis.UniversalClient, cfg *config) *store {
 	return &store{
 		client: client, locks: redislock.New(ridingScripter{client}), cfg: cfg,
 		recordTTL: cfg.recordTTL.Milliseconds(), retryAbandoned: retry,
+		horizon: cfg.claimHorizon().Milliseconds(),
 	}
 }
 
@@ -61,6 +66,7 @@ const (
 	outcomeAbandoned                      // claimed by an executor that vanished
 	outcomeLost                           // our lock expired before the claim ran
 	outcomeUnreadable                     // executed, stored answer cannot be decoded
+	outcomeRunning                        // its lock lapsed, but its executor may still store
 )
 
 type claim struct {
@@ -90,20 +96,23 @@ func (s *store) claimOn(ctx context.Context, via redis.Scripter, k keys, lockVal
 
 // claimArgs are claim.lua's ARGV.
 func (s *store) claimArgs(k keys, lockValue, fingerprint string) []any {
-	return s.claimArgsIn(new([5]any), k, lockValue, fingerprint)
+	return s.claimArgsIn(new([6]any), k, lockValue, fingerprint)
 }
 
 // claimArgsIn writes claim.lua's ARGV into argv. The lock value and the
 // fingerprint may be strings or pointers to them (see complete).
-func (s *store) claimArgsIn(argv *[5]any, k keys, lockValue, fingerprint any) []any {
+func (s *store) claimArgsIn(argv *[6]any, k keys, lockValue, fingerprint any) []any {
 	issued, ttl := argNotIssued, s.recordTTL
 	if k.token != "" {
 		issued = argIssued
+		if k.lookupOnly {
+			issued = argLookup
+		}
 		if life := k.lifetime(s.cfg.recordTTL); life > s.cfg.recordTTL {
 			ttl = life.Milliseconds()
 		}
 	}
-	*argv = [5]any{lockValue, fingerprint, ttl, issued, s.retryAbandoned}
+	*argv = [6]any{lockValue, fingerprint, ttl, issued, s.retryAbandoned, s.horizon}
 	return argv[:]
 }
 
@@ -150,6 +159,8 @@ func (s *store) claimReply(k keys, cmd *redis.Cmd) (claim, error) {
 		return claim{outcome: outcomeAbandoned}, nil
 	case "lost":
 		return claim{outcome: outcomeLost}, nil
+	case "running":
+		return claim{outcome: outcomeRunning}, nil
 	}
 	return claim{}, fmt.Errorf("idempotency: unexpected claim reply %q", word)
 }
@@ -197,7 +208,7 @@ func (s *store) complete(ctx context.Context, k keys, lockValue *string, fp stri
 }
 
 // Script arguments that are constants, boxed once.
-var argIssued, argNotIssued any = "t", ""
+var argIssued, argLookup, argNotIssued any = "t", "r", ""
 
 // fingerprintOf returns the fingerprint of the request that claimed the
 // key, or "" when nobody has. It reads the record's first fields only: the
@@ -217,6 +228,13 @@ func (s *store) release(ctx context.Context, k keys, lockValue string) error {
 	return releaseScript.Run(ctx, s.client, k.flagged(), lockValue).Err()
 }
 
+// keep ends a run whose outcome cannot be known: the record stays claimed,
+// marked kept, so that claims read it interrupted at once, and the lock is
+// freed.
+func (s *store) keep(ctx context.Context, k keys, lockValue string) error {
+	return keepScript.Run(ctx, s.client, k.redisKeys(), lockValue).Err()
+}
+
 // stepContext bounds one Redis step. It outlives the request's own context:
 // a step that started must finish even when the client has gone.
 func (s *store) stepContext(parent context.Context) (context.Context, context.CancelFunc) {
@@ -229,4 +247,19 @@ var errCorruptRecord = errors.New("idempotency: corrupt stored record")
 // and the cause.
 func unavailable(err error) error {
 	return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+}
+
+// neverSent reports whether err says that a command never reached Redis:
+// its last attempt could not connect (Redis refuses connections, or is
+// gone), or no connection could be had from the pool. An undo of such a
+// claim is useless work, and is not queued. (go-redis may have sent an
+// earlier attempt on a connection that then broke; Redis was going down
+// then, and a claim that survived its restart reads in progress and then
+// interrupted, as for an instance that crashed.)
+func neverSent(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	return errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed)
 }

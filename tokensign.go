@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -28,9 +29,22 @@ import (
 //
 // The secret is WithTokenSecret's, or else one made once per key prefix
 // and kept in Redis (PREFIX:token-secret), so that every instance on the
-// same Redis shares it with no configuration. Deleting that key revokes
-// every token out: the next instance to need the secret makes a new one,
-// and the others adopt it within secretRecheck.
+// same Redis shares it with no configuration. An instance reads it once
+// (a read, so a full Redis does not stop a new instance from issuing) and
+// asks again every secretRecheck, in the background: issuing and checking
+// never wait on Redis while a secret is in memory, and a failed read is
+// remembered for secretRetry, so a stalled Redis is not asked per request.
+//
+// The fleet's secret does not change by itself. When an instance finds the
+// key gone (a Redis restart without persistence, an eviction, a delete) it
+// writes back the secret it holds, so that tokens out, and the records of
+// tokens spent meanwhile, keep meaning what they meant. An instance that
+// finds another secret than its own (a new instance made one before any
+// wrote theirs back, or an operator overwrote the key to revoke every token
+// out) adopts it and retires its own: a token signed by a retired secret is
+// never spent any more, but a spent one still finds its record (replayed,
+// or waited for while it runs), so a resubmission is never told "not
+// found" while its answer exists.
 
 const (
 	tokenNonceBytes = 16
@@ -46,21 +60,30 @@ const (
 var strictBase64 = base64.RawURLEncoding.Strict()
 
 // secretRecheck is how often a token signer asks Redis whether the shared
-// secret changed (someone deleted it, and an instance made a new one):
-// until it asks, it refuses tokens of the new secret and signs with the
-// old one. One round trip per instance in that time.
-const secretRecheck = 10 * time.Second
+// secret changed, in the background; secretRetry how long a failed read is
+// remembered before Redis is asked again. retiredSecrets is how many
+// earlier secrets an instance keeps to find spent tokens' records.
+const (
+	secretRecheck  = 10 * time.Second
+	secretRetry    = time.Second
+	retiredSecrets = 4
+)
 
 // tokenSigner signs and checks tokens under one secret.
 type tokenSigner struct {
 	prefix  string
 	client  redis.UniversalClient
 	timeout time.Duration
+	logger  *slog.Logger
 
 	mu      sync.Mutex
-	secret  []byte    // nil until loaded
-	shared  bool      // the secret is the one kept in Redis
-	checked time.Time // when Redis last said what the shared secret is
+	secret  []byte   // nil until loaded
+	retired [][]byte // earlier shared secrets, newest first
+	shared  bool     // the secret is the one kept in Redis
+	checked time.Time
+	failed  time.Time // when a read last failed, and why
+	failure error
+	loading chan struct{} // closed when the read in flight ends; nil when none is
 }
 
 // sign returns a new token for scope, valid until expires.
@@ -78,29 +101,56 @@ func (s *tokenSigner) sign(ctx context.Context, scope string, expires time.Time)
 	return base64.RawURLEncoding.EncodeToString(b[:]), nil
 }
 
-// check reports whether token was issued to scope under this secret and
-// has not expired by now, and when it expires. A token that is not one of
+// check reports whether token was issued to scope and has not expired by
+// now, under which secret, and when it expires. A token that is not one of
 // ours at all is refused before the secret is needed.
-func (s *tokenSigner) check(ctx context.Context, scope, token string, now time.Time) (expires time.Time, ok bool, err error) {
+func (s *tokenSigner) check(ctx context.Context, scope, token string, now time.Time) (expires time.Time, state tokenState, err error) {
 	var b [tokenBytes]byte
 	if len(token) != tokenLength {
-		return time.Time{}, false, nil
+		return time.Time{}, tokenInvalid, nil
 	}
 	// Strict: the last character's unused bits must be zero. Otherwise 16
 	// spellings would decode to one token, and each, naming a record of its
 	// own, could be spent once.
 	if n, err := strictBase64.Decode(b[:], []byte(token)); err != nil || n != tokenBytes {
-		return time.Time{}, false, nil
+		return time.Time{}, tokenInvalid, nil
 	}
 	expires = time.UnixMilli(int64(binary.BigEndian.Uint64(b[:8])))
 	if !now.Before(expires) {
-		return time.Time{}, false, nil
+		return time.Time{}, tokenInvalid, nil
 	}
 	secret, err := s.key(ctx)
 	if err != nil {
-		return time.Time{}, false, err
+		return time.Time{}, tokenInvalid, err
 	}
-	return expires, hmac.Equal(b[8+tokenNonceBytes:], tokenMAC(secret, s.prefix, scope, b[:8+tokenNonceBytes])), nil
+	head, mac := b[:8+tokenNonceBytes], b[8+tokenNonceBytes:]
+	if hmac.Equal(mac, tokenMAC(secret, s.prefix, scope, head)) {
+		return expires, tokenValid, nil
+	}
+	for _, old := range s.retiredSecrets() {
+		if hmac.Equal(mac, tokenMAC(old, s.prefix, scope, head)) {
+			return expires, tokenRetired, nil
+		}
+	}
+	return time.Time{}, tokenInvalid, nil
+}
+
+// tokenState is what check found a token to be.
+type tokenState int
+
+const (
+	tokenInvalid tokenState = iota // not issued to this scope, or expired
+	tokenValid
+	// tokenRetired: issued to this scope under a secret the fleet no
+	// longer holds. It is never spent any more; if it was, its record
+	// answers.
+	tokenRetired
+)
+
+func (s *tokenSigner) retiredSecrets() [][]byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.retired
 }
 
 // tokenMAC binds a token's expiry and nonce to its scope and to the key
@@ -118,45 +168,100 @@ func tokenMAC(secret []byte, prefix, scope string, head []byte) []byte {
 	return mac.Sum(nil)[:tokenMACBytes]
 }
 
-// key returns the secret, loading (or first making) the shared one from
-// Redis when it has none, and asking again every secretRecheck. A failure
-// is not remembered: the next call asks again, and meanwhile the secret
-// already read stays in use.
+// key returns the secret. With one in memory it never waits: when the
+// shared secret is due for a recheck, a read starts in the background.
+// Without one, the callers share one read, and a failed read is answered
+// from memory until secretRetry has passed.
 func (s *tokenSigner) key(ctx context.Context) ([]byte, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.secret != nil && (!s.shared || time.Since(s.checked) < secretRecheck) {
-		return s.secret, nil
+	if s.secret != nil {
+		if s.shared && time.Since(s.checked) >= secretRecheck && s.loading == nil && time.Since(s.failed) >= secretRetry {
+			s.startLoad()
+		}
+		secret := s.secret
+		s.mu.Unlock()
+		return secret, nil
 	}
-	old, err := s.load(ctx)
-	if err != nil && s.secret == nil {
+	if time.Since(s.failed) < secretRetry {
+		err := s.failure
+		s.mu.Unlock()
 		return nil, err
 	}
-	if err == nil {
-		s.secret, s.shared, s.checked = old, true, time.Now()
+	if s.loading == nil {
+		s.startLoad()
+	}
+	loading := s.loading
+	s.mu.Unlock()
+	select {
+	case <-loading:
+	case <-ctx.Done():
+		return nil, unavailable(ctx.Err())
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.secret == nil {
+		return nil, s.failure
 	}
 	return s.secret, nil
 }
 
-// load returns the secret Redis keeps, making it first if there is none.
-func (s *tokenSigner) load(ctx context.Context) ([]byte, error) {
-	fresh := make([]byte, minTokenSecret)
-	if _, err := rand.Read(fresh); err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+// startLoad starts a read of the shared secret; s.mu is held.
+func (s *tokenSigner) startLoad() {
+	done := make(chan struct{})
+	s.loading = done
+	held := s.secret
+	go func() {
+		secret, err := s.load(held)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.loading = nil
+		close(done)
+		if err != nil {
+			s.failed, s.failure = time.Now(), err
+			return
+		}
+		if s.secret != nil && !hmac.Equal(s.secret, secret) {
+			s.logger.Warn("idempotency: the shared token secret in Redis changed; tokens of the old one are " +
+				"no longer spent (a spent one still replays)")
+			s.retired = append([][]byte{s.secret}, s.retired[:min(len(s.retired), retiredSecrets-1)]...)
+		}
+		s.secret, s.shared, s.checked = secret, true, time.Now()
+		s.failed, s.failure = time.Time{}, nil
+	}()
+}
+
+// load reads the secret Redis keeps. When there is none, it writes the one
+// this instance holds (held), or a new one when it holds none: whichever
+// instance writes first, every instance ends up with that one.
+func (s *tokenSigner) load(held []byte) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
 	name := s.prefix + ":token-secret"
-	// SET NX … GET answers the secret that was there, or nil when ours
-	// went in: one round trip, and every instance ends up with the first.
-	old, err := s.client.SetArgs(ctx, name, fresh, redis.SetArgs{Mode: "NX", Get: true}).Bytes()
+	secret, err := s.client.Get(ctx, name).Bytes()
+	if errors.Is(err, redis.Nil) {
+		writeBack := held != nil
+		if !writeBack {
+			held = make([]byte, minTokenSecret)
+			if _, err := rand.Read(held); err != nil {
+				return nil, err
+			}
+		}
+		// SET NX … GET answers the secret that another instance wrote
+		// meanwhile, or nil when ours went in.
+		secret, err = s.client.SetArgs(ctx, name, held, redis.SetArgs{Mode: "NX", Get: true}).Bytes()
+		if errors.Is(err, redis.Nil) {
+			if writeBack {
+				s.logger.Warn("idempotency: the shared token secret was missing from Redis (a restart without " +
+					"persistence, an eviction or a delete); this instance wrote back the one it holds")
+			}
+			return held, nil
+		}
+	}
 	switch {
-	case errors.Is(err, redis.Nil):
-		return fresh, nil
 	case err != nil:
 		return nil, unavailable(err)
-	case len(old) < minTokenSecret:
+	case len(secret) < minTokenSecret:
 		return nil, unavailable(errors.New("the shared token secret in Redis is too short"))
 	}
-	return old, nil
+	return secret, nil
 }

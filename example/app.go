@@ -41,7 +41,8 @@ type app struct {
 
 // newApp wires the shop's routes: token mode for orders, key mode for
 // payments and for the transfers of accounts (nil: no transfer routes).
-func newApp(rdb redis.UniversalClient, cfg config, accounts *bank.Bank) http.Handler {
+// Its middlewares are drained once the server has stopped.
+func newApp(rdb redis.UniversalClient, cfg config, accounts *bank.Bank) (http.Handler, middlewares) {
 	a := &app{idem: idempotency.New(rdb), store: shopStore{rdb: rdb}, cfg: cfg}
 	// Payments are API calls: a client library may serialize the same JSON
 	// with other key order or spacing on a retry, which is still the same
@@ -63,9 +64,9 @@ func newApp(rdb redis.UniversalClient, cfg config, accounts *bank.Bank) http.Han
 	r.Post("/orders/{id}/cancel", a.cancelOrder)
 	r.With(payments.ProtectKey).Post("/payments", a.createPayment)
 	r.Get("/payments", a.listPayments)
-	registerCallbacks(r, rdb, cfg.callbackLatency)
+	all := append(middlewares{a.idem, payments}, registerCallbacks(r, rdb, cfg.callbackLatency)...)
 	if accounts != nil {
-		registerTransfers(r, rdb, accounts)
+		all = append(all, registerTransfers(r, rdb, accounts))
 	}
 	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
 		reply.Problem(w, http.StatusNotFound, "not-found", "there is nothing at this address")
@@ -75,7 +76,21 @@ func newApp(rdb redis.UniversalClient, cfg config, accounts *bank.Bank) http.Han
 		reply.Problem(w, http.StatusMethodNotAllowed, "method-not-allowed",
 			"this address does not answer "+req.Method+"; Allow lists the methods it does")
 	})
-	return r
+	return r, all
+}
+
+// middlewares are the app's protections.
+type middlewares []*idempotency.Middleware
+
+// Shutdown waits until every store and release that Redis did not take at
+// once is done: the answers of requests that ran during a Redis blip are
+// stored before the process exits.
+func (ms middlewares) Shutdown(ctx context.Context) error {
+	var errs []error
+	for _, m := range ms {
+		errs = append(errs, m.Shutdown(ctx))
+	}
+	return errors.Join(errs...)
 }
 
 // allowedMethods lists the methods that r routes for path. chi names them

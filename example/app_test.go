@@ -25,7 +25,8 @@ func TestMain(m *testing.M) { redistest.Main(m, func() { removeBinary() }) }
 
 // startShop serves the example app on rdb, as `go run ./example` would.
 func startShop(t *testing.T, rdb redis.UniversalClient, cfg config) *httptest.Server {
-	srv := httptest.NewServer(newApp(rdb, cfg, nil))
+	app, _ := newApp(rdb, cfg, nil)
+	srv := httptest.NewServer(app)
 	t.Cleanup(srv.Close)
 	return srv
 }

@@ -55,7 +55,7 @@ type callbacks struct {
 //	GET  /callbacks/orders              each event's entry, and the reruns in Callback-Reruns
 //
 // latency is the simulated work of every callback (CALLBACK_LATENCY).
-func registerCallbacks(r chi.Router, rdb redis.UniversalClient, latency time.Duration) {
+func registerCallbacks(r chi.Router, rdb redis.UniversalClient, latency time.Duration) []*idempotency.Middleware {
 	cb := &callbacks{log: orderlog.New(rdb, callbacksLog, "pid-"+strconv.Itoa(os.Getpid())), latency: latency}
 	byKey := idempotency.New(rdb, idempotency.WithRetryAbandoned())
 	byEvent := idempotency.New(rdb, idempotency.WithRetryAbandoned(),
@@ -64,6 +64,7 @@ func registerCallbacks(r chi.Router, rdb redis.UniversalClient, latency time.Dur
 	r.With(byKey.ProtectKey).Post("/callbacks/orders", cb.handle(relayedEvent))
 	r.With(byEvent.ProtectKey).Post("/callbacks/cloudevents/orders", cb.handle(cloudEvent))
 	r.Get("/callbacks/orders", cb.list)
+	return []*idempotency.Middleware{byKey, byEvent}
 }
 
 // An eventDecoder finds the key a callback was protected by and its order

@@ -60,8 +60,9 @@ func run() error {
 	}
 	defer closeDB()
 
+	handler, protections := newApp(rdb, cfg, accounts)
 	srv := &http.Server{
-		Handler: newApp(rdb, cfg, accounts),
+		Handler: handler,
 		// A client that sends its headers or body slowly (or never stops
 		// sending) must not hold a connection and a goroutine for ever;
 		// the middleware reads a protected request's whole body before the
@@ -95,6 +96,11 @@ func run() error {
 	defer cancel()
 	if err := srv.Shutdown(shutdown); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
+	}
+	// Then the stores and releases that Redis did not take at once (a
+	// blip during the last requests) are done before the process exits.
+	if err := protections.Shutdown(shutdown); err != nil {
+		return fmt.Errorf("shutdown: draining the idempotency middleware: %w", err)
 	}
 	slog.Info("example: stopped")
 	return nil

@@ -18,9 +18,10 @@ import (
 // the transfer run again when nothing committed) rather than answered 409
 // interrupted. That is only safe for handlers that write nothing outside
 // the transaction, which is why the other routes keep theirs.
-func registerTransfers(r chi.Router, rdb redis.UniversalClient, b *bank.Bank) {
+func registerTransfers(r chi.Router, rdb redis.UniversalClient, b *bank.Bank) *idempotency.Middleware {
 	transfers := idempotency.New(rdb, idempotency.WithOutcomeStore(b.Outcomes()),
 		idempotency.WithFingerprint(idempotency.CanonicalJSON))
 	r.With(transfers.ProtectKey).Post("/transfers", b.Outcomes().Handler(b.Transfer).ServeHTTP)
 	r.Get("/accounts", b.ListAccounts)
+	return transfers
 }

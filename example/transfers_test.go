@@ -42,7 +42,8 @@ func startTransferShop(t *testing.T, d *sqltest.DB) *transferShop {
 	b, err := bank.New(d.DB, d.Dialect, prefix)
 	require.NoError(t, err)
 	require.NoError(t, b.Setup(t.Context(), bank.DemoAccounts))
-	srv := httptest.NewServer(newApp(redistest.Client(t, "shop:"), config{}, b))
+	app, _ := newApp(redistest.Client(t, "shop:"), config{}, b)
+	srv := httptest.NewServer(app)
 	t.Cleanup(srv.Close)
 	var run [6]byte
 	rand.Read(run[:])

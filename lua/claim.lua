@@ -2,7 +2,10 @@
 -- KEYS[1] record, KEYS[2] lock
 -- ARGV[1] our lock value, ARGV[2] request fingerprint (hex), ARGV[3] record
 -- TTL ms, ARGV[4] 't' for an issued token (whose signature and expiry the
--- caller checked), ARGV[5] '1' to retry abandoned executions
+-- caller checked), 'r' for one that only its record may answer (its
+-- secret was retired), ARGV[5] '1' to retry abandoned executions, ARGV[6]
+-- the claim horizon in ms: how long after its claim an executor may still
+-- store an answer (its execution timeout, then the retries of its store)
 --
 -- A record is one string: a line of nine space-separated fields, then the
 -- answer (see record.go). The fields: state (run, done, big, forgotten),
@@ -24,7 +27,9 @@
 -- Replies: {'claimed', f} run the handler ({'claimed', f, 'retaken'} when
 -- it takes an abandoned execution over); {'done', record, ttl} replay
 -- (ttl: the record's remaining milliseconds);
--- {'unknown'}, {'mismatch'}, {'big'}, {'abandoned'}, {'lost'}, {'corrupt'}.
+-- {'unknown'}, {'mismatch'}, {'big'}, {'abandoned'}, {'running'} (the
+-- lock lapsed, but its executor may still store: wait), {'lost'},
+-- {'corrupt'}.
 -- Every reply but 'claimed' releases our lock. Running the script again with
 -- the same ARGV (go-redis resends when a reply is lost) gives the same reply:
 -- a repeated claim answers 'claimed' to the same executor, and every other
@@ -78,7 +83,20 @@ if st then
       return {'lost'} -- our lease ran out and that executor holds the key
     end
     if ARGV[5] ~= '1' then
-      reply = {'abandoned'}
+      -- Without a takeover the executor's answer is the key's whenever it
+      -- lands, and a lapsed lock does not say the executor is gone: a
+      -- stalled Redis lets the lock run out under a live run. Only once
+      -- the horizon has passed since the claim (the fence is Redis's clock
+      -- then), or the executor said it keeps the key without an answer
+      -- (keep.lua marks its lock value with '!'), can nothing store any
+      -- more.
+      local t = redis.call('TIME')
+      local age = tonumber(t[1]) * 1000000 + tonumber(t[2]) - (tonumber(f) or 0)
+      if string.sub(o, 1, 1) ~= '!' and age < tonumber(ARGV[6]) * 1000 then
+        reply = {'running'}
+      else
+        reply = {'abandoned'}
+      end
     elseif holder ~= ARGV[1] then
       return {'lost'} -- taking over writes, and writes need our lock
     else
@@ -101,6 +119,12 @@ end
 -- Everything below writes, so it needs the lock.
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return {'lost'}
+end
+if ARGV[4] == 'r' then
+  -- A token of a retired secret is never spent now: only its record could
+  -- answer it.
+  redis.call('DEL', KEYS[2])
+  return {'unknown'}
 end
 
 -- SET is the script's only write: under maxmemory it is refused before

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/onceonly/idempotency/internal/keyspace"
 	"github.com/redis/go-redis/v9"
@@ -45,11 +47,28 @@ func EditRecord(ctx context.Context, c redis.Cmdable, key string, edit func(*key
 	return c.SetArgs(ctx, key, r.String(), redis.SetArgs{KeepTTL: true}).Err()
 }
 
-// Abandon makes the record named key look abandoned: claimed under a
-// lock value that nobody holds, with no answer stored.
+// Abandon makes the record named key look abandoned: claimed an hour ago
+// under a lock value that nobody holds, with no answer stored.
 func Abandon(ctx context.Context, c redis.Cmdable, key string) error {
 	return EditRecord(ctx, c, key, func(r *keyspace.Record) {
 		r.State, r.Owner = "run", "an-executor-that-died"
 		r.Status, r.Header, r.Body = "", "", ""
+		r.Fence = aged(r.Fence, time.Hour)
 	})
+}
+
+// Age makes the claim of the record named key look d older: its fence is
+// Redis's clock at the claim, in microseconds. A claim whose lock lapsed
+// reads interrupted only once its executor could no longer store, a while
+// after its claim; a test that stands for that while ages the claim.
+func Age(ctx context.Context, c redis.Cmdable, key string, d time.Duration) error {
+	return EditRecord(ctx, c, key, func(r *keyspace.Record) { r.Fence = aged(r.Fence, d) })
+}
+
+func aged(fence string, d time.Duration) string {
+	f, err := strconv.ParseInt(fence, 10, 64)
+	if err != nil || f <= d.Microseconds() {
+		return fence
+	}
+	return strconv.FormatInt(f-d.Microseconds(), 10)
 }

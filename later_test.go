@@ -1,0 +1,192 @@
+package idempotency
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/onceonly/idempotency/internal/syncbuf"
+)
+
+// privateShop is a shop on a redis-server of its own, which the test may
+// stop and resume.
+func privateShop(t *testing.T, opts ...Option) (*shop, *redistest.Server) {
+	t.Helper()
+	srv := redistest.Private(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	return newShopOn(t, rdb, append([]Option{WithKeyPrefix("p")}, opts...)...), srv
+}
+
+// blockedPayments posts n payments, keys k0 to k(n-1), whose handlers
+// block until release is called, and returns once every one runs.
+func blockedPayments(t *testing.T, s *shop, n int) (answers []<-chan asyncAnswer, release func()) {
+	t.Helper()
+	stall := make(chan struct{})
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		<-stall
+		s.defaultHandler(w, r)
+	}
+	c := s.client()
+	for i := range n {
+		answers = append(answers, s.postAsync(c, "/payments", fmt.Sprint("k", i), `{}`))
+	}
+	require.Eventually(t, func() bool { return s.execs.Load() == int64(n) }, 30*time.Second, 5*time.Millisecond)
+	return answers, func() { close(stall) }
+}
+
+// The answers of handlers that finished while Redis stalled, longer than a
+// lease, are stored once Redis answers again: the background keeps trying
+// them for as long as a claim reads their keys in progress.
+func TestAnswersOutlastAStallLongerThanALease(t *testing.T) {
+	s, srv := privateShop(t, WithLockLease(300*time.Millisecond), WithStoreTimeout(100*time.Millisecond),
+		WithExecutionTimeout(5*time.Second))
+	const n = 20
+	answers, release := blockedPayments(t, s, n)
+	require.NoError(t, srv.Signal(syscall.SIGSTOP))
+	release()
+	for _, a := range answers {
+		require.Equal(t, http.StatusCreated, (<-a).must(t).status)
+	}
+	time.Sleep(time.Second) // three leases: the old queue gave up after one
+	require.NoError(t, srv.Signal(syscall.SIGCONT))
+
+	shutdown, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, s.idem.Shutdown(shutdown), "every answer stored")
+	for i := range n {
+		require.Equal(t, "done", redistest.RecordState(t.Context(), s.rdb, clientKeys("p", paymentID(fmt.Sprint("k", i))).record))
+	}
+	require.EqualValues(t, n, s.execs.Load())
+}
+
+// A graceful shutdown during a Redis blip: the request has its answer, the
+// store waits in the background, and Shutdown returns once Redis took it.
+// After Shutdown has begun, new requests are refused before they claim;
+// another instance replays the answer.
+func TestShutdownDrainsAPendingStore(t *testing.T) {
+	s, srv := privateShop(t, WithStoreTimeout(100*time.Millisecond))
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		require.NoError(t, srv.Signal(syscall.SIGSTOP)) // the blip begins as the handler answers
+		s.defaultHandler(w, r)
+	}
+	c := s.client()
+	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "k", `{}`).status)
+	k := clientKeys("p", paymentID("k"))
+
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		done <- s.idem.Shutdown(ctx)
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("Shutdown returned %v with the store pending", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, srv.Signal(syscall.SIGCONT))
+	require.NoError(t, <-done)
+	require.Equal(t, "done", redistest.RecordState(t.Context(), s.rdb, k.record))
+
+	s.handler = s.defaultHandler
+	requireProblem(t, s.post(c, "/payments", "new", `{}`), http.StatusServiceUnavailable, "store-unavailable")
+	require.EqualValues(t, 1, s.execs.Load())
+	again := newShopOn(t, s.rdb, WithKeyPrefix("p")).post(c, "/payments", "k", `{}`)
+	require.Equal(t, "true", again.header.Get(ReplayedHeader), "another instance replays the drained answer")
+}
+
+// A drain that runs out of time names the keys it leaves undone, for an
+// operator, and says so.
+func TestAnUnfinishedShutdownNamesItsKeys(t *testing.T) {
+	var logs syncbuf.Buffer
+	s, srv := privateShop(t, WithStoreTimeout(100*time.Millisecond), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		require.NoError(t, srv.Signal(syscall.SIGSTOP))
+		s.defaultHandler(w, r)
+	}
+	defer srv.Signal(syscall.SIGCONT)
+	require.Equal(t, http.StatusCreated, s.post(s.client(), "/payments", "k", `{}`).status)
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, s.idem.Shutdown(ctx), context.DeadlineExceeded)
+	require.Contains(t, logs.String(), clientKeys("p", paymentID("k")).record)
+}
+
+// While Redis stalls and work waits for it, new requests are refused at
+// once, before any handler runs, instead of each waiting out its store
+// timeout and leaving work behind: the queue stays bounded and no stored
+// answer is dropped.
+func TestAnOutageRefusesNewClaimsAtOnce(t *testing.T) {
+	s, srv := privateShop(t, WithStoreTimeout(time.Second))
+	const n = laterOutage
+	answers, release := blockedPayments(t, s, n)
+	require.NoError(t, srv.Signal(syscall.SIGSTOP))
+	release()
+	for _, a := range answers {
+		require.Equal(t, http.StatusCreated, (<-a).must(t).status)
+	}
+	require.Eventually(t, func() bool {
+		q := s.idem.later
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return q.failing
+	}, 10*time.Second, 10*time.Millisecond)
+
+	start := time.Now()
+	refused := s.post(s.client(), "/payments", "new", `{}`)
+	requireProblem(t, refused, http.StatusServiceUnavailable, "store-unavailable")
+	require.NotEmpty(t, refused.header.Get("Retry-After"))
+	require.Less(t, time.Since(start), 800*time.Millisecond, "refused without waiting out the store timeout")
+	require.EqualValues(t, n, s.execs.Load(), "the refused request ran nothing")
+
+	require.NoError(t, srv.Signal(syscall.SIGCONT))
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, s.idem.Shutdown(ctx))
+	for i := range n {
+		require.Equal(t, "done", redistest.RecordState(t.Context(), s.rdb, clientKeys("p", paymentID(fmt.Sprint("k", i))).record))
+	}
+}
+
+// Redis stalls past a short lease while a handler runs, without
+// WithRetryAbandoned: the run is alive, and a duplicate is told it is in
+// progress (and then gets its answer), never that it was interrupted.
+func TestALiveRunIsNeverReportedInterrupted(t *testing.T) {
+	s, srv := privateShop(t, WithLockLease(200*time.Millisecond), WithStoreTimeout(100*time.Millisecond),
+		WithWaitTimeout(300*time.Millisecond))
+	finish := make(chan struct{})
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		require.NoError(t, srv.Signal(syscall.SIGSTOP))
+		time.Sleep(600 * time.Millisecond) // three leases
+		require.NoError(t, srv.Signal(syscall.SIGCONT))
+		<-finish
+		s.defaultHandler(w, r)
+	}
+	c := s.client()
+	first := s.postAsync(c, "/payments", "k", `{}`)
+	k := clientKeys("p", paymentID("k"))
+	require.Eventually(t, func() bool { return s.execs.Load() == 1 && s.rdb.Exists(t.Context(), k.lock).Val() == 0 },
+		10*time.Second, 10*time.Millisecond, "the lock lapsed during the stall")
+
+	other := newShopOn(t, s.rdb, WithKeyPrefix("p"), WithWaitTimeout(300*time.Millisecond))
+	dup := other.post(other.client(), "/payments", "k", `{}`)
+	requireProblem(t, dup, http.StatusConflict, "in-progress")
+	require.NotEmpty(t, dup.header.Get("Retry-After"))
+
+	close(finish)
+	require.Equal(t, http.StatusCreated, (<-first).must(t).status)
+	again := other.post(other.client(), "/payments", "k", `{}`)
+	require.Equal(t, http.StatusCreated, again.status)
+	require.Equal(t, "true", again.header.Get(ReplayedHeader))
+	require.EqualValues(t, 1, s.execs.Load())
+	require.Zero(t, other.execs.Load())
+}

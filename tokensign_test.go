@@ -1,0 +1,174 @@
+package idempotency
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/idempotency/internal/redistest"
+)
+
+// recheckSecret makes m ask Redis for the shared secret now, as it does
+// every secretRecheck, and waits for the answer.
+func recheckSecret(t *testing.T, m *Middleware) {
+	t.Helper()
+	s := m.tokens
+	s.mu.Lock()
+	s.checked, s.failed = time.Time{}, time.Time{}
+	s.mu.Unlock()
+	_, err := s.key(t.Context())
+	require.NoError(t, err)
+	s.mu.Lock()
+	loading := s.loading
+	s.mu.Unlock()
+	if loading != nil {
+		<-loading
+	}
+}
+
+func secretIn(t *testing.T, m *Middleware) string {
+	t.Helper()
+	secret, err := m.store.client.Get(t.Context(), m.cfg.prefix+":token-secret").Result()
+	require.NoError(t, err)
+	return secret
+}
+
+// Redis restarts without persistence while a form is being submitted: the
+// submission in the window runs once, and its resubmission, after the
+// instance has asked Redis for the secret again, is the replay of that
+// order, not "token not found" (the form would ask for a new token, and
+// the user would order twice). The instance writes back the secret it
+// holds, so a new instance signs and checks with it too.
+func TestARedisRestartKeepsTheTokenSecret(t *testing.T) {
+	srv := redistest.Private(t)
+	s := newShopOn(t, srv.Client(t), WithStoreTimeout(500*time.Millisecond))
+	c := s.client()
+	tok := s.token(c)
+	before := secretIn(t, s.idem)
+
+	require.NoError(t, srv.Signal(syscall.SIGKILL))
+	redistest.Restart(t, srv)
+	first := waitFor201(t, s, c, tok)
+	recheckSecret(t, s.idem)
+	require.Equal(t, before, secretIn(t, s.idem), "the instance wrote its secret back")
+
+	again := s.post(c, "/orders", tok, `{}`)
+	require.Equal(t, http.StatusCreated, again.status, again.body)
+	require.Equal(t, "true", again.header.Get(ReplayedHeader))
+	require.Equal(t, first.body, again.body)
+	require.EqualValues(t, 1, s.execs.Load())
+
+	fresh := New(srv.Client(t), WithKeyPrefix(s.idem.cfg.prefix))
+	_, state, err := fresh.tokens.check(t.Context(), sessionOf(t, s, c), tok, time.Now())
+	require.NoError(t, err)
+	require.Equal(t, tokenValid, state, "a new instance reads the same secret")
+}
+
+// waitFor201 posts tok until Redis, just restarted, takes the claim.
+func waitFor201(t *testing.T, s *shop, c *http.Client, tok string) answer {
+	t.Helper()
+	var a answer
+	require.Eventually(t, func() bool {
+		a = s.post(c, "/orders", tok, `{}`)
+		return a.status != http.StatusServiceUnavailable
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, http.StatusCreated, a.status, a.body)
+	return a
+}
+
+// An operator overwrites the shared secret to revoke the tokens out. The
+// instance adopts the new secret: a token of the old one that was never
+// spent is refused and runs nothing, and one that was spent still gets its
+// answer replayed.
+func TestARetiredSecretStillReplaysSpentTokens(t *testing.T) {
+	s := newShop(t)
+	c := s.client()
+	spent, unspent := s.token(c), s.token(c)
+	first := s.post(c, "/orders", spent, `{}`)
+	require.Equal(t, http.StatusCreated, first.status)
+
+	require.NoError(t, s.rdb.Set(t.Context(), s.idem.cfg.prefix+":token-secret",
+		"an operator's new secret, 32 bytes at least", 0).Err())
+	recheckSecret(t, s.idem)
+
+	again := s.post(c, "/orders", spent, `{}`)
+	require.Equal(t, http.StatusCreated, again.status, again.body)
+	require.Equal(t, "true", again.header.Get(ReplayedHeader))
+	require.Equal(t, first.body, again.body)
+	requireProblem(t, s.post(c, "/orders", unspent, `{}`), 422, "token-not-found")
+	require.EqualValues(t, 1, s.execs.Load())
+
+	fresh := s.token(c)
+	require.Equal(t, http.StatusCreated, s.post(c, "/orders", fresh, `{}`).status, "new tokens work")
+	require.EqualValues(t, 2, s.execs.Load())
+}
+
+// While Redis stalls, issuing tokens answers from the secret in memory: the
+// recheck that falls due goes on in the background, once, and its failure
+// is remembered instead of being retried by every request.
+func TestIssuingNeverWaitsOnAStalledRedis(t *testing.T) {
+	srv := redistest.Private(t)
+	proxy := redistest.NewProxy(t, srv.Addr())
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	m := New(rdb, WithKeyPrefix("test-stall"), WithStoreTimeout(2*time.Second))
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	_, err := m.IssueTokenFor(r, "s")
+	require.NoError(t, err)
+
+	proxy.StartBlackhole()
+	defer proxy.EndBlackhole()
+	m.tokens.mu.Lock()
+	m.tokens.checked = time.Time{} // the recheck is due
+	m.tokens.mu.Unlock()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			_, err := m.IssueTokenFor(r, "s")
+			require.NoError(t, err)
+		})
+	}
+	wg.Wait()
+	require.Less(t, time.Since(start), time.Second, "8 tokens issued while the recheck waits on Redis (2 s)")
+
+	require.Eventually(t, func() bool {
+		m.tokens.mu.Lock()
+		defer m.tokens.mu.Unlock()
+		return !m.tokens.failed.IsZero()
+	}, 10*time.Second, 10*time.Millisecond, "the recheck fails once the store timeout passes")
+	_, err = m.IssueTokenFor(r, "s")
+	require.NoError(t, err)
+	m.tokens.mu.Lock()
+	defer m.tokens.mu.Unlock()
+	require.Nil(t, m.tokens.loading, "a failed recheck is not retried at once")
+}
+
+// A new instance reads the shared secret with a read: Redis at maxmemory
+// under noeviction refuses writes, and the instance still issues tokens.
+func TestANewInstanceIssuesWhileRedisIsFull(t *testing.T) {
+	srv := redistest.Private(t)
+	rdb := srv.Client(t)
+	old := New(rdb, WithKeyPrefix("test-full"))
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	_, err := old.IssueTokenFor(r, "s")
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory", "1").Err())
+	require.Error(t, rdb.Set(ctx, "test-full:probe", "x", 0).Err(), "Redis refuses writes")
+
+	fresh := New(rdb, WithKeyPrefix("test-full"))
+	tok, err := fresh.IssueTokenFor(r, "s")
+	require.NoError(t, err)
+	_, state, err := old.tokens.check(ctx, "s", tok.Value, time.Now())
+	require.NoError(t, err)
+	require.Equal(t, tokenValid, state)
+}

@@ -1,11 +1,13 @@
 // Package idemtest backs an idempotency.Middleware with an in-process Redis
 // (github.com/alicebob/miniredis/v2) for a user's own handler tests: no
 // server to install or start, a fresh keyspace per test, and a clock the
-// test moves itself.
+// test moves itself. ExampleRedis_handlerTest shows a replay, a reused key
+// (422) and Redis down (503).
 //
 //	func TestCreateOrder(t *testing.T) {
 //		idem := idemtest.New(t)
-//		srv := httptest.NewServer(idem.ProtectKey(createOrder))
+//		srv := httptest.NewServer(idem.ProtectKey(http.HandlerFunc(createOrder)))
+//		defer srv.Close()
 //		// POST twice with one Idempotency-Key: one order, two equal answers.
 //	}
 //

@@ -7,7 +7,10 @@
 //
 //	ops := admin.New(idem) // idem is the *idempotency.Middleware of the routes
 //	for st, err := range ops.Interrupted(ctx) {
-//		…
+//		if err != nil {
+//			return err
+//		}
+//		fmt.Println(st.Key, st.Fence, st.TTL) // then ops.Resolve or ops.Forget
 //	}
 package admin
 

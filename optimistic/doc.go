@@ -35,10 +35,13 @@
 //
 // A fenced write inside a handler protected with WithRetryAbandoned:
 //
-//	err := orders.FencedUpdate(ctx, db, orderID, idempotency.FencingToken(ctx),
-//		optimistic.Set("status", "paid"))
-//	if errors.Is(err, optimistic.ErrStaleFence) {
-//		return // another execution owns this key now; it writes the result
+//	func payOrder(w http.ResponseWriter, r *http.Request) {
+//		err := orders.FencedUpdate(r.Context(), db, orderID, idempotency.FencingToken(r.Context()),
+//			optimistic.Set("status", "paid"))
+//		if errors.Is(err, optimistic.ErrStaleFence) {
+//			return // another execution owns this key now; it writes the result
+//		}
+//		// … the payment, then the answer
 //	}
 //
 // The SQL helpers take a Querier (*sql.DB, *sql.Conn or *sql.Tx) and a

@@ -1,6 +1,7 @@
-// Package readme tests the README's Go snippets: each one, pasted into a
-// function, must compile and pass go vet. A reader who copies one gets
-// working code, errors included.
+// Package readme tests the Go snippets of the README, of docs/ and of the
+// package documentation: each one, pasted where it belongs (statements
+// into a function, declarations beside it), must compile and pass go vet.
+// A reader who copies one gets working code, errors included.
 package readme
 
 import (
@@ -27,60 +28,102 @@ import (
 // request being served, the handlers of their own application). A name
 // with two declarations is tried with each, in order.
 var environment = map[string][]string{
-	"rdb":           {"var rdb redis.UniversalClient"},
-	"idem":          {"var idem *idempotency.Middleware"},
-	"r":             {"var r chi.Router", "var r *http.Request"},
-	"w":             {"var w http.ResponseWriter"},
-	"mux":           {"var mux *http.ServeMux"},
-	"ctx":           {"var ctx context.Context"},
-	"db":            {"var db *sql.DB"},
-	"tmpl":          {"var tmpl *template.Template"},
-	"msg":           {"var msg struct {\n\tID   string\n\tData []byte\n}"},
-	"Receipt":       {"type Receipt struct{ ID string }"},
-	"clientID":      {"func clientID(*http.Request) (string, error) { return \"\", nil }"},
-	"charge":        {"func charge(context.Context, []byte) (Receipt, error) { return Receipt{}, nil }"},
-	"ack":           {"func ack(Receipt) {}"},
-	"transfer":      {"func transfer(*sql.Tx, http.ResponseWriter, *http.Request) error { return nil }"},
-	"createOrder":   {"func createOrder(http.ResponseWriter, *http.Request) {}"},
-	"createPayment": {"func createPayment(http.ResponseWriter, *http.Request) {}"},
-	"createCharge":  {"func createCharge(http.ResponseWriter, *http.Request) {}"},
-	"handleGitHub":  {"func handleGitHub(http.ResponseWriter, *http.Request) {}"},
+	"rdb":  {"var rdb redis.UniversalClient"},
+	"idem": {"var idem *idempotency.Middleware"},
+	"r":    {"var r chi.Router", "var r *http.Request"},
+	"w":    {"var w http.ResponseWriter"},
+	"mux":  {"var mux *http.ServeMux"},
+	"ctx":  {"var ctx context.Context"},
+	"db":   {"var db *sql.DB"},
+	"tmpl": {"var tmpl *template.Template"},
+	"msg": {"type message struct {\n\tID   string\n\tData []byte\n}\n\n" +
+		"func (message) Ack() error                         { return nil }\n" +
+		"func (message) NakWithDelay(d time.Duration) error { return nil }\n\n" +
+		"var msg message"},
+	"Receipt":  {"type Receipt struct{ ID string }"},
+	"clientID": {"func clientID(*http.Request) (string, error) { return \"\", nil }"},
+	"charge": {
+		"func charge(context.Context, []byte) (Receipt, error) { return Receipt{}, nil }",
+		"func charge(context.Context, uint64, []byte) (Receipt, error) { return Receipt{}, nil }",
+		"func charge(context.Context, *sql.Tx, message) (Receipt, error) { return Receipt{}, nil }",
+	},
+	"t":                {"var t *testing.T"},
+	"url":              {"var url string"},
+	"body":             {"var body []byte"},
+	"order":            {"var order struct{ PaymentKey string }"},
+	"target":           {"var target string"},
+	"creds":            {"var creds credentials.TransportCredentials"},
+	"tenantOf":         {"func tenantOf(context.Context) (string, error) { return \"\", nil }"},
+	"key":              {"var key string"},
+	"hc":               {"var hc *http.Client"},
+	"answer":           {"var answer idempotency.Answer"},
+	"id":               {"var id int64"},
+	"amount":           {"var amount int64"},
+	"balance":          {"var balance int64"},
+	"orders":           {"var orders optimistic.Table"},
+	"orderID":          {"var orderID int64"},
+	"receipt":          {"var receipt struct{ ID string }"},
+	"outcomes":         {"var outcomes *sqlidem.Store"},
+	"errBadTransfer":   {"var errBadTransfer = errors.New(\"bad transfer\")"},
+	"handleOrderEvent": {"func handleOrderEvent(http.ResponseWriter, *http.Request) {}"},
+	"ack":              {"func ack(Receipt) {}"},
+	"transfer":         {"func transfer(*sql.Tx, http.ResponseWriter, *http.Request) error { return nil }"},
+	"createOrder":      {"func createOrder(http.ResponseWriter, *http.Request) {}", "func createOrder(*echo.Context) error { return nil }"},
+	"createPayment":    {"func createPayment(http.ResponseWriter, *http.Request) {}", "func createPayment(*echo.Context) error { return nil }"},
+	"createCharge":     {"func createCharge(http.ResponseWriter, *http.Request) {}"},
+	"handleGitHub":     {"func handleGitHub(http.ResponseWriter, *http.Request) {}"},
 }
 
 // knownPackages are the packages a snippet may name that are not this
 // repository's; the repository's own are found in the tree, so that a
 // package that moves is found where it went.
 var knownPackages = map[string]string{
-	"context":  "context",
-	"errors":   "errors",
-	"fmt":      "fmt",
-	"http":     "net/http",
-	"json":     "encoding/json",
-	"log":      "log",
-	"slog":     "log/slog",
-	"sql":      "database/sql",
-	"template": "html/template",
-	"time":     "time",
-	"chi":      "github.com/go-chi/chi/v5",
-	"redis":    "github.com/redis/go-redis/v9",
+	"context":       "context",
+	"errors":        "errors",
+	"fmt":           "fmt",
+	"http":          "net/http",
+	"json":          "encoding/json",
+	"log":           "log",
+	"slog":          "log/slog",
+	"sql":           "database/sql",
+	"template":      "html/template",
+	"time":          "time",
+	"bytes":         "bytes",
+	"os":            "os",
+	"strings":       "strings",
+	"testing":       "testing",
+	"httptest":      "net/http/httptest",
+	"chi":           "github.com/go-chi/chi/v5",
+	"redis":         "github.com/redis/go-redis/v9",
+	"gin":           "github.com/gin-gonic/gin",
+	"echo":          "github.com/labstack/echo/v5",
+	"grpc":          "google.golang.org/grpc",
+	"codes":         "google.golang.org/grpc/codes",
+	"metadata":      "google.golang.org/grpc/metadata",
+	"retry":         "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/retry",
+	"credentials":   "google.golang.org/grpc/credentials",
+	"retryablehttp": "github.com/hashicorp/go-retryablehttp",
 }
 
-// A snippet is one ```go block of the README.
+// A snippet is one ```go block of a Markdown file, or one block of Go in a
+// package's documentation.
 type snippet struct {
-	line    int    // the README line of its first line of code
-	code    string // as the README has it
-	free    []string
-	choice  []int // per free name, which of its declarations
-	genLine int   // the generated file's line of the snippet's first line
+	file   string // the repository's file, relative to its root
+	line   int    // the file's line of its first line of code
+	code   string // as the file has it
+	free   []string
+	choice []int // per free name, which of its declarations
+	// The generated file's line of each of the snippet's lines: its
+	// statements go in a function, its declarations beside it.
+	genLines map[int]int
 }
 
-func TestREADMESnippets(t *testing.T) {
+func (s *snippet) where() string { return fmt.Sprintf("%s:%d", s.file, s.line) }
+
+func TestSnippets(t *testing.T) {
 	repo, err := filepath.Abs("../../..")
 	require.NoError(t, err)
-	readme, err := os.ReadFile(filepath.Join(repo, "README.md"))
-	require.NoError(t, err)
-	snippets := extract(string(readme))
-	require.NotEmpty(t, snippets, "README.md has no ```go block")
+	snippets := allSnippets(t, repo)
 
 	packages := repositoryPackages(t, repo)
 	for name, path := range knownPackages {
@@ -110,8 +153,8 @@ func TestREADMESnippets(t *testing.T) {
 		s.choice = make([]int, len(s.free))
 		for _, name := range s.free {
 			if _, ok := environment[name]; !ok && packages[name] == "" {
-				t.Errorf("README.md:%d: the snippet uses %s, which it does not declare: declare it there, "+
-					"or add what a reader would have to the test's environment", s.line, name)
+				t.Errorf("%s: the snippet uses %s, which it does not declare: declare it there, "+
+					"or add what a reader would have to the test's environment", s.where(), name)
 			}
 		}
 	}
@@ -143,22 +186,11 @@ func TestREADMESnippets(t *testing.T) {
 				next = append(next, i)
 				continue
 			}
-			t.Errorf("README.md:%d: the snippet does not compile, or go vet finds fault with it:\n%s\n%s",
-				snippets[i].line, snippets[i].code, readmeLines(&snippets[i], out))
+			t.Errorf("%s: the snippet does not compile, or go vet finds fault with it:\n%s\n%s",
+				snippets[i].where(), snippets[i].code, sourceLines(&snippets[i], out))
 		}
 		pending = next
 	}
-}
-
-var fence = regexp.MustCompile("(?m)^```go\n((?s:.*?))^```")
-
-func extract(readme string) []snippet {
-	var out []snippet
-	for _, m := range fence.FindAllStringSubmatchIndex(readme, -1) {
-		code := readme[m[2]:m[3]]
-		out = append(out, snippet{line: strings.Count(readme[:m[2]], "\n") + 1, code: code})
-	}
-	return out
 }
 
 // repositoryPackages maps the name of every package of the repository a
@@ -212,11 +244,42 @@ func workspace(t *testing.T, repo string) *modfile.WorkFile {
 // freeNames lists the names the snippet uses without declaring them,
 // other than Go's own (a package name counts as free).
 func freeNames(t *testing.T, s *snippet, packages map[string]string) []string {
-	f, err := parser.ParseFile(token.NewFileSet(), "snippet.go", "package p\nfunc _() {\n"+s.code+"}\n", 0)
-	require.NoError(t, err, "README.md:%d: the snippet does not parse as the body of a function", s.line)
+	body, decls := s.parts()
+	f, err := parser.ParseFile(token.NewFileSet(), "snippet.go", "package p\n"+decls.text()+"\nfunc _() {\n"+body.text()+"}\n", 0)
+	require.NoError(t, err, "%s: the snippet does not parse as statements (with declarations of its own)", s.where())
+	declared := map[string]bool{}
+	used := map[string]bool{}
+	for _, d := range f.Decls {
+		switch d := d.(type) {
+		case *ast.FuncDecl:
+			if d.Recv == nil && d.Name.Name != "_" {
+				declared[d.Name.Name] = true
+			}
+			names := freeIn(d.Body, d.Type)
+			if d.Recv != nil {
+				for _, field := range d.Recv.List {
+					for name := range freeIn(field.Type, nil) {
+						names[name] = true
+					}
+				}
+			}
+			for name := range names {
+				used[name] = true
+			}
+		case *ast.GenDecl:
+			for _, spec := range d.Specs {
+				if ts, ok := spec.(*ast.TypeSpec); ok {
+					declared[ts.Name.Name] = true
+					for name := range freeIn(ts.Type, nil) {
+						used[name] = true
+					}
+				}
+			}
+		}
+	}
 	var free []string
-	for name := range freeIn(f.Decls[0].(*ast.FuncDecl).Body, nil) {
-		if name != "_" && !universe[name] {
+	for name := range used {
+		if name != "_" && !universe[name] && !declared[name] {
 			free = append(free, name)
 		}
 	}
@@ -302,8 +365,9 @@ func init() {
 	}
 }
 
-// generate writes the snippet into a function of a package of its own,
-// after the declarations of its free names and the imports they all need.
+// generate writes the snippet into a package of its own: its statements
+// into a function, its declarations beside it, after the declarations of
+// its free names and the imports they all need.
 func generate(s *snippet, packages map[string]string) []byte {
 	var decls []string
 	for i, name := range s.free {
@@ -336,14 +400,111 @@ func generate(s *snippet, packages map[string]string) []byte {
 	for _, d := range decls {
 		b.WriteString(d + "\n\n")
 	}
-	b.WriteString("func _() error {\n")
-	s.genLine = strings.Count(b.String(), "\n") + 1
-	b.WriteString(s.code)
-	if !endsInReturn(s.code) {
+	s.genLines = map[int]int{}
+	write := func(ls lines) {
+		for _, l := range ls {
+			s.genLines[strings.Count(b.String(), "\n")+1] = l.n
+			b.WriteString(l.text + "\n")
+		}
+	}
+	body, own := s.parts()
+	write(own)
+	b.WriteString("\nfunc _() error {\n")
+	write(used(body))
+	if !endsInReturn(body.text()) {
 		b.WriteString("return nil\n")
 	}
 	b.WriteString("}\n")
 	return b.Bytes()
+}
+
+// used returns the statements with each variable they declare at the top
+// level marked used where it is declared: a snippet is an excerpt, and the
+// code a reader pastes it into goes on to use what it declares.
+func used(body lines) lines {
+	if len(body) == 0 {
+		return body
+	}
+	const head = "package p\nfunc _() {\n"
+	text := body.text()
+	f, err := parser.ParseFile(token.NewFileSet(), "", head+text+"}\n", 0)
+	if err != nil {
+		return body // go vet will say what is wrong
+	}
+	stmts := f.Decls[0].(*ast.FuncDecl).Body.List
+	for i := len(stmts) - 1; i >= 0; i-- {
+		var names []string
+		switch st := stmts[i].(type) {
+		case *ast.AssignStmt:
+			if st.Tok == token.DEFINE {
+				for _, l := range st.Lhs {
+					names = append(names, l.(*ast.Ident).Name)
+				}
+			}
+		case *ast.DeclStmt:
+			if gd, ok := st.Decl.(*ast.GenDecl); ok && gd.Tok == token.VAR {
+				for _, spec := range gd.Specs {
+					for _, id := range spec.(*ast.ValueSpec).Names {
+						names = append(names, id.Name)
+					}
+				}
+			}
+		}
+		var mark strings.Builder
+		for _, name := range names {
+			if name != "_" {
+				mark.WriteString("; _ = " + name)
+			}
+		}
+		at := int(stmts[i].End()) - 1 - len(head) // token.Pos counts from 1
+		text = text[:at] + mark.String() + text[at:]
+	}
+	out := make(lines, len(body))
+	for i, line := range strings.Split(strings.TrimSuffix(text, "\n"), "\n") {
+		out[i] = body[i]
+		out[i].text = line
+	}
+	return out
+}
+
+// lines are some of a snippet's lines, each with its number in the file.
+type lines []struct {
+	n    int
+	text string
+}
+
+func (ls lines) text() string {
+	var b strings.Builder
+	for _, l := range ls {
+		b.WriteString(l.text + "\n")
+	}
+	return b.String()
+}
+
+// parts splits the snippet into its statements and its own top-level
+// declarations: a func or type at the left margin, to the closing brace
+// at the margin. An import line is left out, since the test imports what
+// the snippet names.
+func (s *snippet) parts() (body, decls lines) {
+	inDecl := false
+	for i, text := range strings.Split(strings.TrimSuffix(s.code, "\n"), "\n") {
+		l := struct {
+			n    int
+			text string
+		}{s.line + i, text}
+		switch {
+		case inDecl:
+			decls = append(decls, l)
+			inDecl = text != "}"
+		case strings.HasPrefix(text, "func ") || strings.HasPrefix(text, "type "):
+			decls = append(decls, l)
+			inDecl = strings.HasSuffix(text, "{")
+		case strings.HasPrefix(text, "import "):
+		default:
+			body = append(body, l)
+		}
+	}
+	return body, decls
 }
 
 var qualified = regexp.MustCompile(`\b([a-z][a-z0-9]*)\.[A-Z]`)
@@ -394,16 +555,17 @@ var vetLine = regexp.MustCompile(`(?:^|[\s/])s(\d+)/snippet\.go:\d+`)
 
 var genPosition = regexp.MustCompile(`s\d+/snippet\.go:(\d+)(:\d+)?`)
 
-// readmeLines rewrites the generated file's positions in out as the
-// README's.
-func readmeLines(s *snippet, out string) string {
+// sourceLines rewrites the generated file's positions in out as the
+// snippet's file's.
+func sourceLines(s *snippet, out string) string {
 	return genPosition.ReplaceAllStringFunc(out, func(pos string) string {
 		m := genPosition.FindStringSubmatch(pos)
 		n, _ := strconv.Atoi(m[1])
-		if n < s.genLine {
+		line, ok := s.genLines[n]
+		if !ok {
 			return pos + " (the test's declarations)"
 		}
-		return fmt.Sprintf("README.md:%d%s", s.line+n-s.genLine, m[2])
+		return fmt.Sprintf("%s:%d%s", s.file, line, m[2])
 	})
 }
 

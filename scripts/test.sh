@@ -4,9 +4,13 @@
 # git, a C toolchain for -race, redis-server, redis-sentinel, chromium) with
 # apt-get, in one update, and says so (scripts/trixie.sh adds debootstrap
 # when it has a root to build, below). Then gofmt, scripts/tidy.sh and go
-# vet over every module, each module printed as it goes (and a long one
-# every 20 s while it runs), and go test -race, printing each package as it
-# starts and ends.
+# vet over every module, each module printed as it goes, and go test -race,
+# printing each package as it starts and ends. Every step that can take long
+# (an apt-get, the trixie root, a vet) says every 20 s that it still runs,
+# so the output never stops for 30 s. It ends with a summary of every server
+# the tests can use (Redis 7, Redis 8, Valkey, Cluster, Sentinel,
+# PostgreSQL, MariaDB, NATS, Chromium): its version, and whether this run
+# used or skipped it, and why.
 #
 # The tests start their own private redis-server processes (one per test
 # package, plus a 3-master Redis Cluster and a Sentinel set) on free
@@ -35,18 +39,43 @@ if [ "${1:-}" = "--setup" ]; then
 	shift
 fi
 
+# step LABEL COMMAND…: runs COMMAND, and every 20 s while it runs says so
+# (on the script's own standard output, which a $(step …) does not capture).
+exec 3>&1
+step() {
+	local label=$1 start=$SECONDS status=0 ticker
+	shift
+	(
+		trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM
+		while true; do
+			sleep 20 &
+			sleeper=$!
+			wait "$sleeper"
+			echo "test.sh: $label: still running ($((SECONDS - start)) s)" >&3
+		done
+	) &
+	ticker=$!
+	"$@" || status=$?
+	kill "$ticker" 2>/dev/null
+	wait "$ticker" 2>/dev/null || true
+	return "$status"
+}
+
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 updated=""
 apt_install() { # apt_install WHY PACKAGE…: one apt-get update per run
 	echo "test.sh: $1; installing $(echo "${@:2}") with apt-get"
 	if [ -z "$updated" ]; then
-		$sudo apt-get update -qq
+		step "apt-get update" $sudo apt-get update -qq
+		echo "test.sh: apt-get update done"
 		updated=1
 	fi
 	# RUNLEVEL=1: installing redis-server must not start a system-wide
 	# server; the tests start their own.
-	RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${@:2}" >/dev/null
+	step "apt-get install $(echo "${@:2}")" \
+		env RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${@:2}" >/dev/null
+	echo "test.sh: installed $(echo "${@:2}")"
 }
 
 # Go fetches modules over TLS, and a minimal Debian has no CA certificates.
@@ -88,7 +117,8 @@ echo "test.sh: servers: $servers"
 if ! command -v chromium >/dev/null; then
 	apt_install "chromium not found" chromium
 fi
-echo "test.sh: $(chromium --version 2>/dev/null)"
+chromium_version=$(chromium --version 2>/dev/null || echo "chromium (no version)")
+echo "test.sh: $chromium_version"
 export IDEMPOTENCY_REQUIRE_BROWSER=1
 
 # SQL helpers run on SQLite always, and on PostgreSQL and MariaDB/MySQL
@@ -106,7 +136,7 @@ trixie_bin=""
 trixie_note=""
 if on redis8 || on valkey8; then
 	trixie_status=0
-	trixie_bin=$(./scripts/trixie.sh) || trixie_status=$?
+	trixie_bin=$(step "trixie root (scripts/trixie.sh)" ./scripts/trixie.sh) || trixie_status=$?
 	case "$trixie_status" in
 	0) ;;
 	3)
@@ -124,7 +154,10 @@ fi
 # The repository is several modules tied by go.work; ./... would stop at
 # the first module boundary, so every module is named.
 modules=$(go list -m -f '{{.Dir}}')
-patterns=$(for dir in $modules; do echo "./$(realpath --relative-to=. "$dir")/..."; done)
+patterns=$(for dir in $modules; do
+	rel=$(realpath --relative-to=. "$dir")
+	if [ "$rel" = . ]; then echo "./..."; else echo "./$rel/..."; fi
+done)
 echo "test.sh: modules:" $(for dir in $modules; do realpath --relative-to=. "$dir"; done)
 # The release test builds, offline, a program that requires the root module
 # alone, and lists its modules (go list -m all): the module cache must hold
@@ -132,40 +165,22 @@ echo "test.sh: modules:" $(for dir in $modules; do realpath --relative-to=. "$di
 # build fetches only for the modules whose packages it compiles (go-redis's
 # and redislock's own requirements are not). Listing the root module's graph
 # here fetches it once; offline, with the cache complete, it is a no-op.
-if ! (GOWORK=off go list -m all >/dev/null 2>&1); then
+if ! step "go list -m all" env GOWORK=off go list -m all >/dev/null 2>&1; then
 	echo "test.sh: could not list the root module's graph (offline with an incomplete module cache?); the release test will say what is missing"
 fi
 if [ -n "$setup_only" ]; then
 	echo "test.sh: downloading every module's dependencies"
-	for dir in $modules; do (cd "$dir" && go mod download); done
+	for dir in $modules; do
+		echo "test.sh: go mod download: $(realpath --relative-to=. "$dir")"
+		(cd "$dir" && step "go mod download" go mod download)
+	done
 	# Tidying also reads modules that only tests of dependencies import;
 	# running it here fetches those too.
-	./scripts/tidy.sh >/dev/null || true
+	echo "test.sh: scripts/tidy.sh, for the modules only tests of dependencies import"
+	step tidy ./scripts/tidy.sh >/dev/null || true
 	echo "test.sh: set up; run ./scripts/test.sh to test"
 	exit 0
 fi
-
-# step LABEL COMMAND…: runs COMMAND, and every 20 s while it runs says so
-# (on the script's own standard output, which a $(step …) does not capture).
-exec 3>&1
-step() {
-	local label=$1 start=$SECONDS status=0 ticker
-	shift
-	(
-		trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM
-		while true; do
-			sleep 20 &
-			sleeper=$!
-			wait "$sleeper"
-			echo "test.sh: $label: still running ($((SECONDS - start)) s)" >&3
-		done
-	) &
-	ticker=$!
-	"$@" || status=$?
-	kill "$ticker" 2>/dev/null
-	wait "$ticker" 2>/dev/null || true
-	return "$status"
-}
 
 checks_start=$SECONDS
 echo "test.sh: gofmt -l ."
@@ -193,8 +208,9 @@ echo "test.sh: gofmt, tidy and vet took $((SECONDS - checks_start)) s"
 # output, and what is still building or running whenever it has been quiet;
 # serverversion starts a server and prints what its INFO server says.
 bin="${TMPDIR:-/tmp}"
-go build -buildvcs=false -o "$bin/idempotency-testprogress" ./internal/testprogress
-go build -buildvcs=false -o "$bin/idempotency-serverversion" ./internal/serverversion
+echo "test.sh: building internal/testprogress and internal/serverversion"
+step "go build" go build -buildvcs=false -o "$bin/idempotency-testprogress" ./internal/testprogress
+step "go build" go build -buildvcs=false -o "$bin/idempotency-serverversion" ./internal/serverversion
 verbose=""
 for arg in "$@"; do [ "$arg" = "-v" ] && verbose="-v"; done
 
@@ -209,9 +225,11 @@ pass() {
 		echo "$name: $program did not start" >"$resultdir/$name"
 		return 1
 	fi
+	echo "$version" >"$resultdir/$name.version"
 	echo "test.sh: $name: $version; go test $*"
+	# The events are kept for the summary: which tests ran, and on what.
 	if IDEMPOTENCY_REQUIRE_REDIS=1 IDEMPOTENCY_REDIS_SERVER="$program" go test -count=1 -json "$@" 2>&1 |
-		"$bin/idempotency-testprogress" $verbose; then
+		tee "$resultdir/$name.json" | "$bin/idempotency-testprogress" $verbose; then
 		echo "$name ($version): passed in $((SECONDS - start)) s" >"$resultdir/$name"
 	else
 		echo "$name ($version): FAILED after $((SECONDS - start)) s" >"$resultdir/$name"
@@ -246,8 +264,68 @@ for pid in "${pids[@]}"; do
 	wait "$pid" || status=1
 done
 [ "${#pids[@]}" -eq 0 ] || echo "test.sh: Redis 8.0 and Valkey 8.1 took $((SECONDS - matrix_start)) s side by side"
-echo "test.sh: servers:"
+# The summary: every server the tests can use, with its version, and
+# whether this run used it, from the go test events each run kept.
+module=github.com/onceonly/idempotency
+# ran TEST [PACKAGE [bare]]: how TEST (or, without one, PACKAGE) ended on
+# each server: "passed on redis7 (…)", "skipped on … (why)", or "not run";
+# with bare, without the server, for what does not depend on it. A
+# test whose subtests all skipped counts as skipped, although go test says
+# it passed.
+ran() {
+	local test=$1 pkg=${2:-$module} bare=${3:-} out="" name events actions word why where
+	for name in redis7 redis8 valkey8; do
+		[ -f "$resultdir/$name.json" ] || continue
+		if [ -n "$test" ]; then
+			events=$(grep -F "\"Package\":\"$pkg\",\"Test\":\"$test" "$resultdir/$name.json" |
+				grep -E "\"Test\":\"$test(/[^\"]*)?\"" || true)
+		else
+			events=$(grep -F "\"Package\":\"$pkg\",\"Elapsed\"" "$resultdir/$name.json" || true)
+		fi
+		actions=$(echo "$events" | grep -o '"Action":"[a-z]*"' | cut -d'"' -f4 | sort -u | tr '\n' ' ')
+		why=""
+		case " $actions " in
+		*" fail "*) word=FAILED ;;
+		*" skip "*)
+			word=skipped
+			# Passed subtests beside skipped ones: it ran.
+			if [ -n "$test" ] && echo "$events" | grep -q "\"Action\":\"pass\",\"Package\":\"$pkg\",\"Test\":\"$test/"; then
+				word=passed
+			else
+				why=$(echo "$events" | grep -o '"Output":"    [^"]*skip[^"]*' | head -1 |
+					sed 's/^"Output":" *[a-z_]*\.go:[0-9]*: //; s/\\n$//')
+			fi
+			;;
+		*" pass "*) word=passed ;;
+		*) continue ;;
+		esac
+		where=" on $name ($(cat "$resultdir/$name.version"))"
+		[ -z "$bare" ] || where=""
+		out="$out${out:+; }$word$where${why:+: $why}"
+	done
+	echo "${out:-not run}"
+}
+# sqlserver KIND VAR: the SQL server the tests used, or why they skipped it.
+sqlserver() {
+	local used skipped
+	used=$(cat "$resultdir"/*.json 2>/dev/null | grep -o "sqltest: $1 server: [^\\\"]*" | head -1 | sed "s/^sqltest: $1 server: //; s/ on .*//")
+	skipped=$(cat "$resultdir"/*.json 2>/dev/null | grep -o "$2 \(is not set\|does not accept\)[^\\]*" | head -1)
+	if [ -n "$used" ]; then echo "$used: used"; elif [ -n "$skipped" ]; then echo "skipped: $skipped"; else echo "not run"; fi
+}
+nats_version=$(go list -m -f '{{.Version}}' github.com/nats-io/nats-server/v2 2>/dev/null || echo "(version unknown)")
+echo "test.sh: summary of the servers:"
 for name in redis7 redis8 valkey8; do
-	[ ! -f "$resultdir/$name" ] || echo "  $(cat "$resultdir/$name")"
+	label=$(case $name in redis7) echo "Redis 7" ;; redis8) echo "Redis 8" ;; valkey8) echo "Valkey" ;; esac)
+	if [ -f "$resultdir/$name" ]; then
+		echo "  $label: $(cat "$resultdir/$name")"
+	else
+		echo "  $label: skipped: not in REDIS_SERVERS ($servers)"
+	fi
 done
+echo "  Cluster (3 masters, TestRedisCluster): $(ran TestRedisCluster)"
+echo "  Sentinel (TestSentinelFailover): $(ran TestSentinelFailover)"
+echo "  PostgreSQL: $(sqlserver postgres POSTGRES_DSN)"
+echo "  MariaDB/MySQL: $(sqlserver mysql MYSQL_DSN)"
+echo "  NATS JetStream (embedded nats-server $nats_version, example/relay): $(ran "" $module/example/relay bare)"
+echo "  Chromium ($chromium_version, e2e): $(ran "" $module/e2e bare)"
 exit "$status"

@@ -72,6 +72,8 @@ func Open(t testing.TB, kind Kind) *DB {
 		if why := unusable(kind, d.Driver, d.DSN); why != "" {
 			t.Skip(why)
 		}
+		// The test command's summary names the server from this line.
+		t.Logf("sqltest: %s server: %s", kind, serverVersion(kind))
 	}
 	db, err := sql.Open(d.Driver, d.DSN)
 	if err != nil {
@@ -108,9 +110,16 @@ func (d *DB) Table(t testing.TB, base string) string {
 }
 
 var (
-	probeMu sync.Mutex
-	probed  = map[Kind]string{}
+	probeMu  sync.Mutex
+	probed   = map[Kind]string{}
+	versions = map[Kind]string{} // SELECT version() of each server that accepted its DSN
 )
+
+func serverVersion(kind Kind) string {
+	probeMu.Lock()
+	defer probeMu.Unlock()
+	return versions[kind]
+}
 
 // unusable says why the server a DSN names cannot be used, or "" when it
 // can. It decides by connecting, once per kind: a port that is open proves
@@ -127,7 +136,9 @@ func unusable(kind Kind, driver, dsn string) string {
 	why := ""
 	if dsn == "" {
 		why = envVar + " is not set; skipping"
-	} else if err := ping(driver, dsn); err != nil {
+	} else if v, err := ping(driver, dsn); err == nil {
+		versions[kind] = v
+	} else {
 		why = fmt.Sprintf("%s does not accept a connection (%v); skipping. "+
 			"Point %s at a database its user may create tables in to run these tests.", envVar, err, envVar)
 	}
@@ -135,13 +146,16 @@ func unusable(kind Kind, driver, dsn string) string {
 	return why
 }
 
-func ping(driver, dsn string) error {
+// ping connects, and returns the server's own name for itself.
+func ping(driver, dsn string) (string, error) {
 	db, err := sql.Open(driver, dsn)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer db.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return db.PingContext(ctx)
+	var version string
+	err = db.QueryRowContext(ctx, "SELECT version()").Scan(&version)
+	return version, err
 }

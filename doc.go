@@ -82,6 +82,7 @@
 //	outcomestore.go  OutcomeStore, Answer: answers committed with the handler's writes
 //	outcome.go       Outcome: what the middleware did with a request
 //	observe.go       Event, WithObserver's reports, LogObserver
+//	outage.go        the log lines while protected routes refuse because Redis does not answer
 //	operator.go      the records handed to package admin
 //	context.go       the private context key type
 package idempotency

@@ -21,6 +21,7 @@ type Middleware struct {
 	cache   *responseCache
 	later   *later
 	tokens  *tokenSigner
+	outage  outage // when protected routes refuse because Redis does not answer
 }
 
 // New returns a Middleware that keeps its state in client, which may be a

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -14,6 +15,7 @@ import (
 // outageReportEvery in between: go-redis's dial errors say that Redis is
 // unreachable, not that our routes are refusing, nor how many.
 type outage struct {
+	on       atomic.Bool // an outage goes on: answers need the lock only then
 	mu       sync.Mutex
 	since    time.Time // when the first refusal came; zero when routes answer
 	refused  int64     // requests refused since then
@@ -31,7 +33,7 @@ const outageReportEvery = 10 * time.Second
 func (o *outage) note(logger *slog.Logger, v verdict, fromRedis bool, now time.Time) {
 	refused := v.outcome == StoreError && errors.Is(v.err, ErrStoreUnavailable)
 	answered := fromRedis && (v.outcome == Executed || v.outcome == Replayed || v.outcome == Waited)
-	if !refused && !answered {
+	if !refused && (!answered || !o.on.Load()) {
 		return
 	}
 	o.mu.Lock()
@@ -39,6 +41,7 @@ func (o *outage) note(logger *slog.Logger, v verdict, fromRedis bool, now time.T
 	switch {
 	case refused && o.since.IsZero():
 		o.since, o.refused, o.reported = now, 1, now
+		o.on.Store(true)
 		logger.Warn("idempotency: protected routes are refusing requests (503): Redis does not answer",
 			"refused", o.refused)
 	case refused:
@@ -52,5 +55,6 @@ func (o *outage) note(logger *slog.Logger, v verdict, fromRedis bool, now time.T
 		logger.Info("idempotency: protected routes answer again: Redis answers",
 			"refused", o.refused, "for", now.Sub(o.since).Round(time.Millisecond))
 		o.since, o.refused = time.Time{}, 0
+		o.on.Store(false)
 	}
 }

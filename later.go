@@ -63,8 +63,6 @@ type later struct {
 	active  int
 	closing bool
 	failing bool // the last try failed
-	// refused counts the calls refused since the queue began refusing.
-	refused int
 	// changed is closed, and replaced, whenever a job ends or a call
 	// leaves: Shutdown waits on it.
 	changed chan struct{}
@@ -92,16 +90,8 @@ func (q *later) enter() error {
 	case q.closing:
 		return unavailable(errShuttingDown)
 	case len(q.pending) >= laterJobs || q.bytes >= laterBytes || (q.failing && len(q.pending) >= laterOutage):
-		q.refused++
-		if q.refused == 1 {
-			q.m.cfg.logger.Error("idempotency: protected routes are refusing new requests (503): stores and "+
-				"releases wait for Redis", "jobs", len(q.pending), "bytes", q.bytes)
-		}
+		// Answered 503 store-unavailable, which outage.go logs.
 		return unavailable(fmt.Errorf("%w (%d jobs, %d bytes)", errBacklog, len(q.pending), q.bytes))
-	}
-	if q.refused > 0 {
-		q.m.cfg.logger.Warn("idempotency: protected routes take new requests again", "refused", q.refused)
-		q.refused = 0
 	}
 	q.active++
 	return nil

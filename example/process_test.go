@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"crypto/sha1"
 	"fmt"
 	"io"
 	"net"
@@ -101,6 +102,44 @@ func TestSIGTERMFinishesRequestsInFlight(t *testing.T) {
 		require.Equal(t, r.body, body)
 	}
 	require.Equal(t, n, countOf[Payment](t, b.URL, "/payments"))
+}
+
+// SIGTERM during a Redis blip: the payment ran and its client got 201, but
+// Redis did not take its answer, which waits in the background. The shop
+// stays up until Redis takes it (the drain), so a retry on another
+// instance replays the payment instead of finding the key interrupted.
+func TestSIGTERMDuringARedisBlipStoresTheAnswer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the example")
+	}
+	redis := redistest.Private(t)
+	proxy := redistest.NewProxy(t, redis.Addr())
+	a := startProcess(t, "REDIS_URL=redis://"+proxy.Addr(), "PAYMENT_LATENCY=100ms")
+	b := startProcess(t, "REDIS_URL=redis://"+redis.Addr())
+	complete, err := os.ReadFile("../lua/complete.lua")
+	require.NoError(t, err)
+	proxy.BlackholeAt(fmt.Sprintf("%x", sha1.Sum(complete))) // the blip begins at the store
+
+	status, paid, err := pay(t, a.URL, "blip")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, status, paid)
+	require.NoError(t, a.Signal(syscall.SIGTERM))
+	select {
+	case <-a.Exited():
+		t.Fatal("the shop exited with an answer Redis had not taken")
+	case <-time.After(500 * time.Millisecond):
+	}
+	proxy.EndBlackhole()
+	select {
+	case <-a.Exited():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the shop did not exit once Redis answered")
+	}
+	status, again, err := pay(t, b.URL, "blip")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusCreated, status, again)
+	require.Equal(t, paid, again, "the retry on another instance replays the payment")
+	require.Equal(t, 1, countOf[Payment](t, b.URL, "/payments"))
 }
 
 // A client that never finishes sending its body loses its connection.

@@ -28,6 +28,7 @@ type Proxy struct {
 
 	delay     atomic.Int64           // nanoseconds added before each reply
 	blackhole atomic.Bool            // discard everything while set
+	holeAt    atomic.Pointer[[]byte] // start the blackhole at the next command containing this
 	drop      atomic.Pointer[[]byte] // lose the reply to the next command containing this
 	dropped   atomic.Int64           // replies lost so far
 
@@ -94,6 +95,15 @@ func (p *Proxy) DropNextReply(needle string) {
 // StartBlackhole discards every byte from now on, until EndBlackhole.
 func (p *Proxy) StartBlackhole() { p.blackhole.Store(true) }
 
+// BlackholeAt arms the proxy: the next command whose bytes, in lower case,
+// contain needle (a command name or a script's SHA1) is discarded, and so
+// is every byte after it, until EndBlackhole. A partition that begins at a
+// chosen step.
+func (p *Proxy) BlackholeAt(needle string) {
+	b := []byte(needle)
+	p.holeAt.Store(&b)
+}
+
 // EndBlackhole passes bytes again, and closes the connections that lost
 // some.
 func (p *Proxy) EndBlackhole() {
@@ -140,6 +150,10 @@ func (p *Proxy) commands(pair *proxyPair) {
 	for {
 		n, err := pair.client.Read(buf)
 		if n > 0 {
+			if needle := p.holeAt.Load(); needle != nil &&
+				bytes.Contains(bytes.ToLower(buf[:n]), *needle) && p.holeAt.CompareAndSwap(needle, nil) {
+				p.blackhole.Store(true)
+			}
 			if p.blackhole.Load() {
 				pair.torn.Store(true)
 				continue

@@ -80,7 +80,7 @@ func BenchmarkBareHandler(b *testing.B) {
 }
 
 func BenchmarkFirstExecution(b *testing.B) {
-	m := New(benchRedis(b), WithKeyPrefix("bench-"+b.Name()))
+	m := New(benchRedis(b), WithKeyPrefix("bench-"+b.Name()), WithCallerCredentials())
 	h := m.ProtectKey(http.HandlerFunc(benchHandler))
 	rig := newBenchRig("")
 	keys := make([]string, 0, 1<<16)
@@ -103,9 +103,9 @@ func BenchmarkFirstExecution(b *testing.B) {
 func BenchmarkReplayFromRedis(b *testing.B) {
 	rdb := benchRedis(b)
 	prefix := WithKeyPrefix("bench-" + b.Name())
-	first := New(rdb, prefix).ProtectKey(http.HandlerFunc(benchHandler))
+	first := New(rdb, prefix, WithCallerCredentials()).ProtectKey(http.HandlerFunc(benchHandler))
 	// Another instance: nothing of the first's in its memory.
-	h := New(rdb, prefix, WithResponseCache(0, 0)).ProtectKey(http.HandlerFunc(benchHandler))
+	h := New(rdb, prefix, WithCallerCredentials(), WithResponseCache(0, 0)).ProtectKey(http.HandlerFunc(benchHandler))
 	rig := newBenchRig("replay")
 	rig.serve(b, first, http.StatusCreated)
 	b.ReportAllocs()
@@ -115,7 +115,7 @@ func BenchmarkReplayFromRedis(b *testing.B) {
 }
 
 func BenchmarkReplayFromCache(b *testing.B) {
-	h := New(benchRedis(b), WithKeyPrefix("bench-"+b.Name())).ProtectKey(http.HandlerFunc(benchHandler))
+	h := New(benchRedis(b), WithKeyPrefix("bench-"+b.Name()), WithCallerCredentials()).ProtectKey(http.HandlerFunc(benchHandler))
 	rig := newBenchRig("cached")
 	rig.serve(b, h, http.StatusCreated)
 	b.ReportAllocs()
@@ -143,7 +143,7 @@ func BenchmarkFingerprint(b *testing.B) {
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
 			for b.Loop() {
-				fingerprint(r, body, true)
+				(&config{}).fingerprint(r, body, true)
 			}
 		})
 	}
@@ -156,7 +156,7 @@ func BenchmarkFingerprint(b *testing.B) {
 		b.SetBytes(1 << 10)
 		b.ReportAllocs()
 		for b.Loop() {
-			fingerprint(r, body, true)
+			(&config{}).fingerprint(r, body, true)
 		}
 	})
 }

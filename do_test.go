@@ -289,7 +289,7 @@ func TestDoResultThatCannotBeEncoded(t *testing.T) {
 // function names the same scope the function call does.
 func TestDoKeysNeverMeetRequestKeys(t *testing.T) {
 	prefix := "test-" + t.Name()
-	m := New(redistest.Client(t, prefix), WithKeyPrefix(prefix),
+	m := New(redistest.Client(t, prefix), WithKeyPrefix(prefix), WithCallerCredentials(),
 		WithScope(func(r *http.Request) (string, error) { return r.Header.Get("Tenant"), nil }))
 	h := m.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
 	for _, tenant := range []string{"orders", "f:orders"} { // the second is what a Do scope once became

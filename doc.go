@@ -10,9 +10,11 @@
 // header Idempotent-Replayed: true. A duplicate that arrives while the first
 // still runs waits for it, a reused key with a different request is refused,
 // and when Redis is unreachable nothing runs (503) unless WithFailOpen says
-// otherwise.
+// otherwise. Key mode must be told who its callers are, or one caller's
+// stored answer could reach another (WithCallerCredentials, WithScope,
+// WithSharedKeys; ProtectKey panics without one).
 //
-//	idem := idempotency.New(rdb)
+//	idem := idempotency.New(rdb, idempotency.WithCallerCredentials())
 //	r := chi.NewRouter()
 //	r.Get("/idempotency/token", idem.TokenHandler().ServeHTTP)
 //	r.With(idem.Protect).Post("/orders", createOrder)
@@ -57,6 +59,7 @@
 //	handler.go       the HTTP adapter over the lifecycle
 //	extract.go       KeyExtractor: HeaderKey, FormKey, JSONKey, FirstKey
 //	identify.go      the key, the scope and the route a request names
+//	caller.go        who sent a key-mode request: credentials, ScopeByHeader
 //	body.go          reading the request body once, for the fingerprint
 //	fingerprint.go   Fingerprinter: DefaultFingerprint, CanonicalJSON, JSONFields, IncludeHeaders
 //	canonical.go     the canonical JSON form

@@ -24,6 +24,7 @@ func ExampleWithErrorHandler() {
 	defer rdb.Close()
 	idem := idempotency.New(rdb,
 		idempotency.WithKeyPrefix("example:errors"),
+		idempotency.WithCallerCredentials(),
 		idempotency.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
 			if !errors.Is(err, idempotency.ErrKeyReused) {
 				idempotency.DefaultErrorHandler(w, r, err)

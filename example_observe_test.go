@@ -24,6 +24,7 @@ func ExampleWithObserver() {
 	defer rdb.Close()
 	idem := idempotency.New(rdb,
 		idempotency.WithKeyPrefix("example:observer"),
+		idempotency.WithCallerCredentials(),
 		idempotency.WithObserver(func(e idempotency.Event) {
 			what := "a function call (Do)"
 			if e.Request != nil {
@@ -83,6 +84,7 @@ func ExampleLogObserver() {
 	defer rdb.Close()
 	idem := idempotency.New(rdb,
 		idempotency.WithKeyPrefix("example:log"),
+		idempotency.WithCallerCredentials(),
 		idempotency.WithObserver(idempotency.LogObserver(logger)),
 	)
 	mux := http.NewServeMux()

@@ -27,6 +27,7 @@ func ExampleNew() {
 	defer rdb.Close()
 	idem := idempotency.New(rdb,
 		idempotency.WithKeyPrefix("example:new"),
+		idempotency.WithCallerCredentials(), // callers are told apart by Authorization, cookies, TLS certificates
 		idempotency.WithRecordTTL(2*time.Hour),
 		idempotency.WithStoreTimeout(500*time.Millisecond),
 		idempotency.WithStorePolicy(idempotency.StoreNoTransient),
@@ -69,7 +70,11 @@ func ExampleMiddleware_ProtectKey() {
 		ContextTimeoutEnabled: true,      // lets WithStoreTimeout cut a stalled Redis short
 	})
 	defer rdb.Close()
-	idem := idempotency.New(rdb, idempotency.WithKeyPrefix("example:key"))
+	idem := idempotency.New(rdb,
+		idempotency.WithKeyPrefix("example:key"),
+		// Callers send an API key: one caller never receives another's answer.
+		idempotency.WithScope(idempotency.ScopeByHeader("X-Api-Key")),
+	)
 	charges := 0
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -83,6 +88,7 @@ func ExampleMiddleware_ProtectKey() {
 	for range 3 { // a client retrying after timeouts
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":500}`))
 		req.Header.Set("Idempotency-Key", "order-7-payment")
+		req.Header.Set("X-Api-Key", "sk_alice")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			panic(err)
@@ -91,10 +97,22 @@ func ExampleMiddleware_ProtectKey() {
 		resp.Body.Close()
 		fmt.Println(resp.StatusCode, string(body), "replayed:", resp.Header.Get("Idempotent-Replayed") == "true")
 	}
+	// Another caller with the same key and body runs its own request.
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":500}`))
+	req.Header.Set("Idempotency-Key", "order-7-payment")
+	req.Header.Set("X-Api-Key", "sk_bob")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		panic(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	fmt.Println(resp.StatusCode, string(body), "replayed:", resp.Header.Get("Idempotent-Replayed") == "true")
 	// Output:
 	// 201 charge 1 replayed: false
 	// 201 charge 1 replayed: true
 	// 201 charge 1 replayed: true
+	// 201 charge 2 replayed: false
 }
 
 // Token mode for a script-driven page: it fetches a token from

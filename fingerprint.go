@@ -166,10 +166,10 @@ func appendParts(b []byte, parts ...string) []byte {
 // fingerprint is the built-in fingerprint, bound as fingerprintOf binds
 // it. The body is hashed on its own first, so that a large body is read
 // once and never copied.
-func fingerprint(r *http.Request, body []byte, bindCaller bool) fingerprintSum {
+func (c *config) fingerprint(r *http.Request, body []byte, bindCaller bool) fingerprintSum {
 	bp := scratch.Get().(*[]byte)
 	b := appendDefault((*bp)[:0], r, body)
-	b = appendBinding(b, r, bindCaller)
+	b = c.appendBinding(b, r, bindCaller)
 	sum := sha256.Sum256(b)
 	*bp = b
 	scratch.Put(bp)
@@ -184,12 +184,12 @@ func fingerprint(r *http.Request, body []byte, bindCaller bool) fingerprintSum {
 // Fingerprinter can drop neither.
 func (c *config) fingerprintOf(r *http.Request, body []byte, bindCaller bool) fingerprintSum {
 	if c.fingerprinter == nil {
-		return fingerprint(r, body, bindCaller)
+		return c.fingerprint(r, body, bindCaller)
 	}
 	h := sha256.New()
 	h.Write(c.fingerprinter(r, body))
 	bp := scratch.Get().(*[]byte)
-	b := appendBinding((*bp)[:0], r, bindCaller)
+	b := c.appendBinding((*bp)[:0], r, bindCaller)
 	h.Write(b)
 	*bp = b
 	scratch.Put(bp)
@@ -202,12 +202,12 @@ func (c *config) fingerprintOf(r *http.Request, body []byte, bindCaller bool) fi
 // and caller after a Fingerprinter's material, to be read from the end: a
 // flag, the caller's digest when the flag says so, the host's length and
 // the host. Whatever the material, no two bindings end it alike.
-func appendBinding(b []byte, r *http.Request, bindCaller bool) []byte {
+func (c *config) appendBinding(b []byte, r *http.Request, bindCaller bool) []byte {
 	host := hostName(r.Host)
 	b = append(b, host...)
 	b = appendCount(b, len(host))
 	if bindCaller {
-		if sum, ok := callerDigest(r); ok {
+		if sum, ok := c.callerDigest(r); ok {
 			return append(append(b, sum[:]...), 1)
 		}
 	}

@@ -62,7 +62,7 @@ func TestFingerprinters(t *testing.T) {
 	require.False(t, sameFingerprint(versioned, req("POST", "/p", `{}`, "Api-Version", "2"), req("POST", "/p", `{}`, "Api-Version", "3")))
 
 	r, body := fpRequest("POST", "/p?x=1", `{"a":1}`)
-	require.Equal(t, fingerprint(r, body, true), (&config{fingerprinter: DefaultFingerprint}).fingerprintOf(r, body, true),
+	require.Equal(t, (&config{}).fingerprint(r, body, true), (&config{fingerprinter: DefaultFingerprint}).fingerprintOf(r, body, true),
 		"DefaultFingerprint is the built-in fingerprint")
 }
 
@@ -228,7 +228,7 @@ func FuzzFingerprint(f *testing.F) {
 		r1 := &http.Request{Method: m1, URL: &url.URL{Path: p1, RawQuery: q1}}
 		r2 := &http.Request{Method: m2, URL: &url.URL{Path: p2, RawQuery: q2}}
 		same := m1 == m2 && r1.URL.EscapedPath() == r2.URL.EscapedPath() && q1 == q2 && bytes.Equal(b1, b2)
-		if (fingerprint(r1, b1, true) == fingerprint(r2, b2, true)) != same {
+		if ((&config{}).fingerprint(r1, b1, true) == (&config{}).fingerprint(r2, b2, true)) != same {
 			t.Fatalf("fingerprints of %q %q %q and %q %q %q: same request %v", m1, p1, q1, m2, p2, q2, same)
 		}
 	})

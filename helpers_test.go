@@ -60,9 +60,11 @@ func newShop(t *testing.T, opts ...Option) *shop {
 	return newShopOn(t, rdb, append([]Option{WithKeyPrefix(prefix)}, opts...)...)
 }
 
+// newShopOn's key mode binds the callers' credentials unless opts say
+// otherwise.
 func newShopOn(t *testing.T, rdb redis.UniversalClient, opts ...Option) *shop {
 	t.Helper()
-	s := &shop{t: t, rdb: rdb, idem: New(rdb, opts...)}
+	s := &shop{t: t, rdb: rdb, idem: New(rdb, append([]Option{WithCallerCredentials()}, opts...)...)}
 	s.handler = s.defaultHandler
 	mux := http.NewServeMux()
 	mux.Handle("/idempotency/token", s.idem.TokenHandler())

@@ -1,11 +1,9 @@
 package idempotency
 
 import (
-	"crypto/sha256"
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
 	"time"
 
@@ -29,21 +27,14 @@ func (m *Middleware) identify(c *call, extract KeyExtractor) error {
 	case !validKey(key, m.cfg.maxKeyLen):
 		return ErrInvalidKey
 	}
-	// Key mode's default rule, without WithScope, keeps two promises with
-	// what a request says about its caller and nothing else: a caller's
-	// retry never runs twice, and no caller receives another's answer. A
-	// key is claimed once per route, the host and the path the client
-	// sent. The caller's identity material (every Authorization value and
-	// every cookie, the app's own sessions included, which the middleware
-	// cannot tell from the rest) is bound into the fingerprint. So the
-	// same key from another caller, or from one whose material changed
-	// between two tries (it took a session, its bearer token was
-	// refreshed), is refused as another request: it neither runs again,
-	// as it would under a scope keyed by the material, nor sees the first
-	// answer. Anonymous requests share the route's keys: the key is then
-	// the only secret.
-	bindCaller := !c.tokenMode && m.cfg.scope == nil
-	if bindCaller {
+	// Without WithScope, key mode claims a key once per route, the host
+	// and the path the client sent; WithCallerCredentials then binds the
+	// caller's credentials into the fingerprint (see caller.go), so that
+	// another caller with the same key is refused as another request: it
+	// neither runs again nor sees the first answer.
+	routeKeys := !c.tokenMode && m.cfg.scope == nil
+	bindCaller := routeKeys && m.cfg.keyCaller == callerCredentials
+	if routeKeys {
 		c.id = routeIdentity(hostName(c.r.Host), route.Path(c.r), key)
 	} else {
 		c.scope, err = m.scopeOf(c.r)
@@ -110,45 +101,4 @@ func hostName(host string) string {
 		}
 	}
 	return host
-}
-
-// callerSum is a digest of a caller's identity material.
-type callerSum [sha256.Size]byte
-
-// callerDigest digests every Authorization value, in order, and every
-// cookie, sorted by name and value so that neither their order nor their
-// split over several Cookie lines (HTTP/2 sends one per cookie) counts.
-// ok is false for an anonymous request, which costs nothing to find.
-func callerDigest(r *http.Request) (sum callerSum, ok bool) {
-	auth := r.Header["Authorization"]
-	var cookies []*http.Cookie
-	if len(r.Header["Cookie"]) > 0 {
-		cookies = r.Cookies()
-		slices.SortFunc(cookies, func(a, b *http.Cookie) int {
-			if c := strings.Compare(a.Name, b.Name); c != 0 {
-				return c
-			}
-			return strings.Compare(a.Value, b.Value)
-		})
-	}
-	if len(auth) == 0 && len(cookies) == 0 {
-		return sum, false
-	}
-	bp := scratch.Get().(*[]byte)
-	b := appendCount((*bp)[:0], len(auth))
-	for _, v := range auth {
-		b = appendParts(b, v)
-	}
-	b = appendCount(b, len(cookies))
-	for _, c := range cookies {
-		b = appendParts(b, c.Name, c.Value)
-	}
-	sum = sha256.Sum256(b)
-	*bp = b
-	scratch.Put(bp)
-	return sum, true
-}
-
-func appendCount(b []byte, n int) []byte {
-	return append(b, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
 }

@@ -356,10 +356,10 @@ func TestAWaitEndedByTheCallersDeadlineIsAnswered(t *testing.T) {
 				time.Sleep(700 * time.Millisecond)
 				w.WriteHeader(http.StatusCreated)
 			})
-			a := New(redistest.Client(t, prefix), WithKeyPrefix(prefix))
+			a := New(redistest.Client(t, prefix), WithKeyPrefix(prefix), WithCallerCredentials())
 			b := a
 			if where == "other instance" {
-				b = New(redistest.Client(t, prefix), WithKeyPrefix(prefix))
+				b = New(redistest.Client(t, prefix), WithKeyPrefix(prefix), WithCallerCredentials())
 			}
 			first := httptest.NewServer(a.ProtectKey(slow))
 			t.Cleanup(first.Close)

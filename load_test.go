@@ -28,8 +28,8 @@ func TestLoadTwoInstancesWithDuplicates(t *testing.T) {
 	rdb := srv.Client(t)
 	h := newCounting(2 * time.Millisecond)
 	instances := []*httptest.Server{
-		httptest.NewServer(New(rdb).ProtectKey(h)),
-		httptest.NewServer(New(rdb).ProtectKey(h)),
+		httptest.NewServer(New(rdb, WithCallerCredentials()).ProtectKey(h)),
+		httptest.NewServer(New(rdb, WithCallerCredentials()).ProtectKey(h)),
 	}
 	for _, s := range instances {
 		t.Cleanup(s.Close)

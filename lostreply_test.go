@@ -23,7 +23,7 @@ func TestLostRepliesTrials(t *testing.T) {
 	direct := srv.Client(t)
 
 	h := newCounting(0)
-	m := New(rdb, WithKeyPrefix("lost")).ProtectKey(h)
+	m := New(rdb, WithKeyPrefix("lost"), WithCallerCredentials()).ProtectKey(h)
 	send(m, "warm-up", `{}`) // loads every script, so each trial's commands are EVALSHA
 
 	steps := map[string]string{"claim": claimScript.Hash(), "complete": completeScript.Hash()}

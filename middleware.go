@@ -77,7 +77,7 @@ func contextTimeouts(client redis.UniversalClient) (known, enabled bool) {
 
 // ProtectKey is a one-liner for key mode, for use in chi's r.With:
 //
-//	r.With(idempotency.ProtectKey(rdb)).Post("/webhooks", handle)
+//	r.With(idempotency.ProtectKey(rdb, idempotency.WithCallerCredentials())).Post("/payments", pay)
 func ProtectKey(client redis.UniversalClient, opts ...Option) func(http.Handler) http.Handler {
 	return New(client, opts...).ProtectKey
 }
@@ -95,7 +95,13 @@ func (m *Middleware) Protect(next http.Handler) http.Handler {
 
 // ProtectKey wraps next in key mode: the client chooses the key (a Stripe
 // style Idempotency-Key, a message id) and nothing is issued beforehand.
+// It panics, at start-up, unless the Middleware was told who the callers
+// are (WithCallerCredentials, WithScope or WithSharedKeys): otherwise a
+// caller that sends another's key and body could receive its answer.
 func (m *Middleware) ProtectKey(next http.Handler) http.Handler {
+	if m.cfg.scope == nil && m.cfg.keyCaller == callerUnset {
+		panic(errNoCallerRule)
+	}
 	extract := m.cfg.extractor
 	if extract == nil {
 		extract = HeaderKey(KeyHeader)

@@ -24,7 +24,7 @@ import (
 func interruptedPayment(t *testing.T, s *shop, key string) (keys, string) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
-	fp := fingerprint(req, []byte(`{}`), true)
+	fp := (&config{}).fingerprint(req, []byte(`{}`), true)
 	k := clientKeys(s.idem.cfg.prefix, paymentID(key))
 	crashAfterClaim(t, s, k, fp.text())
 	return k, hex.EncodeToString(fp[:])

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 )
@@ -27,6 +28,8 @@ type config struct {
 	tokenSecret     []byte
 	replayHeaders   map[string]bool // nil: everything but Set-Cookie and hop-by-hop
 	scope           func(*http.Request) (string, error)
+	keyCaller       keyCaller
+	callerHeaders   []string // canonical
 	extractor       KeyExtractor
 	errorHandler    func(http.ResponseWriter, *http.Request, error)
 	logger          *slog.Logger
@@ -131,24 +134,53 @@ func WithReplayHeaders(names ...string) Option {
 }
 
 // WithScope sets the function that names the caller's scope (a user, API
-// client or tenant id, from what the app's authentication found). Tokens
-// and keys never cross scopes, and a retry from the same scope replays,
-// whatever else changed in its credentials. A non-nil error answers 401
-// with the no-scope problem.
+// client or tenant id, from what the app's authentication found), in both
+// modes: tokens and keys never cross scopes, and a retry from the same
+// scope replays, whatever else changed in its credentials. ScopeByHeader
+// and ScopeByClientCertificate are ready-made. A non-nil error answers 401
+// with the no-scope problem. It takes precedence over
+// WithCallerCredentials and WithSharedKeys.
 //
-// Default: in token mode the session cookie set by the token endpoint. In
-// key mode a key belongs to its route, the host (without port, in lower
-// case) and the path the client sent, and the request to its caller: every
-// Authorization value and every cookie, the app's own sessions included,
-// is bound into the fingerprint. The same key from another caller, or from
-// a caller whose credentials or cookies changed between two tries, is then
-// refused 422 key-reused: it never runs twice and never receives another
-// caller's answer. Requests with neither share the route's keys. Apps
-// whose callers refresh tokens, log in between tries or carry cookies that
-// change (a handler's Set-Cookie, analytics) pass a scope function that
-// names the caller; it replaces the default rule entirely.
+// Default: in token mode the session cookie set by the token endpoint. Key
+// mode has no default: ProtectKey panics unless WithScope,
+// WithCallerCredentials or WithSharedKeys says who the callers are.
 func WithScope(fn func(*http.Request) (string, error)) Option {
 	return func(c *config) { c.scope = fn }
+}
+
+// WithCallerCredentials tells key mode that callers are told apart by
+// their credentials, and binds them into every request's fingerprint:
+// every Authorization and Proxy-Authorization value, every cookie (the
+// app's own sessions included), the TLS client certificate, the query
+// string (in canonical order), and the values of the headers named here
+// (an API key, the user header an authenticating proxy sets). A key is
+// claimed once per route, the host (without port, in lower case) and the
+// path the client sent. The same key from another caller, or from a
+// caller whose credentials or cookies changed between two tries, is
+// refused 422 key-reused: it never runs twice and never receives another
+// caller's answer. Requests with none of them share the route's keys.
+// Callers that refresh tokens, log in between tries or carry cookies that
+// change (a handler's Set-Cookie, analytics) are better named by WithScope.
+// Name every header your callers may authenticate by: one left out lets a
+// caller receive the answer of another who sent the same key and body.
+func WithCallerCredentials(headers ...string) Option {
+	return func(c *config) {
+		c.keyCaller = callerCredentials
+		c.callerHeaders = c.callerHeaders[:0]
+		for _, h := range headers {
+			c.callerHeaders = append(c.callerHeaders, http.CanonicalHeaderKey(h))
+		}
+	}
+}
+
+// WithSharedKeys tells key mode that every caller shares the keys of a
+// route (its host and the path the client sent): whoever presents a key
+// receives the answer stored for it, and nothing about the caller is
+// checked. Use it for one caller, or callers that trust each other (a
+// single webhook sender whose signature the handler checks, an internal
+// queue), never for a public API.
+func WithSharedKeys() Option {
+	return func(c *config) { c.keyCaller, c.callerHeaders = callerShared, nil }
 }
 
 // WithKeyExtractor sets where the key (or issued token) is read from.
@@ -292,8 +324,8 @@ func WithObserver(fn func(Event)) Option { return func(c *config) { c.observer =
 
 // WithFingerprint sets what makes two requests with one key the same
 // request. Whatever f writes, the middleware binds the fingerprint to the
-// host the request was sent to and, in key mode without WithScope, to its
-// caller (see WithScope). Default DefaultFingerprint.
+// host the request was sent to and, under WithCallerCredentials, to its
+// caller's credentials. Default DefaultFingerprint.
 func WithFingerprint(f Fingerprinter) Option { return func(c *config) { c.fingerprinter = f } }
 
 // WithStorePolicy sets which answers are stored. It replaces
@@ -423,6 +455,8 @@ func (c *config) validate() error {
 			"Redis is unreachable commits its writes without an outcome, and its retry runs them again")
 	case c.sessionCookie == "" || c.formField == "":
 		return fmt.Errorf("session cookie and form field names must not be empty")
+	case slices.ContainsFunc(c.callerHeaders, func(h string) bool { return !validToken(h) }):
+		return fmt.Errorf("WithCallerCredentials names a header that is not a header name: %q", c.callerHeaders)
 	}
 	return nil
 }

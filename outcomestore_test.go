@@ -36,7 +36,7 @@ func (f *fakeOutcomes) Recover(_ context.Context, _ string, fence uint64) (Answe
 func abandonedPayment(t *testing.T, s *shop) string {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
-	fp := fingerprint(req, []byte(`{}`), true)
+	fp := (&config{}).fingerprint(req, []byte(`{}`), true)
 	crashAfterClaim(t, s, clientKeys(s.idem.cfg.prefix, paymentID("k")), fp.text())
 	return hex.EncodeToString(fp[:])
 }

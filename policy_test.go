@@ -132,7 +132,7 @@ func TestSafeMethodsPassThrough(t *testing.T) {
 	send("post")
 	require.Equal(t, Rejected, events.last(t).Outcome, "a lower-case post is protected (and differs from POST)")
 
-	allButPost := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix+"-put"), WithUnprotectedMethods("POST"), WithObserver(events.observe))
+	allButPost := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix+"-put"), WithCallerCredentials(), WithUnprotectedMethods("POST"), WithObserver(events.observe))
 	h = allButPost.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { execs.Add(1) }))
 	send(http.MethodPost)
 	require.Equal(t, Unprotected, events.last(t).Outcome)

@@ -205,7 +205,7 @@ func TestFailedWritesStillRecordTheWholeAnswer(t *testing.T) {
 	})
 	t.Run("timeout handler outside", func(t *testing.T) {
 		prefix := "test-" + strings.ReplaceAll(t.Name(), "/", "-")
-		m := New(redistest.Client(t, prefix), WithKeyPrefix(prefix))
+		m := New(redistest.Client(t, prefix), WithKeyPrefix(prefix), WithCallerCredentials())
 		var execs atomic.Int64
 		h := http.TimeoutHandler(m.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if execs.Add(1) == 1 {
@@ -273,7 +273,7 @@ func (g *gzipWriter) Write(p []byte) (int, error) { return g.gz.Write(p) }
 // middleware, and an outer compression is applied per request.
 func TestOuterMiddlewareDecoratesEachAnswer(t *testing.T) {
 	prefix := "test-" + t.Name()
-	m := New(redistest.Client(t, prefix), WithKeyPrefix(prefix))
+	m := New(redistest.Client(t, prefix), WithKeyPrefix(prefix), WithCallerCredentials())
 	body := strings.Repeat(`{"order":"tea"}`, 70) // 1 KiB, worth compressing
 	var execs atomic.Int64
 	h := m.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -100,8 +100,8 @@ func TestConcurrentDuplicateTrials(t *testing.T) {
 		t.Run(fmt.Sprintf("K=%d", k), func(t *testing.T) {
 			rdb, prefix := reliabilityRedis(t)
 			h := newCounting(time.Millisecond)
-			a := New(rdb, WithKeyPrefix(prefix)).ProtectKey(h)
-			b := New(rdb, WithKeyPrefix(prefix)).ProtectKey(h)
+			a := New(rdb, WithKeyPrefix(prefix), WithCallerCredentials()).ProtectKey(h)
+			b := New(rdb, WithKeyPrefix(prefix), WithCallerCredentials()).ProtectKey(h)
 			n := trials(200, 1000)
 			replays, conflicts := 0, 0
 			for trial := range n {
@@ -150,7 +150,7 @@ func TestLeaseShorterThanHandlerTrials(t *testing.T) {
 	// beside two busy loops and other builds) lost every lease at once.
 	const lease = time.Second
 	h := newCounting(3 * lease)
-	opts := []Option{WithKeyPrefix(prefix), WithLockLease(lease), WithRetryAbandoned()}
+	opts := []Option{WithKeyPrefix(prefix), WithCallerCredentials(), WithLockLease(lease), WithRetryAbandoned()}
 	a, b := New(rdb, opts...).ProtectKey(h), New(rdb, opts...).ProtectKey(h)
 	send(a, "warm-up", `{}`) // loads the scripts, the watchdog's included
 	n := trials(200, 1000)
@@ -325,7 +325,7 @@ func TestInterruptionTrials(t *testing.T) {
 				panic(http.ErrAbortHandler) // after the effect and the status
 			}
 		})
-		m := New(rdb, WithKeyPrefix(prefix)).ProtectKey(panicky)
+		m := New(rdb, WithKeyPrefix(prefix), WithCallerCredentials()).ProtectKey(panicky)
 		for trial := range n {
 			when := [...]string{"before", "after"}[trial%2]
 			key := fmt.Sprint("panic-", trial)
@@ -348,7 +348,7 @@ func TestInterruptionTrials(t *testing.T) {
 	t.Run("client disconnect", func(t *testing.T) {
 		rdb, prefix := reliabilityRedis(t)
 		h := newCounting(30 * time.Millisecond)
-		srv := httptest.NewServer(New(rdb, WithKeyPrefix(prefix)).ProtectKey(h))
+		srv := httptest.NewServer(New(rdb, WithKeyPrefix(prefix), WithCallerCredentials()).ProtectKey(h))
 		t.Cleanup(srv.Close)
 		var wg sync.WaitGroup
 		sem := make(chan struct{}, 20)
@@ -393,10 +393,10 @@ func TestInterruptionTrials(t *testing.T) {
 	t.Run("server shutdown", func(t *testing.T) {
 		rdb, prefix := reliabilityRedis(t)
 		h := newCounting(50 * time.Millisecond)
-		other := New(rdb, WithKeyPrefix(prefix)).ProtectKey(h)
+		other := New(rdb, WithKeyPrefix(prefix), WithCallerCredentials()).ProtectKey(h)
 		replayed := 0
 		for trial := range n / 4 {
-			srv := httptest.NewServer(New(rdb, WithKeyPrefix(prefix)).ProtectKey(h))
+			srv := httptest.NewServer(New(rdb, WithKeyPrefix(prefix), WithCallerCredentials()).ProtectKey(h))
 			before := h.executions()
 			var wg sync.WaitGroup
 			for i := range 4 {

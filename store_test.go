@@ -217,7 +217,7 @@ func TestAbandonedExecution(t *testing.T) {
 			}
 			s := newShop(t, opts...)
 			req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
-			fp := fingerprint(req, []byte(`{}`), true)
+			fp := (&config{}).fingerprint(req, []byte(`{}`), true)
 			crashAfterClaim(t, s, clientKeys(s.idem.cfg.prefix, paymentID("k")), fp.text())
 			a := s.post(s.client(), "/payments", "k", `{}`)
 			if retry {
@@ -308,7 +308,7 @@ func TestFencingTokensGrowWithEveryExecution(t *testing.T) {
 	// A key whose first executor vanished: the retry's token is higher.
 	k := clientKeys(s.idem.cfg.prefix, paymentID("c"))
 	req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/payments", strings.NewReader(`{}`))
-	fp := fingerprint(req, []byte(`{}`), true)
+	fp := (&config{}).fingerprint(req, []byte(`{}`), true)
 	_, crashed := crashAfterClaim(t, s, k, fp.text())
 	s.post(c, "/payments", "c", `{}`)
 

@@ -36,7 +36,7 @@ func payment(key string) *http.Request {
 // again, and neither is interrupted any more.
 func TestOperatorSettlesInterruptedKeys(t *testing.T) {
 	const prefix = "test-admin"
-	idem := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix),
+	idem := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix), idempotency.WithCallerCredentials(),
 		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
 	var crash bool
 	h := idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -105,7 +105,7 @@ type payments struct {
 }
 
 func newPayments(t *testing.T, prefix string) *payments {
-	idem := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix),
+	idem := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix), idempotency.WithCallerCredentials(),
 		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
 	p := &payments{ops: admin.New(idem)}
 	p.h = idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

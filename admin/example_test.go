@@ -24,7 +24,7 @@ func ExampleOperator_Interrupted() {
 		ContextTimeoutEnabled: true,      // lets WithStoreTimeout cut a stalled Redis short
 	})
 	defer rdb.Close()
-	idem := idempotency.New(rdb, idempotency.WithKeyPrefix("admin-example:payments"),
+	idem := idempotency.New(rdb, idempotency.WithKeyPrefix("admin-example:payments"), idempotency.WithCallerCredentials(),
 		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
 	crash := true
 	pay := idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -24,7 +24,7 @@ func ExampleTransport() {
 		ContextTimeoutEnabled: true,      // lets WithStoreTimeout cut a stalled Redis short
 	})
 	defer rdb.Close()
-	idem := idempotency.New(rdb, idempotency.WithKeyPrefix("client-example:transport"))
+	idem := idempotency.New(rdb, idempotency.WithKeyPrefix("client-example:transport"), idempotency.WithCallerCredentials())
 	var charges atomic.Int64
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

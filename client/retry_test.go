@@ -388,7 +388,7 @@ func TestTransportRetriesStreamResetsThatMayPass(t *testing.T) {
 // URL and the count of the handler's runs.
 func panicking(t *testing.T, http2, recovered bool) (*Transport, string, *atomic.Int32) {
 	prefix := fmt.Sprintf("test-client-panic-%t-%t", http2, recovered)
-	idem := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix),
+	idem := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix), idempotency.WithCallerCredentials(),
 		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
 	runs := new(atomic.Int32)
 	var h http.Handler = idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -126,7 +126,7 @@ func TestRedisFaultsThroughToxiproxy(t *testing.T) {
 						inject()
 					}
 				})
-				m := idempotency.New(rdb, idempotency.WithKeyPrefix(prefix), idempotency.WithStoreTimeout(storeTimeout),
+				m := idempotency.New(rdb, idempotency.WithKeyPrefix(prefix), idempotency.WithCallerCredentials(), idempotency.WithStoreTimeout(storeTimeout),
 					idempotency.WithLockLease(300*time.Millisecond)).ProtectKey(handler)
 				require.Equal(t, http.StatusCreated, sendKey(m, "warm-up").Code)
 

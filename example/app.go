@@ -51,7 +51,7 @@ func newApp(rdb redis.UniversalClient, cfg config, accounts *bank.Bank) (http.Ha
 	// carries the payment's own id and the write is fenced, so running
 	// again cannot pay twice, while a stored 503 would refuse the payment
 	// for a day.
-	payments := idempotency.New(rdb, idempotency.WithFingerprint(idempotency.CanonicalJSON),
+	payments := idempotency.New(rdb, idempotency.WithCallerCredentials(), idempotency.WithFingerprint(idempotency.CanonicalJSON),
 		idempotency.WithStorePolicy(idempotency.StoreNoTransient))
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)

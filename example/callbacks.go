@@ -57,7 +57,7 @@ type callbacks struct {
 // latency is the simulated work of every callback (CALLBACK_LATENCY).
 func registerCallbacks(r chi.Router, rdb redis.UniversalClient, latency time.Duration) []*idempotency.Middleware {
 	cb := &callbacks{log: orderlog.New(rdb, callbacksLog, "pid-"+strconv.Itoa(os.Getpid())), latency: latency}
-	byKey := idempotency.New(rdb, idempotency.WithRetryAbandoned())
+	byKey := idempotency.New(rdb, idempotency.WithCallerCredentials(), idempotency.WithRetryAbandoned())
 	byEvent := idempotency.New(rdb, idempotency.WithRetryAbandoned(),
 		idempotency.WithKeyExtractor(cloudevents.Key),
 		idempotency.WithScope(cloudevents.Scope))

@@ -19,7 +19,7 @@ import (
 // interrupted. That is only safe for handlers that write nothing outside
 // the transaction, which is why the other routes keep theirs.
 func registerTransfers(r chi.Router, rdb redis.UniversalClient, b *bank.Bank) *idempotency.Middleware {
-	transfers := idempotency.New(rdb, idempotency.WithOutcomeStore(b.Outcomes()),
+	transfers := idempotency.New(rdb, idempotency.WithCallerCredentials(), idempotency.WithOutcomeStore(b.Outcomes()),
 		idempotency.WithFingerprint(idempotency.CanonicalJSON))
 	r.With(transfers.ProtectKey).Post("/transfers", b.Outcomes().Handler(b.Transfer).ServeHTTP)
 	r.Get("/accounts", b.ListAccounts)

@@ -17,7 +17,7 @@ import (
 // function, pass its t to idemtest.New; an Example has none, so a stand-in
 // takes its place.
 func Example() {
-	idem := idemtest.New(exampleT())
+	idem := idemtest.New(exampleT(), idempotency.WithCallerCredentials())
 	orders := 0
 	srv := httptest.NewServer(idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		orders++

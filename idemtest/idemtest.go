@@ -5,7 +5,7 @@
 // (422) and Redis down (503).
 //
 //	func TestCreateOrder(t *testing.T) {
-//		idem := idemtest.New(t)
+//		idem := idemtest.New(t, idempotency.WithCallerCredentials())
 //		srv := httptest.NewServer(idem.ProtectKey(http.HandlerFunc(createOrder)))
 //		defer srv.Close()
 //		// POST twice with one Idempotency-Key: one order, two equal answers.

@@ -80,7 +80,7 @@ func problem(a answer) string {
 }
 
 func TestKeyModeRunsOnceAndReplays(t *testing.T) {
-	p := newPayments(t, idemtest.New(t))
+	p := newPayments(t, idemtest.New(t, idempotency.WithCallerCredentials()))
 	first := post(t, http.DefaultClient, p.srv.URL, "pay-1", `{"amount":5}`)
 	again := post(t, http.DefaultClient, p.srv.URL, "pay-1", `{"amount":5}`)
 	require.Equal(t, http.StatusCreated, first.status, first.body)
@@ -129,7 +129,7 @@ func TestTokenMode(t *testing.T) {
 // waiters' pub/sub) and replays its answer.
 func TestDuplicateOnAnotherInstanceWaits(t *testing.T) {
 	r := idemtest.NewRedis(t)
-	a, b := newPayments(t, r.New()), newPayments(t, r.New())
+	a, b := newPayments(t, r.New(idempotency.WithCallerCredentials())), newPayments(t, r.New(idempotency.WithCallerCredentials()))
 	started, finish := make(chan struct{}), make(chan struct{})
 	a.handle = func(w http.ResponseWriter, _ *http.Request) {
 		close(started)
@@ -167,7 +167,7 @@ func TestDuplicateOnAnotherInstanceWaits(t *testing.T) {
 // A lease shorter than the handler is renewed (redislock's refresh) while
 // the handler runs.
 func TestLeaseRenewedWhileTheHandlerRuns(t *testing.T) {
-	p := newPayments(t, idemtest.New(t, idempotency.WithLockLease(100*time.Millisecond)))
+	p := newPayments(t, idemtest.New(t, idempotency.WithCallerCredentials(), idempotency.WithLockLease(100*time.Millisecond)))
 	p.handle = func(w http.ResponseWriter, _ *http.Request) {
 		time.Sleep(300 * time.Millisecond)
 		w.WriteHeader(http.StatusCreated)
@@ -179,7 +179,7 @@ func TestLeaseRenewedWhileTheHandlerRuns(t *testing.T) {
 
 // A handler that releases its key (release.lua) lets the retry run again.
 func TestReleasedKeyRunsAgain(t *testing.T) {
-	p := newPayments(t, idemtest.New(t))
+	p := newPayments(t, idemtest.New(t, idempotency.WithCallerCredentials()))
 	p.handle = func(w http.ResponseWriter, r *http.Request) {
 		if idempotency.Release(r.Context()) {
 			w.WriteHeader(http.StatusUnprocessableEntity)
@@ -191,7 +191,7 @@ func TestReleasedKeyRunsAgain(t *testing.T) {
 }
 
 func TestDo(t *testing.T) {
-	idem := idemtest.New(t)
+	idem := idemtest.New(t, idempotency.WithCallerCredentials())
 	var runs atomic.Int64
 	charge := func(context.Context) (string, error) { return "receipt-" + itoa(runs.Add(1)), nil }
 	key := idempotency.Key{Scope: "orders-queue", ID: "msg-1", Input: []byte(`{"amount":5}`)}
@@ -208,7 +208,7 @@ func TestDo(t *testing.T) {
 // after its status went out) is found by Interrupted, read by Inspect,
 // and settled by Resolve or Forget.
 func TestOperatorSettlesInterruptedKeys(t *testing.T) {
-	idem := idemtest.New(t)
+	idem := idemtest.New(t, idempotency.WithCallerCredentials())
 	p := newPayments(t, idem)
 	p.handle = func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusCreated)
@@ -254,7 +254,7 @@ func TestOperatorSettlesInterruptedKeys(t *testing.T) {
 // is gone, and the key runs again.
 func TestFastForwardExpiresRecords(t *testing.T) {
 	r := idemtest.NewRedis(t)
-	p := newPayments(t, r.New(idempotency.WithRecordTTL(time.Hour), idempotency.WithResponseCache(0, 0)))
+	p := newPayments(t, r.New(idempotency.WithCallerCredentials(), idempotency.WithRecordTTL(time.Hour), idempotency.WithResponseCache(0, 0)))
 	post(t, http.DefaultClient, p.srv.URL, "hourly", `{}`)
 	post(t, http.DefaultClient, p.srv.URL, "hourly", `{}`)
 	require.EqualValues(t, 1, p.runs.Load())
@@ -266,7 +266,7 @@ func TestFastForwardExpiresRecords(t *testing.T) {
 // SetError stands in for a Redis that is down: the middleware fails closed.
 func TestRedisDownFailsClosed(t *testing.T) {
 	r := idemtest.NewRedis(t)
-	p := newPayments(t, r.New())
+	p := newPayments(t, r.New(idempotency.WithCallerCredentials()))
 	r.SetError("down for the test")
 	a := post(t, http.DefaultClient, p.srv.URL, "k", `{}`)
 	require.Equal(t, http.StatusServiceUnavailable, a.status)
@@ -279,7 +279,7 @@ func TestRedisDownFailsClosed(t *testing.T) {
 // WithReplicaAcks needs WAIT, which the in-process Redis lacks: every
 // claim is refused, as the package documentation says.
 func TestReplicaAcksNeedARealRedis(t *testing.T) {
-	p := newPayments(t, idemtest.New(t, idempotency.WithReplicaAcks(1, 100*time.Millisecond)))
+	p := newPayments(t, idemtest.New(t, idempotency.WithCallerCredentials(), idempotency.WithReplicaAcks(1, 100*time.Millisecond)))
 	a := post(t, http.DefaultClient, p.srv.URL, "k", `{}`)
 	require.Equal(t, "store-unavailable", problem(a))
 	require.Zero(t, p.runs.Load())
@@ -292,7 +292,7 @@ func TestEveryScriptRunsOnMiniredis(t *testing.T) {
 	r := idemtest.NewRedis(t)
 	scripts := &scriptWatch{ran: map[string]bool{}}
 	r.Client().AddHook(scripts)
-	idem := r.New(idempotency.WithLockLease(100 * time.Millisecond))
+	idem := r.New(idempotency.WithCallerCredentials(), idempotency.WithLockLease(100*time.Millisecond))
 	p := newPayments(t, idem)
 	p.handle = func(w http.ResponseWriter, r *http.Request) {
 		switch r.Header.Get(idempotency.KeyHeader) {

@@ -84,6 +84,7 @@ func TestFencingStopsAPausedExecutor(t *testing.T) {
 		var logs syncbuf.Buffer
 		opts := []idempotency.Option{
 			idempotency.WithKeyPrefix(prefix),
+			idempotency.WithCallerCredentials(),
 			idempotency.WithLockLease(100 * time.Millisecond),
 			idempotency.WithRetryAbandoned(),
 			idempotency.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),

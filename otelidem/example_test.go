@@ -41,6 +41,7 @@ func ExampleNewObserver() {
 	defer rdb.Close()
 	idem := idempotency.New(rdb,
 		idempotency.WithKeyPrefix("otel-example"),
+		idempotency.WithCallerCredentials(),
 		idempotency.WithObserver(obs),
 	)
 	mux := http.NewServeMux()

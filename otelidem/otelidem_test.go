@@ -28,7 +28,7 @@ func TestObserverRecordsMetricsAndSpans(t *testing.T) {
 	require.NoError(t, err)
 
 	rdb := redistest.Client(t, "otel-test")
-	h := idempotency.New(rdb, idempotency.WithKeyPrefix("otel-test"), idempotency.WithObserver(obs)).
+	h := idempotency.New(rdb, idempotency.WithKeyPrefix("otel-test"), idempotency.WithCallerCredentials(), idempotency.WithObserver(obs)).
 		ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(http.StatusCreated)
 		}))

@@ -27,7 +27,7 @@ func ExampleStore_Handler() {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
 	// Every handler behind this middleware commits through outcomes.
-	durable := idempotency.New(rdb, idempotency.WithOutcomeStore(outcomes))
+	durable := idempotency.New(rdb, idempotency.WithOutcomeStore(outcomes), idempotency.WithCallerCredentials())
 
 	transfer := func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error {
 		var in struct{ From, To, Amount int64 }

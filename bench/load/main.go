@@ -43,10 +43,10 @@ func main() {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 64, ContextTimeoutEnabled: true})
 	defer rdb.Close()
 
-	a := idempotency.New(rdb, idempotency.WithKeyPrefix("load"))
+	a := idempotency.New(rdb, idempotency.WithKeyPrefix("load"), idempotency.WithCallerCredentials())
 	// The second instance keeps no responses in memory, so that its
 	// duplicates measure the Redis replay path.
-	b := idempotency.New(rdb, idempotency.WithKeyPrefix("load"), idempotency.WithResponseCache(0, 0))
+	b := idempotency.New(rdb, idempotency.WithKeyPrefix("load"), idempotency.WithCallerCredentials(), idempotency.WithResponseCache(0, 0))
 	bare := serve(http.HandlerFunc(handler))
 	instA := serve(a.ProtectKey(http.HandlerFunc(handler)))
 	instB := serve(b.ProtectKey(http.HandlerFunc(handler)))

@@ -32,7 +32,7 @@ func main() {
 	defer srv.Stop()
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 64, ContextTimeoutEnabled: true})
 	defer rdb.Close()
-	idem := idempotency.New(rdb)
+	idem := idempotency.New(rdb, idempotency.WithCallerCredentials())
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

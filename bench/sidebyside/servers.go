@@ -34,7 +34,7 @@ type kind struct {
 var kinds = []kind{
 	{
 		Name: "ours", Title: "this library",
-		What:      "idempotency.New(rdb).ProtectKey, go-redis PoolSize 64, ContextTimeoutEnabled",
+		What:      "idempotency.New(rdb, WithCallerCredentials()).ProtectKey, go-redis PoolSize 64, ContextTimeoutEnabled",
 		Package:   "github.com/onceonly/idempotency/bench/peers/ours",
 		UsesRedis: true,
 		Replay:    replayedByUs,

@@ -92,7 +92,7 @@ func newService(t *testing.T) *service {
 
 	// Every request goes to Redis, as on another instance: an in-process
 	// cache would answer what the tests make Redis forget.
-	opts := []idempotency.Option{idempotency.WithKeyPrefix(s.prefix), idempotency.WithResponseCache(0, 0)}
+	opts := []idempotency.Option{idempotency.WithKeyPrefix(s.prefix), idempotency.WithCallerCredentials(), idempotency.WithResponseCache(0, 0)}
 	durable := idempotency.New(s.rdb, append(opts, idempotency.WithOutcomeStore(outcomes))...)
 	plain := idempotency.New(s.rdb, opts...)
 	transfer := outcomes.Handler(s.transfer)

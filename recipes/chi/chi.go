@@ -18,7 +18,9 @@ func NewRouter(redisAddr string, createOrder, createPayment http.HandlerFunc) *c
 		Addr:                  redisAddr,
 		ContextTimeoutEnabled: true, // lets WithStoreTimeout cut a stalled Redis short
 	})
-	idem := idempotency.New(rdb)
+	// Key-mode callers are told apart by their credentials (Authorization,
+	// cookies, a TLS client certificate; name any other header they use).
+	idem := idempotency.New(rdb, idempotency.WithCallerCredentials())
 
 	r := chi.NewRouter()
 	r.Get("/idempotency/token", idem.TokenHandler().ServeHTTP)

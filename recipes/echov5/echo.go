@@ -19,7 +19,9 @@ func NewRouter(redisAddr string, createOrder, createPayment echo.HandlerFunc) *e
 		Addr:                  redisAddr,
 		ContextTimeoutEnabled: true, // lets WithStoreTimeout cut a stalled Redis short
 	})
-	idem := idempotency.New(rdb)
+	// Key-mode callers are told apart by their credentials (Authorization,
+	// cookies, a TLS client certificate; name any other header they use).
+	idem := idempotency.New(rdb, idempotency.WithCallerCredentials())
 
 	e := echo.New()
 	e.GET("/idempotency/token", echo.WrapHandler(idem.TokenHandler()))

@@ -21,7 +21,9 @@ func NewRouter(redisAddr string, createOrder, createPayment, transfer http.Handl
 		Addr:                  redisAddr,
 		ContextTimeoutEnabled: true, // lets WithStoreTimeout cut a stalled Redis short
 	})
-	idem := idempotency.New(rdb)
+	// Key-mode callers are told apart by their credentials (Authorization,
+	// cookies, a TLS client certificate; name any other header they use).
+	idem := idempotency.New(rdb, idempotency.WithCallerCredentials())
 
 	r := gin.New()
 	r.GET("/idempotency/token", gin.WrapH(idem.TokenHandler()))

@@ -13,5 +13,5 @@ func main() {
 	f := peer.ParseFlags(true)
 	rdb := redis.NewClient(&redis.Options{Addr: f.Redis, PoolSize: 64, ContextTimeoutEnabled: true})
 	defer rdb.Close()
-	peer.Serve(f, idempotency.New(rdb).ProtectKey(peer.Handler(f.Instance)), idempotency.ReplayedHeader)
+	peer.Serve(f, idempotency.New(rdb, idempotency.WithCallerCredentials()).ProtectKey(peer.Handler(f.Instance)), idempotency.ReplayedHeader)
 }

@@ -107,7 +107,7 @@ func run() error {
 		}
 		k.slow, k.slowFor = f, wait
 	}
-	m := idempotency.New(rdb, idempotency.WithOutcomeStore(b.Outcomes()),
+	m := idempotency.New(rdb, idempotency.WithCallerCredentials(), idempotency.WithOutcomeStore(b.Outcomes()),
 		idempotency.WithFingerprint(idempotency.CanonicalJSON),
 		idempotency.WithLockLease(lease),
 		idempotency.WithLogger(logger))

@@ -91,7 +91,7 @@ func newBankWith(t *testing.T, d *sqltest.DB, storeOpts []sqlidem.Option, opts .
 	prefix := "sqlidem-" + strings.NewReplacer("/", "-", " ", "_").Replace(t.Name())
 	b.rdb = redistest.Client(t, prefix)
 	m := idempotency.New(b.rdb, append([]idempotency.Option{
-		idempotency.WithKeyPrefix(prefix), idempotency.WithOutcomeStore(countingRecover{store, &b.recovered}),
+		idempotency.WithKeyPrefix(prefix), idempotency.WithCallerCredentials(), idempotency.WithOutcomeStore(countingRecover{store, &b.recovered}),
 		idempotency.WithLockLease(2 * time.Second),
 		// Every request goes to Redis, as on a second instance: this one's
 		// cache would replay what the tests make Redis forget.

@@ -43,8 +43,8 @@ func retrying() grpc.UnaryClientInterceptor {
 // response, replayed; another instance on the same Redis replays it too.
 func TestRetriesThroughLostRepliesGetTheFirstResponse(t *testing.T) {
 	svc := newPayments()
-	a := serve(t, svc, loseReplies(2), grpcidem.UnaryServerInterceptor(middleware(t)))
-	b := serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t)))
+	a := serve(t, svc, loseReplies(2), grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithCallerCredentials()))
+	b := serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithCallerCredentials()))
 	conn := dial(t, a, grpc.WithChainUnaryInterceptor(grpcidem.UnaryClientInterceptor(), retrying()))
 
 	r := charge(t.Context(), conn, "tea")
@@ -67,7 +67,7 @@ func TestRetriesThroughLostRepliesGetTheFirstResponse(t *testing.T) {
 // every attempt runs the method.
 func TestKeyInterceptorInsideRetriesRunsEveryAttempt(t *testing.T) {
 	svc := newPayments()
-	addr := serve(t, svc, loseReplies(2), grpcidem.UnaryServerInterceptor(middleware(t)))
+	addr := serve(t, svc, loseReplies(2), grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithCallerCredentials()))
 	conn := dial(t, addr, grpc.WithChainUnaryInterceptor(retrying(), grpcidem.UnaryClientInterceptor()))
 
 	r := charge(t.Context(), conn, "tea")
@@ -82,7 +82,7 @@ func TestKeyInterceptorInsideRetriesRunsEveryAttempt(t *testing.T) {
 // so one lost reply here, not two.
 func TestBuiltInRetryPolicyKeepsTheKey(t *testing.T) {
 	svc := newPayments()
-	addr := serve(t, svc, loseReplies(1), grpcidem.UnaryServerInterceptor(middleware(t)))
+	addr := serve(t, svc, loseReplies(1), grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithCallerCredentials()))
 	conn := dial(t, addr,
 		grpc.WithChainUnaryInterceptor(grpcidem.UnaryClientInterceptor()),
 		grpc.WithDefaultServiceConfig(`{"methodConfig": [{
@@ -129,7 +129,7 @@ func TestClientGeneratesARandomKeyPerCall(t *testing.T) {
 // A key under another metadata name, on both sides.
 func TestMetadataKeyName(t *testing.T) {
 	svc := newPayments()
-	addr := serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithMetadataKey("X-Request-Id")))
+	addr := serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithCallerCredentials(), grpcidem.WithMetadataKey("X-Request-Id")))
 	conn := dial(t, addr, grpc.WithChainUnaryInterceptor(grpcidem.UnaryClientInterceptor(grpcidem.WithMetadataKey("X-Request-Id"))))
 
 	ctx := metadata.AppendToOutgoingContext(t.Context(), "x-request-id", "order-1")

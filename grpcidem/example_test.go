@@ -32,7 +32,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(grpcidem.UnaryServerInterceptor(idem)))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(grpcidem.UnaryServerInterceptor(idem, grpcidem.WithCallerCredentials())))
 	srv.RegisterService(&paymentsDesc, newPayments()) // pb.RegisterPaymentsServer(srv, …) in your program
 	go srv.Serve(lis)
 	defer srv.Stop()

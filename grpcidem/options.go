@@ -24,6 +24,8 @@ type config struct {
 	methods     map[string]bool // nil: every unary method
 	required    bool
 	identity    func(context.Context) (string, error)
+	caller      callerRule
+	credentials []string // metadata names bound beside the standard ones
 	storeError  func(*status.Status) bool
 }
 
@@ -66,19 +68,44 @@ func WithRequiredKey() Option { return func(c *config) { c.required = true } }
 // call (a user, a tenant, a client certificate's subject), so that two
 // callers' keys never meet, and a caller's retry replays whatever token it
 // carries now. Take it from something the server authenticated, not from
-// metadata the caller may set at will. An error refuses the call: a status
-// error as it is, any other as UNAUTHENTICATED.
+// metadata the caller may set at will. IdentityByMetadata and
+// IdentityByPeerCertificate are ready-made. An error refuses the call: a
+// status error as it is, any other as UNAUTHENTICATED. It takes precedence
+// over WithCallerCredentials and WithSharedKeys.
 //
-// Without it a key belongs to the method and the authority (without port,
-// in lower case), and the call to its caller: the authorization and cookie
-// metadata are fingerprinted with the request, so that the same key from
-// another caller, or from one whose token was refreshed between two tries,
-// is refused (FAILED_PRECONDITION, KEY_REUSED) instead of getting the first
-// caller's answer or running again. Calls with neither share the method's
-// keys.
+// UnaryServerInterceptor panics unless one of the three says who the
+// callers are: otherwise a caller that sends another's key and request
+// could receive its answer.
 func WithCallerIdentity(identity func(ctx context.Context) (string, error)) Option {
 	return func(c *config) { c.identity = identity }
 }
+
+// WithCallerCredentials tells the interceptor that callers are told apart
+// by their credentials, and binds them into every call's fingerprint: the
+// authorization, proxy-authorization and cookie metadata, the client
+// certificate of the call's TLS peer, and the metadata named here (an API
+// key, the user an authenticating proxy names). A key belongs to the
+// method and the authority (without port, in lower case). The same key
+// from another caller, or from one whose token was refreshed between two
+// tries, is refused (FAILED_PRECONDITION, KEY_REUSED) instead of getting
+// the first caller's answer or running again. Calls with none of them
+// share the method's keys. Name every metadata your callers may
+// authenticate by: one left out lets a caller receive another's answer.
+func WithCallerCredentials(metadataNames ...string) Option {
+	return func(c *config) {
+		c.caller = callerCredentials
+		c.credentials = c.credentials[:0]
+		for _, n := range metadataNames {
+			c.credentials = append(c.credentials, strings.ToLower(n))
+		}
+	}
+}
+
+// WithSharedKeys tells the interceptor that every caller shares a method's
+// keys: whoever presents a key receives the answer stored for it, and
+// nothing about the caller is checked. Only for one caller, or callers
+// that trust each other, never for a public API.
+func WithSharedKeys() Option { return func(c *config) { c.caller, c.credentials = callerShared, nil } }
 
 // WithErrorPolicy decides what happens to an error status the method
 // returns: store reports true to store it and answer every retry with it,

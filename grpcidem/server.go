@@ -2,9 +2,7 @@ package grpcidem
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/binary"
-	"slices"
 	"strings"
 
 	"github.com/onceonly/idempotency"
@@ -21,11 +19,13 @@ import (
 // token (idempotency.FencingToken works in the method), waiting
 // duplicates, record TTL and observer. A key belongs to the method and the
 // authority the call was sent to, and to one request: the request message,
-// marshalled deterministically, is fingerprinted with the authority and
-// the caller's credentials (the authorization and cookie metadata), and
-// the same key with another request, or from another caller, is refused
-// with FAILED_PRECONDITION. WithCallerIdentity names the caller instead:
-// a key then belongs to the method and the caller.
+// marshalled deterministically, is fingerprinted with the authority and,
+// under WithCallerCredentials, the caller's credentials, and the same key
+// with another request, or from another caller, is refused with
+// FAILED_PRECONDITION. WithCallerIdentity names the caller instead: a key
+// then belongs to the method and the caller. It panics unless one of
+// WithCallerCredentials, WithCallerIdentity and WithSharedKeys says who
+// the callers are.
 //
 // The first call gets what the method returned. Every other call with the
 // key gets the stored answer and the header "idempotent-replayed: true":
@@ -40,6 +40,9 @@ import (
 // WithRequiredKey. Requests and responses must be proto messages.
 func UnaryServerInterceptor(m *idempotency.Middleware, opts ...Option) grpc.UnaryServerInterceptor {
 	cfg := newConfig(opts)
+	if cfg.identity == nil && cfg.caller == callerUnset {
+		panic(errNoCallerRule)
+	}
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		if !cfg.protects(info.FullMethod) {
 			return handler(ctx, req)
@@ -80,12 +83,12 @@ func (c *config) incomingKey(ctx context.Context) (string, error) {
 
 // keyFor scopes id and binds it to the request. Without an identity
 // function the rule is the HTTP middleware's: a key belongs to the method
-// and the authority the client addressed, and the call to its caller,
-// whose credentials (the authorization and cookie metadata) are bound into
-// the request's fingerprint, so that another caller, or the same one with
-// a refreshed token, is refused as another request: it neither runs again
-// nor gets the first caller's answer. An identity function names the
-// caller instead, and its keys are the caller's.
+// and the authority the client addressed, and under WithCallerCredentials
+// the call to its caller, whose credentials are bound into the request's
+// fingerprint, so that another caller, or the same one with a refreshed
+// token, is refused as another request: it neither runs again nor gets
+// the first caller's answer. An identity function names the caller
+// instead, and its keys are the caller's.
 func (c *config) keyFor(ctx context.Context, fullMethod, id string, req any) (idempotency.Key, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	authority := hostName(first(md.Get(":authority")))
@@ -110,51 +113,23 @@ func (c *config) keyFor(ctx context.Context, fullMethod, id string, req any) (id
 	if err != nil {
 		return idempotency.Key{}, status.Errorf(codes.Internal, "grpcidem: marshalling the request: %v", err)
 	}
-	return idempotency.Key{Scope: scope, ID: id, Input: appendBinding(input, md, authority, c.identity == nil)}, nil
+	bindCaller := c.identity == nil && c.caller == callerCredentials
+	return idempotency.Key{Scope: scope, ID: id, Input: c.appendBinding(ctx, input, md, authority, bindCaller)}, nil
 }
 
 // appendBinding binds a request's fingerprint to the authority and, with
 // bindCaller, to the caller's credentials. It is appended to the request's
 // bytes and read from the end: a flag, the credentials' digest when the
 // flag says so, the authority's length and the authority.
-func appendBinding(input []byte, md metadata.MD, authority string, bindCaller bool) []byte {
+func (c *config) appendBinding(ctx context.Context, input []byte, md metadata.MD, authority string, bindCaller bool) []byte {
 	input = append(input, authority...)
 	input = binary.BigEndian.AppendUint32(input, uint32(len(authority)))
 	if bindCaller {
-		if sum, ok := callerDigest(md); ok {
+		if sum, ok := c.callerDigest(ctx, md); ok {
 			return append(append(input, sum[:]...), 1)
 		}
 	}
 	return append(input, 0)
-}
-
-// callerDigest digests every authorization value, in order, and every
-// cookie of the cookie metadata, sorted, so that neither their order nor
-// their split over several values counts. ok is false for a call that has
-// neither.
-func callerDigest(md metadata.MD) (sum [sha256.Size]byte, ok bool) {
-	auth := md.Get("authorization")
-	var cookies []string
-	for _, line := range md.Get("cookie") {
-		for c := range strings.SplitSeq(line, ";") {
-			if c = strings.TrimSpace(c); c != "" {
-				cookies = append(cookies, c)
-			}
-		}
-	}
-	if len(auth) == 0 && len(cookies) == 0 {
-		return sum, false
-	}
-	slices.Sort(cookies)
-	var b []byte
-	for _, part := range [][]string{auth, cookies} {
-		b = binary.BigEndian.AppendUint32(b, uint32(len(part)))
-		for _, v := range part {
-			b = binary.BigEndian.AppendUint32(b, uint32(len(v)))
-			b = append(b, v...)
-		}
-	}
-	return sha256.Sum256(b), true
 }
 
 // hostName is the authority without its port, in lower case: one host

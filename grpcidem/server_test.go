@@ -27,8 +27,8 @@ import (
 func TestConcurrentDuplicatesAcrossInstancesRunOncePerKey(t *testing.T) {
 	svc := newPayments()
 	conns := []*grpc.ClientConn{
-		dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t)))),
-		dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t)))),
+		dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithCallerCredentials()))),
+		dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithCallerCredentials()))),
 	}
 	type result struct {
 		key int
@@ -66,7 +66,7 @@ func TestConcurrentDuplicatesAcrossInstancesRunOncePerKey(t *testing.T) {
 
 func TestKeyReusedWithAnotherRequestIsRefused(t *testing.T) {
 	svc := newPayments()
-	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t))))
+	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithCallerCredentials())))
 
 	require.NoError(t, charge(withKey(t, "order-1"), conn, "tea").err)
 	r := charge(withKey(t, "order-1"), conn, "coffee")
@@ -83,7 +83,7 @@ func TestStoreDownIsUnavailableAndNothingRuns(t *testing.T) {
 	m := idempotency.New(redis.Client(t), idempotency.WithStoreTimeout(200*time.Millisecond))
 	redis.Stop()
 	svc := newPayments()
-	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(m)))
+	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(m, grpcidem.WithCallerCredentials())))
 
 	r := charge(withKey(t, "order-1"), conn, "tea")
 	require.Equal(t, codes.Unavailable, status.Code(r.err), "%v", r.err)
@@ -95,7 +95,7 @@ func TestStoreDownIsUnavailableAndNothingRuns(t *testing.T) {
 
 func TestCallWithoutKeyRunsUnprotected(t *testing.T) {
 	svc := newPayments()
-	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t))))
+	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithCallerCredentials())))
 	for range 2 {
 		r := charge(t.Context(), conn, "tea")
 		require.NoError(t, r.err)
@@ -106,7 +106,7 @@ func TestCallWithoutKeyRunsUnprotected(t *testing.T) {
 
 func TestRequiredKeyRefusesCallsWithoutOne(t *testing.T) {
 	svc := newPayments()
-	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithRequiredKey())))
+	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithCallerCredentials(), grpcidem.WithRequiredKey())))
 
 	r := charge(t.Context(), conn, "tea")
 	require.Equal(t, codes.InvalidArgument, status.Code(r.err), "%v", r.err)
@@ -142,7 +142,7 @@ func TestErrorPolicy(t *testing.T) {
 		{"store no errors releases invalid argument", codes.InvalidArgument, grpcidem.WithErrorPolicy(grpcidem.StoreNoErrors), 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var opts []grpcidem.Option
+			opts := []grpcidem.Option{grpcidem.WithCallerCredentials()}
 			if tc.policy != nil {
 				opts = append(opts, tc.policy)
 			}
@@ -168,7 +168,7 @@ func TestErrorPolicy(t *testing.T) {
 
 func TestReleaseLetsTheRetryRun(t *testing.T) {
 	svc := newPayments()
-	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t))))
+	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithCallerCredentials())))
 	first := charge(withKey(t, "order-1"), conn, "release")
 	second := charge(withKey(t, "order-1"), conn, "release")
 	require.NoError(t, first.err)
@@ -182,7 +182,7 @@ func TestReleaseLetsTheRetryRun(t *testing.T) {
 func TestDuplicateOfARunningCallIsAbortedWithRetryDelay(t *testing.T) {
 	svc := newPayments()
 	m := middleware(t, idempotency.WithWaitTimeout(20*time.Millisecond), idempotency.WithLockLease(2*time.Second))
-	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(m)))
+	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(m, grpcidem.WithCallerCredentials())))
 
 	firstDone := make(chan reply, 1)
 	go func() { firstDone <- charge(withKey(t, "order-1"), conn, "slow") }()
@@ -206,7 +206,7 @@ func TestDuplicateOfARunningCallIsAbortedWithRetryDelay(t *testing.T) {
 func TestTooLargeAnswerIsNotReplayable(t *testing.T) {
 	svc := newPayments()
 	m := middleware(t, idempotency.WithMaxResponseBytes(1024))
-	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(m)))
+	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(m, grpcidem.WithCallerCredentials())))
 
 	first := charge(withKey(t, "order-1"), conn, "big")
 	require.NoError(t, first.err)
@@ -248,7 +248,7 @@ func TestCallerIdentitySeparatesCallersKeys(t *testing.T) {
 	require.EqualValues(t, 2, svc.runs.Load())
 }
 
-// Without WithCallerIdentity, a key belongs to the method (and authority)
+// Under WithCallerCredentials, a key belongs to the method (and authority)
 // and the call to its caller: the authorization and cookie metadata are
 // part of the request's fingerprint. Another caller with the same key and
 // request is refused, and so is the same caller with a refreshed token:
@@ -256,7 +256,7 @@ func TestCallerIdentitySeparatesCallersKeys(t *testing.T) {
 // share the method's keys.
 func TestDefaultKeyBindsTheCaller(t *testing.T) {
 	svc := newPayments()
-	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t))))
+	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithCallerCredentials())))
 	as := func(key string, md ...string) context.Context {
 		return metadata.AppendToOutgoingContext(withKey(t, key), md...)
 	}
@@ -294,7 +294,7 @@ func TestDefaultKeyBindsTheCaller(t *testing.T) {
 // by host name never share an answer; its port does not count.
 func TestKeysOfTwoAuthoritiesNeverMeet(t *testing.T) {
 	svc := newPayments()
-	addr := serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t)))
+	addr := serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithCallerCredentials()))
 	tenantA := dial(t, addr, grpc.WithAuthority("a.shop.test"))
 	tenantB := dial(t, addr, grpc.WithAuthority("b.shop.test"))
 	a := charge(withKey(t, "order-1"), tenantA, "tea")
@@ -311,7 +311,7 @@ func TestKeysOfTwoAuthoritiesNeverMeet(t *testing.T) {
 
 func TestMethodsNotListedPassThrough(t *testing.T) {
 	svc := newPayments()
-	icpt := grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithMethods("/grpcidem.test.Payments/Refund"))
+	icpt := grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithCallerCredentials(), grpcidem.WithMethods("/grpcidem.test.Payments/Refund"))
 	conn := dial(t, serve(t, svc, icpt))
 	for range 2 {
 		require.NoError(t, charge(withKey(t, "order-1"), conn, "tea").err)
@@ -323,7 +323,7 @@ func TestMethodsNotListedPassThrough(t *testing.T) {
 // streaming call runs every time and gets its own messages.
 func TestStreamingCallsPassThrough(t *testing.T) {
 	svc := newPayments()
-	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithRequiredKey())))
+	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithCallerCredentials(), grpcidem.WithRequiredKey())))
 	watch := func(ctx context.Context) (updates []string, replayed bool) {
 		stream, err := conn.NewStream(ctx, &paymentsDesc.Streams[0], watchMethod)
 		require.NoError(t, err)

@@ -115,6 +115,8 @@ func (m *Middleware) claimOnce(c *call, k keys) (*lease, verdict) {
 		return nil, m.replay(c, c.fp, cl.rec) // the claim matched the fingerprint
 	case outcomeUnknown:
 		err = ErrTokenNotFound
+	case outcomeExpired:
+		err = ErrTokenExpired
 	case outcomeMismatch:
 		err = ErrKeyReused
 	case outcomeBig:

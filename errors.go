@@ -19,6 +19,7 @@ var (
 	ErrRequestTooLarge  = errors.New("idempotency: request body too large")
 	ErrNoScope          = errors.New("idempotency: caller has no scope")
 	ErrTokenNotFound    = errors.New("idempotency: token not found")
+	ErrTokenExpired     = errors.New("idempotency: token expired")
 	ErrKeyReused        = errors.New("idempotency: key reused for a different request")
 	ErrInProgress       = errors.New("idempotency: original request still in progress")
 	ErrNotReplayable    = errors.New("idempotency: original response cannot be replayed")
@@ -68,7 +69,9 @@ var problems = []*problem{
 	{err: ErrNoScope, status: http.StatusUnauthorized, slug: "no-scope",
 		title: "Caller not identified", detail: "The request does not identify the caller the key belongs to."},
 	{err: ErrTokenNotFound, status: http.StatusUnprocessableEntity, slug: "token-not-found",
-		title: "Idempotency token not found", detail: "The token is unknown, expired, or was issued to another session."},
+		title: "Idempotency token not found", detail: "The token is unknown, or was issued to another session."},
+	{err: ErrTokenExpired, status: http.StatusUnprocessableEntity, slug: "token-expired",
+		title: "Idempotency token expired", detail: "The token expired before it was used; nothing was done. Take a new token and submit again."},
 	{err: ErrKeyReused, status: http.StatusUnprocessableEntity, slug: "key-reused",
 		title: "Idempotency key reused", detail: "The key was already used for a request with a different method, path, body or caller."},
 	{err: ErrInProgress, status: http.StatusConflict, slug: "in-progress", retryAfter: true,

@@ -96,12 +96,14 @@ func TestUnknownAndForeignTokensAnswerAlike(t *testing.T) {
 	require.Equal(t, unknown.header.Get("Content-Type"), foreign.header.Get("Content-Type"))
 }
 
+// A token that expired unspent is refused with a problem of its own: the
+// user is told to take a new one, and nothing ran.
 func TestExpiredTokenIsRejected(t *testing.T) {
 	s := newShop(t, WithTokenTTL(50*time.Millisecond))
 	c := s.client()
 	tok := s.token(c)
 	time.Sleep(120 * time.Millisecond)
-	requireProblem(t, s.post(c, "/orders", tok, `{}`), 422, "token-not-found")
+	requireProblem(t, s.post(c, "/orders", tok, `{}`), 422, "token-expired")
 	require.Zero(t, s.execs.Load())
 }
 

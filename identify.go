@@ -3,9 +3,7 @@ package idempotency
 import (
 	"fmt"
 	"io"
-	"net/http"
 	"strings"
-	"time"
 
 	"github.com/onceonly/idempotency/internal/route"
 )
@@ -37,23 +35,14 @@ func (m *Middleware) identify(c *call, extract KeyExtractor) error {
 	if routeKeys {
 		c.id = routeIdentity(hostName(c.r.Host), route.Path(c.r), key)
 	} else {
-		c.scope, err = m.scopeOf(c.r)
+		if c.tokenMode {
+			err = m.tokenScope(c, key)
+		} else {
+			c.scope, err = m.customScope(c.r)
+		}
 		c.body.Seek(0, io.SeekStart) // a scope function may read the body too
 		if err != nil {
 			return err
-		}
-		if c.tokenMode {
-			// Unknown, expired and another scope's tokens are refused
-			// here, before Redis is asked, and all three alike.
-			expires, state, err := m.tokens.check(c.ctx, c.scope, key, time.Now())
-			if err != nil {
-				return err
-			}
-			if state == tokenInvalid {
-				return ErrTokenNotFound
-			}
-			c.tokenExpires = expires
-			c.lookupOnly = state == tokenRetired
 		}
 		c.id = identityOf(c.tokenMode, c.scope, key)
 	}
@@ -61,22 +50,6 @@ func (m *Middleware) identify(c *call, extract KeyExtractor) error {
 	c.fp = m.cfg.fingerprintOf(c.r, body, bindCaller)
 	c.body.Seek(0, io.SeekStart) // and a fingerprint function too
 	return nil
-}
-
-// scopeOf names who a token or key belongs to: the scope function's
-// answer, else (token mode) the session the token endpoint started.
-// Without a session a token cannot be anyone's, which is answered like any
-// unknown token.
-func (m *Middleware) scopeOf(r *http.Request) (string, error) {
-	if m.cfg.scope != nil {
-		return m.customScope(r)
-	}
-	if len(r.Header["Cookie"]) > 0 { // skip parsing what is not there
-		if session, ok := m.session(r); ok {
-			return session, nil
-		}
-	}
-	return "", ErrTokenNotFound
 }
 
 // routeIdentity names a client key of the route host+path. Its kind byte

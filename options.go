@@ -229,11 +229,21 @@ func WithReplicaAcks(n int, timeout time.Duration) Option {
 }
 
 // WithSessionCookie names the cookie that carries the default token scope.
-// Default "idempotency_session".
+// Default "idempotency_session". The token endpoint sets it (HttpOnly,
+// SameSite=Lax, Path=/, no Domain) only when the caller has no cookie of
+// that name, so it may name the application's own session cookie: any
+// value is a scope, and the middleware never replaces it. A request that
+// carries several cookies of the name (one planted by a sibling
+// subdomain) has a token accepted when it was issued to any of them. A
+// "__Host-" or "__Secure-" name, which a sibling subdomain cannot plant,
+// is always sent Secure, as browsers require; New panics when
+// WithSecureCookie(false) says otherwise.
 func WithSessionCookie(name string) Option { return func(c *config) { c.sessionCookie = name } }
 
 // WithSecureCookie forces the Secure attribute of the session cookie on or
-// off. Default: set when the request arrived over TLS.
+// off. Default: set when the request arrived over TLS, or always for a
+// prefixed name (see WithSessionCookie). Behind a proxy that terminates
+// TLS, pass true.
 func WithSecureCookie(secure bool) Option {
 	return func(c *config) { c.secureCookieSet, c.secureCookie = true, secure }
 }
@@ -455,6 +465,11 @@ func (c *config) validate() error {
 			"Redis is unreachable commits its writes without an outcome, and its retry runs them again")
 	case c.sessionCookie == "" || c.formField == "":
 		return fmt.Errorf("session cookie and form field names must not be empty")
+	case !validToken(c.sessionCookie):
+		return fmt.Errorf("session cookie name %q is not a cookie name", c.sessionCookie)
+	case prefixedCookie(c.sessionCookie) && c.secureCookieSet && !c.secureCookie:
+		return fmt.Errorf("WithSecureCookie(false) with the session cookie %q: browsers refuse a cookie of "+
+			"that prefix without Secure, so no session would ever stick", c.sessionCookie)
 	case slices.ContainsFunc(c.callerHeaders, func(h string) bool { return !validToken(h) }):
 		return fmt.Errorf("WithCallerCredentials names a header that is not a header name: %q", c.callerHeaders)
 	}

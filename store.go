@@ -60,13 +60,14 @@ type claimOutcome int
 const (
 	outcomeClaimed    claimOutcome = iota // run the handler
 	outcomeDone                           // replay rec
-	outcomeUnknown                        // token unknown, expired or another scope's
+	outcomeUnknown                        // a token whose record an operator forgot
 	outcomeMismatch                       // key used before for a different request
 	outcomeBig                            // executed, response not replayable
 	outcomeAbandoned                      // claimed by an executor that vanished
 	outcomeLost                           // our lock expired before the claim ran
 	outcomeUnreadable                     // executed, stored answer cannot be decoded
 	outcomeRunning                        // its lock lapsed, but its executor may still store
+	outcomeExpired                        // token expired, never spent
 )
 
 type claim struct {
@@ -105,8 +106,11 @@ func (s *store) claimArgsIn(argv *[6]any, k keys, lockValue, fingerprint any) []
 	issued, ttl := argNotIssued, s.recordTTL
 	if k.token != "" {
 		issued = argIssued
-		if k.lookupOnly {
+		switch {
+		case k.lookupOnly:
 			issued = argLookup
+		case !time.Now().Before(k.tokenExpires):
+			issued = argExpired
 		}
 		if life := k.lifetime(s.cfg.recordTTL); life > s.cfg.recordTTL {
 			ttl = life.Milliseconds()
@@ -151,6 +155,8 @@ func (s *store) claimReply(k keys, cmd *redis.Cmd) (claim, error) {
 		return s.unreadable(k, errCorruptRecord), nil
 	case "unknown":
 		return claim{outcome: outcomeUnknown}, nil
+	case "expired":
+		return claim{outcome: outcomeExpired}, nil
 	case "mismatch":
 		return claim{outcome: outcomeMismatch}, nil
 	case "big":
@@ -208,7 +214,7 @@ func (s *store) complete(ctx context.Context, k keys, lockValue *string, fp stri
 }
 
 // Script arguments that are constants, boxed once.
-var argIssued, argLookup, argNotIssued any = "t", "r", ""
+var argIssued, argExpired, argLookup, argNotIssued any = "t", "x", "r", ""
 
 // fingerprintOf returns the fingerprint of the request that claimed the
 // key, or "" when nobody has. It reads the record's first fields only: the

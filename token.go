@@ -82,13 +82,15 @@ func (m *Middleware) TokenHandler() http.Handler {
 }
 
 // issuingScope is the scope a new token is bound to, starting a session when
-// the default scope is in use and the caller has none.
+// the default scope is in use and the caller has none. A session cookie
+// the caller has already is never replaced, whatever its value: it may be
+// the application's own (see sessionScope).
 func (m *Middleware) issuingScope(w http.ResponseWriter, r *http.Request) (string, error) {
 	if m.cfg.scope != nil {
 		return m.customScope(r)
 	}
-	if session, ok := m.session(r); ok {
-		return session, nil
+	if sessions := m.sessions(r); len(sessions) > 0 {
+		return sessions[0], nil
 	}
 	session := uuid.NewString()
 	http.SetCookie(w, &http.Cookie{
@@ -98,18 +100,16 @@ func (m *Middleware) issuingScope(w http.ResponseWriter, r *http.Request) (strin
 		HttpOnly: true,
 		Secure:   m.secureCookie(r),
 		SameSite: http.SameSiteLaxMode,
-	})
+	}) // Path=/ and no Domain, as a __Host- name requires
 	r.AddCookie(&http.Cookie{Name: m.cfg.sessionCookie, Value: session})
 	return session, nil
 }
 
-// session returns the caller's session id when it carries a well-formed one.
-func (m *Middleware) session(r *http.Request) (string, bool) {
-	c, err := r.Cookie(m.cfg.sessionCookie)
-	if err != nil || !isSession(c.Value) {
-		return "", false
-	}
-	return c.Value, true
+// prefixedCookie reports whether a cookie name carries a prefix that
+// browsers enforce: __Secure- (Secure) or __Host- (Secure, Path=/, no
+// Domain).
+func prefixedCookie(name string) bool {
+	return strings.HasPrefix(name, "__Secure-") || strings.HasPrefix(name, "__Host-")
 }
 
 func (m *Middleware) customScope(r *http.Request) (string, error) {
@@ -120,7 +120,14 @@ func (m *Middleware) customScope(r *http.Request) (string, error) {
 	return scope, nil
 }
 
+// secureCookie reports whether the session cookie is sent with Secure. A
+// prefixed name (__Secure-, __Host-) always is: a browser refuses such a
+// cookie without it, also when TLS ended at a proxy and the request
+// reached the application over plain HTTP.
 func (m *Middleware) secureCookie(r *http.Request) bool {
+	if prefixedCookie(m.cfg.sessionCookie) {
+		return true
+	}
 	if m.cfg.secureCookieSet {
 		return m.cfg.secureCookie
 	}
@@ -128,7 +135,8 @@ func (m *Middleware) secureCookie(r *http.Request) bool {
 }
 
 // isSession accepts exactly the canonical form of a session id (a version
-// 4 UUID, as issuingScope draws it), so that a forged cookie is no session.
+// 4 UUID, as issuingScope draws it): only such a value is a scope as it
+// is, and no other spelling of it names the same scope.
 func isSession(s string) bool {
 	// At 36 bytes uuid.Parse accepts only the hyphenated form; what it
 	// tolerates beyond the canonical one is upper-case hex.

@@ -20,9 +20,10 @@ import (
 // secret every instance shares. Issuing one therefore writes nothing: the
 // token endpoint is anonymous by nature (a form page needs a token before
 // anyone logs in), and a flood of token requests, with or without cookies,
-// cannot take the memory that claims need. A claim checks the MAC and the
-// expiry before it asks Redis, so a forged, expired or foreign token costs
-// no round trip; the claim's record is what marks a token spent, and it
+// cannot take the memory that claims need. A claim checks the MAC before
+// it asks Redis, so a forged or foreign token costs no round trip (a
+// genuine one past its expiry costs one: its record is looked up); the
+// claim's record is what marks a token spent, and it
 // lives at least as long as the token (keys.lifetime), so a spent token can
 // never be spent again. A release deletes the record,
 // which gives the token back until it expires.
@@ -101,10 +102,11 @@ func (s *tokenSigner) sign(ctx context.Context, scope string, expires time.Time)
 	return base64.RawURLEncoding.EncodeToString(b[:]), nil
 }
 
-// check reports whether token was issued to scope and has not expired by
-// now, under which secret, and when it expires. A token that is not one of
-// ours at all is refused before the secret is needed.
-func (s *tokenSigner) check(ctx context.Context, scope, token string, now time.Time) (expires time.Time, state tokenState, err error) {
+// check reports whether token was issued to scope, under which secret,
+// and when it expires. Expiry is the caller's to judge: a spent token past
+// it is still answered from its record (see tokencheck.go). A token that
+// is not one of ours at all is refused before the secret is needed.
+func (s *tokenSigner) check(ctx context.Context, scope, token string) (expires time.Time, state tokenState, err error) {
 	var b [tokenBytes]byte
 	if len(token) != tokenLength {
 		return time.Time{}, tokenInvalid, nil
@@ -116,9 +118,6 @@ func (s *tokenSigner) check(ctx context.Context, scope, token string, now time.T
 		return time.Time{}, tokenInvalid, nil
 	}
 	expires = time.UnixMilli(int64(binary.BigEndian.Uint64(b[:8])))
-	if !now.Before(expires) {
-		return time.Time{}, tokenInvalid, nil
-	}
 	secret, err := s.key(ctx)
 	if err != nil {
 		return time.Time{}, tokenInvalid, err
@@ -139,7 +138,7 @@ func (s *tokenSigner) check(ctx context.Context, scope, token string, now time.T
 type tokenState int
 
 const (
-	tokenInvalid tokenState = iota // not issued to this scope, or expired
+	tokenInvalid tokenState = iota // not issued to this scope
 	tokenValid
 	// tokenRetired: issued to this scope under a secret the fleet no
 	// longer holds. It is never spent any more; if it was, its record

@@ -1,8 +1,9 @@
 -- claim.lua: decide what a request holding the key's lock does next.
 -- KEYS[1] record, KEYS[2] lock
 -- ARGV[1] our lock value, ARGV[2] request fingerprint (hex), ARGV[3] record
--- TTL ms, ARGV[4] 't' for an issued token (whose signature and expiry the
--- caller checked), 'r' for one that only its record may answer (its
+-- TTL ms, ARGV[4] 't' for an issued token (whose signature the caller
+-- checked), 'x' for one past its expiry, which may be answered from its
+-- record but never spent, 'r' for one that only its record may answer (its
 -- secret was retired), ARGV[5] '1' to retry abandoned executions, ARGV[6]
 -- the claim horizon in ms: how long after its claim an executor may still
 -- store an answer (its execution timeout, then the retries of its store)
@@ -29,7 +30,7 @@
 -- (ttl: the record's remaining milliseconds);
 -- {'unknown'}, {'mismatch'}, {'big'}, {'abandoned'}, {'running'} (the
 -- lock lapsed, but its executor may still store: wait), {'lost'},
--- {'corrupt'}.
+-- {'corrupt'}, {'expired'}.
 -- Every reply but 'claimed' releases our lock. Running the script again with
 -- the same ARGV (go-redis resends when a reply is lost) gives the same reply:
 -- a repeated claim answers 'claimed' to the same executor, and every other
@@ -50,7 +51,7 @@ if rec then
     end
     return {'corrupt'}
   end
-  if st == 'forgotten' and ARGV[4] ~= 't' then
+  if st == 'forgotten' and ARGV[4] == '' then
     st = nil
   end
 end
@@ -125,6 +126,14 @@ if ARGV[4] == 'r' then
   -- answer it.
   redis.call('DEL', KEYS[2])
   return {'unknown'}
+end
+
+-- An expired token with no record was never spent, and never will be.
+-- (Checked under our lock: while another holds it, its claim may still be
+-- writing the record.)
+if ARGV[4] == 'x' then
+  redis.call('DEL', KEYS[2])
+  return {'expired'}
 end
 
 -- SET is the script's only write: under maxmemory it is refused before

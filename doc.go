@@ -55,6 +55,7 @@
 //	errors.go        the sentinel errors, their problem types, DefaultErrorHandler
 //	token.go         TokenHandler, FormField, IssueToken: issuing tokens
 //	tokensign.go     how an issued token is signed, and its secret
+//	tokencheck.go    which of the caller's sessions a token was issued to
 //	do.go            Do and Key: the function adapter
 //	handler.go       the HTTP adapter over the lifecycle
 //	extract.go       KeyExtractor: HeaderKey, FormKey, JSONKey, FirstKey

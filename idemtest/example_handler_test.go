@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 
+	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/idemtest"
 )
 
@@ -18,7 +19,7 @@ func ExampleRedis_handlerTest() {
 	t := exampleT()
 	rdb := idemtest.NewRedis(t) // an in-process Redis, stopped when t ends
 	orders := 0
-	h := rdb.New().ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := rdb.New(idempotency.WithCallerCredentials()).ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		orders++
 		w.WriteHeader(http.StatusCreated)
 	}))

@@ -63,13 +63,13 @@ type later struct {
 	active  int
 	closing bool
 	failing bool // the last try failed
-	// changed is closed, and replaced, whenever a job ends or a call
-	// leaves: Shutdown waits on it.
+	// changed is closed whenever a job ends or a call leaves, while
+	// Shutdown waits on it (nil otherwise: a call costs no channel).
 	changed chan struct{}
 }
 
 func newLater(m *Middleware) *later {
-	return &later{m: m, pending: map[*laterJob]struct{}{}, changed: make(chan struct{})}
+	return &later{m: m, pending: map[*laterJob]struct{}{}}
 }
 
 // errBacklog: the background queue is full, or the Middleware is shutting
@@ -150,8 +150,10 @@ func (q *later) work() {
 
 // signal wakes Shutdown; q.mu is held.
 func (q *later) signal() {
-	close(q.changed)
-	q.changed = make(chan struct{})
+	if q.changed != nil {
+		close(q.changed)
+		q.changed = nil
+	}
 }
 
 // do tries job, pausing longer each time, until it succeeds or its deadline
@@ -196,6 +198,9 @@ func (m *Middleware) Shutdown(ctx context.Context) error {
 		if q.active == 0 && len(q.pending) == 0 {
 			q.mu.Unlock()
 			return nil
+		}
+		if q.changed == nil {
+			q.changed = make(chan struct{})
 		}
 		changed := q.changed
 		q.mu.Unlock()

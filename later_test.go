@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"net/http"
 	"syscall"
 	"testing"
@@ -35,20 +36,24 @@ func blockedPayments(t *testing.T, s *shop, n int) (answers []<-chan asyncAnswer
 		<-stall
 		s.defaultHandler(w, r)
 	}
+	var once sync.Once
+	release = func() { once.Do(func() { close(stall) }) }
+	t.Cleanup(release) // before the server's Close, which waits for the handlers
 	c := s.client()
 	for i := range n {
 		answers = append(answers, s.postAsync(c, "/payments", fmt.Sprint("k", i), `{}`))
 	}
-	require.Eventually(t, func() bool { return s.execs.Load() == int64(n) }, 30*time.Second, 5*time.Millisecond)
-	return answers, func() { close(stall) }
+	require.Eventually(t, func() bool { return s.execs.Load() == int64(n) }, 30*time.Second, 5*time.Millisecond,
+		"every payment runs")
+	return answers, release
 }
 
 // The answers of handlers that finished while Redis stalled, longer than a
 // lease, are stored once Redis answers again: the background keeps trying
 // them for as long as a claim reads their keys in progress.
 func TestAnswersOutlastAStallLongerThanALease(t *testing.T) {
-	s, srv := privateShop(t, WithLockLease(300*time.Millisecond), WithStoreTimeout(100*time.Millisecond),
-		WithExecutionTimeout(5*time.Second))
+	s, srv := privateShop(t, WithLockLease(300*time.Millisecond), WithStoreTimeout(500*time.Millisecond),
+		WithExecutionTimeout(10*time.Second))
 	const n = 20
 	answers, release := blockedPayments(t, s, n)
 	require.NoError(t, srv.Signal(syscall.SIGSTOP))
@@ -56,7 +61,7 @@ func TestAnswersOutlastAStallLongerThanALease(t *testing.T) {
 	for _, a := range answers {
 		require.Equal(t, http.StatusCreated, (<-a).must(t).status)
 	}
-	time.Sleep(time.Second) // three leases: the old queue gave up after one
+	time.Sleep(time.Second) // more leases: a queue that gave up after one would have
 	require.NoError(t, srv.Signal(syscall.SIGCONT))
 
 	shutdown, cancel := context.WithTimeout(t.Context(), 20*time.Second)

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/bsm/redislock"
-	"github.com/redis/go-redis/v9"
 )
 
 // claim takes the key's lease and claims the key in Redis. It returns the
@@ -159,10 +158,10 @@ func (m *Middleware) claimKey(c *call, l *lease) (claim, error) {
 // publishes, or after a growing pause (50 ms up to 500 ms) in case a message
 // is lost; without a subscription it falls back to the pauses alone.
 func (m *Middleware) acquire(c *call, k keys) (l *lease, r *rode, err error) {
-	var sub *redis.PubSub
+	var sub *watcher
 	defer func() {
 		if sub != nil {
-			sub.Close()
+			sub.stop()
 		}
 	}()
 	pause, subscribed := 50*time.Millisecond, false
@@ -248,9 +247,9 @@ func (m *Middleware) differsFromRecord(c *call, k keys) bool {
 
 // pause waits for a release message on sub (or plain time without one), or
 // for the caller's context to end: then it returns why.
-func (m *Middleware) pause(ctx context.Context, sub *redis.PubSub, d time.Duration) error {
+func (m *Middleware) pause(ctx context.Context, sub *watcher, d time.Duration) error {
 	if sub != nil {
-		released(ctx, sub, d)
+		sub.released(ctx, d)
 	} else {
 		timer := time.NewTimer(d)
 		select {

@@ -38,6 +38,7 @@ type store struct {
 	client redis.UniversalClient
 	locks  *redislock.Client
 	cfg    *config
+	waits  *waitRoom // every cross-instance wait, on one connection
 	// Script arguments that never change, boxed once instead of per call.
 	recordTTL, retryAbandoned, horizon any
 }
@@ -48,7 +49,7 @@ func newStore(client redis.UniversalClient, cfg *config) *store {
 		retry = "1"
 	}
 	return &store{
-		client: client, locks: redislock.New(ridingScripter{client}), cfg: cfg,
+		client: client, locks: redislock.New(ridingScripter{client}), cfg: cfg, waits: &waitRoom{client: client},
 		recordTTL: cfg.recordTTL.Milliseconds(), retryAbandoned: retry,
 		horizon: cfg.claimHorizon().Milliseconds(),
 	}

@@ -2,7 +2,9 @@ package idempotency
 
 import (
 	"context"
+	"errors"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -49,17 +51,44 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 // warnIfEvictable logs when Redis may evict the middleware's keys before
 // they expire: every one of them has a TTL, so any policy but noeviction
 // can drop a record (and a retry then runs its handler again) or a lock.
-// Redis that refuses CONFIG (many managed services) is taken on trust.
+// A warning, not a refusal: the policy can change at run time either way,
+// and a Redis kept well under maxmemory never evicts.
 func (m *Middleware) warnIfEvictable(client redis.UniversalClient) {
 	ctx, cancel := context.WithTimeout(context.Background(), min(m.cfg.storeTimeout, 500*time.Millisecond))
 	defer cancel()
-	config, err := client.ConfigGet(ctx, "maxmemory-policy").Result()
-	if policy := config["maxmemory-policy"]; err == nil && policy != "" && policy != "noeviction" {
+	policy, err := evictionPolicy(ctx, client)
+	switch {
+	case err != nil:
+		// Taken on trust: a Redis that hides both (an in-process double)
+		// would otherwise log at every start.
+		m.cfg.logger.Debug("idempotency: cannot read Redis's maxmemory-policy (CONFIG GET and INFO memory "+
+			"refused); make sure it is noeviction", "error", err)
+	case policy != "" && policy != "noeviction":
 		m.cfg.logger.Warn("idempotency: Redis may evict keys under memory pressure (maxmemory-policy "+
 			policy+"); an evicted record lets a retry run its handler again. Use noeviction: "+
 			"a full Redis then refuses new claims (503) and keeps every stored answer",
 			"maxmemory-policy", policy)
 	}
+}
+
+// evictionPolicy reads maxmemory-policy with CONFIG GET, or from INFO
+// memory where CONFIG is refused: managed services rename or deny it, and
+// so do ACL users without @admin.
+func evictionPolicy(ctx context.Context, client redis.UniversalClient) (string, error) {
+	config, err := client.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err == nil && config["maxmemory-policy"] != "" {
+		return config["maxmemory-policy"], nil
+	}
+	info, infoErr := client.Info(ctx, "memory").Result()
+	if infoErr != nil {
+		return "", errors.Join(err, infoErr)
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(line, "maxmemory_policy:"); ok {
+			return strings.TrimSpace(v), nil
+		}
+	}
+	return "", nil
 }
 
 // contextTimeouts reports whether go-redis will honour our step deadlines:

@@ -26,8 +26,8 @@
 //   - Cluster. One node: no slots, no MOVED or CROSSSLOT, so a test says
 //     nothing about how keys spread over a Redis Cluster.
 //   - maxmemory. It has no memory limit, so a full Redis that refuses
-//     claims cannot be reproduced, and it refuses CONFIG GET, so New's
-//     warning about an evicting policy never fires.
+//     claims cannot be reproduced, and it refuses CONFIG GET and INFO
+//     memory, so New's warning about an evicting policy never fires.
 //   - Real timing. A stalled server (SIGSTOP), a slow or lost reply, a
 //     server killed with requests in flight: it answers every command at
 //     once. SetError makes every command fail (the middleware answers

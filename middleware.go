@@ -34,6 +34,9 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 		panic("idempotency: nil Redis client")
 	}
 	m := &Middleware{cfg: newConfig(opts)}
+	if m.cfg.replicaAcks > 0 {
+		mustSupportReplicaAcks(client)
+	}
 	m.later = newLater(m)
 	m.tokens = &tokenSigner{prefix: m.cfg.prefix, client: client, timeout: m.cfg.storeTimeout, secret: m.cfg.tokenSecret,
 		logger: m.cfg.logger}

@@ -222,8 +222,11 @@ func WithRetryAbandoned() Option { return func(c *config) { c.retryAbandoned = t
 // lease is renewed during the wait, but the timeout must be shorter than
 // the lease all the same: a primary that cannot replicate a claim within
 // one lease is failing, and a request should learn it (503) before its
-// duplicates, which wait on the lock, give up. New panics otherwise.
-// Default off (0).
+// duplicates, which wait on the lock, give up. New panics otherwise, and
+// when the client is neither a *redis.Client (plain or Sentinel) nor a
+// *redis.ClusterClient: WAIT must follow the claim on one connection to the
+// key's primary, which a Ring cannot give. On a Cluster the claim follows
+// MOVED, ASK and TRYAGAIN during a reshard. Default off (0).
 func WithReplicaAcks(n int, timeout time.Duration) Option {
 	return func(c *config) { c.replicaAcks, c.replicaWait = n, timeout }
 }

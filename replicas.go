@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -26,8 +29,43 @@ func (m *Middleware) claimReplicated(ctx context.Context, c *call, l *lease) (cl
 		return claim{}, err
 	}
 	conn := primary.Conn()
-	defer conn.Close()
+	var ends []func() // of the clients made for a redirection, after conn
+	defer func() {
+		conn.Close()
+		for _, end := range ends {
+			end()
+		}
+	}()
 	cl, err := m.store.claimOn(ctx, conn, l.k, l.token, l.fpText)
+	// During a reshard the slot's keys move to another master: MOVED when
+	// the slot has moved (this client's map is behind), ASK while it is
+	// moving and the keys are not here, TRYAGAIN while they are split
+	// between the two (the lock made on the new master, the record not
+	// moved yet). The claim follows, on a connection to the master that
+	// answers, so that WAIT still counts the claim's replicas.
+	asking := false
+	for tries := 0; err != nil && tries < 50; tries++ {
+		kind, addr := redirection(err)
+		switch kind {
+		case "TRYAGAIN": // the migration moves the rest soon
+			select {
+			case <-ctx.Done():
+				return claim{}, err
+			case <-time.After(20 * time.Millisecond):
+			}
+		case "MOVED", "ASK":
+			var end func()
+			if primary, end, err = m.store.masterAt(ctx, primary, addr); err != nil {
+				return claim{}, err
+			}
+			ends = append(ends, end)
+			conn.Close()
+			conn, asking = primary.Conn(), kind == "ASK"
+		default:
+			return claim{}, err
+		}
+		cl, err = m.store.claimRedirected(ctx, conn, l, asking)
+	}
 	if err != nil || cl.outcome != outcomeClaimed {
 		return cl, err
 	}
@@ -47,6 +85,37 @@ func (m *Middleware) claimReplicated(ctx context.Context, c *call, l *lease) (cl
 // enough replicas.
 var errTooFewReplicas = errors.New("too few replicas acknowledged the claim")
 
+// claimRedirected runs the claim again on conn. After ASK the master
+// answers for the slot only to a command that follows ASKING, so the
+// script is loaded first: its EVALSHA must not meet NOSCRIPT and be resent
+// as an EVAL that comes without ASKING.
+func (s *store) claimRedirected(ctx context.Context, conn *redis.Conn, l *lease, asking bool) (claim, error) {
+	if asking {
+		if err := claimScript.Load(ctx, conn).Err(); err != nil {
+			return claim{}, err
+		}
+		if err := conn.Do(ctx, "asking").Err(); err != nil {
+			return claim{}, err
+		}
+	}
+	return s.claimOn(ctx, conn, l.k, l.token, l.fpText)
+}
+
+// redirection reads a Cluster's MOVED, ASK or TRYAGAIN error: its kind,
+// and the master to ask instead.
+func redirection(err error) (kind, addr string) {
+	var redisErr redis.Error
+	if !errors.As(err, &redisErr) {
+		return "", ""
+	}
+	kind, rest, _ := strings.Cut(redisErr.Error(), " ")
+	_, addr, _ = strings.Cut(rest, " ") // MOVED and ASK: "<slot> <host:port>"
+	if (kind == "MOVED" || kind == "ASK") && addr == "" {
+		return "", ""
+	}
+	return kind, addr
+}
+
 // primaryFor returns a client for the primary that holds key, whose
 // connections the claim and its WAIT can share.
 func (s *store) primaryFor(ctx context.Context, key string) (*redis.Client, error) {
@@ -56,5 +125,54 @@ func (s *store) primaryFor(ctx context.Context, key string) (*redis.Client, erro
 	case *redis.Client:
 		return c, nil
 	}
-	return nil, fmt.Errorf("WithReplicaAcks needs a *redis.Client or *redis.ClusterClient, not %T", s.client)
+	return nil, unsupportedForReplicaAcks(s.client)
+}
+
+// masterAt returns a client for the Cluster's master at addr, named by a
+// redirection, and what ends it. Listing the masters reloads the slot map,
+// so that the next claim goes to the right master at once. A master this
+// client names otherwise (a hostname for an IP) gets a client of its own
+// for this claim, with the options of the master that redirected.
+func (s *store) masterAt(ctx context.Context, from *redis.Client, addr string) (*redis.Client, func(), error) {
+	cluster, ok := s.client.(*redis.ClusterClient)
+	if !ok {
+		return nil, nil, fmt.Errorf("a redirection to %s from a client that is not a Cluster's", addr)
+	}
+	var mu sync.Mutex
+	var found *redis.Client
+	err := cluster.ForEachMaster(ctx, func(_ context.Context, master *redis.Client) error {
+		if master.Options().Addr == addr {
+			mu.Lock()
+			found = master
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if found != nil {
+		return found, func() {}, nil
+	}
+	opts := *from.Options()
+	opts.Addr = addr
+	own := redis.NewClient(&opts)
+	return own, func() { own.Close() }, nil
+}
+
+// mustSupportReplicaAcks refuses, at start-up, a client whose claim WAIT
+// cannot follow: WAIT counts the writes of its own connection, so the
+// claim must go over a connection to the key's primary, which only a
+// plain (or Sentinel) client and a Cluster client can give. A Ring would
+// fail every claim.
+func mustSupportReplicaAcks(client redis.UniversalClient) {
+	switch client.(type) {
+	case *redis.Client, *redis.ClusterClient:
+		return
+	}
+	panic("idempotency: " + unsupportedForReplicaAcks(client).Error())
+}
+
+func unsupportedForReplicaAcks(client redis.UniversalClient) error {
+	return fmt.Errorf("WithReplicaAcks needs a *redis.Client (plain or Sentinel) or a *redis.ClusterClient, not %T", client)
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -152,4 +153,111 @@ func TestLeaseLostBeforeTheHandlerStarts(t *testing.T) {
 	a := s.post(s.client(), "/payments", "stolen", `{}`)
 	requireProblem(t, a, http.StatusServiceUnavailable, "store-unavailable")
 	require.Zero(t, s.execs.Load(), "the handler never started without its lease")
+}
+
+// New refuses WithReplicaAcks on a client whose claim WAIT cannot follow,
+// instead of answering every request 503.
+func TestReplicaAcksRefuseARing(t *testing.T) {
+	srv := redistest.Private(t)
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"only": srv.Addr()}})
+	t.Cleanup(func() { ring.Close() })
+	require.PanicsWithValue(t, "idempotency: WithReplicaAcks needs a *redis.Client (plain or Sentinel) "+
+		"or a *redis.ClusterClient, not *redis.Ring", func() { New(ring, WithReplicaAcks(1, time.Second)) })
+	require.NotPanics(t, func() { New(ring) })
+}
+
+// WithReplicaAcks on a Cluster follows a reshard. A stored key whose slot
+// is migrating is replayed: its claim meets TRYAGAIN while the record has
+// not moved, then ASK; so it is once the slot has moved, from an instance
+// whose slot map is from before the move (MOVED). The key ran once.
+// Without following them, both answered 503.
+func TestReplicaAcksFollowAReshard(t *testing.T) {
+	addrs := redistest.PrivateCluster(t, 3, 1)
+	ctx := t.Context()
+	cluster := func() *redis.ClusterClient {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	rdb := cluster()
+	var masters []*redis.Client
+	require.Eventually(t, func() bool {
+		masters = masters[:0]
+		var mu sync.Mutex
+		err := rdb.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			masters = append(masters, m)
+			return nil
+		})
+		return err == nil && len(masters) == 3
+	}, 10*time.Second, 50*time.Millisecond)
+	for _, m := range masters {
+		conn := m.Conn()
+		require.Eventually(t, func() bool { return conn.Wait(ctx, 1, 100*time.Millisecond).Val() == 1 },
+			10*time.Second, 20*time.Millisecond, "every master's replica acknowledges")
+		conn.Close()
+	}
+
+	opts := []Option{WithKeyPrefix("reshard"), WithReplicaAcks(1, 500*time.Millisecond)}
+	first := newShopOn(t, rdb, opts...)
+	c := first.client()
+	stored := first.post(c, "/payments", "moving", `{}`)
+	require.Equal(t, http.StatusCreated, stored.status, stored.body)
+	// An instance whose slot map stays as it is now, before the move: its
+	// claims go to the old master and meet MOVED.
+	before, err := rdb.ClusterSlots(ctx).Result()
+	require.NoError(t, err)
+	stale := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true,
+		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) { return before, nil }})
+	t.Cleanup(func() { stale.Close() })
+	behind := newShopOn(t, stale, opts...)
+
+	k := clientKeys("reshard", paymentID("moving"))
+	slot := int(rdb.ClusterKeySlot(ctx, k.record).Val())
+	source, err := rdb.MasterForKey(ctx, k.record)
+	require.NoError(t, err)
+	target := masters[0]
+	if target.Options().Addr == source.Options().Addr {
+		target = masters[1]
+	}
+	id := func(m *redis.Client) string { return m.Do(ctx, "CLUSTER", "MYID").Val().(string) }
+	sourceID, targetID := id(source), id(target)
+
+	// The slot starts to move. A retry takes the lock on the new master
+	// (the lock is not on the old one: ASK) while the record is still on
+	// the old one (TRYAGAIN), until the record moves; then the claim meets
+	// ASK.
+	require.NoError(t, target.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", sourceID).Err())
+	require.NoError(t, source.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", targetID).Err())
+	during := newShopOn(t, rdb, append(opts, WithStoreTimeout(5*time.Second))...)
+	retried := during.postAsync(c, "/payments", "moving", `{}`)
+	onTarget := target.Conn()
+	defer onTarget.Close()
+	require.Eventually(t, func() bool {
+		return onTarget.Do(ctx, "ASKING").Err() == nil && onTarget.Exists(ctx, k.lock).Val() == 1
+	}, 5*time.Second, 5*time.Millisecond, "the retry's lock is on the new master")
+	time.Sleep(50 * time.Millisecond) // the claim meets TRYAGAIN meanwhile
+	keys, err := source.ClusterGetKeysInSlot(ctx, slot, 100).Result()
+	require.NoError(t, err)
+	require.Contains(t, keys, k.record)
+	host, port, _ := strings.Cut(target.Options().Addr, ":")
+	migrate := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
+	for _, key := range keys {
+		migrate = append(migrate, key)
+	}
+	require.NoError(t, source.Do(ctx, migrate...).Err())
+	retry := (<-retried).must(t)
+	require.Equal(t, http.StatusCreated, retry.status, retry.body)
+	require.Equal(t, "true", retry.header.Get(ReplayedHeader), "replayed while the slot migrates")
+	require.Equal(t, stored.body, retry.body)
+
+	// The slot has moved.
+	for _, m := range masters {
+		require.NoError(t, m.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", targetID).Err())
+	}
+	after := behind.post(c, "/payments", "moving", `{}`)
+	require.Equal(t, http.StatusCreated, after.status, after.body)
+	require.Equal(t, "true", after.header.Get(ReplayedHeader), "replayed once the slot has moved")
+	require.EqualValues(t, 1, first.execs.Load()+during.execs.Load()+behind.execs.Load())
 }

@@ -59,11 +59,38 @@ func ClusterAddrs(t testing.TB) []string {
 	return clusterAddrs
 }
 
+// PrivateCluster starts a Redis Cluster that only this test uses (one whose
+// slots it may move): masters, each with replicas, stopped when the test
+// ends. It returns every node's address. redis-cli wants 3 masters at least.
+func PrivateCluster(t testing.TB, masters, replicas int) []string {
+	t.Helper()
+	if _, err := exec.LookPath(ServerCommand()); err != nil {
+		requireOrSkip(t, ServerCommand()+" is not on PATH, so no cluster")
+	}
+	var servers []*Server
+	t.Cleanup(func() {
+		for _, s := range servers {
+			s.Stop()
+		}
+	})
+	addrs, err := startClusterOf(masters, replicas, func(s *Server) { servers = append(servers, s) })
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	return addrs
+}
+
 // startCluster starts n cluster-enabled servers and joins them as masters.
-// A node's bus listens on its port + 10000, so ports stay at or below 55535.
 func startCluster(n int) ([]string, error) {
+	return startClusterOf(n, 0, func(*Server) {})
+}
+
+// startClusterOf starts masters*(1+replicas) cluster-enabled servers and
+// joins them, handing each server to started. A node's bus listens on its
+// port + 10000, so ports stay at or below 55535.
+func startClusterOf(masters, replicas int, started func(*Server)) ([]string, error) {
 	var addrs []string
-	for len(addrs) < n {
+	for len(addrs) < masters*(1+replicas) {
 		port, err := clusterPort()
 		if err != nil {
 			return nil, err
@@ -73,10 +100,11 @@ func startCluster(n int) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
+		started(s)
 		addrs = append(addrs, s.Addr())
 	}
 	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	if out, err := exec.Command("redis-cli", args...).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("redis-cli --cluster create: %w\n%s", err, out)
 	}

@@ -18,6 +18,9 @@ type responseCache struct {
 	bytes      int64
 	index      map[identity]*list.Element
 	lru        list.List // of *cacheEntry, most recent first
+	// clock is the cache's time when it is not the wall clock: idemtest's,
+	// which moves with its in-process Redis (FastForward).
+	clock func() time.Time
 }
 
 type cacheEntry struct {
@@ -55,6 +58,14 @@ func (c *responseCache) get(id identity, now time.Time) *cacheEntry {
 	return e
 }
 
+// now is the cache's time, for get. A nil cache has the wall clock.
+func (c *responseCache) now() time.Time {
+	if c == nil || c.clock == nil {
+		return time.Now()
+	}
+	return c.clock()
+}
+
 // put remembers rec until expires. Responses larger than an eighth of the
 // byte budget are not kept: one of them would evict many small ones.
 func (c *responseCache) put(id identity, fp fingerprintSum, rec *record, expires time.Time) {
@@ -64,6 +75,9 @@ func (c *responseCache) put(id identity, fp fingerprintSum, rec *record, expires
 	size := rec.size()
 	if size > c.maxBytes/8 {
 		return
+	}
+	if c.clock != nil { // expires is on the wall clock
+		expires = c.clock().Add(time.Until(expires))
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -68,10 +68,11 @@
 //	pipeline.go      one request's steps: cache, in-process flight, claim, run
 //	answer.go        the verdict a step reaches, written once
 //	cache.go         completed answers in this process's memory
+//	cacheclock.go    the cache's clock, which idemtest moves with FastForward
 //	inflight.go      duplicates inside this process wait for the first
 //	claim.go         taking the lease and claiming the key
 //	ride.go          the claim sent in one pipeline with the lock
-//	waiter.go        waiting for a holder on another instance
+//	waiter.go        waiting for a holder on another instance, on one shared subscription
 //	replicas.go      WithReplicaAcks: WAIT for replicas before running
 //	lifecycle.go     a key's life from claim to end, and the release rule
 //	execution.go     Release, Execution, ExecutionOf: what a handler's context carries

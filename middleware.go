@@ -42,6 +42,9 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 		logger: m.cfg.logger}
 	m.store = newStore(client, &m.cfg)
 	m.cache = newResponseCache(m.cfg.cacheEntries, m.cfg.cacheBytes)
+	if m.cache != nil {
+		m.cache.clock = m.cfg.cacheClock
+	}
 	if known, enabled := contextTimeouts(client); known && !enabled {
 		m.cfg.logger.Warn("idempotency: the Redis client has ContextTimeoutEnabled off, so a stalled " +
 			"Redis is cut short by go-redis's ReadTimeout (3 s by default), not by WithStoreTimeout; " +

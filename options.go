@@ -47,7 +47,8 @@ type config struct {
 	cacheEntries    int
 	cacheBytes      int64
 	cacheTTL        time.Duration
-	unprotected     map[string]bool // nil: the safe methods
+	cacheClock      func() time.Time // nil: the wall clock; set by idemtest
+	unprotected     map[string]bool  // nil: the safe methods
 	optionalKey     bool
 	storePolicy     StorePolicy
 	replayHook      func(r *http.Request, status int, header http.Header)

@@ -79,7 +79,7 @@ func (m *Middleware) settle(c *call) verdict {
 
 // fromCache replays an answer that this process stored or replayed before.
 func (m *Middleware) fromCache(c *call) verdict {
-	e := m.cache.get(c.id, time.Now())
+	e := m.cache.get(c.id, m.cache.now())
 	if e == nil {
 		return verdict{}
 	}

@@ -34,9 +34,15 @@
 //     503) and Close stops it, which covers "Redis is down".
 //   - Expiry by the clock. Keys expire only when the test calls
 //     FastForward: a lock whose lease lapses (an instance that died
-//     mid-request) stays held until then. Issued tokens are signed and
-//     expire by this process's clock, which FastForward does not move; Lua's
-//     TIME (fencing tokens) is the real time too.
+//     mid-request) stays held until then. FastForward also moves the
+//     clock of the in-process response cache (WithResponseCache) of every
+//     Middleware made by New or Redis.New, so a key past its record's TTL
+//     runs again rather than replaying from memory; a Middleware made with
+//     idempotency.New(r.Client()) keeps the wall clock for its cache, and
+//     replays from it for up to WithResponseCacheTTL (10 s) after a
+//     FastForward. Issued tokens are signed and expire by this process's
+//     clock, which FastForward does not move; Lua's TIME (fencing tokens)
+//     is the real time too.
 //   - Redis's Lua. Scripts run on gopher-lua (Lua 5.1, as Redis's), with
 //     the commands miniredis implements.
 //   - Costs. Round trips, INFO commandstats and MONITOR are not Redis's.
@@ -46,10 +52,13 @@
 package idemtest
 
 import (
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/cacheclock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -62,12 +71,14 @@ func New(t testing.TB, opts ...idempotency.Option) *idempotency.Middleware {
 }
 
 // Redis is an in-process Redis for one test. Its Miniredis methods reach
-// the server itself: FastForward(d) lets keys expire as if d had passed,
+// the server itself: FastForward(d) lets keys expire as if d had passed
+// (and the cache entries of its Middlewares),
 // SetError(msg) makes every command fail until SetError(""), Keys lists
 // what the middleware wrote.
 type Redis struct {
 	*miniredis.Miniredis
 	client *redis.Client
+	ahead  atomic.Int64 // how far FastForward moved the clock, in nanoseconds
 }
 
 // NewRedis starts an in-process Redis that is stopped when t ends.
@@ -87,7 +98,21 @@ func (r *Redis) Client() *redis.Client { return r.client }
 
 // New returns a Middleware on this Redis. Several of them are instances of
 // one service: a duplicate that reaches another instance waits for the
-// first and gets its answer.
+// first and gets its answer. Its in-process response cache runs on this
+// Redis's clock, which FastForward moves.
 func (r *Redis) New(opts ...idempotency.Option) *idempotency.Middleware {
-	return idempotency.New(r.client, opts...)
+	clock := cacheclock.Option(r.now).(idempotency.Option)
+	return idempotency.New(r.client, append([]idempotency.Option{clock}, opts...)...)
 }
+
+// FastForward moves the clock by d: keys past their TTL expire, as with
+// Miniredis's own FastForward, and so do the in-process cache entries of
+// every Middleware made by New, so that an answer whose record expired is
+// not replayed from memory either.
+func (r *Redis) FastForward(d time.Duration) {
+	r.ahead.Add(int64(d))
+	r.Miniredis.FastForward(d)
+}
+
+// now is the time on the clock that FastForward moves.
+func (r *Redis) now() time.Time { return time.Now().Add(time.Duration(r.ahead.Load())) }

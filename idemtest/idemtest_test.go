@@ -251,16 +251,33 @@ func TestOperatorSettlesInterruptedKeys(t *testing.T) {
 }
 
 // FastForward moves the in-process Redis's clock: a record past its TTL
-// is gone, and the key runs again.
+// is gone, and the key runs again. The clock of the in-process response
+// cache moves with it: the instance that stored the answer (and would
+// replay it from memory) runs the key again too, and keeps caching after.
 func TestFastForwardExpiresRecords(t *testing.T) {
 	r := idemtest.NewRedis(t)
 	p := newPayments(t, r.New(idempotency.WithCallerCredentials(), idempotency.WithRecordTTL(time.Hour), idempotency.WithResponseCache(0, 0)))
 	post(t, http.DefaultClient, p.srv.URL, "hourly", `{}`)
+	p := newPayments(t, r.New(idempotency.WithRecordTTL(time.Hour)))
+	var fromCache atomic.Int64
+	cached := newPayments(t, r.New(idempotency.WithRecordTTL(time.Hour), idempotency.WithObserver(func(e idempotency.Event) {
+		if e.FromCache {
+			fromCache.Add(1)
+		}
+	})))
 	post(t, http.DefaultClient, p.srv.URL, "hourly", `{}`)
+	post(t, http.DefaultClient, p.srv.URL, "hourly", `{}`) // from the cache
 	require.EqualValues(t, 1, p.runs.Load())
 	r.FastForward(time.Hour + time.Second)
 	post(t, http.DefaultClient, p.srv.URL, "hourly", `{}`)
-	require.EqualValues(t, 2, p.runs.Load())
+	require.EqualValues(t, 2, p.runs.Load(), "not replayed from the cache past the record's TTL")
+
+	post(t, http.DefaultClient, cached.srv.URL, "later", `{}`)
+	post(t, http.DefaultClient, cached.srv.URL, "later", `{}`)
+	require.EqualValues(t, 1, fromCache.Load(), "entries made after a FastForward still answer")
+	r.FastForward(time.Hour + time.Second)
+	post(t, http.DefaultClient, cached.srv.URL, "later", `{}`)
+	require.EqualValues(t, 2, cached.runs.Load())
 }
 
 // SetError stands in for a Redis that is down: the middleware fails closed.

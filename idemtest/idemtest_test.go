@@ -256,11 +256,9 @@ func TestOperatorSettlesInterruptedKeys(t *testing.T) {
 // replay it from memory) runs the key again too, and keeps caching after.
 func TestFastForwardExpiresRecords(t *testing.T) {
 	r := idemtest.NewRedis(t)
-	p := newPayments(t, r.New(idempotency.WithCallerCredentials(), idempotency.WithRecordTTL(time.Hour), idempotency.WithResponseCache(0, 0)))
-	post(t, http.DefaultClient, p.srv.URL, "hourly", `{}`)
-	p := newPayments(t, r.New(idempotency.WithRecordTTL(time.Hour)))
+	p := newPayments(t, r.New(idempotency.WithCallerCredentials(), idempotency.WithRecordTTL(time.Hour)))
 	var fromCache atomic.Int64
-	cached := newPayments(t, r.New(idempotency.WithRecordTTL(time.Hour), idempotency.WithObserver(func(e idempotency.Event) {
+	cached := newPayments(t, r.New(idempotency.WithCallerCredentials(), idempotency.WithRecordTTL(time.Hour), idempotency.WithObserver(func(e idempotency.Event) {
 		if e.FromCache {
 			fromCache.Add(1)
 		}

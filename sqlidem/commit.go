@@ -68,13 +68,16 @@ func (s *Store) commitOnce(ctx context.Context, exec idempotency.Execution, do w
 }
 
 // transact runs the protocol once, in one transaction.
+//
+// The key's row is read before BEGIN, not in the transaction: a read in a
+// SERIALIZABLE transaction locks what it found missing (PostgreSQL a page
+// of the key's index, MySQL the gap where the key would go), and every
+// other key's row written there then aborts one of the two (40001,
+// deadlock), although they have nothing in common. Read outside, the row
+// is what READ COMMITTED would read in the transaction; what decides is the
+// row's unique key at the end (writeAnswer), at every isolation level.
 func (s *Store) transact(ctx context.Context, exec idempotency.Execution, do work) outcome {
-	tx, err := s.db.BeginTx(ctx, s.txOptions)
-	if err != nil {
-		return outcome{verdict: refused, err: failed(ctx, err)}
-	}
-	defer tx.Rollback() // after a commit, a no-op
-	row, found, err := s.lookup(ctx, tx, exec.Key)
+	row, found, err := s.lookup(ctx, s.db, exec.Key)
 	switch {
 	case err != nil && retryable(ctx, err):
 		return outcome{verdict: aborted, err: err}
@@ -85,10 +88,15 @@ func (s *Store) transact(ctx context.Context, exec idempotency.Execution, do wor
 		// a second Run in one Do call.
 		return outcome{verdict: refused, err: ErrAlreadyCommitted}
 	case found && row.Done:
-		return replay(exec, row.Answer)
+		return replay(exec, row)
 	case found && row.Fence > exec.Fence:
 		return outcome{verdict: refused, err: idempotency.ErrInProgress}
 	}
+	tx, err := s.db.BeginTx(ctx, s.txOptions)
+	if err != nil {
+		return outcome{verdict: refused, err: failed(ctx, err)}
+	}
+	defer tx.Rollback() // after a commit, a no-op
 	answer, err := do(tx)
 	switch {
 	case err == nil:
@@ -96,12 +104,20 @@ func (s *Store) transact(ctx context.Context, exec idempotency.Execution, do wor
 		// The work failed because the execution's context ended, not
 		// of its own accord: no answer of its own to give.
 		return outcome{verdict: refused, err: endedBecause(ctx)}
+	case errors.Is(err, sql.ErrTxDone):
+		// The work committed or rolled back tx itself, and then used it.
+		return s.outcomeUnknown(ctx, exec, found, err)
 	case retryable(ctx, err):
 		return outcome{verdict: aborted, err: err}
 	default:
 		return outcome{verdict: rolledBack, err: err}
 	}
 	if err := s.writeAnswer(ctx, tx, exec, answer, found); err != nil {
+		if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
+			// Not ended by the context (database/sql rolls back the
+			// transaction of a context that ends): by the work itself.
+			return s.outcomeUnknown(ctx, exec, found, err)
+		}
 		// The COMMIT never went out: nothing of the transaction can commit.
 		tx.Rollback()
 		if retryable(ctx, err) {
@@ -184,16 +200,21 @@ func (s *Store) writeAnswer(ctx context.Context, tx *sql.Tx, exec idempotency.Ex
 			return err
 		}
 	}
-	key := rowKey(exec.Key)
-	if a.NotReplayable || len(a.Body) > answerLimit(exec) || !s.fits(ctx, tx, len(key)+len(header)+len(body)) {
+	if a.NotReplayable || len(a.Body) > answerLimit(exec) || !s.fits(ctx, tx, len(rowKey(exec.Key))+len(header)+len(body)) {
 		state, header, body = stateExecuted, nil, nil
 	}
-	now, fence := time.Now().UnixMilli(), int64(exec.Fence)
+	return s.writeRow(ctx, tx, exec, state, a.Status, header, body, fenced)
+}
+
+// writeRow writes the key's row through q: a new row, or the fence row
+// recovery wrote for this execution.
+func (s *Store) writeRow(ctx context.Context, q execer, exec idempotency.Execution, state string, status int, header, body []byte, fenced bool) error {
+	key, now, fence := rowKey(exec.Key), time.Now().UnixMilli(), int64(exec.Fence)
 	if !fenced {
-		_, err := tx.ExecContext(ctx, s.insertAnswer, key, exec.Fingerprint, fence, state, a.Status, string(header), body, now)
+		_, err := q.ExecContext(ctx, s.insertAnswer, key, exec.Fingerprint, fence, state, status, string(header), body, now)
 		return err
 	}
-	res, err := tx.ExecContext(ctx, s.updateFenced, exec.Fingerprint, fence, state, a.Status, string(header), body, now, key, fence)
+	res, err := q.ExecContext(ctx, s.updateFenced, exec.Fingerprint, fence, state, status, string(header), body, now, key, fence)
 	if err != nil {
 		return err
 	}
@@ -201,6 +222,37 @@ func (s *Store) writeAnswer(ctx context.Context, tx *sql.Tx, exec idempotency.Ex
 		return errors.Join(errFenced, err)
 	}
 	return nil
+}
+
+// execer is a *sql.DB or a *sql.Tx.
+type execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// ErrOutcomeUnknown is the answer to an execution whose transaction was
+// ended by its own work (a TxFunc, or Run's function, that called
+// tx.Commit or tx.Rollback): its writes may have committed without the
+// outcome row, and nothing can tell. It is never answered as "not
+// executed" and the key is never released: the key's row says so in
+// state 'unknown' (recovery reads it as executed, not replayable), and
+// every retry gets ErrOutcomeUnknown, until an operator deletes the row
+// and settles the key (idemctl). It wraps idempotency.ErrInterrupted:
+// 409, problem type "interrupted".
+var ErrOutcomeUnknown = fmt.Errorf("%w: sqlidem: the work ended its own transaction (tx.Commit or tx.Rollback) "+
+	"before the outcome row was written; whether its writes committed is unknown", idempotency.ErrInterrupted)
+
+// outcomeUnknown settles an execution whose work ended tx itself (cause
+// is database/sql's ErrTxDone): the key's row is written 'unknown', in a
+// statement of its own, so that no retry runs the work again, and the
+// key is kept.
+func (s *Store) outcomeUnknown(ctx context.Context, exec idempotency.Execution, fenced bool, cause error) outcome {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), checkTimeout)
+	defer cancel()
+	err := s.writeRow(ctx, s.db, exec, stateUnknown, 0, nil, nil, fenced)
+	// Written or not, the writes may have committed: say it is unknown,
+	// keep the key. A row that could not be written leaves retries to
+	// Redis's record of this answer.
+	return outcome{verdict: unsettled, err: errors.Join(ErrOutcomeUnknown, cause, err)}
 }
 
 // afterFailedCommit learns what happened when the answer's row or the
@@ -219,7 +271,7 @@ func (s *Store) afterFailedCommit(ctx context.Context, exec idempotency.Executio
 	case found && row.Done && row.Fence == exec.Fence && row.Answer.Fingerprint == exec.Fingerprint:
 		return outcome{verdict: committed} // ours: the commit went through
 	case found && row.Done:
-		return replay(exec, row.Answer)
+		return replay(exec, row)
 	case found && row.Fence > exec.Fence, errors.Is(cause, errFenced):
 		return outcome{verdict: refused, err: idempotency.ErrInProgress}
 	}
@@ -254,7 +306,7 @@ func (s *Store) settleCommit(ctx context.Context, exec idempotency.Execution, ca
 		case found && row.Done && row.Fence == exec.Fence && row.Answer.Fingerprint == exec.Fingerprint:
 			return outcome{verdict: committed} // it landed
 		case found && row.Done:
-			return replay(exec, row.Answer)
+			return replay(exec, row)
 		case found && row.Fence > exec.Fence:
 			return outcome{verdict: refused, err: idempotency.ErrInProgress}
 		default:
@@ -288,11 +340,14 @@ func endedBecause(ctx context.Context) error {
 }
 
 // replay answers with a committed answer, if it is this request's.
-func replay(exec idempotency.Execution, a idempotency.Answer) outcome {
-	if a.Fingerprint != exec.Fingerprint {
+func replay(exec idempotency.Execution, row Row) outcome {
+	switch {
+	case row.Answer.Fingerprint != exec.Fingerprint:
 		return outcome{verdict: refused, err: idempotency.ErrKeyReused}
+	case row.Unknown:
+		return outcome{verdict: unsettled, err: ErrOutcomeUnknown}
 	}
-	return outcome{verdict: replayed, answer: a}
+	return outcome{verdict: replayed, answer: row.Answer}
 }
 
 // failed is the error of a database step that failed: a committed answer
@@ -304,6 +359,16 @@ func failed(ctx context.Context, err error) error {
 	}
 	if ctx.Err() != nil {
 		return endedBecause(ctx)
+	}
+	return unavailable(err)
+}
+
+// commitFailed is the error of an unprotected transaction whose COMMIT
+// failed: the work's own commit or rollback (ErrTxDone) leaves its
+// outcome unknown; anything else is the database's failure.
+func commitFailed(err error) error {
+	if errors.Is(err, sql.ErrTxDone) {
+		return errors.Join(ErrOutcomeUnknown, err)
 	}
 	return unavailable(err)
 }

@@ -56,6 +56,12 @@ type TxFunc func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error
 // deadlock committed nothing and runs again, fn included, with the
 // request's body from its start and an empty answer (see WithAttempts).
 //
+// fn must leave tx's end to Handler: a fn that calls tx.Commit or
+// tx.Rollback itself ended the transaction before the outcome row could
+// go in, and whether its writes committed is unknown; the request and
+// every retry are answered ErrOutcomeUnknown, the key kept, and fn never
+// runs again for the key.
+//
 // fn must do all its writes in tx: the database's answer about the outcome
 // row is what makes a second execution's writes roll back. Calls to other
 // systems are not covered; pass them a key derived from the request's (see
@@ -193,7 +199,7 @@ func (s *Store) serveUnprotected(w http.ResponseWriter, r *http.Request, fn TxFu
 		return
 	}
 	if err := tx.Commit(); err != nil {
-		s.onError(w, r, unavailable(err))
+		s.onError(w, r, commitFailed(err))
 		return
 	}
 	buf.writeTo(w)

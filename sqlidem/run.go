@@ -36,6 +36,10 @@ var ErrAlreadyCommitted = errors.New("sqlidem: this execution has committed its 
 // transaction the database aborts as a serialization failure or a
 // deadlock runs again, fn included (see WithAttempts).
 //
+// fn must leave tx's end to Run: after fn's own tx.Commit or tx.Rollback,
+// Run returns ErrOutcomeUnknown, and so does every later Run for the key,
+// without running fn.
+//
 // Call Run once per function given to Do: the key has one row, and it
 // holds the first Run's result. A second Run in the same call returns
 // ErrAlreadyCommitted and runs nothing (Do then releases the key, unless
@@ -104,7 +108,7 @@ func runUnprotected[T any](ctx context.Context, s *Store, fn func(ctx context.Co
 		return zero, err
 	}
 	if err := tx.Commit(); err != nil {
-		return zero, unavailable(err)
+		return zero, commitFailed(err)
 	}
 	return v, nil
 }

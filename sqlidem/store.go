@@ -37,7 +37,10 @@ const DefaultTable = "idempotency_outcomes"
 //	             large to keep (status only; replays answer
 //	             idempotency.ErrNotReplayable);
 //	             'fenced': nothing committed, and executions with a lower
-//	             fence may no longer commit (written by recovery)
+//	             fence may no longer commit (written by recovery);
+//	             'unknown': the work committed or rolled back its
+//	             transaction itself, so whether it committed is unknown
+//	             (see ErrOutcomeUnknown)
 //	status, header (JSON), body   the answer ('done' rows)
 //	written_ms   when the row was written, Unix milliseconds (see Purge)
 //
@@ -64,6 +67,7 @@ const (
 	stateDone     = "done"     // an answer, committed with the work
 	stateExecuted = "executed" // the work committed; its answer was too large to keep
 	stateFenced   = "fenced"   // nothing committed; lower fences may not commit
+	stateUnknown  = "unknown"  // the work ended its transaction itself: committed or not, nobody knows
 )
 
 // An Option configures a Store.
@@ -149,7 +153,16 @@ func New(db *sql.DB, dialect Dialect, opts ...Option) (*Store, error) {
 // same table at the same moment collide (CREATE … IF NOT EXISTS included),
 // the calls take turns under an advisory lock. A table that an earlier
 // version created without the index gets it.
+//
+// On a table that has its index already, it only reads the catalog: DDL on
+// an existing table takes a lock on it (PostgreSQL's CREATE INDEX IF NOT
+// EXISTS locks the table before it finds the index), which would queue
+// behind every running commit and hold up every later one, for as long as
+// the slowest commit takes.
 func (s *Store) CreateTable(ctx context.Context) error {
+	if ready, err := s.tableReady(ctx); err != nil || ready {
+		return err
+	}
 	switch s.dialect {
 	case PostgreSQL:
 		tx, err := s.db.BeginTx(ctx, nil)
@@ -180,6 +193,33 @@ func (s *Store) CreateTable(ctx context.Context) error {
 	return nil
 }
 
+// tableReady reports whether the outcome table and its write-time index
+// exist, from the catalog, which takes no lock on the table. SQLite has
+// no lock to spare (a writer holds the whole file): it reports false.
+func (s *Store) tableReady(ctx context.Context) (bool, error) {
+	schema, table, qualified := strings.Cut(s.table, ".")
+	if !qualified {
+		schema, table = "", s.table
+	}
+	var n int
+	switch s.dialect {
+	case PostgreSQL:
+		index := s.index
+		if qualified {
+			index = schema + "." + index
+		}
+		err := s.db.QueryRowContext(ctx, "SELECT (to_regclass($1) IS NOT NULL)::int + (to_regclass($2) IS NOT NULL)::int",
+			s.dialect.Quote(s.table), s.dialect.Quote(index)).Scan(&n)
+		return n == 2, err
+	case MySQL:
+		err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.STATISTICS"+
+			" WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ?"+
+			" AND COLUMN_NAME = 'written_ms' AND SEQ_IN_INDEX = 1", schema, table).Scan(&n)
+		return n > 0, err
+	}
+	return false, nil
+}
+
 // ddlLock is the advisory lock that CreateTable takes on PostgreSQL: one
 // per table name.
 func ddlLock(table string) int64 {
@@ -190,18 +230,10 @@ func ddlLock(table string) int64 {
 // indexMySQL adds the write-time index to a MySQL table that lacks one (it
 // was created before the index was part of the table).
 func (s *Store) indexMySQL(ctx context.Context) error {
-	schema, table, qualified := strings.Cut(s.table, ".")
-	if !qualified {
-		schema, table = "", s.table
-	}
-	var n int
-	err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.STATISTICS"+
-		" WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ?"+
-		" AND COLUMN_NAME = 'written_ms' AND SEQ_IN_INDEX = 1", schema, table).Scan(&n)
-	if err != nil || n > 0 {
+	if indexed, err := s.tableReady(ctx); err != nil || indexed {
 		return err
 	}
-	_, err = s.db.ExecContext(ctx, createIndex(s.dialect, s.dialect.Quote(s.table), s.index))
+	_, err := s.db.ExecContext(ctx, createIndex(s.dialect, s.dialect.Quote(s.table), s.index))
 	if sqldialect.DuplicateIndex(err) {
 		return nil // another instance added it meanwhile
 	}
@@ -233,6 +265,10 @@ type Row struct {
 	Done   bool // an answer was committed; otherwise a fence row
 	Fence  uint64
 	Answer idempotency.Answer // Done rows only; NotReplayable when it was too large to keep
+	// Unknown: the work ended its transaction itself (ErrOutcomeUnknown).
+	// Done is set too, and Answer is NotReplayable: the work may have
+	// committed, so the key must not run again.
+	Unknown bool
 }
 
 // querier is a *sql.DB or a *sql.Tx.
@@ -260,8 +296,8 @@ func (s *Store) lookup(ctx context.Context, q querier, key string) (Row, bool, e
 	if err != nil {
 		return Row{}, false, err
 	}
-	row := Row{Done: state == stateDone || state == stateExecuted, Fence: uint64(fence)}
-	if state == stateExecuted {
+	row := Row{Done: state != stateFenced, Fence: uint64(fence), Unknown: state == stateUnknown}
+	if state != stateDone && state != stateFenced {
 		row.Answer = idempotency.Answer{Status: status, Fingerprint: fp, NotReplayable: true}
 		return row, true, nil
 	}

@@ -39,6 +39,24 @@ type ConflictError struct {
 	Current int64
 	// Missing reports that the row or hash does not exist.
 	Missing bool
+	// Snapshot reports that the write ran in a transaction whose reads
+	// see the row as it was before the version that refused the write
+	// (MySQL's and MariaDB's REPEATABLE READ, their default): the row
+	// still reads at Expected there, so no retry inside that transaction
+	// can succeed. Retry returns such a conflict at once, and it reports
+	// SQLSTATE 40001 (SQLState), as a serialization failure does, so that
+	// what runs the transaction again from BEGIN on a 40001 (sqlidem's
+	// WithAttempts, a loop of your own) does so, with a fresh snapshot.
+	Snapshot bool
+}
+
+// SQLState is "40001", serialization failure, for a conflict that only a
+// new transaction can get past (Snapshot), and "" otherwise.
+func (e *ConflictError) SQLState() string {
+	if e.Snapshot {
+		return "40001"
+	}
+	return ""
 }
 
 func (e *ConflictError) Error() string {
@@ -47,6 +65,10 @@ func (e *ConflictError) Error() string {
 		return fmt.Sprintf("optimistic: conflict: %s does not exist (expected version %d)", e.Resource, e.Expected)
 	case e.Current < 0:
 		return fmt.Sprintf("optimistic: conflict: %s is not at version %d", e.Resource, e.Expected)
+	}
+	if e.Snapshot {
+		return fmt.Sprintf("optimistic: conflict: %s is no longer at version %d, which the transaction's snapshot "+
+			"still reads; run the whole transaction again (SQLSTATE 40001)", e.Resource, e.Expected)
 	}
 	return fmt.Sprintf("optimistic: conflict: %s is at version %d, not %d", e.Resource, e.Current, e.Expected)
 }

@@ -49,7 +49,8 @@ func (p Policy) backoff(n int) time.Duration {
 }
 
 // Retry runs fn until it returns an error that does not match ErrConflict
-// (nil included), and returns that. fn must re-read what it writes on every
+// (nil included), or a conflict that only a new transaction can get past
+// (ConflictError.Snapshot), and returns that. fn must re-read what it writes on every
 // run: a conflict means its last read is out of date. A row or hash that
 // vanished is a conflict too; fn's next read finds it gone and returns its
 // own error, which ends the loop.
@@ -76,8 +77,9 @@ func Retry(ctx context.Context, p Policy, fn func(context.Context) error) error 
 			return stopped(ctx, last)
 		}
 		err := fn(ctx)
-		if !errors.Is(err, ErrConflict) {
-			return err
+		var conflict *ConflictError
+		if !errors.Is(err, ErrConflict) || errors.As(err, &conflict) && conflict.Snapshot {
+			return err // a stale snapshot: only a new transaction reads past it
 		}
 		last = err
 	}

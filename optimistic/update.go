@@ -16,10 +16,13 @@ import (
 // ErrConflict: with Missing set (matching ErrNotFound too) when the row is
 // gone, else with the version it is at now. Inside a REPEATABLE READ
 // transaction (MySQL's default) that read sees the transaction's snapshot,
-// so Current may be older than the version that refused the write; the
-// conflict itself is certain. PostgreSQL at REPEATABLE READ or above
-// refuses a concurrent update with a serialization error (SQLSTATE 40001)
-// instead, which does not match ErrConflict: retry the transaction.
+// which may still hold the row at expected: then no read in the
+// transaction can see the version that refused the write, the conflict's
+// Snapshot is set, Retry gives up at once, and the error reports SQLSTATE
+// 40001 so that the whole transaction runs again (sqlidem does, see
+// WithAttempts). PostgreSQL at REPEATABLE READ or above refuses a
+// concurrent update with a serialization error (SQLSTATE 40001) itself,
+// which does not match ErrConflict: retry the transaction.
 //
 // set may be empty, which only bumps the version. It must not name the id
 // or version column. Any other error (a bad name, the driver's) does not
@@ -57,6 +60,8 @@ func (t Table) Update(ctx context.Context, db Querier, id any, expected int64, s
 		conflict.Current = -1
 		return 0, errors.Join(conflict, fmt.Errorf("optimistic: reading the version of %s: %w", q.resource(id), err))
 	}
-	conflict.Current, conflict.Missing = current, !found
+	// The UPDATE read the latest row, and it was not at expected; a read
+	// that still finds expected reads a snapshot from before that row.
+	conflict.Current, conflict.Missing, conflict.Snapshot = current, !found, found && current == expected
 	return 0, conflict
 }

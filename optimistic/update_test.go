@@ -140,3 +140,46 @@ func TestUpdateQueriers(t *testing.T) {
 		})
 	})
 }
+
+// A versioned write in a transaction whose snapshot predates the version
+// that refused it (MySQL's REPEATABLE READ) cannot succeed by re-reading in
+// that transaction: the conflict says so, Retry stops at once, and the
+// error is a serialization failure (40001) for whatever reruns the
+// transaction.
+func TestUpdateInAStaleSnapshot(t *testing.T) {
+	eachDB(t, func(t *testing.T, d *testDB) {
+		if d.dialect != MySQL {
+			t.Skip("a stale snapshot that an UPDATE reads past is MySQL's REPEATABLE READ")
+		}
+		tbl := d.accounts(t, map[int64]int64{1: 100})
+		ctx := t.Context()
+		tx, err := d.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+		require.NoError(t, err)
+		defer tx.Rollback()
+		runs := 0
+		err = Retry(ctx, Policy{}, func(ctx context.Context) error {
+			runs++
+			var version int64
+			require.NoError(t, tx.QueryRowContext(ctx, "SELECT version FROM "+tbl.Name+" WHERE id = 1").Scan(&version))
+			if runs == 1 {
+				_, err := tbl.Update(ctx, d.db, 1, version, Set("balance", 90)) // another writer, after the snapshot
+				require.NoError(t, err)
+			}
+			_, err := tbl.Update(ctx, tx, 1, version, Set("balance", 80))
+			return err
+		})
+		require.Equal(t, 1, runs, "Retry ran again in a snapshot that cannot see the new version")
+		require.ErrorIs(t, err, ErrConflict)
+		var conflict *ConflictError
+		require.ErrorAs(t, err, &conflict)
+		require.True(t, conflict.Snapshot)
+		require.Equal(t, "40001", conflict.SQLState())
+		require.NoError(t, tx.Rollback())
+
+		// Outside a transaction, a conflict is an ordinary one.
+		_, err = tbl.Update(ctx, d.db, 1, 0, Set("balance", 70))
+		require.ErrorAs(t, err, &conflict)
+		require.False(t, conflict.Snapshot)
+		require.Empty(t, conflict.SQLState())
+	})
+}

@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/onceonly/idempotency v0.1.0
 	github.com/onceonly/idempotency/internal/sqltest v0.1.0
+	github.com/onceonly/idempotency/optimistic v0.1.0
 	github.com/onceonly/idempotency/sqlidem v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 )

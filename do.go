@@ -28,7 +28,12 @@ type Key struct {
 }
 
 // A Codec turns a function's result into the bytes that are stored for
-// duplicates, and back. JSON is the default.
+// duplicates, and back. JSON is the default. What Marshal makes of a
+// result must Unmarshal to an equal result: Do checks, before it stores
+// the result, that the bytes decode, and for JSON that they encode back
+// to the same bytes and that no string in the result is invalid UTF-8
+// (which encoding/json would replace by U+FFFD). A result that fails is
+// not stored for replay (see Do).
 type Codec interface {
 	Marshal(v any) ([]byte, error)
 	Unmarshal(data []byte, v any) error
@@ -88,12 +93,16 @@ const (
 // replayed to every duplicate, the in-process cache and the observer (its
 // Event has no Request).
 //
-// The first call returns what fn returned. A duplicate returns the stored
+// The first call returns what fn returned; when its result cannot come
+// back to duplicates as it was (the codec cannot encode it, its bytes do
+// not decode, or JSON would alter it: see Codec), the result together with
+// an error that wraps ErrNotReplayable: fn ran, and the key is kept as
+// executed and not replayable. A duplicate returns the stored
 // result, decoded by the codec; or ErrInProgress when the first call still
 // runs after the middleware's wait timeout, ErrKeyReused when its Input
 // differs, ErrInterrupted when an earlier run ended without a result (its
 // instance died), ErrNotReplayable when the result was larger than
-// WithMaxResponseBytes or could not be encoded, or an error wrapping
+// WithMaxResponseBytes or could not be stored for replay, or an error wrapping
 // ErrStoreUnavailable when Redis does not answer (then fn did not run).
 //
 // fn's context is not cancelled when ctx is: once started, fn finishes
@@ -140,6 +149,9 @@ func Do[T any](ctx context.Context, m *Middleware, key Key, fn func(ctx context.
 			// The middleware cut fn off, and the key is kept: say why.
 			return work.value, fmt.Errorf("%w: %w", v.err, work.err)
 		}
+		if work.err == nil && work.unreplayable != nil {
+			return work.value, work.unreplayable // fn ran; the result is its, duplicates get none
+		}
 		return work.value, work.err
 	case Replayed, Waited:
 		return decodeResult[T](cfg.codec, v.rec)
@@ -159,6 +171,9 @@ type funcRun[T any] struct {
 	value    T
 	err      error
 	returned bool
+	// unreplayable says why the result, which fn returned, is not stored
+	// for replay: the first call returns it too (see checkRoundTrip).
+	unreplayable error
 }
 
 func (f *funcRun[T]) run(ctx context.Context, x *execution) *record {
@@ -173,12 +188,18 @@ func (f *funcRun[T]) run(ctx context.Context, x *execution) *record {
 		rec = &record{status: statusStoredError, body: []byte(f.err.Error())}
 	default:
 		body, err := f.cfg.codec.Marshal(f.value)
+		if err == nil {
+			err = checkRoundTrip(f.cfg.codec, f.value, body)
+		} else {
+			err = errNotRoundTrip{fmt.Errorf("it does not encode: %w", err)}
+		}
 		if err != nil {
 			// fn ran: giving the key up would let a retry run it again. It
 			// is kept as executed and not replayable, like an answer too
 			// large.
-			f.m.cfg.logger.Error("idempotency: a function's result cannot be encoded; duplicates get ErrNotReplayable",
+			f.m.cfg.logger.Error("idempotency: a function's result cannot be stored for replay; duplicates get ErrNotReplayable",
 				"key", x.key, "error", err)
+			f.unreplayable = err
 			return nil
 		}
 		rec = &record{status: statusResult, body: body}

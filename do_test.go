@@ -272,14 +272,15 @@ func TestDoFailsOpenWhenAsked(t *testing.T) {
 }
 
 // A result the codec cannot encode is not stored, and its key is not given
-// up either: fn ran, so a duplicate is told it cannot have the result.
+// up either: fn ran, so a duplicate is told it cannot have the result, and
+// the first call is told so too, with the result.
 func TestDoResultThatCannotBeEncoded(t *testing.T) {
 	m, other := twoInstances(t)
 	runs := 0
 	fn := func(context.Context) (func(), error) { runs++; return func() {}, nil } // JSON cannot encode a func
 	v, err := Do(context.Background(), m, Key{ID: "k"}, fn)
-	require.NoError(t, err, "the run itself succeeded")
-	require.NotNil(t, v)
+	require.ErrorIs(t, err, ErrNotReplayable, "the run succeeded; that its result cannot be stored is said at once")
+	require.NotNil(t, v, "the first call gets the result all the same")
 	_, err = Do(context.Background(), other, Key{ID: "k"}, fn)
 	require.ErrorIs(t, err, ErrNotReplayable)
 	require.Equal(t, 1, runs)

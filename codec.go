@@ -1,0 +1,131 @@
+package idempotency
+
+import (
+	"bytes"
+	"encoding"
+	"encoding/json"
+	"fmt"
+	"reflect"
+)
+
+// The codec contract: what Do stores for a result decodes, for every
+// duplicate, to the result the first call returned. Do checks it when it
+// stores the result, so that a result that would come back altered, or
+// not at all, is refused once, at the first execution (ErrNotReplayable),
+// instead of replayed changed with a nil error or found unreadable
+// (ErrUnreadableRecord) by every redelivery.
+
+// errNotRoundTrip is why a result was not stored for replay.
+type errNotRoundTrip struct{ why error }
+
+func (e errNotRoundTrip) Error() string {
+	return "idempotency: the function's result would not come back as it was, so it is not stored for replay: " + e.why.Error()
+}
+
+func (e errNotRoundTrip) Unwrap() []error { return []error{ErrNotReplayable, e.why} }
+
+// checkRoundTrip reports why body, which codec made of v, would not give
+// duplicates v back, or nil when it does. Every codec's bytes must decode
+// into a T. JSON's (the default) must also decode to what v is, compared
+// as JSON sees it (see differs): that catches what encoding/json changes
+// on the way (a string that is not UTF-8 gets U+FFFD, an integer past
+// 2^53 or a []byte in an interface comes back a float64 or a base64
+// string). Another codec is trusted to keep its word beyond decoding.
+func checkRoundTrip[T any](codec Codec, v T, body []byte) error {
+	var back T
+	if err := codec.Unmarshal(body, &back); err != nil {
+		return errNotRoundTrip{fmt.Errorf("the stored bytes do not decode: %w", err)}
+	}
+	if _, isJSON := codec.(jsonCodec); !isJSON {
+		return nil
+	}
+	if where := differs(reflect.ValueOf(v), reflect.ValueOf(back), "result", 0); where != "" {
+		return errNotRoundTrip{fmt.Errorf("JSON gives it back changed at %s; carry bytes that are not UTF-8 "+
+			"in a []byte, give an interface a concrete type, or use a Codec that keeps it (UseCodec)", where)}
+	}
+	return nil
+}
+
+var (
+	jsonMarshaler = reflect.TypeFor[json.Marshaler]()
+	textMarshaler = reflect.TypeFor[encoding.TextMarshaler]()
+)
+
+// differs names the first place where b, the decoded copy, is not a, or
+// returns "". It compares what encoding/json carries: exported and
+// embedded fields not tagged "-" (the others never travel, by the type's
+// own choice), map entries, elements; a type that encodes itself
+// (MarshalJSON, MarshalText: time.Time) is compared by its encoding, and
+// a nil slice or map equals an empty one.
+func differs(a, b reflect.Value, path string, depth int) string {
+	switch {
+	case depth > 64:
+		return ""
+	case !a.IsValid() || !b.IsValid():
+		if a.IsValid() != b.IsValid() {
+			return path
+		}
+		return ""
+	case a.Type() != b.Type():
+		return fmt.Sprintf("%s (a %s comes back a %s)", path, a.Type(), b.Type())
+	}
+	if t := a.Type(); t.Implements(jsonMarshaler) || t.Implements(textMarshaler) {
+		ja, errA := json.Marshal(a.Interface())
+		jb, errB := json.Marshal(b.Interface())
+		if errA != nil || errB != nil || !bytes.Equal(ja, jb) {
+			return path
+		}
+		return ""
+	}
+	switch a.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if a.IsNil() || b.IsNil() {
+			if a.IsNil() != b.IsNil() {
+				return path
+			}
+			return ""
+		}
+		return differs(a.Elem(), b.Elem(), path, depth+1)
+	case reflect.Struct:
+		t := a.Type()
+		for i := range t.NumField() {
+			f := t.Field(i)
+			if (!f.IsExported() && !f.Anonymous) || f.Tag.Get("json") == "-" {
+				continue
+			}
+			if where := differs(a.Field(i), b.Field(i), path+"."+f.Name, depth+1); where != "" {
+				return where
+			}
+		}
+	case reflect.Map:
+		if a.Len() != b.Len() {
+			return path
+		}
+		for it := a.MapRange(); it.Next(); {
+			entry := fmt.Sprintf("%s[%q]", path, it.Key())
+			if where := differs(it.Value(), b.MapIndex(it.Key()), entry, depth+1); where != "" {
+				return where
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		if a.Len() != b.Len() {
+			return path
+		}
+		for i := range a.Len() {
+			if where := differs(a.Index(i), b.Index(i), fmt.Sprintf("%s[%d]", path, i), depth+1); where != "" {
+				return where
+			}
+		}
+	case reflect.String:
+		if a.String() != b.String() {
+			return path
+		}
+	case reflect.Bool, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr,
+		reflect.Float32, reflect.Float64:
+		if !a.Equal(b) {
+			return path
+		}
+	}
+	return ""
+}

@@ -1,0 +1,96 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/stretchr/testify/require"
+)
+
+type withWarning struct {
+	Amount  int64
+	Warning error // an interface JSON cannot decode into
+}
+
+type withBytes struct {
+	Raw  []byte
+	Name string
+	At   time.Time
+}
+
+// requireRoundTrip runs Do for v twice under one key: the function runs
+// once, and the duplicate gets v exactly, or, when v cannot come back as it
+// was, both calls say ErrNotReplayable (the first one with v).
+func requireRoundTrip[T any](t *testing.T, m *Middleware, id string, v T, replayable bool) {
+	t.Helper()
+	var runs atomic.Int64
+	fn := func(context.Context) (T, error) { runs.Add(1); return v, nil }
+	key := Key{Scope: "codec", ID: id, Input: []byte(id)}
+	first, err := Do(t.Context(), m, key, fn)
+	require.Equal(t, v, first, "the first call returns what the function returned")
+	if replayable {
+		require.NoError(t, err)
+	} else {
+		require.ErrorIs(t, err, ErrNotReplayable, "refused at the first execution")
+	}
+	for range 2 {
+		again, err := Do(t.Context(), m, key, fn)
+		if replayable {
+			require.NoError(t, err)
+			require.Equal(t, v, again, "a duplicate gets the first result exactly")
+		} else {
+			require.ErrorIs(t, err, ErrNotReplayable)
+			require.NotErrorIs(t, err, ErrUnreadableRecord)
+		}
+	}
+	require.EqualValues(t, 1, runs.Load())
+}
+
+// Results either come back to duplicates exactly as the first call got
+// them, or are refused at the first execution: never altered, never
+// unreadable later.
+func TestDoResultsRoundTripOrAreRefused(t *testing.T) {
+	m := New(redistest.Client(t, "codec"), WithKeyPrefix("codec"), WithResponseCache(0, 0))
+	at := time.Date(2026, 11, 27, 14, 0, 0, 123456789, time.UTC)
+	t.Run("struct", func(t *testing.T) {
+		requireRoundTrip(t, m, "struct", withBytes{Raw: []byte{0, 0xff, 'a'}, Name: "café", At: at}, true)
+	})
+	t.Run("map", func(t *testing.T) {
+		requireRoundTrip(t, m, "map", map[string]any{"a": "b", "n": float64(3), "list": []any{true, nil}}, true)
+	})
+	t.Run("int64 past 2^53", func(t *testing.T) { requireRoundTrip(t, m, "int64", int64(1<<53+1), true) })
+	t.Run("max uint64", func(t *testing.T) { requireRoundTrip(t, m, "uint64", uint64(math.MaxUint64), true) })
+	t.Run("bytes not UTF-8", func(t *testing.T) { requireRoundTrip(t, m, "bytes", []byte("\xff\xfe"), true) })
+	t.Run("int64 past 2^53 in an interface", func(t *testing.T) {
+		requireRoundTrip(t, m, "any-int64", map[string]any{"id": int64(1<<53 + 1)}, false)
+	})
+	t.Run("string not UTF-8", func(t *testing.T) { requireRoundTrip(t, m, "string", "caf\xe9", false) })
+	t.Run("string not UTF-8 in a struct", func(t *testing.T) {
+		requireRoundTrip(t, m, "nested", withBytes{Name: "\xff"}, false)
+	})
+	t.Run("map key not UTF-8", func(t *testing.T) {
+		requireRoundTrip(t, m, "mapkey", map[string]int{"\xff": 1}, false)
+	})
+	t.Run("interface field", func(t *testing.T) {
+		requireRoundTrip(t, m, "warning", withWarning{Amount: 5, Warning: errors.New("low balance")}, false)
+	})
+	t.Run("interface field left nil", func(t *testing.T) {
+		requireRoundTrip(t, m, "nowarning", withWarning{Amount: 5}, true)
+	})
+	t.Run("bytes in an interface", func(t *testing.T) {
+		requireRoundTrip(t, m, "any-bytes", map[string]any{"raw": []byte{1, 2}}, false)
+	})
+	t.Run("time with a monotonic reading", func(t *testing.T) {
+		v, err := Do(t.Context(), m, Key{ID: "now"}, func(context.Context) (time.Time, error) { return time.Now(), nil })
+		require.NoError(t, err, "the monotonic reading never travels, by time.Time's own encoding")
+		again, err := Do(t.Context(), m, Key{ID: "now"}, func(context.Context) (time.Time, error) { return time.Time{}, nil })
+		require.NoError(t, err)
+		require.True(t, v.Equal(again))
+	})
+	t.Run("channel", func(t *testing.T) { requireRoundTrip(t, m, "chan", make(chan int), false) })
+}

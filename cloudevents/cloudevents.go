@@ -1,10 +1,11 @@
-// Package cloudevents reads the key and the scope of CloudEvents delivered
-// over HTTP, for the idempotency middleware's WithKeyExtractor and
-// WithScope:
+// Package cloudevents reads the key, the scope and the fingerprint of
+// CloudEvents delivered over HTTP, for the idempotency middleware's
+// WithKeyExtractor, WithScope and WithFingerprint:
 //
 //	idem := idempotency.New(rdb,
 //		idempotency.WithKeyExtractor(cloudevents.Key),
 //		idempotency.WithScope(cloudevents.Scope),
+//		idempotency.WithFingerprint(cloudevents.Fingerprint),
 //	)
 package cloudevents
 

@@ -27,6 +27,7 @@ func ExampleKey() {
 		idempotency.WithKeyPrefix("cloudevents-example:events"),
 		idempotency.WithKeyExtractor(cloudevents.Key),
 		idempotency.WithScope(cloudevents.Scope),
+		idempotency.WithFingerprint(cloudevents.Fingerprint),
 	)
 	mux := http.NewServeMux()
 	mux.Handle("POST /events", idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -60,7 +60,8 @@ func registerCallbacks(r chi.Router, rdb redis.UniversalClient, latency time.Dur
 	byKey := idempotency.New(rdb, idempotency.WithCallerCredentials(), idempotency.WithRetryAbandoned())
 	byEvent := idempotency.New(rdb, idempotency.WithRetryAbandoned(),
 		idempotency.WithKeyExtractor(cloudevents.Key),
-		idempotency.WithScope(cloudevents.Scope))
+		idempotency.WithScope(cloudevents.Scope),
+		idempotency.WithFingerprint(cloudevents.Fingerprint))
 	r.With(byKey.ProtectKey).Post("/callbacks/orders", cb.handle(relayedEvent))
 	r.With(byEvent.ProtectKey).Post("/callbacks/cloudevents/orders", cb.handle(cloudEvent))
 	r.Get("/callbacks/orders", cb.list)

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -22,13 +23,13 @@ import (
 // message and so cannot be replayed).
 func answerOf(resp any, err error, storeError func(*status.Status) bool) (*spb.Status, error) {
 	if err != nil {
-		s := status.Convert(err)
+		s := sentStatus(err)
 		if !storeError(s) {
 			return nil, err
 		}
 		return s.Proto(), nil
 	}
-	msg, ok := resp.(proto.Message)
+	msg, ok := messageOf(resp)
 	if !ok {
 		return nil, fmt.Errorf("grpcidem: response %T is not a proto message", resp)
 	}
@@ -37,6 +38,17 @@ func answerOf(resp any, err error, storeError func(*status.Status) bool) (*spb.S
 		return nil, err
 	}
 	return &spb.Status{Code: int32(codes.OK), Details: []*anypb.Any{detail}}, nil
+}
+
+// sentStatus is the status grpc-go sends the caller for a method's error:
+// the error's own status (wrapped ones too), else the code of a context
+// error it wraps (a dependency's deadline is DEADLINE_EXCEEDED, not
+// UNKNOWN), else UNKNOWN; the message is the error's text.
+func sentStatus(err error) *status.Status {
+	if s, ok := status.FromError(err); ok {
+		return s
+	}
+	return status.FromContextError(err)
 }
 
 // replay turns a stored answer back into the method's result.
@@ -53,7 +65,23 @@ func replay(a *spb.Status) (any, error) {
 		// bytes no longer parse: another version stored it.
 		return nil, Status(idempotency.ErrUnreadableRecord).Err()
 	}
-	return msg, nil
+	// A message of the older API comes back as the method returned it
+	// (its own type), not as the newer API's view of it.
+	return protoadapt.MessageV1Of(msg), nil
+}
+
+// messageOf is v as a message of the protobuf API this package speaks
+// (google.golang.org/protobuf), also when v was generated for the older
+// one (github.com/golang/protobuf's protoc-gen-go, gogo): grpc-go serves
+// both, and so must the interceptor.
+func messageOf(v any) (proto.Message, bool) {
+	switch m := v.(type) {
+	case proto.Message:
+		return m, true
+	case protoadapt.MessageV1:
+		return protoadapt.MessageV2Of(m), true
+	}
+	return nil, false
 }
 
 // answerCodec stores answers as protobuf instead of JSON.

@@ -105,7 +105,7 @@ func (c *config) keyFor(ctx context.Context, fullMethod, id string, req any) (id
 		}
 		scope = fullMethod + " " + caller
 	}
-	msg, ok := req.(proto.Message)
+	msg, ok := messageOf(req)
 	if !ok {
 		return idempotency.Key{}, status.Errorf(codes.Internal, "grpcidem: request %T is not a proto message", req)
 	}

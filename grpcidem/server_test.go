@@ -352,3 +352,29 @@ func TestStreamingCallsPassThrough(t *testing.T) {
 	require.False(t, replayed)
 	require.EqualValues(t, 3, svc.runs.Load())
 }
+
+// A method that returns a wrapped context error (a dependency's own
+// deadline) is answered DEADLINE_EXCEEDED by grpc-go: that is the status
+// stored, and the release policy applies to it. By default it is released,
+// and the retry runs; stored, the retry gets DEADLINE_EXCEEDED, not UNKNOWN.
+func TestWrappedContextErrorKeepsItsCode(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		policy []grpcidem.Option
+		runs   int64
+	}{
+		{"released by default", nil, 2},
+		{"stored", []grpcidem.Option{grpcidem.WithErrorPolicy(func(*status.Status) bool { return true })}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := newPayments()
+			conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t), tc.policy...)))
+			first := charge(withKey(t, "order-1"), conn, "deadline")
+			second := charge(withKey(t, "order-1"), conn, "deadline")
+			require.Equal(t, codes.DeadlineExceeded, status.Code(first.err))
+			require.Equal(t, codes.DeadlineExceeded, status.Code(second.err), "the retry's code is the caller's, never UNKNOWN")
+			require.Equal(t, tc.runs, svc.runs.Load())
+			require.Equal(t, tc.runs == 1, second.replayed)
+		})
+	}
+}

@@ -100,6 +100,8 @@ func (p *payments) Charge(ctx context.Context, in *wrapperspb.StringValue) (*wra
 		idempotency.Release(ctx)
 	case v == "big":
 		return wrapperspb.String(strings.Repeat("x", 4096)), nil
+	case v == "deadline": // a dependency's own timeout, wrapped
+		return nil, fmt.Errorf("ledger %d: %w", n, context.DeadlineExceeded)
 	}
 	return wrapperspb.String(fmt.Sprintf("charge %d of %s", n, in.GetValue())), nil
 }

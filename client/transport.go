@@ -203,19 +203,30 @@ func attemptOf(req *http.Request, key string, attempt int) (*http.Request, error
 	return try, nil
 }
 
-// requestKey is the key to send: "" when the caller named one (which every
-// attempt then carries as it is, whatever the header's spelling), else a new
-// random one. A header with no value, or only empty ones, names no key:
-// net/http sends nothing for a nil entry, and the middleware reads an empty
-// value as no key (WithOptionalKey runs the handler unprotected) or refuses
-// it, so retrying such a request without a key of ours could run it again.
+// requestKey is the key to send: the caller's own when it named one (every
+// attempt then carries it alone, its blank companions dropped), "" when it
+// named several (which every attempt carries as they are, for the server
+// to refuse: choosing one would be a guess), else a new random one. A
+// header with no value, or only empty or blank ones, names no key: net/http
+// sends nothing for a nil entry, and the middleware reads an empty value as
+// no key (WithOptionalKey runs the handler unprotected) or refuses it, so
+// retrying such a request without a key of ours could run it again. Nor
+// does a blank value go out beside a key: the server would refuse the pair
+// as a repeated key.
 func requestKey(h http.Header) (string, error) {
+	var own []string
 	for name, values := range h {
-		if strings.EqualFold(name, KeyHeader) && slices.ContainsFunc(values, notBlank) {
-			return "", nil
+		if strings.EqualFold(name, KeyHeader) {
+			own = append(own, slices.DeleteFunc(slices.Clone(values), func(v string) bool { return !notBlank(v) })...)
 		}
 	}
-	return newKey()
+	switch len(own) {
+	case 0:
+		return newKey()
+	case 1:
+		return own[0], nil
+	}
+	return "", nil
 }
 
 // newKey is a random key: a version 4 UUID.

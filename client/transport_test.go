@@ -188,3 +188,33 @@ func TestTransportRefusesANilResponseFromBase(t *testing.T) {
 	_, err = (&http.Client{Transport: &Transport{Base: base}}).Do(newPost(t, "http://127.0.0.1:1/", `{}`))
 	require.Error(t, err)
 }
+
+// A blank value beside the caller's key counts as none, as docs/client.md
+// says: every attempt carries the caller's key alone, never a pair the
+// server refuses as a repeated key. Two keys of the caller's go out as
+// they are.
+func TestTransportDropsBlankValuesBesideTheCallersKey(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		header http.Header
+		want   []string
+	}{
+		{"blank first", http.Header{KeyHeader: {"", "abc"}}, []string{"abc"}},
+		{"blank after", http.Header{KeyHeader: {"abc", " \t"}}, []string{"abc"}},
+		{"blank under another spelling", http.Header{KeyHeader: {"abc"}, "idempotency-key": {""}}, []string{"abc"}},
+		{"two keys", http.Header{KeyHeader: {"abc", "def"}}, []string{"abc", "def"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newScriptedServer(t, answerUnavailable, answerCreated)
+			req := newPost(t, srv.URL, `{}`)
+			for name, values := range tc.header {
+				req.Header[name] = values
+			}
+			code, _, _ := postTo(t, fastTransport(t), req)
+			require.Equal(t, http.StatusCreated, code)
+			for _, s := range srv.seen() {
+				require.ElementsMatch(t, tc.want, s.keys)
+			}
+		})
+	}
+}

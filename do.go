@@ -117,29 +117,25 @@ func Do[T any](ctx context.Context, m *Middleware, key Key, fn func(ctx context.
 		o(&cfg)
 	}
 	var zero T
-	early := func(o Outcome, err error) (T, error) {
-		if cfg.outcome != nil {
-			*cfg.outcome = o
-		}
-		return zero, err
-	}
-	switch {
-	case key.ID == "":
-		return early(Rejected, ErrMissingKey)
-	case !validKey(key.ID, m.cfg.maxKeyLen):
-		return early(Rejected, ErrInvalidKey)
-	}
-	if err := ctx.Err(); err != nil {
-		return early(ClientGone, err) // a caller that is gone starts nothing
-	}
 	now := time.Now()
 	c := &call{ctx: ctx, start: now, deadline: now.Add(m.cfg.wait), scope: key.Scope, key: key.ID}
-	c.id = identityOfKind('f', key.Scope, key.ID)
-	c.fp = inputFingerprint(key.Input)
 	work := &funcRun[T]{m: m, c: c, fn: fn, cfg: &cfg}
 	c.work = work
 
-	v := m.conclude(c, func() verdict { return m.settle(c) })
+	// Refusals too reach the observer, as a request's do.
+	v := m.conclude(c, func() verdict {
+		switch {
+		case key.ID == "":
+			return refuse(ErrMissingKey)
+		case !validKey(key.ID, m.cfg.maxKeyLen):
+			return refuse(ErrInvalidKey)
+		case ctx.Err() != nil:
+			return verdict{outcome: ClientGone, err: ctx.Err()} // a caller that is gone starts nothing
+		}
+		c.id = identityOfKind('f', key.Scope, key.ID)
+		c.fp = inputFingerprint(key.Input)
+		return m.settle(c)
+	})
 	if cfg.outcome != nil {
 		*cfg.outcome = v.outcome
 	}

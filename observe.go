@@ -77,6 +77,18 @@ func LogObserver(l *slog.Logger) func(Event) {
 	}
 }
 
+// Refused reports to the observer (WithObserver) a call that an adapter
+// over Do refused before Do could run, such as grpcidem's call without the
+// key it requires, with a malformed one, or without a caller identity. The
+// Event is a function call's (Request nil) with the Outcome the HTTP
+// middleware reports for err (Rejected for ErrMissingKey, ErrInvalidKey
+// and ErrNoScope), so that every adapter's refusals count alike. It
+// returns err.
+func (m *Middleware) Refused(ctx context.Context, err error) error {
+	m.observe(&call{ctx: ctx, start: time.Now()}, refuse(err))
+	return err
+}
+
 // observe reports c, answered as v, to the observer, if there is one.
 func (m *Middleware) observe(c *call, v verdict) {
 	if m.cfg.observer == nil {

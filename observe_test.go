@@ -2,14 +2,17 @@ package idempotency
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -107,4 +110,42 @@ func TestLogObserver(t *testing.T) {
 	require.Contains(t, out, "level=INFO msg=idempotency outcome=rejected")
 	require.Contains(t, out, `error="idempotency: missing idempotency key"`)
 	require.Equal(t, 2, strings.Count(out, "\n"))
+}
+
+// Do's refusals reach the observer with the outcome a request's get: a
+// missing, a malformed or a too long key is Rejected, as over HTTP.
+func TestDoRefusalsAreObserved(t *testing.T) {
+	var mu sync.Mutex
+	var events []Event
+	m := New(redistest.Client(t, "do-refusals"), WithKeyPrefix("do-refusals"), WithObserver(func(e Event) {
+		mu.Lock()
+		events = append(events, e)
+		mu.Unlock()
+	}))
+	fn := func(context.Context) (int, error) { return 1, nil }
+	for _, tc := range []struct {
+		id   string
+		want error
+	}{
+		{"", ErrMissingKey},
+		{"caf\u00e9", ErrInvalidKey},
+		{strings.Repeat("k", 256), ErrInvalidKey},
+	} {
+		_, err := Do(t.Context(), m, Key{ID: tc.id}, fn)
+		require.ErrorIs(t, err, tc.want)
+	}
+	require.ErrorIs(t, m.Refused(t.Context(), ErrNoScope), ErrNoScope)
+
+	h := m.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodPost, "/", nil)) // no key
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, events, 5)
+	for i, want := range []error{ErrMissingKey, ErrInvalidKey, ErrInvalidKey, ErrNoScope, ErrMissingKey} {
+		require.Equal(t, Rejected, events[i].Outcome, "event %d", i)
+		require.ErrorIs(t, events[i].Err, want)
+	}
+	require.Equal(t, "function", events[0].Mode())
+	require.Equal(t, "key", events[4].Mode())
 }

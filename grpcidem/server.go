@@ -47,17 +47,23 @@ func UnaryServerInterceptor(m *idempotency.Middleware, opts ...Option) grpc.Unar
 		if !cfg.protects(info.FullMethod) {
 			return handler(ctx, req)
 		}
+		// Refusals reach m's observer, as Do's and a request's do.
 		id, err := cfg.incomingKey(ctx)
 		if err != nil {
-			return nil, Status(err).Err()
+			return nil, Status(m.Refused(ctx, err)).Err()
 		}
 		if id == "" {
 			if cfg.required {
-				return nil, Status(idempotency.ErrMissingKey).Err()
+				return nil, Status(m.Refused(ctx, idempotency.ErrMissingKey)).Err()
 			}
 			return handler(ctx, req)
 		}
-		key, err := cfg.keyFor(ctx, info.FullMethod, id, req)
+		scope, err := cfg.scopeOf(ctx, info.FullMethod)
+		if err != nil {
+			m.Refused(ctx, idempotency.ErrNoScope)
+			return nil, err
+		}
+		key, err := cfg.keyFor(ctx, scope, id, req)
 		if err != nil {
 			return nil, err
 		}
@@ -81,7 +87,28 @@ func (c *config) incomingKey(ctx context.Context) (string, error) {
 	}
 }
 
-// keyFor scopes id and binds it to the request. Without an identity
+// scopeOf is the scope of a call's key: the method and the authority the
+// client addressed, or with an identity function the method and the
+// caller. An identity function's error is the call's answer (its own
+// status, else NO_SCOPE).
+func (c *config) scopeOf(ctx context.Context, fullMethod string) (string, error) {
+	// A method name has neither '@' nor a space, so the first of them ends
+	// it, and no caller or authority can make its scope look like another's.
+	if c.identity == nil {
+		md, _ := metadata.FromIncomingContext(ctx)
+		return fullMethod + "@" + hostName(first(md.Get(":authority"))), nil
+	}
+	caller, err := c.identity(ctx)
+	if err != nil {
+		if s, ok := status.FromError(err); ok {
+			return "", s.Err()
+		}
+		return "", Status(idempotency.ErrNoScope).Err()
+	}
+	return fullMethod + " " + caller, nil
+}
+
+// keyFor binds id, in scope, to the request. Without an identity
 // function the rule is the HTTP middleware's: a key belongs to the method
 // and the authority the client addressed, and under WithCallerCredentials
 // the call to its caller, whose credentials are bound into the request's
@@ -89,22 +116,9 @@ func (c *config) incomingKey(ctx context.Context) (string, error) {
 // token, is refused as another request: it neither runs again nor gets
 // the first caller's answer. An identity function names the caller
 // instead, and its keys are the caller's.
-func (c *config) keyFor(ctx context.Context, fullMethod, id string, req any) (idempotency.Key, error) {
+func (c *config) keyFor(ctx context.Context, scope, id string, req any) (idempotency.Key, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	authority := hostName(first(md.Get(":authority")))
-	// A method name has neither '@' nor a space, so the first of them ends
-	// it, and no caller or authority can make its scope look like another's.
-	scope := fullMethod + "@" + authority
-	if c.identity != nil {
-		caller, err := c.identity(ctx)
-		if err != nil {
-			if s, ok := status.FromError(err); ok {
-				return idempotency.Key{}, s.Err()
-			}
-			return idempotency.Key{}, Status(idempotency.ErrNoScope).Err()
-		}
-		scope = fullMethod + " " + caller
-	}
 	msg, ok := messageOf(req)
 	if !ok {
 		return idempotency.Key{}, status.Errorf(codes.Internal, "grpcidem: request %T is not a proto message", req)

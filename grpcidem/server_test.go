@@ -378,3 +378,29 @@ func TestWrappedContextErrorKeepsItsCode(t *testing.T) {
 		})
 	}
 }
+
+// The interceptor's refusals reach the middleware's observer as Rejected,
+// as Do's and a request's do: a missing required key, a malformed one, a
+// caller the identity function does not know.
+func TestRefusalsAreObserved(t *testing.T) {
+	var mu sync.Mutex
+	var outcomes []idempotency.Outcome
+	m := middleware(t, idempotency.WithObserver(func(e idempotency.Event) {
+		mu.Lock()
+		outcomes = append(outcomes, e.Outcome)
+		mu.Unlock()
+	}))
+	svc := newPayments()
+	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(m, grpcidem.WithRequiredKey())))
+	require.Equal(t, codes.InvalidArgument, status.Code(charge(t.Context(), conn, "a").err))
+	twoKeys := metadata.AppendToOutgoingContext(t.Context(), grpcidem.DefaultMetadataKey, "k1", grpcidem.DefaultMetadataKey, "k2")
+	require.Equal(t, codes.InvalidArgument, status.Code(charge(twoKeys, conn, "a").err))
+	anonymous := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(m, grpcidem.WithCallerIdentity(func(context.Context) (string, error) {
+		return "", errors.New("no credentials")
+	}))))
+	require.Equal(t, codes.Unauthenticated, status.Code(charge(withKey(t, "k3"), anonymous, "a").err))
+	require.Zero(t, svc.runs.Load())
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []idempotency.Outcome{idempotency.Rejected, idempotency.Rejected, idempotency.Rejected}, outcomes)
+}

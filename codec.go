@@ -24,14 +24,16 @@ func (e errNotRoundTrip) Error() string {
 
 func (e errNotRoundTrip) Unwrap() []error { return []error{ErrNotReplayable, e.why} }
 
-// checkRoundTrip reports why body, which codec made of v, would not give
-// duplicates v back, or nil when it does. Every codec's bytes must decode
+// CheckResult reports why body, which codec made of v, would not give
+// duplicates v back (an error that wraps ErrNotReplayable), or nil when it
+// does: the check Do makes before it stores a result, for code that stores
+// a result of Do's elsewhere (sqlidem.Run commits it in SQL). Every codec's bytes must decode
 // into a T. JSON's (the default) must also decode to what v is, compared
 // as JSON sees it (see differs): that catches what encoding/json changes
 // on the way (a string that is not UTF-8 gets U+FFFD, an integer past
 // 2^53 or a []byte in an interface comes back a float64 or a base64
 // string). Another codec is trusted to keep its word beyond decoding.
-func checkRoundTrip[T any](codec Codec, v T, body []byte) error {
+func CheckResult[T any](codec Codec, v T, body []byte) error {
 	var back T
 	if err := codec.Unmarshal(body, &back); err != nil {
 		return errNotRoundTrip{fmt.Errorf("the stored bytes do not decode: %w", err)}

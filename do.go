@@ -168,7 +168,7 @@ type funcRun[T any] struct {
 	err      error
 	returned bool
 	// unreplayable says why the result, which fn returned, is not stored
-	// for replay: the first call returns it too (see checkRoundTrip).
+	// for replay: the first call returns it too (see CheckResult).
 	unreplayable error
 }
 
@@ -185,7 +185,7 @@ func (f *funcRun[T]) run(ctx context.Context, x *execution) *record {
 	default:
 		body, err := f.cfg.codec.Marshal(f.value)
 		if err == nil {
-			err = checkRoundTrip(f.cfg.codec, f.value, body)
+			err = CheckResult(f.cfg.codec, f.value, body)
 		} else {
 			err = errNotRoundTrip{fmt.Errorf("it does not encode: %w", err)}
 		}

@@ -64,14 +64,17 @@ func Run[T any](ctx context.Context, s *Store, fn func(ctx context.Context, tx *
 		if err != nil {
 			return idempotency.Answer{}, err
 		}
-		body, err := codec.Marshal(v)
-		if err != nil {
-			return idempotency.Answer{}, fmt.Errorf("sqlidem: encoding the result: %w", err)
-		}
 		result = v
+		body, err := codec.Marshal(v)
+		if err == nil {
+			err = idempotency.CheckResult(codec, v, body)
+		}
 		// The status Do stores a result under, so that a recovered row
-		// reads as Do's own.
-		return idempotency.Answer{Status: http.StatusOK, Body: body}, nil
+		// reads as Do's own. A result that would not come back as it was
+		// commits as executed, not replayable, as Do keeps it: fn's
+		// writes are done, and a redelivery must neither run it again nor
+		// find the row unreadable.
+		return idempotency.Answer{Status: http.StatusOK, Body: body, NotReplayable: err != nil}, nil
 	})
 	switch o.verdict {
 	case committed:

@@ -171,3 +171,27 @@ func TestRunTwiceInOneDo(t *testing.T) {
 		}
 	})
 }
+
+// A result that JSON would give back altered (a note that is not UTF-8)
+// commits as executed and not replayable: a redelivery gets
+// ErrNotReplayable, also once Redis forgot, never an altered receipt.
+func TestRunResultThatWouldComeBackAltered(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		l := newLedger(t, d)
+		l.note = "caf\xe9"
+		r, err := l.consume("m1", 4)
+		if !errors.Is(err, idempotency.ErrNotReplayable) || r.Note != l.note {
+			t.Fatalf("first: %+v, %v; want the receipt with ErrNotReplayable", r, err)
+		}
+		if _, err := l.consume("m1", 4); !errors.Is(err, idempotency.ErrNotReplayable) {
+			t.Fatalf("redelivery: %v", err)
+		}
+		must(t, l.rdb(t).Del(t.Context(), l.record).Err())
+		if r, err := l.consume("m1", 4); !errors.Is(err, idempotency.ErrNotReplayable) {
+			t.Fatalf("redelivery after Redis forgot: %+v, %v", r, err)
+		}
+		if l.rows() != 1 || l.runs.Load() != 1 {
+			t.Fatalf("%d ledger rows, %d runs", l.rows(), l.runs.Load())
+		}
+	})
+}

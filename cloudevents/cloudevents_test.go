@@ -183,18 +183,7 @@ func TestThroughTheMiddleware(t *testing.T) {
 	})))
 	t.Cleanup(srv.Close)
 	send := func(header http.Header, body string) *httptest.ResponseRecorder {
-		req, err := http.NewRequest(http.MethodPost, srv.URL+"/events", strings.NewReader(body))
-		require.NoError(t, err)
-		req.Header = header
-		resp, err := srv.Client().Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		got := httptest.NewRecorder()
-		maps.Copy(got.Header(), resp.Header)
-		got.WriteHeader(resp.StatusCode)
-		_, err = io.Copy(got, resp.Body)
-		require.NoError(t, err)
-		return got
+		return postEvent(t, srv, header, body)
 	}
 	refused := func(a *httptest.ResponseRecorder, status int, slug string) {
 		t.Helper()
@@ -271,6 +260,23 @@ func TestAStructuredEventIsOneKeyWhateverItsParameters(t *testing.T) {
 }
 
 func TestMain(m *testing.M) { redistest.Main(m) }
+
+// postEvent posts an event to srv's /events and records the answer.
+func postEvent(t *testing.T, srv *httptest.Server, header http.Header, body string) *httptest.ResponseRecorder {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, srv.URL+"/events", strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header = header
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	got := httptest.NewRecorder()
+	maps.Copy(got.Header(), resp.Header)
+	got.WriteHeader(resp.StatusCode)
+	_, err = io.Copy(got, resp.Body)
+	require.NoError(t, err)
+	return got
+}
 
 func FuzzKey(f *testing.F) {
 	f.Add("application/cloudevents+json", "", "", []byte(structuredEvent))

@@ -1,7 +1,6 @@
 package cloudevents
 
 import (
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -28,14 +27,8 @@ func TestFingerprintTellsEventsApart(t *testing.T) {
 	})))
 	t.Cleanup(srv.Close)
 	send := func(header http.Header, body string) (int, string, string) {
-		req, err := http.NewRequest(http.MethodPost, srv.URL+"/events", strings.NewReader(body))
-		require.NoError(t, err)
-		req.Header = header
-		resp, err := srv.Client().Do(req)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, resp.Header.Get(idempotency.ReplayedHeader), string(b)
+		got := postEvent(t, srv, header, body)
+		return got.Code, got.Header().Get(idempotency.ReplayedHeader), got.Body.String()
 	}
 	binary := func(id string, attrs ...string) http.Header {
 		h := http.Header{"Content-Type": {"application/json"}, "Ce-Id": {id}, "Ce-Source": {"/orders"},

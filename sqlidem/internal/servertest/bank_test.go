@@ -178,6 +178,11 @@ func (b *bank) post(key string, amount int64) reply {
 	if err != nil {
 		b.t.Fatal(err)
 	}
+	return replyOf(res)
+}
+
+// replyOf reads res, and closes its body.
+func replyOf(res *http.Response) reply {
 	defer res.Body.Close()
 	body, _ := io.ReadAll(res.Body)
 	rp := reply{status: res.StatusCode, body: string(body), header: res.Header,

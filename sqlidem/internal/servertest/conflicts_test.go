@@ -2,9 +2,7 @@ package servertest_test
 
 import (
 	"database/sql"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -42,16 +40,7 @@ func postKey(t *testing.T, srv *httptest.Server, key string) reply {
 		t.Error(err)
 		return reply{}
 	}
-	defer res.Body.Close()
-	body, _ := io.ReadAll(res.Body)
-	r := reply{status: res.StatusCode, body: string(body), header: res.Header,
-		replayed: res.Header.Get(idempotency.ReplayedHeader) == "true"}
-	if strings.HasPrefix(res.Header.Get("Content-Type"), "application/problem+json") {
-		var p struct{ Type string }
-		json.Unmarshal(body, &p)
-		r.problem = strings.TrimPrefix(p.Type, idempotency.ProblemTypeBase)
-	}
-	return r
+	return replyOf(res)
 }
 
 // Two keys have nothing in common, at every isolation level: the outcome

@@ -57,6 +57,7 @@
 //	tokensign.go     how an issued token is signed, and its secret
 //	tokencheck.go    which of the caller's sessions a token was issued to
 //	do.go            Do and Key: the function adapter
+//	codec.go         CheckResult: a result comes back exactly, or is not stored
 //	handler.go       the HTTP adapter over the lifecycle
 //	extract.go       KeyExtractor: HeaderKey, FormKey, JSONKey, FirstKey
 //	identify.go      the key, the scope and the route a request names

@@ -18,6 +18,14 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
+// clientTo is a client of the Redis at addr (a proxy, say), with context
+// deadlines honoured as the documentation asks, closed when t ends.
+func clientTo(t *testing.T, addr string) *redis.Client {
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
+}
+
 // shop is a protected test server: POST /orders in token mode and
 // POST /payments in key mode run handler, counting executions.
 type shop struct {

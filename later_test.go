@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/idempotency/internal/redistest"
@@ -22,9 +21,7 @@ import (
 func privateShop(t *testing.T, opts ...Option) (*shop, *redistest.Server) {
 	t.Helper()
 	srv := redistest.Private(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { rdb.Close() })
-	return newShopOn(t, rdb, append([]Option{WithKeyPrefix("p")}, opts...)...), srv
+	return newShopOn(t, srv.Client(t), append([]Option{WithKeyPrefix("p")}, opts...)...), srv
 }
 
 // blockedPayments posts n payments, keys k0 to k(n-1), whose handlers

@@ -423,8 +423,7 @@ func TestARetryIsNotRefusedForAnotherRequestsFlight(t *testing.T) {
 func TestSettlingSurvivesALostReply(t *testing.T) {
 	srv := redistest.Private(t)
 	proxy := redistest.NewProxy(t, srv.Addr())
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := clientTo(t, proxy.Addr())
 	s := newShopOn(t, rdb, WithKeyPrefix("lost-settle"))
 	require.NoError(t, keyspace.LoadScripts(t.Context(), rdb))
 	_, settleHash := keyspace.ScriptHashes()

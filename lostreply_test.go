@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/onceonly/idempotency/internal/redistest"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
 
@@ -18,8 +17,7 @@ import (
 func TestLostRepliesTrials(t *testing.T) {
 	srv := redistest.Private(t)
 	proxy := redistest.NewProxy(t, srv.Addr())
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := clientTo(t, proxy.Addr())
 	direct := srv.Client(t)
 
 	h := newCounting(0)

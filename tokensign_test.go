@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/idempotency/internal/redistest"
@@ -116,8 +115,7 @@ func TestARetiredSecretStillReplaysSpentTokens(t *testing.T) {
 func TestIssuingNeverWaitsOnAStalledRedis(t *testing.T) {
 	srv := redistest.Private(t)
 	proxy := redistest.NewProxy(t, srv.Addr())
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { rdb.Close() })
+	rdb := clientTo(t, proxy.Addr())
 	m := New(rdb, WithKeyPrefix("test-stall"), WithStoreTimeout(2*time.Second))
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
 	_, err := m.IssueTokenFor(r, "s")

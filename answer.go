@@ -12,7 +12,10 @@ type verdict struct {
 	// rec is the answer to replay (Replayed, Waited), or the answer the
 	// handler gave and that was stored (Executed), for followers to share.
 	rec *record
-	err error // the problem to answer, or a failure to report
+	// decode: rec's body goes out decoded, for a request that does not
+	// accept its coding (negotiate).
+	decode bool
+	err    error // the problem to answer, or a failure to report
 	// What became of an executed handler's answer, for the observer.
 	released  bool
 	storedFor time.Duration
@@ -43,15 +46,23 @@ func refuse(err error) verdict {
 }
 
 // replay is the verdict that replays rec, unless it answered a different
-// request: every path to a stored answer comes through here.
+// request or cannot be served under this request's negotiation: every
+// path to a stored answer comes through here.
 func (m *Middleware) replay(c *call, fp fingerprintSum, rec *record) verdict {
-	switch {
-	case fp != c.fp:
+	var decode bool
+	if fp != c.fp {
 		return refuse(ErrKeyReused)
-	case c.waited > 0:
-		return verdict{outcome: Waited, rec: rec}
 	}
-	return verdict{outcome: Replayed, rec: rec}
+	if c.r != nil {
+		var err error
+		if decode, err = rec.negotiate(c.r.Header); err != nil {
+			return refuse(err)
+		}
+	}
+	if c.waited > 0 {
+		return verdict{outcome: Waited, rec: rec, decode: decode}
+	}
+	return verdict{outcome: Replayed, rec: rec, decode: decode}
 }
 
 // write writes v to the client, unless the handler already answered or
@@ -60,7 +71,7 @@ func (m *Middleware) write(c *call, v verdict) {
 	m.outage.note(m.cfg.logger, v, !c.fromCache && !m.cfg.failOpen, time.Now())
 	switch v.outcome {
 	case Replayed, Waited:
-		v.rec.write(c.w, c.r, &m.cfg)
+		v.rec.write(c.w, c.r, &m.cfg, v.decode)
 	case Executed, ClientGone, Unprotected:
 	default:
 		m.cfg.errorHandler(c.w, c.r, v.err)

@@ -82,6 +82,8 @@
 //	watchdog.go      renewing the lease while the work runs
 //	recorder.go      what the handler writes, passed through and kept
 //	replay.go        ReplayedHeader, stored records and their replay
+//	negotiate.go     a replay under the replaying request's Accept-Encoding and Vary
+//	nested.go        a route protected twice: the inner layer steps aside
 //	header.go        the stored header block
 //	record.go        a record as Redis holds it: one string, read and written whole
 //	store.go         the Redis store, one method per script in lua/

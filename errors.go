@@ -23,6 +23,7 @@ var (
 	ErrKeyReused        = errors.New("idempotency: key reused for a different request")
 	ErrInProgress       = errors.New("idempotency: original request still in progress")
 	ErrNotReplayable    = errors.New("idempotency: original response cannot be replayed")
+	ErrNotAcceptable    = errors.New("idempotency: stored response does not match this request's negotiation")
 	ErrInterrupted      = errors.New("idempotency: original execution was interrupted")
 	ErrUnreadableRecord = errors.New("idempotency: stored response cannot be read")
 	ErrStoreUnavailable = errors.New("idempotency: store unavailable")
@@ -78,6 +79,8 @@ var problems = []*problem{
 		title: "Original request in progress", detail: "A request with this key is still being processed; retry later."},
 	{err: ErrNotReplayable, status: http.StatusConflict, slug: "not-replayable",
 		title: "Response not replayable", detail: "The request was executed, but its response was streamed or too large to store."},
+	{err: ErrNotAcceptable, status: http.StatusNotAcceptable, slug: "not-acceptable",
+		title: "Stored response not acceptable", detail: "The request was executed, but its stored response was made for a request with different content negotiation (Accept-Encoding, or a header its Vary names); retry as the original request did."},
 	{err: ErrInterrupted, status: http.StatusConflict, slug: "interrupted",
 		title: "Original execution interrupted", detail: "The request was claimed by a server that stopped before storing a response; its outcome is unknown. An operator settles the key with idemctl."},
 	{err: ErrUnreadableRecord, status: http.StatusConflict, slug: "unreadable-record",

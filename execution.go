@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"sync/atomic"
+	"time"
 )
 
 // Release tells the middleware that the protected handler running on ctx
@@ -67,7 +68,12 @@ type execution struct {
 	maxResponse int
 	// onError is the middleware's error handler, for a handler (WriteError).
 	onError func(http.ResponseWriter, *http.Request, error)
-	state   atomic.Int32 // running, released or decided
+	// owner is the Middleware that runs a handler, which a second layer of
+	// the same Middleware recognises; rw is the handler's recorder, which
+	// WriteReplay answers through. Both nil for a function.
+	owner *Middleware
+	rw    *recorder
+	state atomic.Int32 // running, released or decided
 	// decision is the policy's answer, taken once, when the status went
 	// out (for the expiry header) or when the handler returned.
 	decision *StoreDecision
@@ -89,3 +95,28 @@ func (e *execution) released() bool { return e.state.Load() == execReleased }
 func (e *execution) settle() {
 	e.state.CompareAndSwap(execRunning, execDecided)
 }
+
+// WriteReplay answers r with a, an answer the key already has (an
+// OutcomeStore's committed one, found while the handler ran), exactly as
+// the middleware replays a stored answer from Redis: the headers it
+// stores (WithReplayHeaders), the replay hook, the Idempotent-Replayed
+// marker, the expiry header, and the replaying request's negotiation. The
+// answer kept for the key's next duplicates is a as it was committed. w
+// and r are the handler's. Outside a protected handler it writes a with
+// the marker and the default header rules.
+func WriteReplay(w http.ResponseWriter, r *http.Request, a Answer) {
+	x, ok := r.Context().Value(executionKey).(*execution)
+	if !ok || x.owner == nil || x.rw == nil {
+		x = &execution{owner: &Middleware{cfg: newConfig(nil)}}
+		x.rw = newRecorder(w, len(a.Body), keepAll)
+	}
+	m := x.owner
+	rec := m.recordOf(a)
+	rec.expires = time.Now().Add(m.cfg.recordTTL)
+	decode, err := rec.negotiate(r.Header)
+	x.rw.adopt(r, rec, decode, &m.cfg, err)
+}
+
+// keepAll stores every header the recorder sees (the default rules
+// are applied when the record is made).
+func keepAll(string) bool { return true }

@@ -128,7 +128,7 @@ func FuzzDecodeHeader(f *testing.F) {
 		again, err := decodeHeader(encodeHeader(h))
 		require.NoError(t, err)
 		require.Equal(t, h, again)
-		newRecord(200, h, nil).write(httptest.NewRecorder(), nil, &config{})
+		newRecord(200, h, nil).write(httptest.NewRecorder(), nil, &config{}, false)
 	})
 }
 

@@ -20,6 +20,8 @@ func (h *handlerRun) run(ctx context.Context, x *execution) *record {
 	x.onError = m.cfg.errorHandler
 	h.rw = newRecorder(c.w, m.cfg.maxResponse, m.cfg.storable)
 	h.rw.head = c.r.Method == http.MethodHead
+	h.rw.request = c.r.Header
+	x.owner, x.rw = m, h.rw
 	if m.cfg.expiryHeader != "" {
 		h.rw.stamp = func(status int, hdr http.Header) {
 			if d := m.cfg.decide(c.r, x, status); !d.Release {

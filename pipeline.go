@@ -39,7 +39,7 @@ func (m *Middleware) conclude(c *call, steps func() verdict) verdict {
 
 // decide runs the steps until one of them decides.
 func (m *Middleware) decide(c *call, extract KeyExtractor) verdict {
-	if !m.cfg.protects(c.r.Method) {
+	if !m.cfg.protects(c.r.Method) || m.nestedInSelf(c) {
 		return m.runUnprotected(c, nil)
 	}
 	if err := m.identify(c, extract); err != nil {
@@ -47,6 +47,9 @@ func (m *Middleware) decide(c *call, extract KeyExtractor) verdict {
 			return m.runUnprotected(c, nil)
 		}
 		return refuse(err)
+	}
+	if m.nestedOnSameRecord(c) {
+		return m.runUnprotected(c, nil)
 	}
 	return m.settle(c)
 }

@@ -29,7 +29,7 @@ func FuzzDecodeRecord(f *testing.F) {
 			t.Fatalf("decoded body differs")
 		}
 		w := httptest.NewRecorder()
-		rec.write(w, nil, &config{})
+		rec.write(w, nil, &config{}, false)
 		if !bytes.Equal(w.Body.Bytes(), rec.body) {
 			t.Fatalf("replayed body differs")
 		}

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -44,29 +45,50 @@ var replayedValue = []string{"true"}
 
 // write replays rec to w, keeping only the headers that cfg stores
 // (the record was filtered when it was made, but one read from Redis may
-// come from another configuration or version). Header values are copied,
-// in one allocation, so that code after us that edits a header in place
-// cannot change the record for the next duplicate. No Content-Length is
-// forced: net/http computes it for what is actually sent, and a transform
-// outside us (compression) would contradict one computed here.
-func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config) {
+// come from another configuration or version), with its body decoded
+// from its Content-Encoding when decode is set (see negotiate). Header
+// values are copied, in one allocation, so that code after us that edits
+// a header in place cannot change the record for the next duplicate. A
+// stored header joins what the replaying request's outer layers set when
+// it is a list they may add to as well (joined), and replaces it
+// otherwise, as the handler's Set did on the first answer. Trailers are
+// declared, and sent after the body. No Content-Length is forced: net/http
+// computes it for what is actually sent, and a transform outside us
+// (compression) would contradict one computed here.
+func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config, decode bool) {
+	body := rec.body
+	if decode {
+		b, err := rec.decoded()
+		if err != nil {
+			cfg.errorHandler(w, r, ErrUnreadableRecord)
+			return
+		}
+		body = b
+	}
 	h := w.Header()
 	block := make([]string, 0, len(rec.header)/2+1)
+	trailers := false
 	for i := 0; i < len(rec.header); {
 		name, start := rec.header[i], len(block)
-		keep := rec.filtered || cfg.storable(http.CanonicalHeaderKey(name))
+		keep := rec.keeps(name, cfg, decode)
+		if strings.HasPrefix(name, http.TrailerPrefix) {
+			trailers, keep = trailers || keep, false
+		}
 		for ; i < len(rec.header) && rec.header[i] == name; i += 2 {
 			if keep {
 				block = append(block, rec.header[i+1])
 			}
 		}
 		if keep {
-			h[name] = block[start:len(block):len(block)]
+			setStored(h, name, block[start:len(block):len(block)])
 		}
 	}
 	block = append(block, replayedValue[0])
 	n := len(block)
 	h[ReplayedHeader] = block[n-1 : n : n]
+	if trailers {
+		rec.declareTrailers(h, cfg)
+	}
 	if cfg.expiryHeader != "" {
 		cfg.stampExpiry(h, time.Until(rec.expires))
 	}
@@ -74,7 +96,65 @@ func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config) {
 		cfg.replayHook(r, rec.status, h)
 	}
 	w.WriteHeader(rec.status)
-	w.Write(rec.body)
+	w.Write(body)
+	if trailers {
+		rec.sendTrailers(h, cfg)
+	}
+}
+
+// keeps reports whether a replay sends the stored pair named name: not a
+// varied request value, not the coding of a body sent decoded, and only
+// what cfg stores.
+func (rec *record) keeps(name string, cfg *config, decode bool) bool {
+	if strings.HasPrefix(name, varyPrefix) || decode && strings.EqualFold(name, "Content-Encoding") {
+		return false
+	}
+	return rec.filtered || cfg.storable(http.CanonicalHeaderKey(strings.TrimPrefix(name, http.TrailerPrefix)))
+}
+
+// declareTrailers names the stored trailers in the Trailer header, after
+// any an outer layer declared.
+func (rec *record) declareTrailers(h http.Header, cfg *config) {
+	var names []string
+	for i := 0; i < len(rec.header); i += 2 {
+		name := rec.header[i]
+		if trailer, ok := strings.CutPrefix(name, http.TrailerPrefix); ok && rec.keeps(name, cfg, false) &&
+			(len(names) == 0 || names[len(names)-1] != trailer) {
+			names = append(names, trailer)
+		}
+	}
+	if len(names) > 0 {
+		h["Trailer"] = append(h["Trailer"][:len(h["Trailer"]):len(h["Trailer"])], strings.Join(names, ", "))
+	}
+}
+
+// sendTrailers sets the stored trailers' values once the body is out.
+func (rec *record) sendTrailers(h http.Header, cfg *config) {
+	for i := 0; i < len(rec.header); i += 2 {
+		name := rec.header[i]
+		if trailer, ok := strings.CutPrefix(name, http.TrailerPrefix); ok && rec.keeps(name, cfg, false) {
+			h[trailer] = append(h[trailer], rec.header[i+1])
+		}
+	}
+}
+
+// joinedOnReplay are the list headers that outer layers commonly add to as
+// well (a session layer's cookie, a CORS layer's Vary): a replay appends
+// the stored values to theirs. Every other stored header replaces the
+// outer layers' value of its name, as a handler's Set does (Content-Type,
+// Location, Cache-Control, ETag, …).
+var joinedOnReplay = map[string]bool{
+	"Vary": true, "Set-Cookie": true, "Link": true, "Via": true, "Server-Timing": true,
+	"Www-Authenticate": true, "Access-Control-Expose-Headers": true,
+	"Access-Control-Allow-Headers": true, "Access-Control-Allow-Methods": true,
+}
+
+// setStored puts a stored header's values into a replay's header map.
+func setStored(h http.Header, name string, values []string) {
+	if outer := h[name]; len(outer) > 0 && joinedOnReplay[http.CanonicalHeaderKey(name)] {
+		values = append(outer[:len(outer):len(outer)], values...)
+	}
+	h[name] = values
 }
 
 // stampExpiry sets the expiry header (WithExpiryHeader) to the whole
@@ -96,6 +176,10 @@ var hopByHop = map[string]bool{
 
 // storable reports whether a response header is kept for replay.
 func (c *config) storable(name string) bool {
+	if strings.HasPrefix(name, varyPrefix) {
+		return true // the request's values, which the replay checks
+	}
+	name = strings.TrimPrefix(name, http.TrailerPrefix)
 	if c.replayHeaders != nil {
 		return c.replayHeaders[name] && !hopByHop[name]
 	}

@@ -101,7 +101,9 @@ func (s *Store) Handler(fn TxFunc) http.Handler {
 				s.onError(w, r, idempotency.ErrNotReplayable)
 				return
 			}
-			writeReplay(w, o.answer)
+			// Through the middleware's own replay: its header rules, its
+			// hook and its marker, as for an answer replayed from Redis.
+			idempotency.WriteReplay(w, r, o.answer)
 		case rolledBack:
 			s.rolledBack(w, r, buf, o.err)
 		case unsettled:
@@ -150,17 +152,6 @@ func answerLimit(exec idempotency.Execution) int {
 		return exec.MaxResponseBytes
 	}
 	return 1 << 20 // the middleware's default
-}
-
-// writeReplay sends a committed answer as a replay.
-func writeReplay(w http.ResponseWriter, a idempotency.Answer) {
-	h := w.Header()
-	for name, values := range a.Header {
-		h[name] = append([]string(nil), values...)
-	}
-	h.Set(idempotency.ReplayedHeader, "true")
-	w.WriteHeader(a.Status)
-	w.Write(a.Body)
 }
 
 // rolledBack answers for a TxFunc that returned err: nothing committed.

@@ -3,8 +3,10 @@ package servertest_test
 import (
 	"errors"
 	"net/http"
+	"sync/atomic"
 	"testing"
 
+	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/internal/sqltest"
 )
 
@@ -129,6 +131,45 @@ func TestHeaderBytesSurviveTheOutcomeRow(t *testing.T) {
 			if got := again.header.Values(name); len(got) != 1 || got[0] != values[0] {
 				t.Errorf("%s replayed from SQL as %q; want %q", name, got, values)
 			}
+		}
+	})
+}
+
+// An answer replayed from its committed row follows the middleware's
+// replay rules, as one replayed from Redis does: the header allowlist, the
+// replay hook, the marker.
+func TestReplayFromTheRowFollowsTheReplayRules(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		var hooked atomic.Int64
+		b := newBank(t, d, idempotency.WithReplayHeaders("Content-Type", "X-Fee"),
+			idempotency.WithReplayHook(func(r *http.Request, status int, h http.Header) {
+				hooked.Add(1)
+				h.Set("X-Replay-Hook", "called")
+			}))
+		b.header = http.Header{"X-Fee": {"10"}, "X-Session-Token": {"secret"}}
+		first := b.post("k1", 4)
+		if first.status != 201 || first.header.Get("X-Session-Token") != "secret" {
+			t.Fatalf("first: %+v", first)
+		}
+		must(t, b.rdb.Del(t.Context(), b.record("k1")).Err()) // replayed from SQL, not Redis
+		again := b.post("k1", 4)
+		switch {
+		case !again.replayed || again.body != first.body:
+			t.Fatalf("second: %+v", again)
+		case again.header.Get("X-Session-Token") != "":
+			t.Errorf("a header the allowlist excludes was replayed: %q", again.header.Get("X-Session-Token"))
+		case again.header.Get("X-Fee") != "10":
+			t.Errorf("X-Fee replayed as %q", again.header.Get("X-Fee"))
+		case again.header.Get("X-Replay-Hook") != "called" || hooked.Load() != 1:
+			t.Errorf("the replay hook ran %d times", hooked.Load())
+		}
+		// Redis keeps the committed answer again, not the hook's additions.
+		third := b.post("k1", 4)
+		if !third.replayed || third.body != first.body || hooked.Load() != 2 || third.header.Get("X-Session-Token") != "" {
+			t.Fatalf("third: %+v, hook ran %d times", third, hooked.Load())
+		}
+		if b.runs.Load() != 1 {
+			t.Fatalf("transfer ran %d times", b.runs.Load())
 		}
 	})
 }

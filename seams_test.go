@@ -1,0 +1,252 @@
+package idempotency
+
+import (
+	"bytes"
+	"compress/gzip"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/stretchr/testify/require"
+)
+
+// stack serves handler protected in key mode behind outer, counting its
+// executions; tls serves HTTP/2 over TLS as well.
+type stack struct {
+	t     *testing.T
+	idem  *Middleware
+	srv   *httptest.Server
+	execs atomic.Int64
+}
+
+func newStack(t *testing.T, outer func(http.Handler) http.Handler, handler http.HandlerFunc, h2 bool, opts ...Option) *stack {
+	t.Helper()
+	prefix := "test-" + strings.NewReplacer("/", "-", " ", "_").Replace(t.Name())
+	s := &stack{t: t, idem: New(redistest.Client(t, prefix), append([]Option{WithKeyPrefix(prefix)}, opts...)...)}
+	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.execs.Add(1)
+		handler(w, r)
+	})
+	var h http.Handler = s.idem.ProtectKey(counted)
+	if outer != nil {
+		h = outer(h)
+	}
+	s.srv = httptest.NewUnstartedServer(h)
+	if h2 {
+		s.srv.EnableHTTP2 = true
+		s.srv.StartTLS()
+	} else {
+		s.srv.Start()
+	}
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+// post sends a key-mode POST with the extra headers given as name, value.
+func (s *stack) post(key string, header ...string) answer {
+	s.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, s.srv.URL+"/pay", strings.NewReader(`{}`))
+	require.NoError(s.t, err)
+	req.Header.Set(KeyHeader, key)
+	for i := 0; i < len(header); i += 2 {
+		req.Header.Add(header[i], header[i+1])
+	}
+	c := s.srv.Client()
+	if tr, ok := c.Transport.(*http.Transport); ok {
+		tr.DisableCompression = true
+	}
+	resp, err := c.Do(req)
+	require.NoError(s.t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(s.t, err)
+	resp.Header.Del("Date")
+	return answer{status: resp.StatusCode, header: mergeTrailer(resp), body: string(body)}
+}
+
+// mergeTrailer adds the response's trailers to its header as
+// "Trailer:Name", so that one comparison covers both.
+func mergeTrailer(resp *http.Response) http.Header {
+	for name, values := range resp.Trailer {
+		if len(values) > 0 {
+			resp.Header[http.TrailerPrefix+name] = values
+		}
+	}
+	return resp.Header
+}
+
+// A handler's header joins what the layers outside the protection set,
+// on the first answer as without the middleware, and on a replay with what
+// the replaying request's layers set.
+func TestOuterHeadersAreKept(t *testing.T) {
+	session := func(next http.Handler) http.Handler {
+		var n atomic.Int64
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.SetCookie(w, &http.Cookie{Name: "session", Value: "refreshed-" + strconv.FormatInt(n.Add(1), 10)})
+			w.Header().Add("Vary", "Origin")
+			next.ServeHTTP(w, r)
+		})
+	}
+	s := newStack(t, session, func(w http.ResponseWriter, r *http.Request) {
+		http.SetCookie(w, &http.Cookie{Name: "flash", Value: "paid"})
+		w.Header().Add("Vary", "Accept-Language")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"paid":true}`)
+	}, false)
+	first := s.post("cookie", "Accept-Language", "en")
+	require.Equal(t, http.StatusCreated, first.status)
+	require.Equal(t, []string{"session=refreshed-1", "flash=paid"}, first.header["Set-Cookie"])
+	require.Equal(t, []string{"Origin", "Accept-Language"}, first.header["Vary"])
+
+	replay := s.post("cookie", "Accept-Language", "en")
+	require.Equal(t, "true", replay.header.Get(ReplayedHeader))
+	require.Equal(t, []string{"session=refreshed-2"}, replay.header["Set-Cookie"], "the handler's cookie is not replayed, the session's own is kept")
+	require.Equal(t, []string{"Origin", "Accept-Language"}, replay.header["Vary"])
+	require.Equal(t, first.body, replay.body)
+	require.EqualValues(t, 1, s.execs.Load())
+
+	// The answer varies on Accept-Language: another language's request
+	// does not get the English one.
+	requireProblem(t, s.post("cookie", "Accept-Language", "fr"), http.StatusNotAcceptable, "not-acceptable")
+}
+
+// Trailers are stored and replayed, over HTTP/1.1 and HTTP/2.
+func TestTrailersAreReplayed(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run("h2="+strconv.FormatBool(h2), func(t *testing.T) {
+			s := newStack(t, nil, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Trailer", "Content-Digest")
+				w.Header().Set("Content-Type", "text/plain")
+				io.WriteString(w, "hello")
+				w.Header().Set("Content-Digest", "sha-256=:LPJNul+wow4m6DsqxbninhsWHlwfp0JecwQzYpOLmCQ=:")
+				w.Header().Set(http.TrailerPrefix+"X-Rows", "1")
+			}, h2)
+			first := s.post("t")
+			require.Equal(t, "sha-256=:LPJNul+wow4m6DsqxbninhsWHlwfp0JecwQzYpOLmCQ=:", first.header.Get(http.TrailerPrefix+"Content-Digest"))
+			require.Equal(t, "1", first.header.Get(http.TrailerPrefix+"X-Rows"))
+			replay := s.post("t")
+			require.Equal(t, "true", replay.header.Get(ReplayedHeader))
+			replay.header.Del(ReplayedHeader)
+			require.Equal(t, first, replay)
+			require.EqualValues(t, 1, s.execs.Load())
+		})
+	}
+}
+
+// A route protected twice by one Middleware (a group's layer and its own)
+// runs once, and its duplicate replays the handler's answer.
+func TestNestedProtectionStepsAside(t *testing.T) {
+	var inner func(http.Handler) http.Handler
+	s := newStack(t, nil, nil, false)
+	inner = s.idem.ProtectKey
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.execs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "paid")
+	})
+	s.srv.Config.Handler = s.idem.ProtectKey(inner(handler))
+	start := time.Now()
+	first := s.post("twice")
+	require.Equal(t, http.StatusCreated, first.status, first.body)
+	require.Less(t, time.Since(start), 2*time.Second, "no wait for the outer layer's own claim")
+	replay := s.post("twice")
+	require.Equal(t, http.StatusCreated, replay.status)
+	require.Equal(t, "true", replay.header.Get(ReplayedHeader))
+	require.EqualValues(t, 1, s.execs.Load())
+
+	// Another Middleware on the same record steps aside too.
+	other := New(s.idem.store.client, WithKeyPrefix(s.idem.cfg.prefix))
+	s.srv.Config.Handler = s.idem.ProtectKey(other.ProtectKey(handler))
+	require.Equal(t, http.StatusCreated, s.post("other").status)
+	require.EqualValues(t, 2, s.execs.Load())
+}
+
+// Under a writer that cannot flush (http.TimeoutHandler), a handler that
+// flushes "if it can" streams nothing, and its answer is replayed.
+func TestFlushThatCannotFlushIsNotStreaming(t *testing.T) {
+	timeout := func(next http.Handler) http.Handler { return http.TimeoutHandler(next, 5*time.Second, "slow") }
+	s := newStack(t, timeout, func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "part one ")
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+		io.WriteString(w, "part two")
+	}, false)
+	require.Equal(t, "part one part two", s.post("f").body)
+	replay := s.post("f")
+	require.Equal(t, http.StatusOK, replay.status, replay.body)
+	require.Equal(t, "part one part two", replay.body)
+	require.EqualValues(t, 1, s.execs.Load())
+}
+
+// A stored answer in a coding the replaying request does not accept is
+// sent decoded (gzip, deflate) or refused, never in that coding.
+func TestReplayHonoursStoredContentEncoding(t *testing.T) {
+	body := strings.Repeat(`{"order":"tea"}`, 70)
+	var zipped bytes.Buffer
+	zw := gzip.NewWriter(&zipped)
+	io.WriteString(zw, body)
+	zw.Close()
+	for _, coding := range []string{"gzip", "br"} {
+		t.Run(coding, func(t *testing.T) {
+			s := newStack(t, nil, func(w http.ResponseWriter, r *http.Request) {
+				// An upstream that compresses by the request's negotiation.
+				w.Header().Set("Vary", "Accept-Encoding")
+				w.Header().Set("Content-Type", "application/json")
+				if strings.Contains(r.Header.Get("Accept-Encoding"), coding) {
+					w.Header().Set("Content-Encoding", coding)
+					w.Write(zipped.Bytes()) // the bytes matter not for br: it is refused
+					return
+				}
+				io.WriteString(w, body)
+			}, false)
+			first := s.post("z", "Accept-Encoding", coding)
+			require.Equal(t, coding, first.header.Get("Content-Encoding"))
+			again := s.post("z", "Accept-Encoding", coding+", identity")
+			require.Equal(t, coding, again.header.Get("Content-Encoding"), "served as stored where acceptable")
+			plain := s.post("z")
+			if coding == "br" {
+				requireProblem(t, plain, http.StatusNotAcceptable, "not-acceptable")
+			} else {
+				require.Equal(t, http.StatusOK, plain.status)
+				require.Empty(t, plain.header.Get("Content-Encoding"))
+				require.Equal(t, body, plain.body)
+				require.Equal(t, "true", plain.header.Get(ReplayedHeader))
+			}
+			refused := s.post("z", "Accept-Encoding", coding+";q=0")
+			require.Empty(t, refused.header.Get("Content-Encoding"))
+			require.EqualValues(t, 1, s.execs.Load())
+		})
+	}
+}
+
+// A handler that writes past its own Content-Length is replayed with what
+// was sent, over HTTP/1.1 and HTTP/2 alike.
+func TestContentLengthOverrunIsTheSameOnEveryProtocol(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run("h2="+strconv.FormatBool(h2), func(t *testing.T) {
+			var writeErr atomic.Value
+			s := newStack(t, nil, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Length", "5")
+				io.WriteString(w, "hello")
+				if _, err := io.WriteString(w, " world"); err != nil {
+					writeErr.Store(err)
+				}
+			}, h2)
+			first := s.post("cl")
+			require.Equal(t, "hello", first.body)
+			require.NotNil(t, writeErr.Load(), "the handler learns of its bug")
+			replay := s.post("cl")
+			require.Equal(t, http.StatusOK, replay.status, replay.body)
+			require.Equal(t, "hello", replay.body)
+			require.EqualValues(t, 1, s.execs.Load())
+		})
+	}
+}

@@ -18,7 +18,9 @@ import (
 
 // retryable reports whether resp says that the same request with the same
 // key may get another answer later: 409 in-progress (the first attempt is
-// still running) or 503 with Retry-After (nothing ran). Every other answer
+// still running), 503 with Retry-After (nothing ran), or a gateway's 502 or
+// 504 (a proxy lost the server's answer, or never got it: the key turns the
+// answer of a run that took effect into a replay). Every other answer
 // would come back the same, 422 key-reused and the 409s of a request that
 // ran (not-replayable, interrupted, unreadable-record) above all. So does a
 // replay, whatever its status: a 503 that the handler answered and the
@@ -31,6 +33,8 @@ func retryable(ctx context.Context, resp *http.Response) bool {
 	switch resp.StatusCode {
 	case http.StatusServiceUnavailable:
 		return resp.Header.Get("Retry-After") != ""
+	case http.StatusBadGateway, http.StatusGatewayTimeout:
+		return true
 	case http.StatusConflict:
 		return problemType(ctx, resp) == inProgressProblem
 	}
@@ -247,16 +251,16 @@ func closeDrained(ctx context.Context, body io.Closer, drained <-chan struct{}, 
 // host or network unreachable), a connection closed before the whole
 // answer came (EOF, unexpected EOF, a closed connection), a timeout (the
 // dial, the TLS handshake, the answer's headers), a name server that did
-// not answer, and an HTTP/2 stream that the server refused, cancelled or
-// reset to shed load, or whose connection went away.
+// not answer, and an HTTP/2 stream that the server refused, cancelled,
+// reset to shed load or for an internal error, or whose connection went
+// away.
 //
 // Everything else fails alike on every attempt, and waiting between them
 // only delays the answer: an error of the request itself (an invalid
 // header, method or URL, an unsupported scheme), a TLS handshake that
 // cannot succeed (a certificate the client refuses, an HTTP server asked
 // for HTTPS, a TLS alert), a host name that does not exist, an answer that
-// is not HTTP, an HTTP/2 stream reset with INTERNAL_ERROR (a handler that
-// panicked), and whatever else a RoundTripper returns that is not known
+// is not HTTP, and whatever else a RoundTripper returns that is not known
 // to be a passing failure. The error may come wrapped (a *url.Error from a
 // Base built on an http.Client); the chain is what is read.
 func retryableError(err error) bool {
@@ -303,16 +307,17 @@ type h2StreamError struct {
 func (e h2StreamError) Error() string { return "http2 stream error" }
 
 // retryableStreamCodes are the RST_STREAM codes (RFC 9113 §7) of a stream
-// that another attempt may get through: REFUSED_STREAM (the server did not
-// start it), CANCEL (it gave it up) and ENHANCE_YOUR_CALM (it sheds load).
-// Not INTERNAL_ERROR: net/http's server resets a stream so when its handler
-// panics, and the middleware releases the key of a handler that panicked
-// before its status went out, so a resend would run the handler again,
-// however many effects it had before the panic; and a handler that panics
-// once mostly panics every time. (It also resets so when the server's
-// WriteTimeout passed before the answer: docs/design.md advises against a
-// WriteTimeout shorter than the handlers.)
-var retryableStreamCodes = []uint32{0x7, 0x8, 0xb}
+// that another attempt may get through: INTERNAL_ERROR (a front proxy lost
+// the server's answer, the HTTP/2 form of a 502), REFUSED_STREAM (the
+// server did not start it), CANCEL (it gave it up) and ENHANCE_YOUR_CALM
+// (it sheds load). With the same key, a run that took effect is replayed,
+// not run again. net/http's server also resets a panicking handler's
+// stream with INTERNAL_ERROR; the middleware released that key only when
+// nothing of the run took effect (the panic came before the status), so a
+// resend runs it again, as over HTTP/1, whose closed connection cannot be
+// told from a lost answer either: MaxAttempts bounds a handler that panics
+// every time, and a recoverer outside the middleware answers 500 instead.
+var retryableStreamCodes = []uint32{0x2, 0x7, 0x8, 0xb}
 
 // The messages of net/http's HTTP/2 errors for a connection that went away
 // under a request, whose types are not exported: the server closed it

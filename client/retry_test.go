@@ -41,6 +41,8 @@ func TestTransportDoesNotRetryFinalAnswers(t *testing.T) {
 		{"429 with Retry-After", answerWith(http.StatusTooManyRequests, "slow down", "Retry-After", "0")},
 		{"503 with Retry-After, replayed", answerWith(http.StatusServiceUnavailable, "provider down",
 			"Retry-After", "0", ReplayedHeader, "true")},
+		{"502, replayed", answerWith(http.StatusBadGateway, "upstream failed", ReplayedHeader, "true")},
+		{"504, replayed", answerWith(http.StatusGatewayTimeout, "upstream slow", ReplayedHeader, "true")},
 		{"409 in-progress, replayed", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set(ReplayedHeader, "true")
 			problemOf(idempotency.ErrInProgress)(w, r)
@@ -76,6 +78,8 @@ func TestTransportRetriesInProgressAndUnavailable(t *testing.T) {
 		{"503 store-unavailable", []http.HandlerFunc{storeDown, answerCreated}, 0, http.StatusCreated, 2},
 		{"503 with Retry-After", []http.HandlerFunc{answerUnavailable, answerUnavailable, answerCreated}, 0, http.StatusCreated, 3},
 		{"every attempt 503", []http.HandlerFunc{answerUnavailable}, 0, http.StatusServiceUnavailable, 5},
+		{"502 of a gateway", []http.HandlerFunc{answerWith(http.StatusBadGateway, "bad gateway"), answerCreated}, 0, http.StatusCreated, 2},
+		{"504 of a gateway", []http.HandlerFunc{answerWith(http.StatusGatewayTimeout, "gateway timeout"), answerCreated}, 0, http.StatusCreated, 2},
 		{"MaxAttempts 2", []http.HandlerFunc{inProgress}, 2, http.StatusConflict, 2},
 		{"MaxAttempts 1", []http.HandlerFunc{answerUnavailable, answerCreated}, 1, http.StatusServiceUnavailable, 1},
 	} {
@@ -363,14 +367,14 @@ type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-// Of the HTTP/2 stream resets, those of a stream the server did not run
-// (REFUSED_STREAM), gave up (CANCEL) or shed (ENHANCE_YOUR_CALM) may pass;
-// INTERNAL_ERROR, net/http's reset of a handler that panicked, and the
-// resets of a request the server could not read are returned.
+// Of the HTTP/2 stream resets, those of a stream whose answer a proxy lost
+// (INTERNAL_ERROR), that the server did not run (REFUSED_STREAM), gave up
+// (CANCEL) or shed (ENHANCE_YOUR_CALM) may pass; the resets of a request
+// the server could not read are returned.
 func TestTransportRetriesStreamResetsThatMayPass(t *testing.T) {
 	for code, retried := range map[uint32]bool{
 		0x1: false, // PROTOCOL_ERROR
-		0x2: false, // INTERNAL_ERROR
+		0x2: true,  // INTERNAL_ERROR
 		0x7: true,  // REFUSED_STREAM
 		0x8: true,  // CANCEL
 		0xb: true,  // ENHANCE_YOUR_CALM
@@ -415,13 +419,13 @@ func panicking(t *testing.T, http2, recovered bool) (*Transport, string, *atomic
 }
 
 // Over HTTP/2 net/http resets the stream of a handler that panicked with
-// INTERNAL_ERROR. The middleware released the key, so a resend would run
-// the handler again: the error is returned after one attempt.
-func TestTransportDoesNotRetryTheStreamResetOfAPanic(t *testing.T) {
+// INTERNAL_ERROR, which cannot be told from a front proxy's reset of an
+// answer it lost: the Transport retries it, as the HTTP/1 form below.
+func TestTransportRetriesTheStreamResetOfAPanic(t *testing.T) {
 	rt, url, runs := panicking(t, true, false)
 	_, err := (&http.Client{Transport: rt}).Do(newPost(t, url, `{"amount":500}`))
 	require.ErrorContains(t, err, "INTERNAL_ERROR")
-	require.EqualValues(t, 1, runs.Load(), "runs of the handler")
+	require.EqualValues(t, 3, runs.Load(), "runs of the handler")
 }
 
 // A recoverer outside the middleware answers the panic with a 500, which

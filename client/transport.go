@@ -31,7 +31,9 @@ const inProgressProblem = "https://github.com/onceonly/idempotency/blob/main/REA
 // unless Methods says otherwise) one Idempotency-Key, and retries it with
 // that same key when a retry cannot run it twice: after a failure of the
 // connection (refused, reset, closed before the whole answer, timed out;
-// the key turns a lost answer into a replay), a 409 in-progress (the first
+// the key turns a lost answer into a replay; an HTTP/2 stream reset with
+// INTERNAL_ERROR or REFUSED_STREAM likewise), a gateway's 502 or 504 (a
+// proxy lost the answer or never got it), a 409 in-progress (the first
 // attempt still runs) and a 503 with Retry-After (nothing ran). A replayed
 // answer (Idempotent-Replayed: true) is never retried, whatever its status:
 // it is the key's stored answer, and a retry would get it again. Nor is an
@@ -41,11 +43,10 @@ const inProgressProblem = "https://github.com/onceonly/idempotency/blob/main/REA
 //
 // A handler that panics before its status went out is a case of its own:
 // the middleware releases the key (nothing of the run counts as executed),
-// so a resend runs the handler again. Over HTTP/2 net/http's server resets
-// the stream with INTERNAL_ERROR, which the Transport does not retry: the
-// error is returned after one attempt. Over HTTP/1 it closes the
-// connection, which cannot be told from an answer the network lost, so
-// the Transport retries, and a handler that panics every time runs
+// so a resend runs the handler again. net/http's server resets its HTTP/2
+// stream with INTERNAL_ERROR and closes its HTTP/1 connection, neither of
+// which can be told from an answer a proxy or the network lost, so the
+// Transport retries, and a handler that panics every time runs
 // MaxAttempts times. Put a recoverer outside the middleware on protected
 // routes: it answers the panic with a 500, which is returned after one
 // attempt over either protocol.

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"sync"
 	"testing"
@@ -19,10 +20,11 @@ import (
 type fault int
 
 const (
-	deliver    fault = iota // the request reaches the shop, its answer the page
-	loseAnswer              // the shop runs the request, but the connection resets before its answer arrives
-	refuse                  // the connection is refused: nothing reaches the shop
-	busy                    // a 409 in-progress with Retry-After: 1, what a duplicate gets while the first still runs
+	deliver           fault = iota // the request reaches the shop, its answer the page
+	loseAnswer                     // the shop runs the request, but the connection resets before its answer arrives
+	refuse                         // the connection is refused: nothing reaches the shop
+	busy                           // a 409 in-progress with Retry-After: 1, what a duplicate gets while the first still runs
+	storedUnavailable              // a replayed 503 with Retry-After: a handler's own answer, stored as the key's
 )
 
 // testFetchClient calls idempotentFetch in the page while the tab's network
@@ -55,6 +57,7 @@ func (e *env) testFetchClient(t *testing.T) {
 		{"payment in progress", "/payments", payment, []fault{busy}, 2, 201, false, time.Second, 1},
 		{"payment refused on every attempt", "/payments", payment, []fault{refuse, refuse, refuse, refuse, refuse}, 5, 0, false, 0, 0},
 		{"order answer lost (token mode)", "/orders", order, []fault{loseAnswer}, 2, 201, true, 0, 1},
+		{"payment replayed 503 not retried", "/payments", payment, []fault{storedUnavailable}, 1, 503, true, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := s.count(t, tc.path)
@@ -157,10 +160,18 @@ func (in *interceptor) handle(ctx context.Context, ev fetch.EventRequestPaused) 
 	case refuse:
 		_, err = chromedp.Call(ctx, fetch.FailRequest, fetch.FailRequestParams{
 			RequestID: ev.RequestID, ErrorReason: network.ErrorReasonConnectionRefused})
-	case busy:
-		// The middleware's own answer to a duplicate that waited too long.
+	case busy, storedUnavailable:
+		// The middleware's own answer to a duplicate that waited too long,
+		// or the replay of a handler's 503 that the default policy stored.
 		rec := httptest.NewRecorder()
-		idempotency.DefaultErrorHandler(rec, nil, idempotency.ErrInProgress)
+		if f == busy {
+			idempotency.DefaultErrorHandler(rec, nil, idempotency.ErrInProgress)
+		} else {
+			rec.Header().Set("Retry-After", "1")
+			rec.Header().Set(idempotency.ReplayedHeader, "true")
+			rec.WriteHeader(http.StatusServiceUnavailable)
+			rec.WriteString("the payment provider is down")
+		}
 		var headers []*fetch.HeaderEntry
 		for name := range rec.Header() {
 			headers = append(headers, &fetch.HeaderEntry{Name: name, Value: rec.Header().Get(name)})

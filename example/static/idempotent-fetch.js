@@ -13,7 +13,8 @@
 // session cookie) and sends it as the Idempotency-Key header. When the
 // request fails on the network, or is answered 409 or 503 with Retry-After
 // (the first attempt is still running; the store was briefly down and
-// nothing ran), it sends the same request with the same key again, at most
+// nothing ran) that is not a replay, it sends the same request with the
+// same key again, at most
 // `attempts` times in all. A lost answer is thus never a second execution:
 // the retry gets the first attempt's stored answer, marked
 // Idempotent-Replayed: true.
@@ -79,8 +80,11 @@ async function withRetries(send, opts) {
 // retryable: the server says nothing ran yet or the first attempt is still
 // running, and when to ask again. A 409 without Retry-After (the key was
 // used for a different request, the answer was streamed) stays the same
-// however often it is asked.
+// however often it is asked, and so does a replayed answer, whatever its
+// status: it is the key's stored answer (a handler's own 503 with
+// Retry-After, say), and every retry would fetch the same copy.
 function retryable(res) {
+  if (res.headers.get(REPLAYED_HEADER) === 'true') return false;
   return (res.status === 409 || res.status === 503) && res.headers.has('Retry-After');
 }
 

@@ -128,11 +128,15 @@ func (rec *record) declareTrailers(h http.Header, cfg *config) {
 	}
 }
 
-// sendTrailers sets the stored trailers' values once the body is out.
+// sendTrailers sets the stored trailers' values once the body is out, in
+// place of a header of the same name sent before it.
 func (rec *record) sendTrailers(h http.Header, cfg *config) {
 	for i := 0; i < len(rec.header); i += 2 {
 		name := rec.header[i]
 		if trailer, ok := strings.CutPrefix(name, http.TrailerPrefix); ok && rec.keeps(name, cfg, false) {
+			if i == 0 || rec.header[i-2] != name {
+				h[trailer] = nil
+			}
 			h[trailer] = append(h[trailer], rec.header[i+1])
 		}
 	}

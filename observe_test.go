@@ -117,7 +117,7 @@ func TestLogObserver(t *testing.T) {
 func TestDoRefusalsAreObserved(t *testing.T) {
 	var mu sync.Mutex
 	var events []Event
-	m := New(redistest.Client(t, "do-refusals"), WithKeyPrefix("do-refusals"), WithObserver(func(e Event) {
+	m := New(redistest.Client(t, "do-refusals"), WithKeyPrefix("do-refusals"), WithCallerCredentials(), WithObserver(func(e Event) {
 		mu.Lock()
 		events = append(events, e)
 		mu.Unlock()

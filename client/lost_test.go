@@ -25,7 +25,7 @@ import (
 // of payments and a Transport for the Base of a client.
 func losing(t *testing.T, proxied bool) (string, *atomic.Int32, *http.Transport) {
 	prefix := "test-client-lost-" + t.Name()
-	idem := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix),
+	idem := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix), idempotency.WithCallerCredentials(),
 		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
 	payments := new(atomic.Int32)
 	protected := idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -35,7 +35,7 @@ func init() {
 // any other: the call runs once, and the duplicate gets its response, as
 // the method's own type.
 func TestMessagesOfTheOlderProtobufAPI(t *testing.T) {
-	intercept := grpcidem.UnaryServerInterceptor(middleware(t))
+	intercept := grpcidem.UnaryServerInterceptor(middleware(t), grpcidem.WithCallerCredentials())
 	var runs atomic.Int64
 	handler := func(ctx context.Context, req any) (any, error) {
 		runs.Add(1)

@@ -368,7 +368,7 @@ func TestWrappedContextErrorKeepsItsCode(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			svc := newPayments()
-			conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t), tc.policy...)))
+			conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t), append(tc.policy, grpcidem.WithCallerCredentials())...)))
 			first := charge(withKey(t, "order-1"), conn, "deadline")
 			second := charge(withKey(t, "order-1"), conn, "deadline")
 			require.Equal(t, codes.DeadlineExceeded, status.Code(first.err))
@@ -391,7 +391,7 @@ func TestRefusalsAreObserved(t *testing.T) {
 		mu.Unlock()
 	}))
 	svc := newPayments()
-	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(m, grpcidem.WithRequiredKey())))
+	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(m, grpcidem.WithRequiredKey(), grpcidem.WithCallerCredentials())))
 	require.Equal(t, codes.InvalidArgument, status.Code(charge(t.Context(), conn, "a").err))
 	twoKeys := metadata.AppendToOutgoingContext(t.Context(), grpcidem.DefaultMetadataKey, "k1", grpcidem.DefaultMetadataKey, "k2")
 	require.Equal(t, codes.InvalidArgument, status.Code(charge(twoKeys, conn, "a").err))

@@ -175,7 +175,7 @@ func TestTheMiddlewareIsInvisible(t *testing.T) {
 		for _, p := range protocols {
 			t.Run(l.name+"/"+p.name, func(t *testing.T) {
 				prefix := "stack-" + strings.NewReplacer("/", "-", " ", "_").Replace(t.Name())
-				m := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix),
+				m := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix), idempotency.WithCallerCredentials(),
 					idempotency.WithMaxResponseBytes(limit), idempotency.WithLogger(slog.New(slog.DiscardHandler)))
 				withURL, with := p.serve(t, stack(t, l, m))
 				bareURL, bare := p.serve(t, stack(t, l, nil))

@@ -40,8 +40,10 @@ var environment = map[string][]string{
 		"func (message) Ack() error                         { return nil }\n" +
 		"func (message) NakWithDelay(d time.Duration) error { return nil }\n\n" +
 		"var msg message"},
-	"Receipt":  {"type Receipt struct{ ID string }"},
-	"clientID": {"func clientID(*http.Request) (string, error) { return \"\", nil }"},
+	"Receipt":    {"type Receipt struct{ ID string }"},
+	"deadLetter": {"func deadLetter(message, error) {}"},
+	"backoff":    {"const backoff = time.Second"},
+	"clientID":   {"func clientID(*http.Request) (string, error) { return \"\", nil }"},
 	"charge": {
 		"func charge(context.Context, []byte) (Receipt, error) { return Receipt{}, nil }",
 		"func charge(context.Context, uint64, []byte) (Receipt, error) { return Receipt{}, nil }",

@@ -24,7 +24,7 @@ func protected(t *testing.T, d *sqltest.DB, fn sqlidem.TxFunc, storeOpts ...sqli
 	must(t, err)
 	must(t, store.CreateTable(t.Context()))
 	prefix := "sqlidem-" + strings.NewReplacer("/", "-", " ", "_").Replace(t.Name())
-	m := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix),
+	m := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix), idempotency.WithCallerCredentials(),
 		idempotency.WithOutcomeStore(store), idempotency.WithResponseCache(0, 0))
 	srv := httptest.NewServer(m.ProtectKey(store.Handler(fn)))
 	t.Cleanup(srv.Close)

@@ -24,7 +24,7 @@ func TestRedisOutageIsLoggedWhenItBeginsAndEnds(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
 	t.Cleanup(func() { rdb.Close() })
 	var log syncbuf.Buffer
-	h := New(rdb, WithKeyPrefix("outage"), WithStoreTimeout(200*time.Millisecond),
+	h := New(rdb, WithKeyPrefix("outage"), WithCallerCredentials(), WithStoreTimeout(200*time.Millisecond),
 		WithLogger(slog.New(slog.NewTextHandler(&log, nil)))).ProtectKey(newCounting(0))
 
 	require.Equal(t, http.StatusCreated, send(h, "before", `{}`).Code)

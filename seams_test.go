@@ -28,7 +28,7 @@ type stack struct {
 func newStack(t *testing.T, outer func(http.Handler) http.Handler, handler http.HandlerFunc, h2 bool, opts ...Option) *stack {
 	t.Helper()
 	prefix := "test-" + strings.NewReplacer("/", "-", " ", "_").Replace(t.Name())
-	s := &stack{t: t, idem: New(redistest.Client(t, prefix), append([]Option{WithKeyPrefix(prefix)}, opts...)...)}
+	s := &stack{t: t, idem: New(redistest.Client(t, prefix), append([]Option{WithKeyPrefix(prefix), WithCallerCredentials()}, opts...)...)}
 	counted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.execs.Add(1)
 		handler(w, r)
@@ -162,7 +162,7 @@ func TestNestedProtectionStepsAside(t *testing.T) {
 	require.EqualValues(t, 1, s.execs.Load())
 
 	// Another Middleware on the same record steps aside too.
-	other := New(s.idem.store.client, WithKeyPrefix(s.idem.cfg.prefix))
+	other := New(s.idem.store.client, WithKeyPrefix(s.idem.cfg.prefix), WithCallerCredentials())
 	s.srv.Config.Handler = s.idem.ProtectKey(other.ProtectKey(handler))
 	require.Equal(t, http.StatusCreated, s.post("other").status)
 	require.EqualValues(t, 2, s.execs.Load())

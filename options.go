@@ -106,8 +106,8 @@ func WithMaxRequestBytes(n int64) Option { return func(c *config) { c.maxRequest
 func WithMaxKeyLength(n int) Option { return func(c *config) { c.maxKeyLen = n } }
 
 // WithTokensPerScope used to cap the tokens a scope could hold at once,
-// when issued tokens were stored. They are signed now and cost Redis
-// nothing until spent, so there is nothing to cap.
+// when issued tokens were stored. They are signed now, and issuing one
+// writes nothing to Redis, so there is nothing to cap.
 //
 // Deprecated: it has no effect.
 func WithTokensPerScope(int) Option { return func(*config) {} }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"compress/zlib"
+	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -120,8 +121,14 @@ func decodable(coding string) bool {
 	return coding == "gzip" || coding == "x-gzip" || coding == "deflate"
 }
 
-// decoded is rec's body decoded from its Content-Encoding.
-func (rec *record) decoded() ([]byte, error) {
+// errDecodedTooLarge: a stored body decodes to more than the limit.
+var errDecodedTooLarge = errors.New("idempotency: the stored body decodes past the response limit")
+
+// decoded is rec's body decoded from its Content-Encoding, up to limit
+// bytes: a small compressed body can decode to a thousand times its size,
+// and a replay must not let whoever holds a key make this process hold
+// that.
+func (rec *record) decoded(limit int) ([]byte, error) {
 	var coding string
 	for i := 0; i < len(rec.header); i += 2 {
 		if strings.EqualFold(rec.header[i], "Content-Encoding") {
@@ -139,5 +146,9 @@ func (rec *record) decoded() ([]byte, error) {
 		return nil, err
 	}
 	defer rd.Close()
-	return io.ReadAll(rd)
+	b, err := io.ReadAll(io.LimitReader(rd, int64(limit)+1))
+	if err == nil && len(b) > limit {
+		return nil, errDecodedTooLarge
+	}
+	return b, err
 }

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"errors"
 	"net/http"
 	"slices"
 	"strconv"
@@ -58,8 +59,14 @@ var replayedValue = []string{"true"}
 func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config, decode bool) {
 	body := rec.body
 	if decode {
-		b, err := rec.decoded()
-		if err != nil {
+		b, err := rec.decoded(cfg.maxResponse)
+		switch {
+		case errors.Is(err, errDecodedTooLarge):
+			// Past what the middleware would store: only the coded
+			// body may go out, to a request that accepts it.
+			cfg.errorHandler(w, r, ErrNotAcceptable)
+			return
+		case err != nil:
 			cfg.errorHandler(w, r, ErrUnreadableRecord)
 			return
 		}

@@ -227,6 +227,29 @@ func TestReplayHonoursStoredContentEncoding(t *testing.T) {
 	}
 }
 
+// A small gzip body that decodes to far more than the response limit (a
+// compression bomb a handler passed through) is never decoded for a
+// replay: a request that does not accept gzip gets 406, one that does gets
+// the stored bytes.
+func TestAReplayNeverDecodesPastTheLimit(t *testing.T) {
+	var zipped bytes.Buffer
+	zw := gzip.NewWriter(&zipped)
+	zw.Write(make([]byte, 8<<20))
+	zw.Close()
+	s := newStack(t, nil, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Vary", "Accept-Encoding")
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Write(zipped.Bytes())
+	}, false, WithMaxResponseBytes(64<<10))
+	first := s.post("bomb", "Accept-Encoding", "gzip")
+	require.Equal(t, http.StatusOK, first.status)
+	requireProblem(t, s.post("bomb"), http.StatusNotAcceptable, "not-acceptable")
+	again := s.post("bomb", "Accept-Encoding", "gzip")
+	require.Equal(t, "gzip", again.header.Get("Content-Encoding"))
+	require.Equal(t, zipped.Len(), len(again.body))
+	require.EqualValues(t, 1, s.execs.Load())
+}
+
 // A handler that writes past its own Content-Length is replayed with what
 // was sent, over HTTP/1.1 and HTTP/2 alike.
 func TestContentLengthOverrunIsTheSameOnEveryProtocol(t *testing.T) {

@@ -39,7 +39,8 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 	}
 	m.later = newLater(m)
 	m.tokens = &tokenSigner{prefix: m.cfg.prefix, client: client, timeout: m.cfg.storeTimeout, secret: m.cfg.tokenSecret,
-		logger: m.cfg.logger}
+		keepRetired: max(m.cfg.recordTTL, m.cfg.tokenTTL) + m.cfg.tokenTTL,
+		logger:      m.cfg.logger}
 	m.store = newStore(client, &m.cfg)
 	m.cache = newResponseCache(m.cfg.cacheEntries, m.cfg.cacheBytes)
 	if m.cache != nil {

@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -42,10 +43,11 @@ import (
 // tokens spent meanwhile, keep meaning what they meant. An instance that
 // finds another secret than its own (a new instance made one before any
 // wrote theirs back, or an operator overwrote the key to revoke every token
-// out) adopts it and retires its own: a token signed by a retired secret is
-// never spent any more, but a spent one still finds its record (replayed,
-// or waited for while it runs), so a resubmission is never told "not
-// found" while its answer exists.
+// out) adopts it and retires its own, in Redis too, where every instance
+// reads the retired secrets at its recheck: a token signed by a retired
+// secret is never spent any more, but a spent one still finds its record
+// (replayed, or waited for while it runs), on any instance once both have
+// rechecked.
 
 const (
 	tokenNonceBytes = 16
@@ -67,7 +69,7 @@ var strictBase64 = base64.RawURLEncoding.Strict()
 const (
 	secretRecheck  = 10 * time.Second
 	secretRetry    = time.Second
-	retiredSecrets = 4
+	retiredSecrets = 8
 )
 
 // tokenSigner signs and checks tokens under one secret.
@@ -76,6 +78,9 @@ type tokenSigner struct {
 	client  redis.UniversalClient
 	timeout time.Duration
 	logger  *slog.Logger
+	// keepRetired is how long a retired secret is kept in Redis: as long
+	// as a record of a token it signed may live.
+	keepRetired time.Duration
 
 	mu      sync.Mutex
 	secret  []byte   // nil until loaded
@@ -211,6 +216,13 @@ func (s *tokenSigner) startLoad() {
 	held := s.secret
 	go func() {
 		secret, err := s.load(held)
+		var retired [][]byte
+		if err == nil {
+			if held != nil && !hmac.Equal(held, secret) {
+				s.retire(held)
+			}
+			retired = s.loadRetired()
+		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.loading = nil
@@ -222,11 +234,65 @@ func (s *tokenSigner) startLoad() {
 		if s.secret != nil && !hmac.Equal(s.secret, secret) {
 			s.logger.Warn("idempotency: the shared token secret in Redis changed; tokens of the old one are " +
 				"no longer spent (a spent one still replays)")
-			s.retired = append([][]byte{s.secret}, s.retired[:min(len(s.retired), retiredSecrets-1)]...)
+			retired = append([][]byte{s.secret}, retired...)
 		}
+		s.retired = mergeSecrets(retired, s.retired, secret)
 		s.secret, s.shared, s.checked = secret, true, time.Now()
 		s.failed, s.failure = time.Time{}, nil
 	}()
+}
+
+// retire records a secret this instance held and the fleet no longer
+// does (PREFIX:token-secret:retired), so that every instance, a new one
+// that never held it included, can still find the records of the tokens
+// it signed. Kept as long as such a record lives.
+func (s *tokenSigner) retire(old []byte) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	name := s.prefix + ":token-secret:retired"
+	_, err := s.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.SAdd(ctx, name, old)
+		p.PExpire(ctx, name, s.keepRetired)
+		return nil
+	})
+	if err != nil {
+		s.logger.Warn("idempotency: could not record a retired token secret; other instances may answer "+
+			"its spent tokens token-not-found", "error", err)
+	}
+}
+
+// loadRetired reads the fleet's retired secrets; nil when Redis does not
+// answer (the next recheck asks again).
+func (s *tokenSigner) loadRetired() [][]byte {
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	members, err := s.client.SMembers(ctx, s.prefix+":token-secret:retired").Result()
+	if err != nil {
+		return nil
+	}
+	retired := make([][]byte, 0, len(members))
+	for _, m := range members {
+		if len(m) >= minTokenSecret {
+			retired = append(retired, []byte(m))
+		}
+	}
+	return retired
+}
+
+// mergeSecrets is the retired secrets of fresh and held, without current
+// or repeats, fresh first, at most retiredSecrets of them.
+func mergeSecrets(fresh, held [][]byte, current []byte) [][]byte {
+	var out [][]byte
+	for _, secret := range append(fresh, held...) {
+		if len(out) == retiredSecrets {
+			break
+		}
+		if hmac.Equal(secret, current) || slices.ContainsFunc(out, func(b []byte) bool { return hmac.Equal(b, secret) }) {
+			continue
+		}
+		out = append(out, secret)
+	}
+	return out
 }
 
 // load reads the secret Redis keeps. When there is none, it writes the one

@@ -170,3 +170,31 @@ func TestANewInstanceIssuesWhileRedisIsFull(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, tokenValid, state)
 }
+
+// Redis restarts empty, and a new instance makes a new secret before the
+// running one writes its own back. A token the running instance signed
+// and spent in the meantime replays on the new instance too, once both
+// have rechecked: the retired secret is the fleet's, in Redis, not only
+// the instance's that held it.
+func TestANewInstanceReplaysATokenOfTheSecretItNeverHeld(t *testing.T) {
+	srv := redistest.Private(t)
+	old := newShopOn(t, srv.Client(t), WithKeyPrefix("split"), WithStoreTimeout(500*time.Millisecond))
+	c := old.client()
+	old.token(c) // old holds its secret
+
+	require.NoError(t, srv.Signal(syscall.SIGKILL))
+	redistest.Restart(t, srv)
+	fresh := newShopOn(t, srv.Client(t), WithKeyPrefix("split"), WithStoreTimeout(500*time.Millisecond))
+	fresh.token(fresh.client()) // the restarted Redis takes fresh's new secret
+	tok := old.token(c)         // still under old's secret, until it rechecks
+	first := waitFor201(t, old, c, tok)
+
+	recheckSecret(t, old.idem)   // old adopts the new secret and retires its own
+	recheckSecret(t, fresh.idem) // fresh learns the retired one
+	again := fresh.post(c, "/orders", tok, `{}`)
+	require.Equal(t, http.StatusCreated, again.status, again.body)
+	require.Equal(t, "true", again.header.Get(ReplayedHeader))
+	require.Equal(t, first.body, again.body)
+	require.EqualValues(t, 1, old.execs.Load())
+	require.Zero(t, fresh.execs.Load())
+}

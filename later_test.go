@@ -192,3 +192,36 @@ func TestALiveRunIsNeverReportedInterrupted(t *testing.T) {
 	require.EqualValues(t, 1, s.execs.Load())
 	require.Zero(t, other.execs.Load())
 }
+
+// A handler that ignores its context runs on past the execution timeout
+// and the claim horizon, and Redis stalled under it long enough for its
+// lock to lapse: the run takes its lock back once Redis answers, so a
+// duplicate waits for it (409 in-progress) and then replays it, never
+// reads it interrupted.
+func TestALiveRunTakesItsLapsedLockBack(t *testing.T) {
+	s, srv := privateShop(t, WithLockLease(200*time.Millisecond), WithStoreTimeout(100*time.Millisecond),
+		WithExecutionTimeout(300*time.Millisecond), WithWaitTimeout(200*time.Millisecond))
+	finish := make(chan struct{})
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		require.NoError(t, srv.Signal(syscall.SIGSTOP))
+		time.Sleep(600 * time.Millisecond) // three leases
+		require.NoError(t, srv.Signal(syscall.SIGCONT))
+		<-finish // past the horizon (1.1 s), its context long cancelled
+		s.defaultHandler(w, r)
+	}
+	c := s.client()
+	first := s.postAsync(c, "/payments", "k", `{}`)
+	k := clientKeys("p", paymentID("k"))
+	require.Eventually(t, func() bool { return s.execs.Load() == 1 && s.rdb.Exists(t.Context(), k.lock).Val() == 1 },
+		10*time.Second, 10*time.Millisecond, "the run took its lock back after the stall")
+	time.Sleep(1200 * time.Millisecond) // past the claim horizon
+
+	other := newShopOn(t, s.rdb, WithKeyPrefix("p"), WithWaitTimeout(200*time.Millisecond))
+	requireProblem(t, other.post(other.client(), "/payments", "k", `{}`), http.StatusConflict, "in-progress")
+	close(finish)
+	require.Equal(t, http.StatusCreated, (<-first).must(t).status)
+	again := other.post(other.client(), "/payments", "k", `{}`)
+	require.Equal(t, "true", again.header.Get(ReplayedHeader))
+	require.EqualValues(t, 1, s.execs.Load())
+	require.Zero(t, other.execs.Load())
+}

@@ -92,8 +92,18 @@ func (m *Middleware) startLease(k keys, lock *redislock.Lock, began time.Time, s
 // watch starts the lease's watchdog, counting from the obtain.
 func (l *lease) watch() {
 	if l.wd == nil && l.lock != nil {
-		l.wd = startWatchdog(l.lock, l.m.cfg.lease, l.m.cfg.storeTimeout, l.began)
+		var r retaker
+		if !l.m.cfg.takeover() {
+			r = l // nobody else may run the key: a live run takes its lapsed lock back
+		}
+		l.wd = startWatchdog(l.lock, l.m.cfg.lease, l.m.cfg.storeTimeout, l.began, r)
 	}
+}
+
+// retake takes the lease's lapsed lock back while the record names its
+// run (see retaker).
+func (l *lease) retake(ctx context.Context) (bool, error) {
+	return l.m.store.retake(ctx, l.k, l.token)
 }
 
 // orphanClaim is the lease of a claim made under a lock value whose lock

@@ -22,11 +22,14 @@ var (
 	releaseSource string
 	//go:embed lua/keep.lua
 	keepSource string
+	//go:embed lua/retake.lua
+	retakeSource string
 
 	claimScript    = redis.NewScript(claimSource)
 	completeScript = redis.NewScript(completeSource)
 	releaseScript  = redis.NewScript(releaseSource)
 	keepScript     = redis.NewScript(keepSource)
+	retakeScript   = redis.NewScript(retakeSource)
 )
 
 // store is the Redis side of the middleware. Each method is one round trip
@@ -240,6 +243,14 @@ func (s *store) release(ctx context.Context, k keys, lockValue string) error {
 // freed.
 func (s *store) keep(ctx context.Context, k keys, lockValue string) error {
 	return keepScript.Run(ctx, s.client, k.redisKeys(), lockValue).Err()
+}
+
+// retake takes the key's lock back under lockValue, for a lease as long
+// as the lock's, when nobody holds it and the record still names a run
+// under lockValue.
+func (s *store) retake(ctx context.Context, k keys, lockValue string) (bool, error) {
+	n, err := retakeScript.Run(ctx, s.client, k.redisKeys(), lockValue, s.cfg.lease.Milliseconds()).Int()
+	return n == 1, err
 }
 
 // stepContext bounds one Redis step. It outlives the request's own context:

@@ -24,6 +24,9 @@ type watchdog struct {
 	renewing sync.WaitGroup
 	lost     bool
 	onLost   func()
+	// retaker takes a lapsed lock back while the key's record still names
+	// the run (nil where another executor could take the key over).
+	retaker retaker
 
 	// expires is when the lock runs out unless renewed: a lease after the
 	// start of the last attempt that renewed it (or obtained it), since
@@ -31,9 +34,9 @@ type watchdog struct {
 	expires time.Time // written by one renewal at a time, under mu
 }
 
-func startWatchdog(lock *redislock.Lock, lease, stepTimeout time.Duration, obtainedSince time.Time) *watchdog {
+func startWatchdog(lock *redislock.Lock, lease, stepTimeout time.Duration, obtainedSince time.Time, r retaker) *watchdog {
 	wd := &watchdog{lock: lock, lease: lease, renewTimeout: min(stepTimeout, lease/3),
-		expires: obtainedSince.Add(lease)}
+		expires: obtainedSince.Add(lease), retaker: r}
 	// Renewals come every third of a lease, the first once two thirds of
 	// it are left: at once when the obtain's reply was slow, so that a lock
 	// started on late never runs out before its first renewal.
@@ -73,14 +76,17 @@ func (wd *watchdog) renew() {
 		wd.expires = attempt.Add(wd.lease)
 		wd.mu.Unlock()
 	case errors.Is(err, redislock.ErrNotObtained):
-		wd.fail()
-		return
+		if !wd.lapse() {
+			return
+		}
 	default:
 		// A transient error: try again while the lock may still be ours.
 		left := time.Until(wd.expires) - margin
 		if left <= 0 {
-			wd.fail()
-			return
+			if !wd.lapse() {
+				return
+			}
+			break
 		}
 		next = min(next, max(left/2, time.Millisecond))
 	}
@@ -89,6 +95,37 @@ func (wd *watchdog) renew() {
 		wd.timer.Reset(next)
 	}
 	wd.mu.Unlock()
+}
+
+// A retaker takes its lapsed lock back, with the same value, when the
+// key's record still names its run and nobody holds the lock: a stalled
+// Redis let the lock run out under a live run, whose answer is still the
+// key's. Claims then wait for it again instead of reading it abandoned.
+type retaker interface {
+	retake(ctx context.Context) (bool, error)
+}
+
+// lapse handles a lock that ran out or is gone, and reports whether the
+// watchdog goes on. Where another executor could take the key over, the
+// lease is lost for good. Otherwise the lock is taken back if it can be,
+// and tried again every third of a lease while the run lives.
+func (wd *watchdog) lapse() bool {
+	if wd.retaker == nil {
+		wd.fail()
+		return false
+	}
+	attempt := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), wd.renewTimeout)
+	ok, err := wd.retaker.retake(ctx)
+	cancel()
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	if err == nil && ok {
+		wd.expires, wd.lost = attempt.Add(wd.lease), false
+	} else {
+		wd.lost = true
+	}
+	return true
 }
 
 func (wd *watchdog) fail() {

@@ -19,7 +19,7 @@ func TestWatchdogReportsLossBeforeTheLockExpires(t *testing.T) {
 	began := time.Now()
 	lock, err := redislock.New(rdb).Obtain(t.Context(), "watchdog-test", 1500*time.Millisecond, nil)
 	require.NoError(t, err)
-	wd := startWatchdog(lock, 1500*time.Millisecond, time.Second, began)
+	wd := startWatchdog(lock, 1500*time.Millisecond, time.Second, began, nil)
 	defer wd.stop()
 	lost := make(chan time.Duration, 1)
 	wd.notify(func() { lost <- time.Since(began) })

@@ -121,6 +121,13 @@ func decodable(coding string) bool {
 	return coding == "gzip" || coding == "x-gzip" || coding == "deflate"
 }
 
+// decodeLimit bounds a decoded replay at this many times the response
+// limit: text and JSON compress by a few times to a few tens, and a body
+// the handler meant to send must be decodable for a client that does not
+// accept its coding; a compression bomb that decodes a thousandfold must
+// not be.
+const decodeLimit = 32
+
 // errDecodedTooLarge: a stored body decodes to more than the limit.
 var errDecodedTooLarge = errors.New("idempotency: the stored body decodes past the response limit")
 

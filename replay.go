@@ -59,11 +59,12 @@ var replayedValue = []string{"true"}
 func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config, decode bool) {
 	body := rec.body
 	if decode {
-		b, err := rec.decoded(cfg.maxResponse)
+		b, err := rec.decoded(decodeLimit * cfg.maxResponse)
 		switch {
 		case errors.Is(err, errDecodedTooLarge):
-			// Past what the middleware would store: only the coded
-			// body may go out, to a request that accepts it.
+			// Far past what the middleware would store (a compression
+			// bomb): only the coded body may go out, to a request that
+			// accepts it.
 			cfg.errorHandler(w, r, ErrNotAcceptable)
 			return
 		case err != nil:

@@ -228,13 +228,13 @@ func TestReplayHonoursStoredContentEncoding(t *testing.T) {
 }
 
 // A small gzip body that decodes to far more than the response limit (a
-// compression bomb a handler passed through) is never decoded for a
-// replay: a request that does not accept gzip gets 406, one that does gets
+// compression bomb a handler passed through; past decodeLimit times it) is
+// never decoded for a replay: a request that does not accept gzip gets 406, one that does gets
 // the stored bytes.
 func TestAReplayNeverDecodesPastTheLimit(t *testing.T) {
 	var zipped bytes.Buffer
 	zw := gzip.NewWriter(&zipped)
-	zw.Write(make([]byte, 8<<20))
+	zw.Write(make([]byte, 4<<20)) // more than decodeLimit × 64 KiB
 	zw.Close()
 	s := newStack(t, nil, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Vary", "Accept-Encoding")

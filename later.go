@@ -72,9 +72,9 @@ func newLater(m *Middleware) *later {
 	return &later{m: m, pending: map[*laterJob]struct{}{}}
 }
 
-// errBacklog: the background queue is full, or the Middleware is shutting
-// down; a new call must not claim, since it could leave work that nothing
-// would do.
+// Why enter refuses a call: it could leave work that nothing would do.
+// errBacklog: the background queue is full, or Redis is failing with work
+// queued; errShuttingDown: Shutdown has begun.
 var (
 	errBacklog      = errors.New("too many stores and releases wait for Redis")
 	errShuttingDown = errors.New("shutting down")

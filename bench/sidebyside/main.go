@@ -293,7 +293,7 @@ func countCase(ctx context.Context, cfg config, k kind, name string, a, b *insta
 		switch {
 		case resp.StatusCode != 201:
 			rc.problem(fmt.Sprintf("%s answered %d", keys[i], resp.StatusCode))
-		case name == "first" && resp.Header.Get("Idempotent-Replayed") != "":
+		case name == "first" && resp.Header.Get(k.replayHeader()) != "":
 			rc.problem(fmt.Sprintf("%s: a first execution marked a replay", keys[i]))
 		case name != "first" && k.Replay != nil && !replay:
 			rc.problem(fmt.Sprintf("%s: not a replay of the first answer", keys[i]))

@@ -57,7 +57,8 @@ type median struct {
 	RPS      float64   `json:"rps"`
 	Rounds   []float64 `json:"rps_per_round"`
 	Non2xx   []int64   `json:"non_2xx_per_round"`
-	// VsFiber and VsBare are this server's median over theirs.
+	// VsLease, VsFiber and VsBare are this server's median over theirs.
+	VsLease float64 `json:"vs_lease"`
 	VsFiber float64 `json:"vs_fiber"`
 	VsBare  float64 `json:"vs_bare"`
 	// CPU per request in microseconds, medians of the rounds: the
@@ -85,7 +86,7 @@ func newReport(ctx context.Context, cfg config, rdb *redis.Client, builds map[st
 		Measured: "wrk " + strings.Join(wrkArgs(cfg.threads, cfg.conns, cfg.duration, true, "SCRIPT", "URL", "ARG"), " "),
 		Warmup:   "wrk " + strings.Join(wrkArgs(cfg.threads, cfg.conns, cfg.warmup, false, "SCRIPT", "URL", "ARG"), " "),
 		Rounds:   cfg.rounds,
-		Order:    "round r starts with server r (ours, floor, fiber, bare), each server's two workloads back to back on an emptied Redis",
+		Order:    "round r starts with server r (ours, floor, lease, fiber, bare), each server's two workloads back to back on an emptied Redis",
 		First:    "bench/sidebyside/newkey.lua: POST /payments, a new Idempotency-Key per request (ARG: a prefix per round)",
 		Dups:     "bench/sidebyside/samekey.lua: POST /payments, every connection repeating one key (ARG) after one first call",
 		Counts: fmt.Sprintf("%d sequential requests per case through a counting proxy (round trips) with INFO commandstats "+
@@ -156,6 +157,9 @@ func (rep *report) summarise() {
 	}
 	for i := range rep.Medians {
 		m := &rep.Medians[i]
+		if l := byKey["lease/"+m.Workload].RPS; l > 0 {
+			m.VsLease = m.RPS / l
+		}
 		if f := byKey["fiber/"+m.Workload].RPS; f > 0 {
 			m.VsFiber = m.RPS / f
 		}
@@ -235,26 +239,37 @@ func (rep *report) markdown() string {
 		strings.Replace(rep.Load.Warmup, "-s SCRIPT URL -- ARG", "-s SCRIPT", 1),
 		strings.Replace(rep.Load.Measured, "-s SCRIPT URL -- ARG", "-s SCRIPT", 1))
 
-	// A column per server, then each middleware of ours over Fiber, and
-	// this library over net/http.
+	// A column per server, then each middleware of ours over each peer,
+	// and this library over net/http.
 	var ratios []kind
 	for _, k := range kinds {
-		if k.Name != "fiber" && k.Name != "bare" {
+		if k.Name == "ours" || k.Name == "floor" {
 			ratios = append(ratios, k)
 		}
 	}
+	peers := []struct {
+		title string
+		of    func(median) float64
+	}{
+		{"lease in record", func(m median) float64 { return m.VsLease }},
+		{"Fiber", func(m median) float64 { return m.VsFiber }},
+	}
 	b.WriteString("| workload |" + kindColumns() + "")
 	for _, k := range ratios {
-		b.WriteString(" " + k.Title + " / Fiber |")
+		for _, p := range peers {
+			b.WriteString(" " + k.Title + " / " + p.title + " |")
+		}
 	}
-	b.WriteString(" this library / net/http |\n| --- |" + strings.Repeat(" ---: |", len(kinds)+len(ratios)+1) + "\n")
+	b.WriteString(" this library / net/http |\n| --- |" + strings.Repeat(" ---: |", len(kinds)+len(ratios)*len(peers)+1) + "\n")
 	for _, w := range []string{"first", "duplicates"} {
 		fmt.Fprintf(&b, "| %s |", workloadTitles[w])
 		for _, k := range kinds {
 			fmt.Fprintf(&b, " %s |", thousands(rep.median(k.Name, w).RPS))
 		}
 		for _, k := range ratios {
-			fmt.Fprintf(&b, " %.2f |", rep.median(k.Name, w).VsFiber)
+			for _, p := range peers {
+				fmt.Fprintf(&b, " %.2f |", p.of(rep.median(k.Name, w)))
+			}
 		}
 		fmt.Fprintf(&b, " %.2f |\n", rep.median("ours", w).VsBare)
 	}
@@ -337,7 +352,10 @@ func (rep *report) markdown() string {
 			fmt.Fprintf(&b, "- %s, %s: %s\n", k.Title, c.what, sentSummary(rc))
 		}
 	}
-	b.WriteString("\nFiber's lock is its default, in the " +
+	b.WriteString("\nThe lease-in-record server has no lock apart from its record: a hash holding a lease " +
+		"token, claimed by one script and completed by another; it renews no lease and fences no " +
+		"executor. ")
+	b.WriteString("Fiber's lock is its default, in the " +
 		"memory of one process: two instances do not exclude each other. This library's lock is in Redis, " +
 		"shared by every instance, and so is the floor's, which has no in-process cache: its duplicates " +
 		"read Redis every time. Regenerate with `./scripts/bench.sh`; the JSON is bench/sidebyside.json.\n")

@@ -29,6 +29,8 @@ type kind struct {
 	UsesRedis bool   `json:"uses_redis"`
 	// Replay tells whether a duplicate's answer is a replay of first.
 	Replay func(resp *http.Response, body, first []byte) bool `json:"-"`
+	// ReplayHeader marks a replay in an answer; "" for this library's.
+	ReplayHeader string `json:"-"`
 }
 
 var kinds = []kind{
@@ -49,6 +51,19 @@ var kinds = []kind{
 		Replay:    replayedByUs,
 	},
 	{
+		Name: "lease", Title: "lease in record",
+		What: "bench/peers/lease: a middleware of github.com/repenguin22/idemlease's shape, from its documentation: " +
+			"no separate lock, a hash record holding a 128-bit lease token (reserve: EXISTS, else HSET and PEXPIRE; " +
+			"complete: the token compared, HSET and PEXPIRE), a SHA-256 fingerprint, 409 while a key runs, " +
+			"fail-closed; no lease renewal, no fence, no waiting, no in-process cache",
+		Package:   "github.com/onceonly/idempotency/bench/peers/lease",
+		UsesRedis: true,
+		Replay: func(resp *http.Response, body, first []byte) bool {
+			return resp.Header.Get("Idempotency-Replayed") == "true" && string(body) == string(first)
+		},
+		ReplayHeader: "Idempotency-Replayed",
+	},
+	{
 		Name: "fiber", Title: "Fiber",
 		What: "Fiber v3 middleware/idempotency with storage/redis/v3 (PoolSize 64); KeyHeader Idempotency-Key, " +
 			"KeyHeaderValidate 1–255 bytes, all else as shipped (its lock is in process memory)",
@@ -63,6 +78,14 @@ var kinds = []kind{
 		What:    "the same handler on net/http, no middleware",
 		Package: "github.com/onceonly/idempotency/bench/peers/bare",
 	},
+}
+
+// replayHeader is the header by which k marks a replay.
+func (k kind) replayHeader() string {
+	if k.ReplayHeader == "" {
+		return "Idempotent-Replayed"
+	}
+	return k.ReplayHeader
 }
 
 // replayedByUs: this library marks a replay, and replays first's body.

@@ -30,10 +30,13 @@ func (rep *report) summary() string {
 	for _, w := range []string{"first", "duplicates"} {
 		row(shortWorkloadTitles[w]+", req/s", func(k kind) string {
 			m := rep.median(k.Name, w)
-			if k.Name == "fiber" || m.VsFiber == 0 {
+			if k.Name == "fiber" || k.Name == "lease" || m.VsFiber == 0 {
 				return thousands(m.RPS)
 			}
-			return fmt.Sprintf("%s (%.2f× Fiber)", thousands(m.RPS), m.VsFiber)
+			if m.VsLease == 0 {
+				return fmt.Sprintf("%s (%.2f× Fiber)", thousands(m.RPS), m.VsFiber)
+			}
+			return fmt.Sprintf("%s (%.2f× lease, %.2f× Fiber)", thousands(m.RPS), m.VsLease, m.VsFiber)
 		})
 	}
 	row("first execution, CPU µs: server + Redis", func(k kind) string {
@@ -52,7 +55,8 @@ func (rep *report) summary() string {
 		return trim(first.RoundTrips) + " / " + trim(other.RoundTrips)
 	})
 	b.WriteString("\nThe floor is the fewest Redis commands that keep this library's lock, lease, fence and " +
-		"fingerprint ([bench/peers/floor](bench/peers/floor/main.go)); Fiber's lock lives in one process's " +
+		"fingerprint ([bench/peers/floor](bench/peers/floor/main.go)); the lease in record is a middleware of " +
+		"github.com/repenguin22/idemlease's shape ([bench/peers/lease](bench/peers/lease/main.go)); Fiber's lock lives in one process's " +
 		"memory. The whole run: [benchmarks](docs/benchmarks.md#against-fiber-side-by-side).\n")
 	return b.String()
 }

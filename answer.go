@@ -68,7 +68,9 @@ func (m *Middleware) replay(c *call, fp fingerprintSum, rec *record) verdict {
 // write writes v to the client, unless the handler already answered or
 // nobody listens.
 func (m *Middleware) write(c *call, v verdict) {
-	m.outage.note(m.cfg.logger, v, !c.fromCache && !m.cfg.failOpen, time.Now())
+	if !(costing && cost.noOutage) {
+		m.outage.note(m.cfg.logger, v, !c.fromCache && !m.cfg.failOpen, time.Now())
+	}
 	switch v.outcome {
 	case Replayed, Waited:
 		v.rec.write(c.w, c.r, &m.cfg, v.decode)

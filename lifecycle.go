@@ -170,6 +170,10 @@ func (l *lease) startRun(c *call) (context.Context, *execution) {
 		l.cutRun = cut
 		l.wd.notify(func() { cut(ErrLockLost) })
 	}
+	if costing && cost.noExecTimeout {
+		l.stopRun = func() {}
+		return ctx, x
+	}
 	ctx, l.stopRun = context.WithTimeoutCause(ctx, l.m.cfg.execTimeout, ErrExecutionTimeout)
 	return ctx, x
 }

@@ -62,6 +62,9 @@ func (m *Middleware) settle(c *call) verdict {
 		if v := m.fromCache(c); v.decided() {
 			return v
 		}
+		if costing && cost.noFlights {
+			return m.lead(c, nil)
+		}
 		fl, leader := m.flights.join(c.id, c.fp)
 		switch {
 		case leader:
@@ -136,10 +139,12 @@ func (m *Middleware) lead(c *call, fl *flight) (v verdict) {
 	}
 	// A call that may leave work for the background is admitted first:
 	// while that work cannot be taken on, it is refused before it claims.
-	if err := m.later.enter(); err != nil {
-		return m.storeUnavailable(c, err)
+	if !(costing && cost.noAdmission) {
+		if err := m.later.enter(); err != nil {
+			return m.storeUnavailable(c, err)
+		}
+		defer m.later.leave()
 	}
-	defer m.later.leave()
 	l, v := m.claim(c)
 	if l == nil {
 		return v

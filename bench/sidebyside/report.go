@@ -292,6 +292,8 @@ func (rep *report) markdown() string {
 		{"in commands", func(m median) float64 { return m.CommandTime }, true},
 	})
 
+	rep.ladderSection(&b)
+
 	b.WriteString("\nEvery run: req/s, p50 latency, non-2xx answers (wrk's count), and whether every answer was as it " +
 		"should be (the server's own count: 201s for first executions; for duplicates behind a middleware, " +
 		"201 replays with no execution of the handler):\n\n")

@@ -21,9 +21,12 @@ import (
 //     both directions (a partition). When it lifts, the connections that
 //     lost bytes are closed, as a healed network resets the connections it
 //     broke: a stream with a hole in it is not a Redis conversation any
-//     more.
+//     more;
+//   - refuses: closes every connection and stops listening, so that a
+//     connection attempt is refused at once (a Redis that is down), and
+//     listens again on the same address when it ends.
 type Proxy struct {
-	ln     net.Listener
+	addr   string
 	target string
 
 	delay     atomic.Int64           // nanoseconds added before each reply
@@ -32,9 +35,11 @@ type Proxy struct {
 	drop      atomic.Pointer[[]byte] // lose the reply to the next command containing this
 	dropped   atomic.Int64           // replies lost so far
 
-	mu    sync.Mutex
-	pairs map[*proxyPair]bool
-	wg    sync.WaitGroup
+	mu     sync.Mutex
+	ln     net.Listener // nil while refusing
+	closed bool
+	pairs  map[*proxyPair]bool
+	wg     sync.WaitGroup
 }
 
 // proxyPair is one client connection and the Redis connection it was
@@ -57,14 +62,14 @@ func NewProxy(t testing.TB, target string) *Proxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proxy{ln: ln, target: target, pairs: map[*proxyPair]bool{}}
-	p.wg.Go(p.accept)
+	p := &Proxy{addr: ln.Addr().String(), ln: ln, target: target, pairs: map[*proxyPair]bool{}}
+	p.wg.Go(func() { p.accept(ln) })
 	t.Cleanup(p.Close)
 	return p
 }
 
 // Addr is the address to connect to instead of target.
-func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+func (p *Proxy) Addr() string { return p.addr }
 
 // Dropped is how many replies the proxy has lost so far.
 func (p *Proxy) Dropped() int64 { return p.dropped.Load() }
@@ -72,13 +77,46 @@ func (p *Proxy) Dropped() int64 { return p.dropped.Load() }
 // Close stops accepting, closes every connection and waits for the
 // forwarding goroutines.
 func (p *Proxy) Close() {
-	p.ln.Close()
 	p.mu.Lock()
+	p.closed = true
+	p.stopListening()
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+// Refuse closes every connection and stops listening until EndRefuse: a
+// connection attempt is refused at once, as by a Redis that is down.
+func (p *Proxy) Refuse() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stopListening()
+}
+
+// EndRefuse listens again on the same address.
+func (p *Proxy) EndRefuse() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.ln != nil {
+		return nil
+	}
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		return err
+	}
+	p.ln = ln
+	p.wg.Go(func() { p.accept(ln) })
+	return nil
+}
+
+// stopListening closes the listener and every connection; p.mu is held.
+func (p *Proxy) stopListening() {
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
 	for pair := range p.pairs {
 		pair.close()
 	}
-	p.mu.Unlock()
-	p.wg.Wait()
 }
 
 // SetDelay delays every reply by d from now on (0: none).
@@ -117,9 +155,9 @@ func (p *Proxy) EndBlackhole() {
 	}
 }
 
-func (p *Proxy) accept() {
+func (p *Proxy) accept(ln net.Listener) {
 	for {
-		client, err := p.ln.Accept()
+		client, err := ln.Accept()
 		if err != nil {
 			return
 		}
@@ -130,6 +168,11 @@ func (p *Proxy) accept() {
 		}
 		pair := &proxyPair{client: client, server: server}
 		p.mu.Lock()
+		if p.ln != ln { // refusing, or closed, since the accept
+			p.mu.Unlock()
+			pair.close()
+			continue
+		}
 		p.pairs[pair] = true
 		p.mu.Unlock()
 		p.wg.Go(func() { p.commands(pair) })

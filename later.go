@@ -105,8 +105,9 @@ func (q *later) leave() {
 	q.mu.Unlock()
 }
 
-// add queues a job, to be tried until it succeeds or deadline passes. It
-// never drops one: enter bounds how many there can be.
+// add queues a job, to be tried until it succeeds or deadline passes (zero:
+// until it succeeds). It never drops one: enter bounds how many there can
+// be.
 func (q *later) add(k keys, what string, size int64, deadline time.Time, try func(context.Context) error) {
 	job := &laterJob{k: k, what: what, size: size, deadline: deadline, try: try}
 	q.mu.Lock()
@@ -157,7 +158,7 @@ func (q *later) signal() {
 }
 
 // do tries job, pausing longer each time, until it succeeds or its deadline
-// passes.
+// passes (a job without one: until it succeeds).
 func (q *later) do(job *laterJob) {
 	for pause := 50 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
 		ctx, cancel := q.m.store.stepContext(context.Background())
@@ -169,7 +170,7 @@ func (q *later) do(job *laterJob) {
 		if err == nil {
 			return
 		}
-		if time.Now().Add(pause).After(job.deadline) {
+		if !job.deadline.IsZero() && time.Now().Add(pause).After(job.deadline) {
 			q.m.cfg.logger.Warn("idempotency: Redis did not answer a "+job.what+" in time; retries find the "+
 				"key interrupted", "key", job.k.record, "error", err)
 			return

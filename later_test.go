@@ -225,3 +225,33 @@ func TestALiveRunTakesItsLapsedLockBack(t *testing.T) {
 	require.EqualValues(t, 1, s.execs.Load())
 	require.Zero(t, other.execs.Load())
 }
+
+// A claim that reached Redis while its reply did not, followed by an outage
+// longer than a lease: the undo waits in the background for as long as
+// Redis is away, so the key is free once Redis is back, not left
+// interrupted although its handler never ran.
+func TestAClaimWithoutAReplyIsUndoneHoweverLongRedisIsAway(t *testing.T) {
+	srv := redistest.Private(t)
+	proxy := redistest.NewProxy(t, srv.Addr())
+	opts := []Option{WithKeyPrefix("undo"), WithCallerCredentials(), WithLockLease(300 * time.Millisecond),
+		WithStoreTimeout(300 * time.Millisecond), WithExecutionTimeout(time.Second)}
+	h := newCounting(0)
+	m := New(clientTo(t, proxy.Addr()), opts...)
+	send(m.ProtectKey(h), "warm-up", `{}`)
+
+	proxy.SetDelay(time.Second) // the claim runs; its reply comes too late
+	first := send(m.ProtectKey(h), "k", `{}`)
+	require.Equal(t, http.StatusServiceUnavailable, first.Code, first.Body.String())
+	proxy.StartBlackhole() // and then Redis is away for many leases
+	proxy.SetDelay(0)
+	time.Sleep(1500 * time.Millisecond)
+	proxy.EndBlackhole()
+
+	drain, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, m.Shutdown(drain), "the undo is done")
+	other := New(srv.Client(t), opts...).ProtectKey(h)
+	retry := send(other, "k", `{}`)
+	require.Equal(t, http.StatusCreated, retry.Code, "the key is free: %s", retry.Body)
+	require.Empty(t, h.doubles())
+}

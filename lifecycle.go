@@ -288,10 +288,12 @@ func (l *lease) release(ctx context.Context) {
 // never came (the client's 503 must not wait for a Redis that just failed
 // us), and for a release that Redis did not answer. Left undone, the claim
 // would read as interrupted for the record's whole lifetime although
-// nothing ran.
+// nothing ran; so it is tried for as long as the process lives, however
+// long Redis is away: a release that lands late still frees the key, and
+// can never undo an effect (nothing of the run takes effect).
 func (l *lease) releaseLater() {
 	l.end()
-	l.m.later.add(l.k, "release", 0, l.laterDeadline(), func(ctx context.Context) error {
+	l.m.later.add(l.k, "release", 0, time.Time{}, func(ctx context.Context) error {
 		return l.m.store.release(ctx, l.k, l.token)
 	})
 }

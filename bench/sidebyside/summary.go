@@ -57,7 +57,7 @@ func (rep *report) summary() string {
 	b.WriteString("\nThe floor is the fewest Redis commands that keep this library's lock, lease, fence and " +
 		"fingerprint ([bench/peers/floor](bench/peers/floor/main.go)); the lease in record is a middleware of " +
 		"github.com/repenguin22/idemlease's shape ([bench/peers/lease](bench/peers/lease/main.go)); Fiber's lock lives in one process's " +
-		"memory. The whole run: [benchmarks](docs/benchmarks.md#against-fiber-side-by-side).\n")
+		"memory. The whole run: [benchmarks](docs/benchmarks.md#against-idemleases-design-and-fiber-side-by-side).\n")
 	return b.String()
 }
 

@@ -103,6 +103,11 @@ func (m *Middleware) claimOnce(c *call, k keys) (*lease, verdict) {
 			return nil, refuse(unavailable(ErrLockLost))
 		}
 		l.fence, c.fence = cl.fence, cl.fence
+		if c.resume {
+			if v := l.resumeFrom(cl.journal); v.decided() {
+				return nil, v
+			}
+		}
 		if cl.retaken && m.cfg.outcomes != nil {
 			if runAgain, v := l.recoverAbandoned(c); !runAgain {
 				return nil, v

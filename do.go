@@ -54,6 +54,7 @@ type DoOption func(*doConfig)
 type doConfig struct {
 	codec       Codec
 	storeErrors bool
+	resume      bool
 	outcome     *Outcome
 }
 
@@ -66,6 +67,14 @@ func UseCodec(codec Codec) DoOption { return func(c *doConfig) { c.codec = codec
 // before it failed. Without it an error releases the key, so that a retry
 // (a redelivered message) runs the function again, like a panic does.
 func StoreErrors() DoOption { return func(c *doConfig) { c.storeErrors = true } }
+
+// Resumable makes the call's run resumable, as WithResume does for every
+// key of a Middleware: a call that finds the key's run abandoned (its
+// instance died, or it ended kept) takes it over and runs fn again, each
+// Step that run journaled returning its journaled result. A function error
+// after a journaled step keeps the key rather than release it, so that the
+// next call resumes past that step.
+func Resumable() DoOption { return func(c *doConfig) { c.resume = true } }
 
 // ReportOutcome sets *o to how Do answered: Executed when this call ran
 // fn, Replayed or Waited when it returned a stored result (Waited: after
@@ -118,7 +127,8 @@ func Do[T any](ctx context.Context, m *Middleware, key Key, fn func(ctx context.
 	}
 	var zero T
 	now := time.Now()
-	c := &call{ctx: ctx, start: now, deadline: now.Add(m.cfg.wait), scope: key.Scope, key: key.ID}
+	c := &call{ctx: ctx, start: now, deadline: now.Add(m.cfg.wait), scope: key.Scope, key: key.ID,
+		resume: m.cfg.resume || cfg.resume}
 	work := &funcRun[T]{m: m, c: c, fn: fn, cfg: &cfg}
 	c.work = work
 

@@ -24,6 +24,15 @@
 // once per Key (a queue message's id, a job's) and gives every duplicate the
 // stored result.
 //
+// A run that dies mid-way (its instance crashed) can be resumed instead of
+// answered 409 interrupted: with WithResume (or Do's Resumable) the next
+// retry takes it over and runs it again from the top, and each Step the
+// dead run journaled returns its result without running again.
+//
+//	charge, err := idempotency.Step(ctx, "charge", func(ctx context.Context) (Receipt, error) {
+//		return provider.Charge(ctx, idempotency.StepKey(ctx, "charge"), amount)
+//	})
+//
 // Every rejection is answered by the error handler (DefaultErrorHandler
 // writes RFC 9457 problem+json); the errors it receives match the package's
 // sentinel errors with errors.Is.
@@ -77,6 +86,8 @@
 //	replicas.go      WithReplicaAcks: WAIT for replicas before running
 //	lifecycle.go     a key's life from claim to end, and the release rule
 //	execution.go     Release, Execution, ExecutionOf: what a handler's context carries
+//	step.go          Step, StepKey, Permanent: a resumable run's steps (WithResume)
+//	journal.go       the steps' journal, kept in the run's record
 //	policy.go        StorePolicy: which answers are stored, for how long
 //	later.go         releases and stores Redis did not answer, retried
 //	watchdog.go      renewing the lease while the work runs

@@ -77,6 +77,9 @@ type execution struct {
 	// decision is the policy's answer, taken once, when the status went
 	// out (for the expiry header) or when the handler returned.
 	decision *StoreDecision
+	// steps is the run's journal (journal.go): set at the start of a
+	// resumable run, else made by its first Step.
+	steps atomic.Pointer[journal]
 }
 
 const (

@@ -74,8 +74,9 @@ type lease struct {
 	// so the store timeout bounds the two together.
 	step    context.Context
 	endStep context.CancelFunc
-	fpText  string // the claiming request's fingerprint, as the scripts take it
-	fence   uint64 // the claim's fencing token, once claimed
+	fpText  string   // the claiming request's fingerprint, as the scripts take it
+	fence   uint64   // the claim's fencing token, once claimed
+	steps   *journal // a resumable run's journal (WithResume), once claimed
 
 	// The run's context: cancelled with ErrLockLost or, by its timer, with
 	// ErrExecutionTimeout.
@@ -141,7 +142,7 @@ func (l *lease) execute(c *call) verdict {
 	defer func() {
 		switch {
 		case settled:
-		case !returned && !c.work.committed() && cutOff(ctx) == nil:
+		case !returned && !c.work.committed() && cutOff(ctx) == nil && !l.holdsSteps():
 			l.release(c.ctx)
 		default: // after its status, after it returned, or once cut off
 			l.keep(ErrHandlerPanicked)
@@ -162,6 +163,9 @@ func (l *lease) execute(c *call) verdict {
 // middleware cuts it off only as the release rule says.
 func (l *lease) startRun(c *call) (context.Context, *execution) {
 	x := &execution{key: l.k.record, fp: c.fp, fence: l.fence, maxResponse: l.m.cfg.maxResponse}
+	if l.steps != nil {
+		x.steps.Store(l.steps)
+	}
 	var ctx context.Context = &runContext{parent: c.ctx, x: x}
 	if l.m.cfg.takeover() {
 		// Only a lease that someone else could take over cuts its run off.
@@ -219,6 +223,10 @@ func (l *lease) settle(c *call, x *execution, cut error, rec *record, d StoreDec
 	case x.released(): // the work said so itself: it did nothing
 	case cut != nil && (d.Release || !c.work.succeeded()):
 		return l.keep(cut)
+	case d.Release && l.holdsSteps():
+		return l.keep(errStepsJournaled)
+	case l.steps != nil && l.steps.lostStep() && !c.work.succeeded():
+		return l.keep(errStepNotJournaled)
 	case !d.Release:
 		return l.store(c, rec, d.TTL)
 	}
@@ -340,9 +348,48 @@ func (l *lease) keep(why error) verdict {
 		l.letGo()
 	}
 	cancel()
-	l.m.cfg.logger.Warn("idempotency: the run ended without an answer to store and may have taken effect; "+
-		"its key is kept as interrupted", "key", l.k.record, "reason", why)
+	if l.steps != nil {
+		l.m.cfg.logger.Info("idempotency: the run ended without an answer to store; its key is kept for the "+
+			"next retry to resume", "key", l.k.record, "reason", why)
+	} else {
+		l.m.cfg.logger.Warn("idempotency: the run ended without an answer to store and may have taken effect; "+
+			"its key is kept as interrupted", "key", l.k.record, "reason", why)
+	}
 	return verdict{outcome: Executed, err: why}
+}
+
+// Why a resumable run is kept rather than released or stored.
+var (
+	errStepsJournaled   = errors.New("idempotency: the run released its key after journaling steps; a retry resumes it")
+	errStepNotJournaled = errors.New("idempotency: a step of the run was not journaled and the run did not succeed")
+)
+
+// holdsSteps reports whether the key's record holds journaled steps (see
+// journal.holdsSteps).
+func (l *lease) holdsSteps() bool { return l.steps != nil && l.steps.holdsSteps() }
+
+// resumeFrom starts the journal of a resumable run from what its claim
+// handed over (handed: the steps of the runs it takes over, or nil). A
+// journal that cannot be read cannot be resumed from: as for an answer that
+// cannot be decoded, retrying cannot help.
+func (l *lease) resumeFrom(handed *string) verdict {
+	var text string
+	if handed != nil {
+		text = *handed
+	}
+	j, err := newJournal(l, text)
+	if err != nil {
+		l.m.cfg.logger.Error("idempotency: an abandoned run's step journal cannot be read", "key", l.k.record, "error", err)
+		l.end()
+		l.letGo()
+		return refuse(ErrUnreadableRecord)
+	}
+	if text != "" {
+		l.m.cfg.logger.Info("idempotency: resuming an abandoned run", "key", l.k.record, "fence", l.fence,
+			"journaled steps", len(j.entries))
+	}
+	l.steps = j
+	return verdict{}
 }
 
 // letGo frees the key's lock and leaves its record as it is.

@@ -172,13 +172,14 @@ type call struct {
 	fromCache bool
 	waited    time.Duration
 	fence     uint64
+	resume    bool // an abandoned run of the key is resumed (WithResume, Resumable)
 }
 
 func (m *Middleware) wrap(next http.Handler, extract KeyExtractor, tokenMode bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		now := time.Now()
 		c := &call{ctx: r.Context(), w: w, r: r, tokenMode: tokenMode,
-			start: now, deadline: now.Add(m.cfg.wait)}
+			start: now, deadline: now.Add(m.cfg.wait), resume: m.cfg.resume}
 		c.handler = handlerRun{m: m, c: c, next: next}
 		c.work = &c.handler
 		m.serve(c, extract)

@@ -35,6 +35,7 @@ type config struct {
 	logger          *slog.Logger
 	failOpen        bool
 	retryAbandoned  bool
+	resume          bool
 	outcomes        OutcomeStore
 	replicaAcks     int
 	replicaWait     time.Duration
@@ -214,6 +215,23 @@ func WithFailOpen() Option { return func(c *config) { c.failOpen = true } }
 // vanished execution may have had side effects, so such a retry is answered
 // 409 with the interrupted problem.
 func WithRetryAbandoned() Option { return func(c *config) { c.retryAbandoned = true } }
+
+// WithResume makes the runs of the middleware's keys resumable: a run whose
+// executor is gone without storing an answer (its instance died, or it
+// ended kept: cut off by the execution timeout, a panic after its status)
+// is taken over by the next retry, fenced as under WithRetryAbandoned, and
+// its handler runs again from the top, each step it journaled (Step)
+// returning its journaled result without running. No key then answers 409
+// interrupted. A run counts as gone only when nothing can store for it any
+// more: it ended kept, or its lock lapsed and the claim horizon (the
+// execution timeout, a lease and four store timeouts) has passed since its
+// claim; until then retries wait for it, so a live run is never taken over,
+// also through a Redis stall. A run that journaled a step is kept rather
+// than released (a retry resumes it), unless the handler calls Release.
+// Every protected handler must be safe to run again from the top: its
+// effects in Steps keyed by StepKey, or fenced (FencingToken). Do calls
+// opt in one by one with Resumable. Default off.
+func WithResume() Option { return func(c *config) { c.resume = true } }
 
 // WithReplicaAcks makes a claim wait until n replicas acknowledged it
 // (Redis WAIT, at most timeout) before the handler runs, and fail closed with

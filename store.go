@@ -24,12 +24,15 @@ var (
 	keepSource string
 	//go:embed lua/retake.lua
 	retakeSource string
+	//go:embed lua/step.lua
+	stepSource string
 
 	claimScript    = redis.NewScript(claimSource)
 	completeScript = redis.NewScript(completeSource)
 	releaseScript  = redis.NewScript(releaseSource)
 	keepScript     = redis.NewScript(keepSource)
 	retakeScript   = redis.NewScript(retakeSource)
+	stepScript     = redis.NewScript(stepSource)
 )
 
 // store is the Redis side of the middleware. Each method is one round trip
@@ -76,8 +79,12 @@ const (
 
 type claim struct {
 	outcome claimOutcome
-	fence   uint64  // outcomeClaimed only
-	retaken bool    // outcomeClaimed: an abandoned execution taken over
+	fence   uint64 // outcomeClaimed only
+	retaken bool   // outcomeClaimed: an abandoned execution taken over
+	// journal is, once retaken, the steps the abandoned execution journaled
+	// (a pointer: the claim rides in every request's allocation, and most
+	// never take anything over).
+	journal *string
 	rec     *record // outcomeDone only
 }
 
@@ -120,7 +127,11 @@ func (s *store) claimArgsIn(argv *[6]any, k keys, lockValue, fingerprint any) []
 			ttl = life.Milliseconds()
 		}
 	}
-	*argv = [6]any{lockValue, fingerprint, ttl, issued, s.retryAbandoned, s.horizon}
+	retry := s.retryAbandoned
+	if k.resume && !s.cfg.takeover() {
+		retry = argResume
+	}
+	*argv = [6]any{lockValue, fingerprint, ttl, issued, retry, s.horizon}
 	return argv[:]
 }
 
@@ -143,7 +154,13 @@ func (s *store) claimReply(k keys, cmd *redis.Cmd) (claim, error) {
 		if err != nil || fence == 0 {
 			return claim{}, fmt.Errorf("idempotency: bad fencing token %q", text)
 		}
-		return claim{outcome: outcomeClaimed, fence: fence, retaken: len(reply) > 2}, nil
+		cl := claim{outcome: outcomeClaimed, fence: fence, retaken: len(reply) > 2}
+		if len(reply) > 3 {
+			if j, _ := reply[3].(string); j != "" {
+				cl.journal = &j
+			}
+		}
+		return cl, nil
 	case "done":
 		if len(reply) != 3 {
 			return s.unreadable(k, errCorruptRecord), nil
@@ -218,7 +235,7 @@ func (s *store) complete(ctx context.Context, k keys, lockValue *string, fp stri
 }
 
 // Script arguments that are constants, boxed once.
-var argIssued, argExpired, argLookup, argNotIssued any = "t", "x", "r", ""
+var argIssued, argExpired, argLookup, argNotIssued, argResume any = "t", "x", "r", "", "2"
 
 // fingerprintOf returns the fingerprint of the request that claimed the
 // key, or "" when nobody has. It reads the record's first fields only: the
@@ -250,6 +267,14 @@ func (s *store) keep(ctx context.Context, k keys, lockValue string) error {
 // under lockValue.
 func (s *store) retake(ctx context.Context, k keys, lockValue string) (bool, error) {
 	n, err := retakeScript.Run(ctx, s.client, k.redisKeys(), lockValue, s.cfg.lease.Milliseconds()).Int()
+	return n == 1, err
+}
+
+// journal appends entry to the journal of the run claimed under
+// lockValue, where the journal is before bytes long. It reports false,
+// having written nothing, when the record no longer names that run.
+func (s *store) journal(ctx context.Context, k keys, lockValue string, entry []byte, before int) (bool, error) {
+	n, err := stepScript.Run(ctx, s.client, k.redisKeys()[:1], lockValue, entry, before).Int()
 	return n == 1, err
 }
 

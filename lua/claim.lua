@@ -4,7 +4,9 @@
 -- TTL ms, ARGV[4] 't' for an issued token (whose signature the caller
 -- checked), 'x' for one past its expiry, which may be answered from its
 -- record but never spent, 'r' for one that only its record may answer (its
--- secret was retired), ARGV[5] '1' to retry abandoned executions, ARGV[6]
+-- secret was retired), ARGV[5] '1' to retry abandoned executions once their
+-- lock lapsed, '2' to resume them once nothing can store for them any more
+-- (past the horizon, or kept), '0' for neither, ARGV[6]
 -- the claim horizon in ms: how long after its claim an executor may still
 -- store an answer (its execution timeout, then the retries of its store)
 --
@@ -14,7 +16,9 @@
 -- lock value and token of the executor a takeover took the key from, '1'
 -- when the store wrote a vanished record back, and the claim an operator
 -- settled (settle.lua). The answer: status, the header block's length, a
--- newline, the header block and the body. A record in state 'forgotten' is
+-- newline, the header block and the body. A run's record has no answer;
+-- after its line comes the journal of its steps (journal.go, step.lua),
+-- which a takeover keeps and hands to the executor that resumes. A record in state 'forgotten' is
 -- read as no record, except for a token, which it keeps spent.
 --
 -- A token's record is what marks it spent: it outlives the token, so a
@@ -25,8 +29,8 @@
 -- token it accepted can refuse a write from an executor whose lease ran out
 -- and whose key was taken over.
 --
--- Replies: {'claimed', f} run the handler ({'claimed', f, 'retaken'} when
--- it takes an abandoned execution over); {'done', record, ttl} replay
+-- Replies: {'claimed', f} run the handler ({'claimed', f, 'retaken',
+-- journal} when it takes an abandoned execution over); {'done', record, ttl} replay
 -- (ttl: the record's remaining milliseconds);
 -- {'unknown'}, {'mismatch'}, {'big'}, {'abandoned'}, {'running'} (the
 -- lock lapsed, but its executor may still store: wait), {'lost'},
@@ -37,11 +41,11 @@
 -- answer is decided from what the record and the lock say, without needing
 -- our lock a second time.
 local rec = redis.pcall('GET', KEYS[1])
-local st, fp, o, f, n, p, q, w, s
+local st, fp, o, f, n, p, q, w, s, j
 if rec then
   if type(rec) == 'string' then
-    st, fp, o, f, n, p, q, w, s = string.match(rec,
-      '^(%l+) ([^ ]*) ([^ ]*) (%d*) (%d*) ([^ ]*) (%d*) (%d*) ([^ \n]*)\n')
+    st, fp, o, f, n, p, q, w, s, j = string.match(rec,
+      '^(%l+) ([^ ]*) ([^ ]*) (%d*) (%d*) ([^ ]*) (%d*) (%d*) ([^ \n]*)\n()')
   end
   if not st then
     -- A record this script cannot read (or a hash, as versions before
@@ -56,12 +60,30 @@ if rec then
   end
 end
 
+-- takeOver claims an abandoned run for us, holding the lock (holder is who
+-- does), with a fence above the abandoned one's. The abandoned executor's
+-- lock value and token stay on the record, so that undoing this takeover
+-- (release.lua) hands the key back to it rather than free: that executor
+-- may be stalled, not gone, and still store. Its journal stays too, and
+-- comes back with the claim, for the run to resume from.
+local function takeOver(holder)
+  if holder ~= ARGV[1] then
+    return {'lost'} -- taking over writes, and writes need our lock
+  end
+  local t = redis.call('TIME')
+  local fence = string.format('%.0f', math.max((tonumber(f) or 0) + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
+  local journal = string.sub(rec, j)
+  redis.call('SET', KEYS[1], 'run ' .. fp .. ' ' .. ARGV[1] .. ' ' .. fence .. ' ' .. ((tonumber(n) or 1) + 1) ..
+    ' ' .. o .. ' ' .. f .. ' ' .. w .. ' ' .. s .. '\n' .. journal, 'KEEPTTL')
+  return {'claimed', fence, 'retaken', journal}
+end
+
 if st then
   if st == 'run' and o == ARGV[1] then
     if n ~= '1' then
       -- Our own takeover, resent: it says so again (a fresh claim writes
       -- one execution, and only a takeover adds one).
-      return {'claimed', f, 'retaken'}
+      return {'claimed', f, 'retaken', string.sub(rec, j)}
     end
     return {'claimed', f}
   end
@@ -95,21 +117,14 @@ if st then
       local age = tonumber(t[1]) * 1000000 + tonumber(t[2]) - (tonumber(f) or 0)
       if string.sub(o, 1, 1) ~= '!' and age < tonumber(ARGV[6]) * 1000 then
         reply = {'running'}
+      elseif ARGV[5] == '2' then
+        -- Nothing can store for that executor any more: resume its run.
+        return takeOver(holder)
       else
         reply = {'abandoned'}
       end
-    elseif holder ~= ARGV[1] then
-      return {'lost'} -- taking over writes, and writes need our lock
     else
-      local t = redis.call('TIME')
-      local fence = string.format('%.0f', math.max((tonumber(f) or 0) + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
-      -- The abandoned executor's lock value and token stay on the record,
-      -- so that undoing this takeover (release.lua) hands the key back to
-      -- it rather than free: that executor may be stalled, not gone, and
-      -- still store.
-      redis.call('SET', KEYS[1], 'run ' .. fp .. ' ' .. ARGV[1] .. ' ' .. fence .. ' ' .. ((tonumber(n) or 1) + 1) ..
-        ' ' .. o .. ' ' .. f .. ' ' .. w .. ' ' .. s .. '\n', 'KEEPTTL')
-      return {'claimed', fence, 'retaken'}
+      return takeOver(holder)
     end
   end
   if redis.call('GET', KEYS[2]) == ARGV[1] then

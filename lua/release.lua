@@ -8,16 +8,17 @@
 -- claim.lua's.
 local rec = redis.call('GET', KEYS[1])
 if rec then
-  local fp, o, n, p, q, w, s = string.match(rec,
-    '^run ([^ ]*) ([^ ]*) %d* (%d*) ([^ ]*) (%d*) (%d*) ([^ \n]*)\n')
+  local fp, o, n, p, q, w, s, j = string.match(rec,
+    '^run ([^ ]*) ([^ ]*) %d* (%d*) ([^ ]*) (%d*) (%d*) ([^ \n]*)\n()')
   if o == ARGV[1] then
     if p ~= '' then
       -- Our claim took the key over from an executor whose lease had run
       -- out. Undoing it frees nothing: the key goes back to that executor,
       -- which may have taken effect and may still store its answer; the
       -- next retry finds it abandoned again.
-      redis.call('SET', KEYS[1], 'run ' .. fp .. ' ' .. p .. ' ' .. q .. ' ' .. n .. '   ' .. w .. ' ' .. s .. '\n',
-        'KEEPTTL')
+      -- The steps it journaled stay with it (step.lua).
+      redis.call('SET', KEYS[1], 'run ' .. fp .. ' ' .. p .. ' ' .. q .. ' ' .. n .. '   ' .. w .. ' ' .. s .. '\n' ..
+        string.sub(rec, j), 'KEEPTTL')
     else
       redis.call('DEL', KEYS[1])
     end

@@ -14,7 +14,8 @@ import (
 //
 // No field of the first line holds a space: lock values are base64url, the
 // fingerprint is hex, the rest are words and numbers. A record that is
-// claimed and not yet answered ends after the first line. One string
+// claimed and not yet answered has no answer: after the first line comes
+// the journal of its run's steps (journal.go in the root), often empty. One string
 // rather than a hash of fields: GET and SET cost Redis less than HMGET and
 // HSET, and a claim's SET sets the record's lifetime in the same command.
 type Record struct {
@@ -30,6 +31,7 @@ type Record struct {
 	Settled              string // the mark of the operator's settle.lua
 	// The answer: "" for a record without one.
 	Status, Header, Body string
+	Journal              string // a run's step journal, raw (state run only)
 }
 
 // ParseRecord reads a record's text; ok is false for text that is not
@@ -56,6 +58,10 @@ func ParseRecord(text string) (r Record, ok bool) {
 	if answer == "" {
 		return r, true
 	}
+	if r.State == "run" {
+		r.Journal = answer
+		return r, true
+	}
 	head, rest, ok := strings.Cut(answer, "\n")
 	status, length, ok2 := strings.Cut(head, " ")
 	n, err := strconv.Atoi(length)
@@ -77,6 +83,9 @@ func (r Record) String() string {
 		b.WriteString(f)
 	}
 	b.WriteByte('\n')
+	if r.State == "run" {
+		b.WriteString(r.Journal)
+	}
 	if r.Status != "" || r.Header != "" || r.Body != "" {
 		b.WriteString(r.Status + " " + strconv.Itoa(len(r.Header)) + "\n" + r.Header + r.Body)
 	}

@@ -61,6 +61,7 @@ var environment = map[string][]string{
 	"answer":           {"var answer idempotency.Answer"},
 	"id":               {"var id int64"},
 	"amount":           {"var amount int64"},
+	"provider":         {"var provider interface {\n\tCharge(ctx context.Context, key string, amount int64) (Receipt, error)\n}"},
 	"balance":          {"var balance int64"},
 	"orders":           {"var orders optimistic.Table"},
 	"orderID":          {"var orderID int64"},

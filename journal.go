@@ -1,0 +1,189 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// A journal is what a run's steps (Step) did, kept with the key's record so
+// that a run that takes the key over resumes from it. It lives in the run's
+// record, after the record's line (claim.lua's layout), as one entry per
+// step in the order they finished:
+//
+//	s<kind> <name length> <data length>\n<name><data>
+//
+// kind 'v' for a result (data: the codec's bytes), 'e' for a Permanent
+// error (data: its message). Only the run the record names may append to
+// it (step.lua); a takeover keeps it and hands it over with the claim; the
+// store of the answer replaces the record, journal and all.
+type journal struct {
+	l         *lease // the run's lease; nil when not resumable
+	resumable bool
+	limit     int // the results' bytes together, at most (WithMaxResponseBytes)
+
+	mu      sync.Mutex
+	names   map[string]bool          // the names this run used
+	entries map[string]*journalEntry // journaled by the runs before this one
+	size    int                      // the journal's bytes in the record, for step.lua
+	data    int                      // the bytes counted against limit
+	unsaved error                    // a step Redis did not take: the journal is uncertain from here
+}
+
+// The kinds of a journal entry.
+const (
+	entryResult = 'v'
+	entryError  = 'e'
+)
+
+type journalEntry struct {
+	kind byte
+	name string
+	data string
+}
+
+// newJournal is the journal of a resumable run under l, holding what the
+// claim handed over (text, the journal of the runs it resumes).
+func newJournal(l *lease, text string) (*journal, error) {
+	j := &journal{l: l, resumable: true, limit: l.m.cfg.maxResponse}
+	entries, data, err := parseJournal(text)
+	if err != nil {
+		return nil, err
+	}
+	j.entries, j.size, j.data = entries, len(text), data
+	return j, nil
+}
+
+// begin starts the step name: it returns the step's journaled entry (the
+// step does not run), nil (it runs), or ErrStepRepeated.
+func (j *journal) begin(name string) (*journalEntry, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.names[name] {
+		return nil, fmt.Errorf("%w: %q", ErrStepRepeated, name)
+	}
+	if j.names == nil {
+		j.names = make(map[string]bool)
+	}
+	j.names[name] = true
+	return j.entries[name], nil
+}
+
+// write journals the step name's outcome under the run's fence. Writes
+// are one at a time, each appended where the last one ended.
+func (j *journal) write(ctx context.Context, name string, kind byte, data []byte) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	switch {
+	case j.unsaved != nil:
+		// Whether the last write landed is unknown, so where this one
+		// would go is too: the run is kept unless it succeeds anyway.
+		return j.unsaved
+	case j.data+len(data) > j.limit:
+		return fmt.Errorf("%w: step %q: %d bytes, with %d journaled before it, past the limit of %d (WithMaxResponseBytes)",
+			ErrStepTooLarge, name, len(data), j.data, j.limit)
+	}
+	entry := appendEntry(make([]byte, 0, len(name)+len(data)+24), kind, name, data)
+	l := j.l
+	var err error
+	for attempt, pause := 0, 10*time.Millisecond; attempt < 3; attempt, pause = attempt+1, pause*2 {
+		if attempt > 0 {
+			time.Sleep(pause)
+		}
+		step, cancel := l.m.store.stepContext(ctx)
+		var ok bool
+		ok, err = l.m.store.journal(step, l.k, l.token, entry, j.size)
+		cancel()
+		switch {
+		case err == nil && !ok:
+			return fmt.Errorf("%w: step %q was not journaled: the key is another execution's now", ErrLockLost, name)
+		case err == nil:
+			j.size += len(entry)
+			j.data += len(data)
+			return nil
+		}
+	}
+	l.m.cfg.logger.Error("idempotency: a step's result could not be journaled; the run is kept for a retry to "+
+		"resume unless it succeeds", "key", l.k.record, "step", name, "error", err)
+	j.unsaved = fmt.Errorf("step %q was not journaled: %w", name, unavailable(err))
+	return j.unsaved
+}
+
+// holdsSteps reports whether the key's record holds journaled steps:
+// releasing the key would drop them, and a retry would repeat their
+// effects, so such a run is kept for the next to resume.
+func (j *journal) holdsSteps() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.size > 0
+}
+
+// lostStep reports whether a step's result may be missing from the
+// journal because Redis did not take it.
+func (j *journal) lostStep() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.unsaved != nil
+}
+
+// appendEntry appends a journal entry to b.
+func appendEntry(b []byte, kind byte, name string, data []byte) []byte {
+	b = append(b, 's', kind, ' ')
+	b = strconv.AppendInt(b, int64(len(name)), 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, int64(len(data)), 10)
+	b = append(b, '\n')
+	return append(append(b, name...), data...)
+}
+
+var errCorruptJournal = errors.New("idempotency: corrupt step journal")
+
+// parseJournal reads a journal's entries, and the bytes of their data.
+func parseJournal(text string) (map[string]*journalEntry, int, error) {
+	var entries map[string]*journalEntry
+	data := 0
+	for text != "" {
+		head, rest, ok := strings.Cut(text, "\n")
+		if !ok || len(head) < 3 || head[0] != 's' || (head[1] != entryResult && head[1] != entryError) || head[2] != ' ' {
+			return nil, 0, errCorruptJournal
+		}
+		nl, dl, ok := strings.Cut(head[3:], " ")
+		n, err1 := strconv.Atoi(nl)
+		d, err2 := strconv.Atoi(dl)
+		if !ok || err1 != nil || err2 != nil || n < 0 || d < 0 || n+d > len(rest) {
+			return nil, 0, errCorruptJournal
+		}
+		e := &journalEntry{kind: head[1], name: rest[:n], data: rest[n : n+d]}
+		if entries == nil {
+			entries = make(map[string]*journalEntry)
+		}
+		if entries[e.name] == nil { // a step journals once; the first entry stands
+			entries[e.name] = e
+		}
+		data += d
+		text = rest[n+d:]
+	}
+	return entries, data, nil
+}
+
+// journal returns the execution's journal: the resumable run's, or one made
+// on the first Step of a run that is not, which only keeps its names.
+func (x *execution) journal() *journal {
+	if j := x.steps.Load(); j != nil {
+		return j
+	}
+	x.steps.CompareAndSwap(nil, &journal{})
+	return x.steps.Load()
+}
+
+// resultCodec encodes step results: Do's codec, or JSON for a handler.
+func (x *execution) resultCodec() Codec {
+	if x.codec != nil {
+		return x.codec
+	}
+	return JSON
+}

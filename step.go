@@ -1,0 +1,164 @@
+package idempotency
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+)
+
+// Step runs fn as the step name of the protected execution that ctx belongs
+// to, and journals its result with the key before it returns. In a
+// resumable execution (WithResume, Resumable) that takes over a run whose
+// executor died, a step that run journaled returns its journaled result
+// without running fn again; the first step it did not journal runs. So a
+// handler that is run again from the top after a crash does each journaled
+// step once, and the answer it builds from their results is the answer the
+// first run would have built.
+//
+// A step must make its work safe to repeat: the executor may die after fn's
+// effect and before the journal has it, and then the step runs again. Pass
+// StepKey(ctx, name) to an external API as that call's own idempotency key,
+// and the call repeated is one call.
+//
+// What is journaled: a result, encoded with the execution's codec (JSON, or
+// Do's UseCodec), at most WithMaxResponseBytes for the journal of one
+// execution together; and an error that fn marks Permanent, whose message a
+// resumed run gets back as a *StoredError. Any other error, and a
+// cancellation or deadline (even one marked Permanent), is not journaled:
+// Step returns it, and a resumed run runs the step again, with the same
+// StepKey. That is the rule for a payment: a decline is a final answer,
+// worth keeping, while a timeout or a 5xx from the provider says nothing
+// about whether the charge happened, and asking again with the same key is
+// how to find out.
+//
+// When fn succeeded but its result cannot be journaled, Step returns the
+// result with an error: ErrStepTooLarge past the journal's limit, an error
+// wrapping ErrNotReplayable when the codec cannot carry the result back
+// exactly (see Codec), ErrStoreUnavailable when Redis did not take it, or
+// ErrLockLost when the key is no longer this execution's. The step's effect
+// has happened; a resumed run runs it again. A run whose step Redis did not
+// take is kept unless its answer is a success (a 2xx, or Do's nil error), so
+// that a retry resumes it rather than replay a failure built on an effect
+// that did happen.
+//
+// Step names are unique within an execution: a second Step with a name
+// already used returns ErrStepRepeated without running fn (name steps in a
+// loop after what they are about: "charge-" + item.ID). Outside a protected
+// execution (an unprotected method, WithOptionalKey without a key,
+// WithFailOpen while Redis is down, no middleware) Step runs fn plainly; so
+// does it in a protected execution that is not resumable, which journals
+// nothing but still refuses a repeated name.
+func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) (T, error)) (T, error) {
+	x, _ := ctx.Value(executionKey).(*execution)
+	if x == nil {
+		return fn(ctx)
+	}
+	j := x.journal()
+	var zero T
+	e, err := j.begin(name)
+	switch {
+	case err != nil:
+		return zero, err
+	case e != nil:
+		return replayStep[T](x.resultCodec(), e)
+	}
+	v, err := fn(ctx)
+	if !j.resumable {
+		return v, err
+	}
+	if err != nil {
+		if !journaledError(ctx, err) {
+			return v, err
+		}
+		if jerr := j.write(ctx, name, entryError, []byte(err.Error())); jerr != nil {
+			return v, fmt.Errorf("%w (the step failed: %w)", jerr, err)
+		}
+		return v, err
+	}
+	codec := x.resultCodec()
+	body, err := codec.Marshal(v)
+	if err == nil {
+		err = CheckResult(codec, v, body)
+	} else {
+		err = errNotRoundTrip{fmt.Errorf("it does not encode: %w", err)}
+	}
+	if err != nil {
+		return v, fmt.Errorf("idempotency: step %q: its result cannot be journaled: %w", name, err)
+	}
+	return v, j.write(ctx, name, entryResult, body)
+}
+
+// StepKey returns the idempotency key for the step name of the protected
+// execution that ctx belongs to: to be passed to an external API (a
+// payment provider's Idempotency-Key) so that a step run again after a
+// crash is the same call. It is the same for every execution of the key
+// (the first, and each that resumes it), differs for every step name, and
+// is derived from the key's record name and the request's fingerprint: a
+// caller cannot compute the step key of another caller's request (under
+// WithCallerCredentials the fingerprint binds the caller; under WithScope
+// the record name does). 32 hex digits. Outside a protected execution it
+// returns "", and the call should then carry no key of ours.
+func StepKey(ctx context.Context, name string) string {
+	x, _ := ctx.Value(executionKey).(*execution)
+	if x == nil {
+		return ""
+	}
+	h := sha256.New()
+	h.Write([]byte("idempotency/step\x00"))
+	h.Write([]byte(x.key))
+	h.Write([]byte{0})
+	h.Write(x.fp[:])
+	h.Write([]byte(name))
+	var sum [sha256.Size]byte
+	return hex.EncodeToString(h.Sum(sum[:0])[:16])
+}
+
+// Permanent marks err as a step's final answer: Step journals it, and a
+// resumed run gets it back (as a *StoredError with its message) instead of
+// running the step again. Mark what another call would answer the same
+// way (a declined card, a validation failure), never a timeout. Permanent
+// of nil is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+var (
+	// ErrStepRepeated is what Step returns, without running its function,
+	// for a name already used in the same execution.
+	ErrStepRepeated = errors.New("idempotency: step name already used in this execution")
+	// ErrStepTooLarge is what Step returns, with the step's result, when the
+	// result would take the execution's journal past WithMaxResponseBytes:
+	// the step ran, and nothing of it is journaled.
+	ErrStepTooLarge = errors.New("idempotency: step result too large to journal")
+)
+
+// journaledError reports whether fn's error err is a final answer to
+// journal: marked Permanent, and no cancellation (the run was cut off, or
+// fn's own deadline passed: another try may succeed).
+func journaledError(ctx context.Context, err error) bool {
+	var p *permanentError
+	return errors.As(err, &p) && ctx.Err() == nil &&
+		!errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}
+
+// replayStep returns a journaled step's result.
+func replayStep[T any](codec Codec, e *journalEntry) (T, error) {
+	var v T
+	if e.kind == entryError {
+		return v, &StoredError{Message: e.data}
+	}
+	if err := codec.Unmarshal([]byte(e.data), &v); err != nil {
+		return v, fmt.Errorf("%w: step %q: %w", ErrUnreadableRecord, e.name, err)
+	}
+	return v, nil
+}

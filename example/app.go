@@ -17,6 +17,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/example/internal/bank"
+	"github.com/onceonly/idempotency/example/internal/provider"
 	"github.com/onceonly/idempotency/example/internal/reply"
 	"github.com/onceonly/idempotency/optimistic"
 	"github.com/redis/go-redis/v9"
@@ -34,25 +35,31 @@ const (
 )
 
 type app struct {
-	idem  *idempotency.Middleware
-	store shopStore
-	cfg   config
+	idem     *idempotency.Middleware
+	store    shopStore
+	cfg      config
+	provider provider.Charger
 }
 
 // newApp wires the shop's routes: token mode for orders, key mode for
 // payments and for the transfers of accounts (nil: no transfer routes).
 // Its middlewares are drained once the server has stopped.
 func newApp(rdb redis.UniversalClient, cfg config, accounts *bank.Bank) (http.Handler, middlewares) {
-	a := &app{idem: idempotency.New(rdb), store: shopStore{rdb: rdb}, cfg: cfg}
+	a := &app{idem: idempotency.New(rdb), store: shopStore{rdb: rdb}, cfg: cfg, provider: chargerOf(cfg)}
 	// Payments are API calls: a client library may serialize the same JSON
 	// with other key order or spacing on a retry, which is still the same
 	// payment. A transient failure (a 5xx of the provider or of our store)
-	// releases the key so that the retry runs again: the provider call
-	// carries the payment's own id and the write is fenced, so running
-	// again cannot pay twice, while a stored 503 would refuse the payment
-	// for a day.
+	// does not store the answer, so that the retry runs again: the provider
+	// call is a Step keyed by its StepKey and the write is fenced, so
+	// running again cannot pay twice, while a stored 503 would refuse the
+	// payment for a day. Payments resume: a payment whose instance died
+	// mid-way is taken over by the retry once nothing can store for it
+	// (the claim horizon: its execution timeout, a lease and four store
+	// timeouts, about 10 s here), and a charge the provider made is not
+	// made again.
 	payments := idempotency.New(rdb, idempotency.WithCallerCredentials(), idempotency.WithFingerprint(idempotency.CanonicalJSON),
-		idempotency.WithStorePolicy(idempotency.StoreNoTransient))
+		idempotency.WithStorePolicy(idempotency.StoreNoTransient), idempotency.WithResume(),
+		idempotency.WithExecutionTimeout(max(5*time.Second, 3*cfg.paymentLatency)), idempotency.WithLockLease(time.Second))
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
 	r.Get("/", a.home)
@@ -306,16 +313,23 @@ func (a *app) createPayment(w http.ResponseWriter, r *http.Request) {
 	}
 	// The key as the middleware read it: "abc" and abc are one key.
 	key, _ := idempotency.HeaderKey(idempotency.KeyHeader)(r, nil)
-	// The payment provider's call: slow, and not to be made twice.
-	if err := sleep(r.Context(), a.cfg.paymentLatency); err != nil {
+	// The payment provider's call: slow, and not to be made twice. As a
+	// step it is journaled with the key once it answered, and a run that
+	// resumes this payment gets the charge back without calling; a run cut
+	// off during the call calls again with the same key, which the
+	// provider answers with the same charge.
+	charge, err := idempotency.Step(r.Context(), "charge", func(ctx context.Context) (provider.Charge, error) {
+		return a.provider.Charge(ctx, idempotency.StepKey(ctx, "charge"), in.Amount, strings.ToUpper(in.Currency))
+	})
+	if err != nil {
 		a.failExecuted(w, r, err)
 		return
 	}
 	p := &Payment{
-		ID:     paymentID(key),
+		ID: paymentID(key), Charge: charge.ID,
 		Amount: in.Amount, Currency: strings.ToUpper(in.Currency), Status: "captured", CreatedAt: time.Now().UTC(),
 	}
-	err := a.store.capturePayment(r.Context(), p, idempotency.FencingToken(r.Context()))
+	err = a.store.capturePayment(r.Context(), p, idempotency.FencingToken(r.Context()))
 	if errors.Is(err, optimistic.ErrStaleFence) {
 		// Another instance took this key over while we were stalled; its
 		// write stands, and our answer is never stored.
@@ -377,4 +391,13 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// chargerOf is the payment provider cfg names: the one at its URL, or one
+// in this process.
+func chargerOf(cfg config) provider.Charger {
+	if cfg.providerURL != "" {
+		return &provider.Client{URL: strings.TrimSuffix(cfg.providerURL, "/"), HTTP: &http.Client{}}
+	}
+	return &provider.Provider{Latency: cfg.paymentLatency}
 }

@@ -7,7 +7,10 @@
 // (redis://host:port/0) selects a real one and REDIS_CLUSTER_ADDRS
 // (host:port,host:port,…) a Redis Cluster. ADDR (default :8080) is where it
 // listens, ORDER_LATENCY (default 0) and PAYMENT_LATENCY (default 300ms) how
-// slow its back ends are.
+// slow its back ends are. Payments charge a fake payment provider that runs
+// in the process, or the one at PROVIDER_URL (example/internal/provider
+// serves one): a payment whose instance dies mid-way is resumed by the
+// retry, and the provider charges once.
 //
 // Account balances (POST /transfers, GET /accounts) live in SQL: an
 // embedded SQLite in a temporary file by default, the SQLite file that -db
@@ -124,10 +127,14 @@ type config struct {
 	orderLatency    time.Duration
 	paymentLatency  time.Duration
 	callbackLatency time.Duration
+	// providerURL is the payment provider's base URL (PROVIDER_URL); ""
+	// runs one in this process, PAYMENT_LATENCY slow.
+	providerURL string
 }
 
 func configFromEnv() (config, error) {
-	cfg := config{addr: ":8080", paymentLatency: 300 * time.Millisecond, callbackLatency: 10 * time.Millisecond}
+	cfg := config{addr: ":8080", paymentLatency: 300 * time.Millisecond, callbackLatency: 10 * time.Millisecond,
+		providerURL: os.Getenv("PROVIDER_URL")}
 	if v := os.Getenv("ADDR"); v != "" {
 		cfg.addr = v
 	}

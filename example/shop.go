@@ -26,6 +26,7 @@ type Order struct {
 // Payment is what POST /payments creates.
 type Payment struct {
 	ID        string    `json:"id"`
+	Charge    string    `json:"charge"` // the provider's charge id
 	Amount    int64     `json:"amount"`
 	Currency  string    `json:"currency"`
 	Status    string    `json:"status"`
@@ -185,7 +186,7 @@ func keyDigest(key string) string {
 // capturePayment records p as captured under the execution's fencing token.
 func (s shopStore) capturePayment(ctx context.Context, p *Payment, fence uint64) error {
 	err := s.hash.FencedSet(ctx, s.rdb, paymentKey(p.ID), fence, map[string]any{
-		"amount": p.Amount, "currency": p.Currency, "status": p.Status,
+		"charge": p.Charge, "amount": p.Amount, "currency": p.Currency, "status": p.Status,
 		"created_at": p.CreatedAt.Format(time.RFC3339Nano),
 	})
 	if err != nil {
@@ -212,7 +213,8 @@ func (s shopStore) payments(ctx context.Context) ([]Payment, error) {
 		f := read[keys[i]].Val()
 		amount, _ := strconv.ParseInt(f["amount"], 10, 64)
 		created, _ := time.Parse(time.RFC3339Nano, f["created_at"])
-		out = append(out, Payment{ID: id, Amount: amount, Currency: f["currency"], Status: f["status"], CreatedAt: created})
+		out = append(out, Payment{ID: id, Charge: f["charge"], Amount: amount, Currency: f["currency"], Status: f["status"],
+			CreatedAt: created})
 	}
 	return out, nil
 }

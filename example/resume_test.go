@@ -1,0 +1,81 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/onceonly/idempotency/example/internal/provider"
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/stretchr/testify/require"
+)
+
+// An instance killed in the middle of payments (SIGKILL: no drain, nothing
+// kept) leaves them claimed, some charged at the provider and none
+// answered. Retried on another instance, every payment is resumed once its
+// run can no longer store: no retry is answered interrupted, each gets its
+// 201, and the provider, which runs apart from the killed process, charged
+// each payment once.
+func TestSIGKILLMidPaymentIsResumedOnAnotherInstance(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the example")
+	}
+	redis := redistest.Private(t)
+	charges := &provider.Provider{Latency: 500 * time.Millisecond}
+	srv := httptest.NewServer(charges)
+	t.Cleanup(srv.Close)
+	env := []string{"REDIS_URL=redis://" + redis.Addr(), "PROVIDER_URL=" + srv.URL, "PAYMENT_LATENCY=500ms"}
+	a := startProcess(t, env...)
+	b := startProcess(t, env...)
+
+	const n = 5
+	for i := range n {
+		go pay(t, a.URL, fmt.Sprint("killed-", i)) // its answer never comes
+	}
+	time.Sleep(200 * time.Millisecond)
+	require.NoError(t, a.Signal(syscall.SIGKILL))
+	<-a.Exited()
+
+	paid := map[string]Payment{}
+	deadline := time.Now().Add(90 * time.Second)
+	for i := range n {
+		key := fmt.Sprint("killed-", i)
+		for {
+			status, body, err := pay(t, b.URL, key)
+			require.NoError(t, err)
+			require.NotContains(t, body, "interrupted", key)
+			if status == http.StatusCreated {
+				var p Payment
+				require.NoError(t, json.Unmarshal([]byte(body), &p), body)
+				paid[key] = p
+				break
+			}
+			require.Equal(t, http.StatusConflict, status, body)
+			require.Contains(t, body, "in-progress", "the dead run is waited for until nothing can store for it")
+			require.True(t, time.Now().Before(deadline), "%s was not resumed in time", key)
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+
+	var made []provider.Charge
+	resp, err := http.Get(srv.URL + "/charges")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&made))
+	require.Len(t, made, n, "one charge per payment")
+	t.Logf("the provider was asked for %d charges and made %d", charges.Calls(), len(made))
+	for key, p := range paid {
+		require.True(t, strings.HasPrefix(p.Charge, "ch_"), "%s: %+v", key, p)
+		for _, other := range paid {
+			if other.ID != p.ID {
+				require.NotEqual(t, p.Charge, other.Charge)
+			}
+		}
+	}
+	require.Equal(t, n, countOf[Payment](t, b.URL, "/payments"))
+}

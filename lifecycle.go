@@ -220,11 +220,13 @@ func cutOff(ctx context.Context) error {
 // settle applies the release rule to a run that returned.
 func (l *lease) settle(c *call, x *execution, cut error, rec *record, d StoreDecision) verdict {
 	switch {
+	case (x.released() || d.Release) && l.holdsSteps():
+		// Its steps did take effect, whatever the rest did: a release
+		// would drop their journal, and the retry would repeat them.
+		return l.keep(errStepsJournaled)
 	case x.released(): // the work said so itself: it did nothing
 	case cut != nil && (d.Release || !c.work.succeeded()):
 		return l.keep(cut)
-	case d.Release && l.holdsSteps():
-		return l.keep(errStepsJournaled)
 	case l.steps != nil && l.steps.lostStep() && !c.work.succeeded():
 		return l.keep(errStepNotJournaled)
 	case !d.Release:
@@ -360,7 +362,7 @@ func (l *lease) keep(why error) verdict {
 
 // Why a resumable run is kept rather than released or stored.
 var (
-	errStepsJournaled   = errors.New("idempotency: the run released its key after journaling steps; a retry resumes it")
+	errStepsJournaled   = errors.New("idempotency: the run would release its key after journaling steps; a retry resumes it")
 	errStepNotJournaled = errors.New("idempotency: a step of the run was not journaled and the run did not succeed")
 )
 

@@ -227,7 +227,7 @@ func WithRetryAbandoned() Option { return func(c *config) { c.retryAbandoned = t
 // execution timeout, a lease and four store timeouts) has passed since its
 // claim; until then retries wait for it, so a live run is never taken over,
 // also through a Redis stall. A run that journaled a step is kept rather
-// than released (a retry resumes it), unless the handler calls Release.
+// than released, also when the handler calls Release: a retry resumes it.
 // Every protected handler must be safe to run again from the top: its
 // effects in Steps keyed by StepKey, or fenced (FencingToken). Do calls
 // opt in one by one with Resumable. Default off.

@@ -384,3 +384,35 @@ func TestALiveRunIsNeverResumed(t *testing.T) {
 	require.EqualValues(t, 1, <-first)
 	require.EqualValues(t, 1, runs.Load())
 }
+
+// A run that journaled a step is kept even when it calls Release, which
+// would drop the journal: the next call resumes it, and the step does not
+// run again. A Release before any step still releases the key.
+func TestReleaseAfterAStepKeepsTheRun(t *testing.T) {
+	a, b := twoInstances(t)
+	runs := 0
+	fn := func(release bool) func(context.Context) (int, error) {
+		return func(ctx context.Context) (int, error) {
+			n, err := Step(ctx, "charge", func(context.Context) (int, error) { runs++; return runs, nil })
+			if release {
+				Release(ctx)
+			}
+			return n, err
+		}
+	}
+	_, err := Do(context.Background(), a, Key{ID: "k"}, fn(true), Resumable())
+	require.NoError(t, err)
+	var o Outcome
+	got, err := Do(context.Background(), b, Key{ID: "k"}, fn(false), Resumable(), ReportOutcome(&o))
+	require.NoError(t, err)
+	require.Equal(t, Executed, o, "resumed")
+	require.Equal(t, 1, got)
+	require.Equal(t, 1, runs)
+
+	_, err = Do(context.Background(), a, Key{ID: "early"}, func(ctx context.Context) (int, error) {
+		Release(ctx)
+		return 0, nil
+	}, Resumable())
+	require.NoError(t, err)
+	require.Empty(t, redistest.RecordState(context.Background(), a.store.client, functionKeys(a, "early").record))
+}

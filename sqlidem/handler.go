@@ -64,8 +64,9 @@ type TxFunc func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error
 //
 // fn must do all its writes in tx: the database's answer about the outcome
 // row is what makes a second execution's writes roll back. Calls to other
-// systems are not covered; pass them a key derived from the request's (see
-// idempotency.ExecutionOf) so that they deduplicate too.
+// systems are not covered by the transaction: make each an idempotency.Step
+// and pass it its idempotency.StepKey, so that a rerun's call deduplicates
+// (and, with idempotency.WithResume, is not made again at all).
 //
 // Outside a protected execution (a route the middleware lets through
 // unprotected), fn runs in a transaction with no outcome row.

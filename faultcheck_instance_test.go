@@ -318,6 +318,7 @@ func (s *instance) newRoutes(cfg historyConfig) *historyRoutes {
 	// as many frameworks' timeout middlewares do.
 	h.mux.Handle("POST /deadline", withDeadline(cfg.OuterTimeout, protected))
 	h.mux.Handle("POST /do", h.counted(s.doHandler(m)))
+	h.mux.Handle("POST "+routeSteps, h.counted(s.stepsHandler(cfg))) // faultcheck_steps_test.go
 	return h
 }
 

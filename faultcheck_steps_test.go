@@ -1,0 +1,486 @@
+package idempotency_test
+
+// The steps workload of the fault check: resumable runs (WithResume) whose
+// handlers take one to four steps (idempotency.Step), each an effect in the
+// application's database keyed by its StepKey, as a payment provider keys
+// a charge by its Idempotency-Key. Instances are killed, Redis stalls,
+// replies are lost and clients give up at step boundaries, and steps outlast
+// the execution timeout; each key's client retries until it gets its 201.
+// The rules (faultcheck_stepsrule_test.go): no step's effect happens twice
+// for a key (a call repeated with the same step key counts once), a step
+// journaled by one run never runs in a run that resumed it, no retry is
+// answered interrupted, every key reaches its answer, and every answer is
+// built from the steps' results as their effects gave them.
+//
+//	go test -race -count=1 -run '^TestFaultCheckSteps$' -v ./
+//	go test -race -count=1 -run '^TestFaultCheckSteps$' -v -idem.seed=42 -idem.from=17 -idem.histories=1 ./
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceonly/idempotency"
+	"github.com/redis/go-redis/v9"
+)
+
+const (
+	routeSteps  = "/steps"
+	stepsHeader = "X-Fc-Steps" // the steps' pauses, in milliseconds, comma-separated
+	// stepsBound is how long a key's client retries before the key counts
+	// as never answered: a dead run is resumed within the claim horizon
+	// (at most about 4 s here), and the faults end within seconds.
+	stepsBound = 25 * time.Second
+)
+
+// What a run of the steps route traces, next to the effects.
+const (
+	stepRun       = "step-run"       // a step's function begins
+	stepEffect    = "step-effect"    // its effect, applied or found (Value)
+	stepJournaled = "step-journaled" // Step returned the function's result: it is in the journal
+	stepStart     = "start"          // the handler begins
+)
+
+// stepTrace is one line of a steps key's server-side log.
+type stepTrace struct {
+	Kind     string `json:"k"`
+	Exec     string `json:"x"`
+	Fence    uint64 `json:"f"`
+	Step     string `json:"s,omitempty"`
+	StepKey  string `json:"sk,omitempty"`
+	Value    string `json:"v,omitempty"`
+	New      bool   `json:"n,omitempty"` // the effect was applied now, not found
+	Request  string `json:"q,omitempty"`
+	Record   string `json:"r,omitempty"` // of a start: the key's record (Execution.Key)
+	Instance string `json:"i"`
+	At       int64  `json:"t"`
+}
+
+// stepsAnswer is the steps route's 201: the results of its steps.
+type stepsAnswer struct {
+	Scope   string   `json:"scope"`
+	Key     string   `json:"key"`
+	Exec    string   `json:"exec"`
+	Results []string `json:"results"`
+}
+
+func stepsTraceKey(prefix, scope, key string) string {
+	return "fc:" + prefix + ":" + scope + ":" + key + ":steps"
+}
+
+// stepEffectScript applies a step's effect once per step key, as a provider
+// honours its own idempotency key: the first call's value stands, and a
+// repeat gets it back.
+// KEYS[1] the effect, by step key; ARGV[1] the value of a first call.
+var stepEffectScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v then
+  return {v, 0}
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', 600)
+return {ARGV[1], 1}
+`)
+
+// stepsHandler is the history's resumable route, made on its first
+// request (histories of the other workloads never make it). Its policy
+// releases (and, once a step is journaled, keeps) a 503, so that a failed
+// step is resumed rather than its failure stored.
+func (s *instance) stepsHandler(cfg historyConfig) http.Handler {
+	protected := sync.OnceValue(func() http.Handler {
+		opts := append(cfg.options(), idempotency.WithResume(), idempotency.WithStorePolicy(idempotency.StoreNoTransient))
+		return idempotency.New(s.store, opts...).ProtectKey(http.HandlerFunc(s.handleSteps))
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { protected().ServeHTTP(w, r) })
+}
+
+func (s *instance) handleSteps(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	var cfg historyConfig
+	json.Unmarshal([]byte(r.Header.Get(configHeader)), &cfg)
+	e, _ := idempotency.ExecutionOf(ctx)
+	x := &stepsRun{s: s, prefix: cfg.Prefix, scope: r.Header.Get(clientHeader), key: r.Header.Get(idempotency.KeyHeader),
+		exec: fmt.Sprintf("%s%d.%d", s.spec.Name, s.pid, s.runs.Add(1)), fence: e.Fence,
+		deaf: r.Header.Get(deafHeader) == "1"}
+	x.trace(stepTrace{Kind: stepStart, Request: r.Header.Get(requestHeader), Record: e.Key})
+	a := stepsAnswer{Scope: x.scope, Key: x.key, Exec: x.exec}
+	for i, ms := range strings.Split(r.Header.Get(stepsHeader), ",") {
+		name := fmt.Sprint("s", i)
+		ran := false
+		v, err := idempotency.Step(ctx, name, func(ctx context.Context) (string, error) {
+			ran = true
+			return x.step(ctx, name, millis(ms))
+		})
+		if err != nil {
+			writeSteps(w, http.StatusServiceUnavailable, a) // released, or kept for a retry to resume
+			return
+		}
+		if ran {
+			x.trace(stepTrace{Kind: stepJournaled, Step: name, Value: v})
+		}
+		a.Results = append(a.Results, v)
+	}
+	writeSteps(w, http.StatusCreated, a)
+}
+
+func writeSteps(w http.ResponseWriter, status int, a stepsAnswer) {
+	b, _ := json.Marshal(a)
+	w.Header().Set("Content-Type", "application/json")
+	if status != http.StatusCreated {
+		w.Header().Set(deliberateHeader, "step-failed")
+	}
+	w.WriteHeader(status)
+	w.Write(b)
+}
+
+// stepsRun is one execution of the steps route.
+type stepsRun struct {
+	s                        *instance
+	prefix, scope, key, exec string
+	fence                    uint64
+	deaf                     bool
+}
+
+// step pauses (the call's latency), then applies the step's effect under
+// its step key, and returns the effect's value.
+func (x *stepsRun) step(ctx context.Context, name string, pause time.Duration) (string, error) {
+	sk := idempotency.StepKey(ctx, name)
+	x.trace(stepTrace{Kind: stepRun, Step: name, StepKey: sk})
+	if !x.deaf {
+		timer := time.NewTimer(pause)
+		defer timer.Stop()
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	} else {
+		time.Sleep(pause)
+	}
+	res, err := stepEffectScript.Run(context.Background(), x.s.effects, []string{"fc:" + x.prefix + ":effect:" + sk},
+		x.exec+"/"+name).Slice()
+	if err != nil || len(res) != 2 {
+		panic(fmt.Sprintf("faultcheck instance %s: a step's effect failed: %v", x.s.spec.Name, err))
+	}
+	v, _ := res[0].(string)
+	x.trace(stepTrace{Kind: stepEffect, Step: name, StepKey: sk, Value: v, New: res[1] == int64(1)})
+	return v, nil
+}
+
+func (x *stepsRun) trace(tr stepTrace) {
+	tr.Exec, tr.Fence, tr.Instance, tr.At = x.exec, x.fence, x.s.spec.Name, time.Now().UnixNano()
+	b, _ := json.Marshal(tr)
+	if err := x.s.effects.RPush(context.Background(), stepsTraceKey(x.prefix, x.scope, x.key), b).Err(); err != nil {
+		panic(fmt.Sprintf("faultcheck instance %s: tracing failed: %v", x.s.spec.Name, err))
+	}
+}
+
+// stepsPlan is one history of the steps workload.
+type stepsPlan struct {
+	index  int
+	cfg    historyConfig
+	keys   []*stepsKey
+	faults []*stepsFault
+}
+
+// stepsKey is one key: its caller, its steps, and its first request's
+// instance and start. Retries follow until the key is answered.
+type stepsKey struct {
+	scope, id string
+	pauses    []time.Duration
+	deaf      bool // the steps ignore their context
+	start     time.Duration
+	instance  int
+	// giveUp: the first request's client leaves after this long (0: it
+	// waits for its answer).
+	giveUp time.Duration
+}
+
+func (k *stepsKey) String() string { return k.scope + "/" + k.id }
+
+// boundary is how long after its request a run of k reaches the end of
+// step i (i = 0: the start of the first step).
+func (k *stepsKey) boundary(i int) time.Duration {
+	var d time.Duration
+	for _, p := range k.pauses[:i] {
+		d += p
+	}
+	return d
+}
+
+// stepsFault is a fault aimed at a step boundary of a key's first request.
+type stepsFault struct {
+	fault  *faultPlan
+	key    *stepsKey
+	bound  int // the boundary aimed at
+	jitter time.Duration
+}
+
+var stepsFaultKinds = []string{kindKill, kindRedisStop, kindBlackhole, kindDropReply}
+
+func newStepsPlan(seed uint64, index int) *stepsPlan {
+	rng := rand.New(rand.NewPCG(seed, uint64(index)|1<<62))
+	p := &stepsPlan{index: index, cfg: drawConfig(rng, fmt.Sprintf("fs%xh%d", seed&0xffffff, index))}
+	p.cfg.NoTransient = true
+	d := drawer{rng: rng}
+	ms := time.Millisecond
+	for i := range 1 + rng.IntN(3) {
+		k := &stepsKey{scope: scopes[rng.IntN(len(scopes))], id: fmt.Sprint("s", i), instance: rng.IntN(2),
+			start: d.between(0, 300*ms), deaf: rng.IntN(4) == 0}
+		for range 1 + rng.IntN(4) {
+			pause := d.between(20*ms, 250*ms)
+			if rng.IntN(8) == 0 {
+				// The first run's call outlasts the execution timeout, which
+				// cuts it off.
+				pause = d.between(p.cfg.ExecTimeout, p.cfg.ExecTimeout+400*ms)
+			}
+			k.pauses = append(k.pauses, pause)
+		}
+		if rng.IntN(4) == 0 {
+			// The client's own deadline, at a step boundary.
+			k.giveUp = k.boundary(rng.IntN(len(k.pauses)+1)) + d.between(5*ms, 40*ms)
+		}
+		p.keys = append(p.keys, k)
+	}
+	for range 1 + rng.IntN(3) {
+		k := p.keys[rng.IntN(len(p.keys))]
+		f := &faultPlan{kind: stepsFaultKinds[rng.IntN(len(stepsFaultKinds))], instance: k.instance}
+		switch f.kind {
+		case kindRedisStop, kindBlackhole:
+			f.dur = d.between(100*ms, 1200*ms)
+		case kindDropReply:
+			f.needle = "evalsha" // a journal write, a claim or a store
+		case kindKill:
+			f.dur = d.between(50*ms, 300*ms)
+		}
+		p.faults = append(p.faults, &stepsFault{fault: f, key: k, bound: rng.IntN(len(k.pauses) + 1),
+			jitter: d.between(0, 30*ms)})
+	}
+	return p
+}
+
+// stepsExchange is one request of a steps key and its answer.
+type stepsExchange struct {
+	key        *stepsKey
+	name       string
+	instance   string
+	sent, done time.Time
+	err        error
+	status     int
+	header     http.Header
+	body       []byte
+}
+
+func (x *stepsExchange) replayed() bool {
+	return x.header != nil && x.header.Get(idempotency.ReplayedHeader) == "true"
+}
+
+// stepsHistory is a steps plan as it ran.
+type stepsHistory struct {
+	plan      *stepsPlan
+	run       *history // the rig's view of it: its settling and fault timeline
+	mu        sync.Mutex
+	exchanges []*stepsExchange
+	traces    map[*stepsKey][]stepTrace
+	states    map[*stepsKey]string            // the record's state at the end ("" for none)
+	effects   map[*stepsKey]map[string]string // each step key's effect, as the database holds it
+}
+
+// runSteps runs p: each key's first request (and the faults aimed at its
+// step boundaries), then retries every 100 to 300 ms until it is answered.
+func (r *rig) runSteps(p *stepsPlan) *stepsHistory {
+	h := &stepsHistory{plan: p, run: &history{plan: &plan{index: p.index, cfg: p.cfg}, began: time.Now(),
+		injected: map[string]int{}}}
+	sent := map[*stepsKey]chan struct{}{}
+	for _, k := range p.keys {
+		sent[k] = make(chan struct{})
+	}
+	var wg sync.WaitGroup
+	var n atomic.Int64
+	for _, k := range p.keys {
+		wg.Go(func() {
+			sleepUntil(h.run.began.Add(k.start))
+			jitter := rand.New(rand.NewPCG(uint64(p.index), uint64(k.start)))
+			first, deadline := true, time.Now().Add(stepsBound)
+			for {
+				inst := k.instance
+				if !first {
+					inst = jitter.IntN(2)
+				}
+				x := r.sendStep(h, k, inst, fmt.Sprintf("#%d", n.Add(1)), first, sent)
+				first = false
+				if x.err == nil && x.status == http.StatusCreated || time.Now().After(deadline) {
+					return
+				}
+				time.Sleep(time.Duration(100+jitter.IntN(200)) * time.Millisecond)
+			}
+		})
+	}
+	for _, f := range p.faults {
+		wg.Go(func() {
+			<-sent[f.key]
+			time.Sleep(f.key.boundary(f.bound) + f.jitter)
+			r.inject(h.run, f.fault)
+		})
+	}
+	wg.Wait()
+	r.settle(h.run)
+	r.collectSteps(h)
+	h.run.faults = r.timeline.between(h.run.began, h.run.settled)
+	return h
+}
+
+// sendStep makes one request of key k to instance inst.
+func (r *rig) sendStep(h *stepsHistory, k *stepsKey, inst int, name string, first bool, sent map[*stepsKey]chan struct{}) *stepsExchange {
+	ctx, cancel := context.WithTimeout(context.Background(), clientBound)
+	defer cancel()
+	if first && k.giveUp > 0 {
+		ctx, cancel = context.WithTimeout(ctx, k.giveUp)
+		defer cancel()
+	}
+	p := r.instances[inst]
+	body := fmt.Sprintf(`{"steps":"%s/%s"}`, k.scope, k.id)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, p.baseURL()+routeSteps, strings.NewReader(body))
+	config, _ := json.Marshal(h.plan.cfg)
+	pauses := make([]string, len(k.pauses))
+	for i, d := range k.pauses {
+		if !first {
+			// Only the first run's calls are slow past the execution
+			// timeout: a step that always is could never be answered.
+			d = min(d, 250*time.Millisecond)
+		}
+		pauses[i] = strconv.FormatInt(d.Milliseconds(), 10)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(configHeader, string(config))
+	req.Header.Set(idempotency.KeyHeader, k.id)
+	req.Header.Set(clientHeader, k.scope)
+	req.Header.Set(stepsHeader, strings.Join(pauses, ","))
+	req.Header.Set(requestHeader, name)
+	if k.deaf {
+		req.Header.Set(deafHeader, "1")
+	}
+	x := &stepsExchange{key: k, name: name, instance: p.name, sent: time.Now()}
+	if first {
+		close(sent[k])
+	}
+	resp, err := r.http.Do(req)
+	if err == nil {
+		x.status, x.header = resp.StatusCode, resp.Header
+		x.body, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	x.err, x.done = err, time.Now()
+	h.mu.Lock()
+	h.exchanges = append(h.exchanges, x)
+	h.mu.Unlock()
+	return x
+}
+
+// collectSteps reads each key's traces, its steps' effects and its
+// record's state, then deletes the traces.
+func (r *rig) collectSteps(h *stepsHistory) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	prefix := h.plan.cfg.Prefix
+	h.traces, h.states, h.effects = map[*stepsKey][]stepTrace{}, map[*stepsKey]string{}, map[*stepsKey]map[string]string{}
+	for _, k := range h.plan.keys {
+		lines, err := r.effectsDB.LRange(ctx, stepsTraceKey(prefix, k.scope, k.id), 0, -1).Result()
+		if err != nil {
+			r.fail("reading the traces of %v: %v", k, err)
+			return
+		}
+		h.effects[k] = map[string]string{}
+		for _, l := range lines {
+			var tr stepTrace
+			if err := json.Unmarshal([]byte(l), &tr); err != nil {
+				r.fail("a trace of %v: %v", k, err)
+				return
+			}
+			h.traces[k] = append(h.traces[k], tr)
+			switch {
+			case tr.Kind == stepRun:
+				h.effects[k][tr.StepKey] = r.effectsDB.Get(ctx, "fc:"+prefix+":effect:"+tr.StepKey).Val()
+			case tr.Kind == stepStart && h.states[k] == "":
+				text := r.storeDB.Get(ctx, tr.Record).Val()
+				h.states[k], _, _ = strings.Cut(text, " ")
+			}
+		}
+		r.effectsDB.Del(ctx, stepsTraceKey(prefix, k.scope, k.id))
+	}
+}
+
+func TestFaultCheckSteps(t *testing.T) {
+	seed := *flagSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	limit := *flagDuration
+	if limit == 0 && *flagHistories == 0 {
+		limit = boundedRun
+		if testing.Short() {
+			limit = 10 * time.Second
+		}
+	}
+	t.Logf("steps fault check: seed %d (the same run again: -idem.seed=%d)", seed, seed)
+	r := newRig(t)
+	began := time.Now()
+	var mu sync.Mutex
+	histories, answers, broken, did := 0, map[string]int{}, map[string]int{}, map[string]int{}
+	var next atomic.Int64
+	next.Store(int64(*flagFrom))
+	var lanes sync.WaitGroup
+	for range max(*flagLanes, 1) {
+		lanes.Go(func() {
+			for !r.broken.Load() {
+				i := int(next.Add(1) - 1)
+				if *flagHistories > 0 && i >= *flagFrom+*flagHistories {
+					return
+				}
+				if limit > 0 && time.Since(began) > limit-stepsBound {
+					return
+				}
+				h := r.runSteps(newStepsPlan(seed, i))
+				if r.broken.Load() {
+					return
+				}
+				found := checkSteps(h)
+				mu.Lock()
+				histories++
+				for _, x := range h.exchanges {
+					answers[stepsLabel(x)]++
+				}
+				tallySteps(h, did)
+				for _, v := range found {
+					broken[v.rule]++
+					if broken[v.rule] <= max(*flagStories, 1) {
+						t.Errorf("RULE BROKEN: %s; history %d, key %s:\n  %s\n  config: %s\n%s\n  replay: "+
+							"go test -race -count=1 -run '^TestFaultCheckSteps$' -v -idem.seed=%d -idem.from=%d -idem.histories=1 ./",
+							v.rule, i, v.key, v.detail, h.plan.cfg, indent(h.story(v.key)), seed, i)
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	lanes.Wait()
+	t.Logf("steps fault check: %d histories in %v", histories, time.Since(began).Round(time.Second))
+	t.Logf("answers:\n%s", counts(answers))
+	t.Logf("what the histories did:\n%s", counts(did))
+	if len(broken) == 0 {
+		t.Logf("every rule held")
+	}
+	for _, p := range r.instances {
+		for _, problem := range p.problems() {
+			t.Errorf("%s", problem)
+		}
+	}
+}

@@ -147,6 +147,14 @@ func (r *rig) send(h *history, q *requestPlan) {
 	// Idempotency-Key, as it would a GET, when a reused connection closes
 	// before any answer: one request of the plan may then reach a handler
 	// more than once, as the traces show. That is what a Go client does.
+	r.fetch(req, x)
+	h.mu.Lock()
+	h.exchanges = append(h.exchanges, x)
+	h.mu.Unlock()
+}
+
+// fetch sends req and reads what comes back into x.
+func (r *rig) fetch(req *http.Request, x *exchange) {
 	resp, err := r.http.Do(req)
 	if err == nil {
 		x.status, x.header = resp.StatusCode, resp.Header
@@ -154,9 +162,6 @@ func (r *rig) send(h *history, q *requestPlan) {
 		resp.Body.Close()
 	}
 	x.err, x.done = err, time.Now()
-	h.mu.Lock()
-	h.exchanges = append(h.exchanges, x)
-	h.mu.Unlock()
 }
 
 // newRequest is q as the client sends it: the key, the caller, what the

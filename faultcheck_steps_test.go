@@ -19,7 +19,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -269,18 +268,9 @@ func newStepsPlan(seed uint64, index int) *stepsPlan {
 
 // stepsExchange is one request of a steps key and its answer.
 type stepsExchange struct {
-	key        *stepsKey
-	name       string
-	instance   string
-	sent, done time.Time
-	err        error
-	status     int
-	header     http.Header
-	body       []byte
-}
-
-func (x *stepsExchange) replayed() bool {
-	return x.header != nil && x.header.Get(idempotency.ReplayedHeader) == "true"
+	exchange
+	key  *stepsKey
+	name string
 }
 
 // stepsHistory is a steps plan as it ran.
@@ -368,17 +358,11 @@ func (r *rig) sendStep(h *stepsHistory, k *stepsKey, inst int, name string, firs
 	if k.deaf {
 		req.Header.Set(deafHeader, "1")
 	}
-	x := &stepsExchange{key: k, name: name, instance: p.name, sent: time.Now()}
+	x := &stepsExchange{exchange: exchange{instance: p.name, sent: time.Now()}, key: k, name: name}
 	if first {
 		close(sent[k])
 	}
-	resp, err := r.http.Do(req)
-	if err == nil {
-		x.status, x.header = resp.StatusCode, resp.Header
-		x.body, err = io.ReadAll(resp.Body)
-		resp.Body.Close()
-	}
-	x.err, x.done = err, time.Now()
+	r.fetch(req, &x.exchange)
 	h.mu.Lock()
 	h.exchanges = append(h.exchanges, x)
 	h.mu.Unlock()
@@ -419,17 +403,7 @@ func (r *rig) collectSteps(h *stepsHistory) {
 }
 
 func TestFaultCheckSteps(t *testing.T) {
-	seed := *flagSeed
-	if seed == 0 {
-		seed = uint64(time.Now().UnixNano())
-	}
-	limit := *flagDuration
-	if limit == 0 && *flagHistories == 0 {
-		limit = boundedRun
-		if testing.Short() {
-			limit = 10 * time.Second
-		}
-	}
+	seed, limit := runBounds()
 	t.Logf("steps fault check: seed %d (the same run again: -idem.seed=%d)", seed, seed)
 	r := newRig(t)
 	began := time.Now()

@@ -117,8 +117,7 @@ func stepsLabel(x *stepsExchange) string {
 		return "none: connection lost"
 	}
 	if strings.HasPrefix(x.header.Get("Content-Type"), "application/problem+json") {
-		r := readProblem(&exchange{status: x.status, header: x.header, body: x.body})
-		return r.label
+		return readProblem(&x.exchange).label
 	}
 	switch {
 	case x.status == http.StatusCreated && x.replayed():

@@ -70,17 +70,7 @@ func TestFaultCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	seed := *flagSeed
-	if seed == 0 {
-		seed = uint64(time.Now().UnixNano())
-	}
-	limit := *flagDuration
-	if limit == 0 && *flagHistories == 0 {
-		limit = boundedRun
-		if testing.Short() {
-			limit = 10 * time.Second
-		}
-	}
+	seed, limit := runBounds()
 	t.Logf("fault check: seed %d, fault kinds %s (the same run again: -idem.seed=%d, with the same -idem.faults and -idem.skip)",
 		seed, kinds, seed)
 
@@ -122,6 +112,23 @@ func TestFaultCheck(t *testing.T) {
 			t.Errorf("%s", problem)
 		}
 	}
+}
+
+// runBounds reads the run's seed (from the clock unless -idem.seed) and how
+// long it starts histories (0: until -idem.histories are done).
+func runBounds() (seed uint64, limit time.Duration) {
+	seed = *flagSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	limit = *flagDuration
+	if limit == 0 && *flagHistories == 0 {
+		limit = boundedRun
+		if testing.Short() {
+			limit = 10 * time.Second
+		}
+	}
+	return seed, limit
 }
 
 // tally counts what a run did and found.

@@ -271,6 +271,10 @@ func TestAFencedOutExecutorCannotJournal(t *testing.T) {
 	rec, err := redistest.ReadRecord(ctx, m.store.client, k.record)
 	require.NoError(t, err)
 	require.Equal(t, "sv 1 1\na1sv 1 1\nb3", rec.Journal)
+	st, err := m.operated().Inspect(ctx, k.record)
+	require.NoError(t, err)
+	require.Equal(t, "run", st.State, "the operator reads a record with a journal")
+	require.Equal(t, c.fence, st.Fence)
 }
 
 // claimFor claims k for a test's executor and returns its lock value.

@@ -95,11 +95,12 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 // payment provider's Idempotency-Key) so that a step run again after a
 // crash is the same call. It is the same for every execution of the key
 // (the first, and each that resumes it), differs for every step name, and
-// is derived from the key's record name and the request's fingerprint: a
-// caller cannot compute the step key of another caller's request (under
-// WithCallerCredentials the fingerprint binds the caller; under WithScope
-// the record name does). 32 hex digits. Outside a protected execution it
-// returns "", and the call should then carry no key of ours.
+// is derived from the key's record name and the request's fingerprint, so
+// two callers never share one (under WithScope the record name binds the
+// caller, under WithCallerCredentials the fingerprint does). It holds no
+// secret, so that every instance derives it alike whatever secrets rotate:
+// it names a call, and grants nothing. 32 hex digits. Outside a protected
+// execution it returns "", and the call should then carry no key of ours.
 func StepKey(ctx context.Context, name string) string {
 	x, _ := ctx.Value(executionKey).(*execution)
 	if x == nil {

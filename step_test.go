@@ -295,40 +295,58 @@ func claimFor(t *testing.T, m *Middleware, k keys, fp string) string {
 	return ""
 }
 
-// A protected route with WithResume: the route's abandoned run is resumed
-// by the retry, whose handler gets the journaled step back and answers
-// from it; a panic after a journaled step keeps the key for the next retry
-// to resume instead of releasing it (which would repeat the step).
+// A protected route with WithResume, in key mode and in token mode: the
+// route's abandoned run is resumed by the retry, whose handler gets the
+// journaled step back and answers from it; a panic after a journaled step
+// keeps the key for the next retry to resume instead of releasing it
+// (which would repeat the step).
 func TestResumeOnAProtectedRoute(t *testing.T) {
-	s := newShop(t, WithResume())
-	var p provider
-	var panicked atomic.Bool
-	s.handler = func(w http.ResponseWriter, r *http.Request) {
-		id, err := Step(r.Context(), "charge", func(ctx context.Context) (string, error) {
-			return p.charge(StepKey(ctx, "charge")), nil
+	for _, route := range []string{"/payments", "/orders"} {
+		t.Run(route, func(t *testing.T) {
+			s := newShop(t, WithResume())
+			var p provider
+			var panicked atomic.Bool
+			s.handler = func(w http.ResponseWriter, r *http.Request) {
+				id, err := Step(r.Context(), "charge", func(ctx context.Context) (string, error) {
+					return p.charge(StepKey(ctx, "charge")), nil
+				})
+				if err != nil {
+					http.Error(w, err.Error(), http.StatusBadGateway)
+					return
+				}
+				if !panicked.Swap(true) {
+					panic("the instance breaks after the charge")
+				}
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprintf(w, `{"charge":%q}`, id)
+			}
+			c := s.client()
+			key := "k"
+			if route == "/orders" {
+				key = s.token(c)
+			}
+			// The panic drops the connection: on a transport of its own,
+			// which does not resend.
+			dropped := &http.Client{Jar: c.Jar, Transport: &http.Transport{}}
+			req, err := http.NewRequest(http.MethodPost, s.srv.URL+route, strings.NewReader(`{}`))
+			require.NoError(t, err)
+			req.Header.Set(KeyHeader, key)
+			if resp, err := dropped.Do(req); err == nil {
+				resp.Body.Close()
+			}
+
+			a := s.post(c, route, key, `{}`)
+			require.Equal(t, http.StatusCreated, a.status, a.body)
+			require.Equal(t, `{"charge":"ch_1"}`, a.body)
+			calls, charges := p.seen()
+			require.Equal(t, 1, charges)
+			require.Len(t, calls, 1, "the journaled charge was not called again")
+			require.EqualValues(t, 2, s.execs.Load())
+			dup := s.post(c, route, key, `{}`)
+			require.Equal(t, "true", dup.header.Get(ReplayedHeader))
+			require.Equal(t, a.body, dup.body)
 		})
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
-			return
-		}
-		if !panicked.Swap(true) {
-			panic("the instance breaks after the charge")
-		}
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"charge":%q}`, id)
 	}
-	c := s.client()
-	s.postDropped("/payments", "k", `{}`)
-	a := s.post(c, "/payments", "k", `{}`)
-	require.Equal(t, http.StatusCreated, a.status, a.body)
-	require.Equal(t, `{"charge":"ch_1"}`, a.body)
-	calls, charges := p.seen()
-	require.Equal(t, 1, charges)
-	require.Len(t, calls, 1, "the journaled charge was not called again")
-	require.EqualValues(t, 2, s.execs.Load())
-	dup := s.post(c, "/payments", "k", `{}`)
-	require.Equal(t, "true", dup.header.Get(ReplayedHeader))
-	require.Equal(t, a.body, dup.body)
 }
 
 // Without WithResume nothing changes: Step runs its function and journals

@@ -104,4 +104,7 @@
 //	outage.go        the log lines while protected routes refuse because Redis does not answer
 //	operator.go      the records handed to package admin
 //	context.go       the private context key type
+//	costswitch.go    turning a guarantee off, in a benchmark build, to measure what it costs
+//	costswitch_on.go  the benchmark build (tag idemcost)
+//	costswitch_off.go every other build: the switches compile away
 package idempotency

@@ -66,10 +66,10 @@ func (m *Middleware) replay(c *call, fp fingerprintSum, rec *record) verdict {
 }
 
 // write writes v to the client, unless the handler already answered or
-// nobody listens.
+// nobody listens, and notes what it says of an outage.
 func (m *Middleware) write(c *call, v verdict) {
 	if !(costing && cost.noOutage) {
-		m.outage.note(m.cfg.logger, v, !c.fromCache && !m.cfg.failOpen, time.Now())
+		c.outage = m.outage.note(m.cfg.logger, v, !c.fromCache && !m.cfg.failOpen, time.Now())
 	}
 	switch v.outcome {
 	case Replayed, Waited:

@@ -101,7 +101,7 @@
 //	outcomestore.go  OutcomeStore, Answer: answers committed with the handler's writes
 //	outcome.go       Outcome: what the middleware did with a request
 //	observe.go       Event, WithObserver's reports, LogObserver
-//	outage.go        the log lines while protected routes refuse because Redis does not answer
+//	outage.go        Outage: protected routes refusing because Redis does not answer, for the log and the observer
 //	operator.go      the records handed to package admin
 //	context.go       the private context key type
 //	costswitch.go    turning a guarantee off, in a benchmark build, to measure what it costs

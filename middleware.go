@@ -23,7 +23,7 @@ type Middleware struct {
 	cache   *responseCache
 	later   *later
 	tokens  *tokenSigner
-	outage  outage // when protected routes refuse because Redis does not answer
+	outage  outageWatch // when protected routes refuse because Redis does not answer
 }
 
 // New returns a Middleware that keeps its state in client, which may be a
@@ -172,7 +172,8 @@ type call struct {
 	fromCache bool
 	waited    time.Duration
 	fence     uint64
-	resume    bool // an abandoned run of the key is resumed (WithResume, Resumable)
+	resume    bool    // an abandoned run of the key is resumed (WithResume, Resumable)
+	outage    *Outage // what this request began, continued or ended, for the observer
 }
 
 func (m *Middleware) wrap(next http.Handler, extract KeyExtractor, tokenMode bool) http.Handler {

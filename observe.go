@@ -26,6 +26,12 @@ type Event struct {
 	// StoredFor is how long the handler's answer is kept for replay, when
 	// Executed and stored.
 	StoredFor time.Duration
+	// Outage is set on the request that began an outage (protected routes
+	// refusing because Redis does not answer), on a refused one every 10 s
+	// while it goes on, and on the one that ended it; nil on every other.
+	// The request's own Outcome stays what it was (StoreError for a
+	// refusal), so counting by Outcome counts requests still.
+	Outage *Outage
 }
 
 // Mode names how the call was keyed: "token" (Protect), "key" (ProtectKey)
@@ -42,14 +48,16 @@ func (e Event) Mode() string {
 
 // LogObserver logs every event to l: executions, replays and waits at
 // debug level, conflicts and rejections at info, store errors (and
-// executions whose answer was lost) at error.
+// executions whose answer was lost) at error. An event that reports an
+// outage (Event.Outage) carries its phase, count refused and duration, at
+// info level at least, so that its end shows beside its beginning.
 func LogObserver(l *slog.Logger) func(Event) {
 	return func(e Event) {
 		level := slog.LevelDebug
 		switch {
 		case e.Outcome == StoreError, e.Outcome == Executed && e.Err != nil:
 			level = slog.LevelError
-		case e.Outcome == Conflict, e.Outcome == Rejected:
+		case e.Outcome == Conflict, e.Outcome == Rejected, e.Outage != nil:
 			level = slog.LevelInfo
 		}
 		attrs := []slog.Attr{slog.String("outcome", e.Outcome.String())}
@@ -65,6 +73,10 @@ func LogObserver(l *slog.Logger) func(Event) {
 		}
 		if e.Err != nil {
 			attrs = append(attrs, slog.String("error", e.Err.Error()))
+		}
+		if o := e.Outage; o != nil {
+			attrs = append(attrs, slog.Group("outage", slog.String("phase", o.Phase.String()),
+				slog.Int64("refused", o.Refused), slog.Duration("for", o.Duration)))
 		}
 		ctx := e.Context
 		switch { // an Event built by hand may lack it
@@ -97,6 +109,6 @@ func (m *Middleware) observe(c *call, v verdict) {
 	m.cfg.observer(Event{
 		Request: c.r, Context: c.ctx, TokenMode: c.tokenMode, Outcome: v.outcome, FromCache: c.fromCache, Err: v.err,
 		Start: c.start, Duration: time.Since(c.start), Wait: c.waited, FencingToken: c.fence,
-		Released: v.released, StoredFor: v.storedFor,
+		Released: v.released, StoredFor: v.storedFor, Outage: c.outage,
 	})
 }

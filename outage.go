@@ -8,53 +8,115 @@ import (
 	"time"
 )
 
-// An outage is a stretch of time in which protected routes refuse requests
-// because Redis does not answer (503 store-unavailable). The observer hears
-// of every refusal; the log says when refusing began, how many requests it
-// refused, and when it ended, in a line at each end and one every
-// outageReportEvery in between: go-redis's dial errors say that Redis is
-// unreachable, not that our routes are refusing, nor how many.
-type outage struct {
+// An Outage is a stretch of time in which protected routes refuse requests
+// (503 store-unavailable) because Redis does not answer. The observer hears
+// of it through Event.Outage, and the middleware's log (WithLogger) in a
+// line, at the request that begins it, at the first refusal every
+// outageReportEvery (10 s) while it goes on, and at the request that ends
+// it: go-redis's dial errors say that Redis is unreachable, not that our
+// routes are refusing, nor how many requests.
+//
+// Only requests tell: the first refusal begins an outage, and the first
+// answer that Redis took part in (a claim that ran the handler, a replay
+// read from Redis) ends it. Answers decided without Redis (a 400, a replay
+// from this process's memory) neither end nor count, and calls of Do are
+// not followed.
+type Outage struct {
+	Phase OutagePhase
+	// Since is when the first refusal came.
+	Since time.Time
+	// Refused counts the requests refused since then: this one included
+	// when the outage began or goes on; when it ended, every refusal
+	// before the request that ended it.
+	Refused int64
+	// Duration is how long it has lasted, from Since to this request.
+	Duration time.Duration
+}
+
+// An OutagePhase says what a request's Event.Outage reports.
+type OutagePhase int
+
+const (
+	// OutageBegan: this request is the first refused (Refused is 1).
+	OutageBegan OutagePhase = iota + 1
+	// OutageOngoing: this request was refused, and the outage has gone on
+	// for another outageReportEvery since it was last reported.
+	OutageOngoing
+	// OutageEnded: Redis answered this request, after Refused refusals.
+	OutageEnded
+)
+
+var outagePhaseNames = [...]string{"", "began", "ongoing", "ended"}
+
+func (p OutagePhase) String() string {
+	if p > 0 && int(p) < len(outagePhaseNames) {
+		return outagePhaseNames[p]
+	}
+	return "unknown"
+}
+
+// outageWatch follows one Middleware's outages.
+type outageWatch struct {
 	on       atomic.Bool // an outage goes on: answers need the lock only then
 	mu       sync.Mutex
 	since    time.Time // when the first refusal came; zero when routes answer
 	refused  int64     // requests refused since then
-	reported time.Time // when the last line was logged
+	reported time.Time // when the outage was last reported
 }
 
-// outageReportEvery is how often a line says that an outage goes on.
+// outageReportEvery is how often an outage that goes on is reported.
 const outageReportEvery = 10 * time.Second
 
-// note takes the verdict answered at now. A refusal because Redis did not
-// answer begins or continues an outage; an answer that Redis took part in
-// (a claim that ran the handler, a replay read from Redis) ends it. Other
-// answers (a 400 decided before Redis was asked, a replay from this
-// process's memory) say nothing about Redis.
-func (o *outage) note(logger *slog.Logger, v verdict, fromRedis bool, now time.Time) {
+// note takes the verdict answered at now and returns what the request has
+// to report of an outage (nil: nothing), which it has also logged. A
+// refusal because Redis did not answer begins or continues an outage; an
+// answer that Redis took part in ends it.
+func (o *outageWatch) note(logger *slog.Logger, v verdict, fromRedis bool, now time.Time) *Outage {
 	refused := v.outcome == StoreError && errors.Is(v.err, ErrStoreUnavailable)
 	answered := fromRedis && (v.outcome == Executed || v.outcome == Replayed || v.outcome == Waited)
 	if !refused && (!answered || !o.on.Load()) {
-		return
+		return nil
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	var phase OutagePhase
 	switch {
 	case refused && o.since.IsZero():
 		o.since, o.refused, o.reported = now, 1, now
 		o.on.Store(true)
-		logger.Warn("idempotency: protected routes are refusing requests (503): Redis does not answer",
-			"refused", o.refused)
+		phase = OutageBegan
 	case refused:
 		o.refused++
-		if now.Sub(o.reported) >= outageReportEvery {
-			o.reported = now
-			logger.Warn("idempotency: protected routes are still refusing requests (503): Redis does not answer",
-				"refused", o.refused, "since", o.since, "for", now.Sub(o.since).Round(time.Millisecond))
+		if now.Sub(o.reported) < outageReportEvery {
+			return nil
 		}
+		o.reported = now
+		phase = OutageOngoing
 	case !o.since.IsZero():
-		logger.Info("idempotency: protected routes answer again: Redis answers",
-			"refused", o.refused, "for", now.Sub(o.since).Round(time.Millisecond))
+		phase = OutageEnded
+	default: // another request ended it since the check above
+		return nil
+	}
+	news := &Outage{Phase: phase, Since: o.since, Refused: o.refused, Duration: now.Sub(o.since)}
+	if phase == OutageEnded {
 		o.since, o.refused = time.Time{}, 0
 		o.on.Store(false)
+	}
+	news.log(logger)
+	return news
+}
+
+func (o *Outage) log(logger *slog.Logger) {
+	took := o.Duration.Round(time.Millisecond)
+	switch o.Phase {
+	case OutageBegan:
+		logger.Warn("idempotency: protected routes are refusing requests (503): Redis does not answer",
+			"refused", o.Refused)
+	case OutageOngoing:
+		logger.Warn("idempotency: protected routes are still refusing requests (503): Redis does not answer",
+			"refused", o.Refused, "since", o.Since, "for", took)
+	case OutageEnded:
+		logger.Info("idempotency: protected routes answer again: Redis answers",
+			"refused", o.Refused, "for", took)
 	}
 }

@@ -43,9 +43,16 @@ func WithTracerProvider(p trace.TracerProvider) Option { return func(c *config) 
 //     the handler included, by outcome and mode;
 //   - idempotency.wait (histogram, seconds): time spent waiting for another
 //     request with the same key, when there was any;
+//   - idempotency.outage.active (up-down counter): 1 while protected routes
+//     refuse requests because Redis does not answer, 0 once they answer
+//     again (idempotency.Outage), summed over the middlewares observed;
+//   - idempotency.outage.duration (histogram, seconds): how long each such
+//     outage lasted, recorded when it ends;
 //   - a span "idempotency" per request, a child of the request's own span,
 //     covering the middleware's time, with the outcome and fencing token as
-//     attributes and an error status for store errors and lost answers.
+//     attributes, an error status for store errors and lost answers, and an
+//     event "idempotency.outage" on the request that began an outage, ended
+//     it, or reported that it goes on.
 func NewObserver(opts ...Option) (func(idempotency.Event), error) {
 	c := config{meters: otel.GetMeterProvider(), tracers: otel.GetTracerProvider()}
 	for _, o := range opts {
@@ -65,6 +72,18 @@ func NewObserver(opts ...Option) (func(idempotency.Event), error) {
 	}
 	wait, err := meter.Float64Histogram("idempotency.wait",
 		metric.WithDescription("Time spent waiting for another request with the same key."), metric.WithUnit("s"))
+	if err != nil {
+		return nil, err
+	}
+	outages, err := meter.Int64UpDownCounter("idempotency.outage.active",
+		metric.WithDescription("Whether protected routes refuse requests because Redis does not answer."),
+		metric.WithUnit("{outage}"))
+	if err != nil {
+		return nil, err
+	}
+	outageDuration, err := meter.Float64Histogram("idempotency.outage.duration",
+		metric.WithDescription("How long protected routes refused requests because Redis did not answer."),
+		metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(1, 5, 10, 30, 60, 300, 900, 3600))
 	if err != nil {
 		return nil, err
 	}
@@ -89,6 +108,15 @@ func NewObserver(opts ...Option) (func(idempotency.Event), error) {
 			wait.Record(ctx, e.Wait.Seconds(), metric.WithAttributeSet(attrs))
 		}
 
+		switch {
+		case e.Outage == nil:
+		case e.Outage.Phase == idempotency.OutageBegan:
+			outages.Add(ctx, 1)
+		case e.Outage.Phase == idempotency.OutageEnded:
+			outages.Add(ctx, -1)
+			outageDuration.Record(ctx, e.Outage.Duration.Seconds())
+		}
+
 		_, span := tracer.Start(ctx, "idempotency", trace.WithTimestamp(e.Start),
 			trace.WithAttributes(attrs.ToSlice()...))
 		if e.FencingToken != 0 {
@@ -96,6 +124,12 @@ func NewObserver(opts ...Option) (func(idempotency.Event), error) {
 		}
 		if e.Wait > 0 {
 			span.SetAttributes(attribute.Float64("idempotency.wait_seconds", e.Wait.Seconds()))
+		}
+		if o := e.Outage; o != nil {
+			span.AddEvent("idempotency.outage", trace.WithAttributes(
+				attribute.String("idempotency.outage.phase", o.Phase.String()),
+				attribute.Int64("idempotency.outage.refused", o.Refused),
+				attribute.Float64("idempotency.outage.duration_seconds", o.Duration.Seconds())))
 		}
 		if e.Err != nil && (e.Outcome == idempotency.StoreError || e.Outcome == idempotency.Executed) {
 			span.RecordError(e.Err)

@@ -24,15 +24,18 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 root="${1:-$(mktemp -d /tmp/bare-machine.XXXXXX)}"
 [ "$(id -u)" -eq 0 ] || { echo "bare-machine.sh: needs root (debootstrap, chroot, unshare)"; exit 1; }
 say() { echo "bare-machine.sh: $*"; }
+# step LABEL COMMAND… runs a long step, saying every 20 s that it still runs.
+. "$repo/scripts/step.sh"
 
 if ! command -v debootstrap >/dev/null; then
 	say "installing debootstrap"
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+	step "apt-get update" apt-get update -qq
+	step "apt-get install debootstrap" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
 fi
 if [ ! -x "$root/bin/bash" ]; then
 	say "debootstrap --variant=minbase bookworm $root"
 	start=$SECONDS
-	debootstrap --variant=minbase bookworm "$root" http://deb.debian.org/debian >/dev/null
+	step debootstrap debootstrap --variant=minbase bookworm "$root" http://deb.debian.org/debian >/dev/null
 	say "root built in $((SECONDS - start)) s"
 fi
 

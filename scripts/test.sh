@@ -39,27 +39,8 @@ if [ "${1:-}" = "--setup" ]; then
 	shift
 fi
 
-# step LABEL COMMAND…: runs COMMAND, and every 20 s while it runs says so
-# (on the script's own standard output, which a $(step …) does not capture).
-exec 3>&1
-step() {
-	local label=$1 start=$SECONDS status=0 ticker
-	shift
-	(
-		trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM
-		while true; do
-			sleep 20 &
-			sleeper=$!
-			wait "$sleeper"
-			echo "test.sh: $label: still running ($((SECONDS - start)) s)" >&3
-		done
-	) &
-	ticker=$!
-	"$@" || status=$?
-	kill "$ticker" 2>/dev/null
-	wait "$ticker" 2>/dev/null || true
-	return "$status"
-}
+# step LABEL COMMAND… runs a long step, saying every 20 s that it still runs.
+. scripts/step.sh
 
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"

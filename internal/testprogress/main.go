@@ -172,7 +172,9 @@ func (p *progress) heartbeat(quiet time.Duration) (stop func()) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		tick := time.NewTicker(quiet / 4)
+		// A fine tick, so that a silence ends close to quiet, never
+		// much past it (quiet/4 let 25 s pass for a quiet of 20 s).
+		tick := time.NewTicker(quiet / 20)
 		defer tick.Stop()
 		for {
 			select {

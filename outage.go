@@ -11,9 +11,8 @@ import (
 // An Outage is a stretch of time in which protected routes refuse requests
 // (503 store-unavailable) because Redis does not answer. The observer hears
 // of it through Event.Outage, and the middleware's log (WithLogger) in a
-// line, at the request that begins it, at the first refusal every
-// outageReportEvery (10 s) while it goes on, and at the request that ends
-// it: go-redis's dial errors say that Redis is unreachable, not that our
+// line, at the request that begins it, at a refusal every 10 s while it
+// goes on (outageReportEvery), and at the request that ends it: go-redis's dial errors say that Redis is unreachable, not that our
 // routes are refusing, nor how many requests.
 //
 // Only requests tell: the first refusal begins an outage, and the first
@@ -40,7 +39,7 @@ const (
 	// OutageBegan: this request is the first refused (Refused is 1).
 	OutageBegan OutagePhase = iota + 1
 	// OutageOngoing: this request was refused, and the outage has gone on
-	// for another outageReportEvery since it was last reported.
+	// for another 10 s since it was last reported.
 	OutageOngoing
 	// OutageEnded: Redis answered this request, after Refused refusals.
 	OutageEnded

@@ -1,0 +1,57 @@
+package idempotency
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/stretchr/testify/require"
+)
+
+// A run that the middleware cut off (its execution timeout passed while
+// its instance was away from Redis) starts no further step. Its key may
+// already have been resumed elsewhere, and the step done and journaled
+// there: a step the stale run starts late would do its effect a second
+// time, and only fail at the journal.
+func TestACutOffRunStartsNoStep(t *testing.T) {
+	prefix := "test-" + t.Name()
+	a, proxy := darkable(t, prefix, resumeTiming...)
+	b := New(redistest.Client(t, prefix), append([]Option{WithKeyPrefix(prefix)}, resumeTiming...)...)
+	var shipped atomic.Int64
+	charged, goOn := make(chan struct{}), make(chan struct{})
+	fn := func(stall bool) func(context.Context) (int64, error) {
+		return func(ctx context.Context) (int64, error) {
+			if _, err := Step(ctx, "charge", func(context.Context) (int, error) { return 1, nil }); err != nil {
+				return 0, err
+			}
+			if stall {
+				close(charged)
+				<-goOn // work that does not heed ctx: a slow synchronous call
+			}
+			return Step(ctx, "ship", func(context.Context) (int64, error) { return shipped.Add(1), nil })
+		}
+	}
+	first := make(chan error, 1)
+	go func() {
+		_, err := Do(context.Background(), a, Key{ID: "k"}, fn(true), Resumable())
+		first <- err
+	}()
+	<-charged
+	proxy.StartBlackhole() // the instance is away: its lock lapses, its run times out
+
+	var o Outcome
+	got, err := Do(context.Background(), b, Key{ID: "k"}, fn(false), Resumable(), ReportOutcome(&o))
+	require.NoError(t, err)
+	require.Equal(t, Executed, o, "resumed")
+	require.EqualValues(t, 1, got)
+
+	proxy.EndBlackhole()
+	close(goOn)
+	require.ErrorIs(t, <-first, ErrExecutionTimeout)
+	require.EqualValues(t, 1, shipped.Load(), "the resumed run shipped; the cut-off run must not ship again")
+	again, err := Do(context.Background(), b, Key{ID: "k"}, fn(false), Resumable(), ReportOutcome(&o))
+	require.NoError(t, err)
+	require.Equal(t, Replayed, o)
+	require.Equal(t, got, again)
+}

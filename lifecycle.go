@@ -176,9 +176,10 @@ func (l *lease) startRun(c *call) (context.Context, *execution) {
 	}
 	if costing && cost.noExecTimeout {
 		l.stopRun = func() {}
-		return ctx, x
+	} else {
+		ctx, l.stopRun = context.WithTimeoutCause(ctx, l.m.cfg.execTimeout, ErrExecutionTimeout)
 	}
-	ctx, l.stopRun = context.WithTimeoutCause(ctx, l.m.cfg.execTimeout, ErrExecutionTimeout)
+	x.run = ctx
 	return ctx, x
 }
 

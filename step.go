@@ -43,6 +43,12 @@ import (
 // that a retry resumes it rather than replay a failure built on an effect
 // that did happen.
 //
+// A run the middleware cut off (the execution timeout, or a lost lease
+// where another executor may take the key over) starts no step: Step
+// returns the cause (ErrExecutionTimeout, ErrLockLost) without running fn,
+// whatever context the handler passes it, since the run that resumes the
+// key may already have done the step.
+//
 // Step names are unique within an execution: a second Step with a name
 // already used returns ErrStepRepeated without running fn (name steps in a
 // loop after what they are about: "charge-" + item.ID). Outside a protected
@@ -63,6 +69,11 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 		return zero, err
 	case e != nil:
 		return replayStep[T](x.resultCodec(), e)
+	}
+	if cut := cutOff(x.run); cut != nil {
+		// The run was cut off: its key may be resumed elsewhere already,
+		// and this step done there. Starting it here would repeat it.
+		return zero, fmt.Errorf("idempotency: step %q not started: %w", name, cut)
 	}
 	v, err := fn(ctx)
 	if !j.resumable {

@@ -24,13 +24,12 @@ import (
 type journal struct {
 	l         *lease // the run's lease; nil when not resumable
 	resumable bool
-	limit     int // the results' bytes together, at most (WithMaxResponseBytes)
+	limit     int // the journal's bytes, entries whole, at most (WithMaxResponseBytes)
 
 	mu      sync.Mutex
 	names   map[string]bool          // the names this run used
 	entries map[string]*journalEntry // journaled by the runs before this one
-	size    int                      // the journal's bytes in the record, for step.lua
-	data    int                      // the bytes counted against limit
+	size    int                      // the journal's bytes in the record, for step.lua and limit
 	unsaved error                    // a step Redis did not take: the journal is uncertain from here
 }
 
@@ -50,11 +49,11 @@ type journalEntry struct {
 // claim handed over (text, the journal of the runs it resumes).
 func newJournal(l *lease, text string) (*journal, error) {
 	j := &journal{l: l, resumable: true, limit: l.m.cfg.maxResponse}
-	entries, data, err := parseJournal(text)
+	entries, err := parseJournal(text)
 	if err != nil {
 		return nil, err
 	}
-	j.entries, j.size, j.data = entries, len(text), data
+	j.entries, j.size = entries, len(text)
 	return j, nil
 }
 
@@ -78,16 +77,18 @@ func (j *journal) begin(name string) (*journalEntry, error) {
 func (j *journal) write(ctx context.Context, name string, kind byte, data []byte) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	entry := appendEntry(make([]byte, 0, len(name)+len(data)+24), kind, name, data)
 	switch {
 	case j.unsaved != nil:
 		// Whether the last write landed is unknown, so where this one
 		// would go is too: the run is kept unless it succeeds anyway.
 		return j.unsaved
-	case j.data+len(data) > j.limit:
+	case j.size+len(entry) > j.limit:
+		// The whole entry counts, its name and framing too: steps with
+		// tiny or empty results must not grow the record without bound.
 		return fmt.Errorf("%w: step %q: %d bytes, with %d journaled before it, past the limit of %d (WithMaxResponseBytes)",
-			ErrStepTooLarge, name, len(data), j.data, j.limit)
+			ErrStepTooLarge, name, len(entry), j.size, j.limit)
 	}
-	entry := appendEntry(make([]byte, 0, len(name)+len(data)+24), kind, name, data)
 	l := j.l
 	var err error
 	for attempt, pause := 0, 10*time.Millisecond; attempt < 3; attempt, pause = attempt+1, pause*2 {
@@ -103,7 +104,6 @@ func (j *journal) write(ctx context.Context, name string, kind byte, data []byte
 			return fmt.Errorf("%w: step %q was not journaled: the key is another execution's now", ErrLockLost, name)
 		case err == nil:
 			j.size += len(entry)
-			j.data += len(data)
 			return nil
 		}
 	}
@@ -142,20 +142,19 @@ func appendEntry(b []byte, kind byte, name string, data []byte) []byte {
 
 var errCorruptJournal = errors.New("idempotency: corrupt step journal")
 
-// parseJournal reads a journal's entries, and the bytes of their data.
-func parseJournal(text string) (map[string]*journalEntry, int, error) {
+// parseJournal reads a journal's entries.
+func parseJournal(text string) (map[string]*journalEntry, error) {
 	var entries map[string]*journalEntry
-	data := 0
 	for text != "" {
 		head, rest, ok := strings.Cut(text, "\n")
 		if !ok || len(head) < 3 || head[0] != 's' || (head[1] != entryResult && head[1] != entryError) || head[2] != ' ' {
-			return nil, 0, errCorruptJournal
+			return nil, errCorruptJournal
 		}
 		nl, dl, ok := strings.Cut(head[3:], " ")
 		n, err1 := strconv.Atoi(nl)
 		d, err2 := strconv.Atoi(dl)
 		if !ok || err1 != nil || err2 != nil || n < 0 || d < 0 || n+d > len(rest) {
-			return nil, 0, errCorruptJournal
+			return nil, errCorruptJournal
 		}
 		e := &journalEntry{kind: head[1], name: rest[:n], data: rest[n : n+d]}
 		if entries == nil {
@@ -164,10 +163,9 @@ func parseJournal(text string) (map[string]*journalEntry, int, error) {
 		if entries[e.name] == nil { // a step journals once; the first entry stands
 			entries[e.name] = e
 		}
-		data += d
 		text = rest[n+d:]
 	}
-	return entries, data, nil
+	return entries, nil
 }
 
 // journal returns the execution's journal: the resumable run's, or one made

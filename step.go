@@ -23,8 +23,8 @@ import (
 // and the call repeated is one call.
 //
 // What is journaled: a result, encoded with the execution's codec (JSON, or
-// Do's UseCodec), at most WithMaxResponseBytes for the journal of one
-// execution together; and an error that fn marks Permanent, whose message a
+// Do's UseCodec), with the journal of one execution (its entries whole,
+// names and framing too) at most WithMaxResponseBytes; and an error that fn marks Permanent, whose message a
 // resumed run gets back as a *StoredError. Any other error, and a
 // cancellation or deadline (even one marked Permanent), is not journaled:
 // Step returns it, and a resumed run runs the step again, with the same

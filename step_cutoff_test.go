@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/stretchr/testify/require"
@@ -54,4 +55,25 @@ func TestACutOffRunStartsNoStep(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, Replayed, o)
 	require.Equal(t, got, again)
+}
+
+// A step started by a goroutine that outlives its run (a timeout handler
+// inside the protection answered and went on; fire-and-forget work) does
+// not run: the run's answer is settled, its journal closed, and a retry may
+// already be running the step beside it.
+func TestAStepAfterItsRunEndedDoesNotRun(t *testing.T) {
+	m, _ := twoInstances(t)
+	var ran atomic.Bool
+	late := make(chan error, 1)
+	_, err := Do(context.Background(), m, Key{ID: "k"}, func(ctx context.Context) (int, error) {
+		go func() {
+			time.Sleep(100 * time.Millisecond) // after Do returned
+			_, err := Step(ctx, "notify", func(context.Context) (int, error) { ran.Store(true); return 1, nil })
+			late <- err
+		}()
+		return 1, nil
+	}, Resumable())
+	require.NoError(t, err)
+	require.Error(t, <-late)
+	require.False(t, ran.Load(), "a step of a run that ended must not run")
 }

@@ -133,7 +133,7 @@ func middleware(t *testing.T, opts ...idempotency.Option) *idempotency.Middlewar
 
 // serve starts a gRPC server for svc on a loopback port and returns its
 // address; it stops when the test ends.
-func serve(t *testing.T, svc *payments, interceptors ...grpc.UnaryServerInterceptor) string {
+func serve(t *testing.T, svc paymentsServer, interceptors ...grpc.UnaryServerInterceptor) string {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(interceptors...))

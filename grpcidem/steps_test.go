@@ -1,0 +1,62 @@
+package grpcidem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/grpcidem"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// stepPayments charges in two steps: a provider's charge (a Go value) and
+// a ledger entry (a protobuf message, as another gRPC service answers).
+// Its first call fails after the charge, as a dependency that is down.
+type stepPayments struct {
+	charges, calls atomic.Int64
+}
+
+func (p *stepPayments) Charge(ctx context.Context, in *wrapperspb.StringValue) (*wrapperspb.StringValue, error) {
+	id, err := idempotency.Step(ctx, "charge", func(context.Context) (int64, error) { return p.charges.Add(1), nil })
+	if err != nil {
+		return nil, err
+	}
+	if p.calls.Add(1) == 1 {
+		return nil, status.Error(codes.Unavailable, "the ledger is down")
+	}
+	entry, err := idempotency.Step(ctx, "ledger", func(context.Context) (*wrapperspb.StringValue, error) {
+		return wrapperspb.String("entry"), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return wrapperspb.String(fmt.Sprintf("%s %s of charge %d", in.GetValue(), entry.GetValue(), id)), nil
+}
+
+func (*stepPayments) Watch(*wrapperspb.StringValue, grpc.ServerStream) error {
+	return errors.New("not served")
+}
+
+// A method of a server whose middleware resumes runs (WithResume) journals
+// its steps, whatever they return: the interceptor stores its answers as
+// protobuf, and that must not make a step's Go value or message
+// unjournalable. The retry after a transient failure resumes the run, and
+// the charge is not made again.
+func TestStepsOfAResumableMethodAreJournaled(t *testing.T) {
+	svc := &stepPayments{}
+	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t, idempotency.WithResume()),
+		grpcidem.WithCallerCredentials())))
+	first := charge(withKey(t, "order-1"), conn, "pay")
+	require.Equal(t, codes.Unavailable, status.Code(first.err), "%v", first.err)
+	second := charge(withKey(t, "order-1"), conn, "pay")
+	require.NoError(t, second.err)
+	require.Equal(t, "pay entry of charge 1", second.value)
+	require.EqualValues(t, 1, svc.charges.Load(), "the journaled charge is not made again")
+}

@@ -1,8 +1,8 @@
 package grpcidem
 
 import (
-	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/onceonly/idempotency"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -84,22 +84,37 @@ func messageOf(v any) (proto.Message, bool) {
 	return nil, false
 }
 
-// answerCodec stores answers as protobuf instead of JSON.
+// answerCodec stores answers as protobuf instead of JSON. It is also the
+// codec of the steps a method journals (idempotency.Step, under
+// idempotency.WithResume), whose results are the method's own values: a
+// protobuf message (another service's answer) is stored as protobuf, and
+// anything else as JSON, as a step of an HTTP handler is.
 type answerCodec struct{}
 
 func (answerCodec) Marshal(v any) ([]byte, error) {
-	a, ok := v.(*spb.Status)
-	if !ok {
-		return nil, fmt.Errorf("grpcidem: cannot store %T", v)
+	if m, ok := v.(proto.Message); ok {
+		return proto.Marshal(m)
 	}
-	return proto.Marshal(a)
+	return idempotency.JSON.Marshal(v)
 }
 
 func (answerCodec) Unmarshal(data []byte, v any) error {
-	p, ok := v.(**spb.Status)
-	if !ok {
-		return errors.New("grpcidem: answers are read into a *status.Status")
+	if p, ok := v.(**spb.Status); ok {
+		*p = new(spb.Status)
+		return proto.Unmarshal(data, *p)
 	}
-	*p = new(spb.Status)
-	return proto.Unmarshal(data, *p)
+	// A step's result: v points at a T, a message's pointer type or not.
+	if rv := reflect.ValueOf(v); rv.Kind() == reflect.Pointer && !rv.IsNil() {
+		if t := rv.Type().Elem(); t.Kind() == reflect.Pointer && t.Implements(messageType) {
+			m := reflect.New(t.Elem())
+			if err := proto.Unmarshal(data, m.Interface().(proto.Message)); err != nil {
+				return err
+			}
+			rv.Elem().Set(m)
+			return nil
+		}
+	}
+	return idempotency.JSON.Unmarshal(data, v)
 }
+
+var messageType = reflect.TypeFor[proto.Message]()

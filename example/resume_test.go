@@ -16,8 +16,8 @@ import (
 )
 
 // An instance killed in the middle of payments (SIGKILL: no drain, nothing
-// kept) leaves them claimed, some charged at the provider and none
-// answered. Retried on another instance, every payment is resumed once its
+// kept), each at another point of its run, leaves them claimed, some
+// charged at the provider and none answered. Retried on another instance, every payment is resumed once its
 // run can no longer store: no retry is answered interrupted, each gets its
 // 201, and the provider, which runs apart from the killed process, charged
 // each payment once.
@@ -34,11 +34,21 @@ func TestSIGKILLMidPaymentIsResumedOnAnotherInstance(t *testing.T) {
 	b := startProcess(t, env...)
 
 	const n = 5
+	// The payments start 120 ms apart, so that the kill finds each at
+	// another point of its 500 ms call to the provider, or past it: 200,
+	// 320 and 440 ms into the call, and 60 and 180 ms after it answered
+	// (its step journaled, the payment being written and its answer
+	// stored).
+	const gap = 120 * time.Millisecond
 	for i := range n {
-		go pay(t, a.URL, fmt.Sprint("killed-", i)) // its answer never comes
+		go pay(t, a.URL, fmt.Sprint("killed-", i)) // its answer may never come
+		if i < n-1 {
+			time.Sleep(gap)
+		}
 	}
 	time.Sleep(200 * time.Millisecond)
 	require.NoError(t, a.Signal(syscall.SIGKILL))
+	killed := time.Now()
 	<-a.Exited()
 
 	paid := map[string]Payment{}
@@ -53,6 +63,7 @@ func TestSIGKILLMidPaymentIsResumedOnAnotherInstance(t *testing.T) {
 				var p Payment
 				require.NoError(t, json.Unmarshal([]byte(body), &p), body)
 				paid[key] = p
+				t.Logf("%s: 201 on the other instance %v after the kill", key, time.Since(killed).Round(10*time.Millisecond))
 				break
 			}
 			require.Equal(t, http.StatusConflict, status, body)

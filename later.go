@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // What Redis did not answer now is done later: the release of a claim whose
@@ -158,7 +160,8 @@ func (q *later) signal() {
 }
 
 // do tries job, pausing longer each time, until it succeeds or its deadline
-// passes (a job without one: until it succeeds).
+// passes (a job without one: until it succeeds), or the application closed
+// the Redis client, which nothing will answer any more.
 func (q *later) do(job *laterJob) {
 	for pause := 50 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
 		ctx, cancel := q.m.store.stepContext(context.Background())
@@ -168,6 +171,11 @@ func (q *later) do(job *laterJob) {
 		q.failing = err != nil
 		q.mu.Unlock()
 		if err == nil {
+			return
+		}
+		if errors.Is(err, redis.ErrClosed) {
+			q.m.cfg.logger.Error("idempotency: the Redis client was closed with a "+job.what+" undone (call "+
+				"Middleware.Shutdown before closing it); retries may find the key interrupted", "key", job.k.record)
 			return
 		}
 		if !job.deadline.IsZero() && time.Now().Add(pause).After(job.deadline) {

@@ -255,3 +255,23 @@ func TestAClaimWithoutAReplyIsUndoneHoweverLongRedisIsAway(t *testing.T) {
 	require.Equal(t, http.StatusCreated, retry.Code, "the key is free: %s", retry.Body)
 	require.Empty(t, h.doubles())
 }
+
+// A job whose Redis client the application closed ends: nothing will ever
+// answer it, and its worker must not retry for the process's lifetime.
+func TestAJobEndsWhenItsClientIsClosed(t *testing.T) {
+	srv := redistest.Private(t)
+	var logs syncbuf.Buffer
+	rdb := srv.Client(t)
+	m := New(rdb, WithKeyPrefix("closed"), WithCallerCredentials(),
+		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	m.later.add(clientKeys("closed", paymentID("k")), "release", 0, time.Time{}, func(ctx context.Context) error {
+		return rdb.Ping(ctx).Err()
+	})
+	require.NoError(t, srv.Signal(syscall.SIGSTOP)) // the first try fails
+	t.Cleanup(func() { srv.Signal(syscall.SIGCONT) })
+	rdb.Close()
+	drain, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, m.Shutdown(drain), "the job ended")
+	require.Contains(t, logs.String(), "the Redis client was closed")
+}

@@ -15,9 +15,11 @@ import (
 // Redis did not take. The caller's answer never waits for a Redis that just
 // failed it. Left undone, a released claim would read as interrupted (409)
 // although nothing ran, and a stored answer would be lost; so no job is
-// ever dropped. A job is tried until it succeeds or until nothing it could
-// write would still count (claimHorizon): past that, claims read the key as
-// interrupted.
+// ever dropped. A store is tried until it succeeds or until the key's
+// record has expired, when nothing it could write would still count; a
+// release, which can never undo an effect, for as long as the process
+// lives. Past the claim horizon a claim reads the key interrupted
+// meanwhile, and the store that lands later turns it into a replayed one.
 //
 // The queue is bounded by back-pressure, not by dropping: every call that
 // may leave a job behind is admitted first (enter), and while the queue
@@ -179,8 +181,8 @@ func (q *later) do(job *laterJob) {
 			return
 		}
 		if !job.deadline.IsZero() && time.Now().Add(pause).After(job.deadline) {
-			q.m.cfg.logger.Warn("idempotency: Redis did not answer a "+job.what+" in time; retries find the "+
-				"key interrupted", "key", job.k.record, "error", err)
+			q.m.cfg.logger.Warn("idempotency: Redis did not take a "+job.what+" for as long as the key's "+
+				"record lives; it is dropped", "key", job.k.record, "error", err)
 			return
 		}
 		time.Sleep(pause)
@@ -196,9 +198,10 @@ func (q *later) do(job *laterJob) {
 // a request, ErrStoreUnavailable for Do), so that the drain ends.
 //
 // When ctx ends first, Shutdown logs the key of each store or release left
-// undone (a retry of those keys finds them interrupted once no store can
-// land; an operator settles them with idemctl) and returns ctx's error.
-// The work goes on in the background while the process lives.
+// undone (once the process has exited, a retry of those keys finds them
+// interrupted past the claim horizon; an operator settles them with
+// idemctl) and returns ctx's error. The work goes on in the background
+// while the process lives.
 func (m *Middleware) Shutdown(ctx context.Context) error {
 	q := m.later
 	for {

@@ -123,6 +123,53 @@ func TestAnUnfinishedShutdownNamesItsKeys(t *testing.T) {
 	require.Contains(t, logs.String(), clientKeys("p", paymentID("k")).record)
 }
 
+// A drain whose Redis stalls past the claim horizon: the stored answer and
+// the release wait for Redis however long it takes, and Shutdown returns
+// only once both are done. Giving them up at the horizon lost the answer
+// while Shutdown returned nil before Redis was back, and left the released
+// key interrupted.
+func TestADrainOutlastsTheClaimHorizon(t *testing.T) {
+	s, srv := privateShop(t, WithLockLease(300*time.Millisecond), WithStoreTimeout(100*time.Millisecond),
+		WithExecutionTimeout(time.Second))
+	running, stall := make(chan struct{}, 2), make(chan struct{})
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		running <- struct{}{}
+		<-stall
+		if r.Header.Get(KeyHeader) == "given-up" {
+			Release(r.Context())
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			return
+		}
+		s.defaultHandler(w, r)
+	}
+	c := s.client()
+	stored, givenUp := s.postAsync(c, "/payments", "stored", `{}`), s.postAsync(c, "/payments", "given-up", `{}`)
+	<-running
+	<-running
+	require.NoError(t, srv.Signal(syscall.SIGSTOP))
+	defer srv.Signal(syscall.SIGCONT)
+	close(stall)
+	require.Equal(t, http.StatusCreated, (<-stored).must(t).status)
+	require.Equal(t, http.StatusUnprocessableEntity, (<-givenUp).must(t).status)
+
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		done <- s.idem.Shutdown(ctx)
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("Shutdown returned %v with Redis stalled", err)
+	case <-time.After(s.idem.cfg.claimHorizon() + time.Second):
+	}
+	require.NoError(t, srv.Signal(syscall.SIGCONT))
+	require.NoError(t, <-done)
+	require.Equal(t, "done", redistest.RecordState(t.Context(), s.rdb, clientKeys("p", paymentID("stored")).record))
+	require.Empty(t, redistest.RecordState(t.Context(), s.rdb, clientKeys("p", paymentID("given-up")).record),
+		"released")
+}
+
 // While Redis stalls and work waits for it, new requests are refused at
 // once, before any handler runs, instead of each waiting out its store
 // timeout and leaving work behind: the queue stays bounded and no stored

@@ -309,17 +309,15 @@ func (l *lease) releaseLater() {
 	})
 }
 
-// laterDeadline is how long the background tries a job of this lease: a
-// lease from now, and at least until the execution timeout has passed
-// since the claim. Within the claim horizon, so a claim that finds the
-// key's lock lapsed reads it in progress for as long as the job may land.
+// laterDeadline is how long the background tries a job of this lease: for
+// as long as the key's record lives. Until then what the job writes still
+// counts: the record names this run until another executor takes the key
+// over (the scripts then write nothing) or an operator settles it. A store
+// that lands past the claim horizon turns a key that read interrupted into
+// a replayed one; giving it up at the horizon would lose an answer to an
+// outage that merely outlasted it, also while Shutdown drains.
 func (l *lease) laterDeadline() time.Time {
-	cfg := &l.m.cfg
-	deadline := time.Now().Add(cfg.lease)
-	if end := l.began.Add(cfg.execTimeout + cfg.lease); end.After(deadline) {
-		return end
-	}
-	return deadline
+	return l.began.Add(l.k.lifetime(l.m.cfg.recordTTL))
 }
 
 // storeLater stores rec in the background, for a run whose store Redis did

@@ -390,12 +390,13 @@ func WithOutcomeStore(s OutcomeStore) Option { return func(c *config) { c.outcom
 
 func (c *config) takeover() bool { return c.retryAbandoned || c.outcomes != nil }
 
-// claimHorizon is how long after its claim an executor may still store an
-// answer: its run lasts up to the execution timeout, the store is tried
-// three times, each within the store timeout, and then in the background
-// for a lease, each try again within the store timeout. Until then a key
-// whose lock lapsed is still running (a stalled Redis lets a live run's
-// lock run out), and reads in progress, not interrupted.
+// claimHorizon is how long after its claim a live executor has had to
+// store its answer in its own time: its run lasts up to the execution
+// timeout, the store is tried three times, each within the store timeout,
+// and then in the background, each try again within the store timeout.
+// Until then a key whose lock lapsed is still running (a stalled Redis lets
+// a live run's lock run out), and reads in progress, not interrupted. A
+// store that waits out a longer outage still lands later (later.go).
 func (c *config) claimHorizon() time.Duration {
 	return c.execTimeout + c.lease + 4*c.storeTimeout + 100*time.Millisecond
 }

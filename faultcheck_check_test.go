@@ -54,6 +54,7 @@ func check(h *history) []violation {
 		found = append(found, violation{ruleUnfinished, nil,
 			fmt.Sprintf("requests of the history were still inside an instance %v after the last answer", drainBound)})
 	}
+	found = append(found, checkDrainExits(h)...)
 	for _, k := range h.plan.keys {
 		found = append(found, newKeyCase(h, k).check()...)
 	}
@@ -119,7 +120,15 @@ func (c *keyCase) check() []violation {
 	c.checkCancellations()
 	c.checkKeyReused()
 	c.checkReleases()
+	c.checkHeldState()
 	return c.found
+}
+
+// checkHeldState holds the key to the promises about what a process or
+// Redis holds: each in the file of its fault.
+func (c *keyCase) checkHeldState() {
+	c.checkStored()
+	c.checkDrains()
 }
 
 // describe names an execution by what started it.
@@ -394,7 +403,7 @@ func (h *history) outage(i int, from, to time.Time) (out time.Duration, killed b
 			continue
 		}
 		switch f.kind {
-		case kindKill:
+		case kindKill, kindDrain:
 			killed = killed || !f.to.Before(from) && !f.from.After(to)
 		case kindRedisStop, kindBlackhole, kindDelay:
 			s := span{maxTime(f.from, from), minTime(f.to, to)}

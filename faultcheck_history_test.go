@@ -22,10 +22,11 @@ import (
 // A history is one plan as it ran: every exchange with the instances, and
 // afterwards what the application's database and Redis hold for its keys.
 type history struct {
-	plan           *plan
-	began, settled time.Time
+	plan                      *plan
+	began, settled, collected time.Time
 
-	sent map[*requestPlan]chan struct{} // closed once the request is sent
+	sent     map[*requestPlan]chan struct{} // closed once the request is sent
+	answered map[*requestPlan]chan struct{} // closed once its exchange is over
 
 	mu        sync.Mutex
 	exchanges []*exchange
@@ -40,6 +41,18 @@ type history struct {
 	stray map[string]admin.KeyState
 	// faults injected while it ran, by any history
 	faults []faultEvent
+	// what the check excused, and why: counted apart in the report
+	notes map[string]int
+	// keys whose answer may still have been on its way (awaitStores)
+	undecided map[*keyPlan]bool
+}
+
+// note counts something a fault excused.
+func (h *history) note(what string) {
+	if h.notes == nil {
+		h.notes = map[string]int{}
+	}
+	h.notes[what]++
 }
 
 // exchange is one request and what came back.
@@ -74,12 +87,14 @@ const clientBound = 15 * time.Second
 // run runs p: each key's chain and extras, and the faults, at their
 // moments; then waits for the history to settle and reads its outcome.
 func (r *rig) run(p *plan) *history {
-	h := &history{plan: p, began: time.Now(), injected: map[string]int{}, sent: map[*requestPlan]chan struct{}{}}
+	h := &history{plan: p, injected: map[string]int{}, undecided: map[*keyPlan]bool{},
+		sent: map[*requestPlan]chan struct{}{}, answered: map[*requestPlan]chan struct{}{}}
 	for _, k := range p.keys {
 		for _, q := range k.requests() {
-			h.sent[q] = make(chan struct{})
+			h.sent[q], h.answered[q] = make(chan struct{}), make(chan struct{})
 		}
 	}
+	h.began = time.Now()
 	var wg sync.WaitGroup
 	for _, k := range p.keys {
 		wg.Go(func() {
@@ -112,8 +127,12 @@ func (r *rig) run(p *plan) *history {
 	}
 	wg.Wait()
 	r.settle(h)
-	r.collect(h)
 	h.faults = r.timeline.between(h.began, h.settled)
+	r.collect(h)
+	// What Redis holds was read after the history settled: a fault
+	// meanwhile (a restart, say) is the history's too.
+	h.collected = time.Now()
+	h.faults = r.timeline.between(h.began, h.collected)
 	return h
 }
 
@@ -151,6 +170,7 @@ func (r *rig) send(h *history, q *requestPlan) {
 	h.mu.Lock()
 	h.exchanges = append(h.exchanges, x)
 	h.mu.Unlock()
+	close(h.answered[q])
 }
 
 // fetch sends req and reads what comes back into x.
@@ -225,29 +245,42 @@ func routeKind(route string) string {
 // blackhole's end another's), so a fault may begin later than planned.
 func (r *rig) inject(h *history, f *faultPlan) {
 	inst := r.instances[f.instance]
-	ev := faultEvent{kind: f.kind, instance: f.instance}
+	ev := faultEvent{kind: f.kind, instance: f.instance, history: h.plan.index}
+	var id int
+	begin := func() {
+		ev.from = time.Now()
+		id = r.timeline.begin(ev)
+	}
 	switch f.kind {
 	case kindRedisStop:
-		r.redisStop.Lock()
-		defer r.redisStop.Unlock()
-		ev.instance, ev.from = -1, time.Now()
+		r.redisFaults.Lock()
+		defer r.redisFaults.Unlock()
+		ev.instance = -1
+		begin()
 		ev.what = r.stopRedis(f.dur)
 	case kindBlackhole, kindDelay:
 		inst.proxyFaults.Lock()
 		defer inst.proxyFaults.Unlock()
-		ev.from = time.Now()
+		begin()
 		ev.what = inst.slowOrCut(f)
 	case kindDropReply:
-		ev.from = time.Now()
+		begin()
 		ev.what = inst.dropReply(f.needle)
 	case kindKill:
 		inst.lifecycle.Lock()
 		defer inst.lifecycle.Unlock()
-		ev.from = time.Now()
-		ev.what = r.killAndRestart(inst, f.dur)
+		begin()
+		ev.what = r.killAndRestart(inst, f.dur, &ev)
+	case kindDrain:
+		inst.lifecycle.Lock()
+		defer inst.lifecycle.Unlock()
+		inst.proxyFaults.Lock()
+		defer inst.proxyFaults.Unlock()
+		begin()
+		ev.what = r.drainAndRestart(h, inst, f, &ev)
 	}
 	ev.to = time.Now()
-	r.timeline.add(ev)
+	r.timeline.end(id, ev)
 	h.count(f.kind)
 }
 
@@ -276,7 +309,7 @@ func (p *instanceProc) slowOrCut(f *faultPlan) string {
 	p.proxy.StartBlackhole()
 	time.Sleep(f.dur)
 	p.proxy.EndBlackhole()
-	return fmt.Sprintf("blackhole between %s and Redis for %v", p.name, f.dur)
+	return fmt.Sprintf("%s: every byte between %s and Redis lost for %v", f.kind, p.name, f.dur)
 }
 
 // dropReply loses the reply to the instance's next command that contains
@@ -291,14 +324,18 @@ func (p *instanceProc) dropReply(needle string) string {
 }
 
 // killAndRestart kills the instance and starts it again after down.
-func (r *rig) killAndRestart(p *instanceProc, down time.Duration) string {
+func (r *rig) killAndRestart(p *instanceProc, down time.Duration, ev *faultEvent) string {
 	began := time.Now()
-	p.kill()
+	ev.pid = p.kill()
 	time.Sleep(down)
+	r.restart(p)
+	return fmt.Sprintf("SIGKILL of %s (pid %d); restarted after %v", p.name, ev.pid, time.Since(began).Round(time.Millisecond))
+}
+
+func (r *rig) restart(p *instanceProc) {
 	if err := p.start(); err != nil {
 		r.fail("restarting instance %s: %v", p.name, err)
 	}
-	return fmt.Sprintf("SIGKILL of %s; restarted after %v", p.name, time.Since(began).Round(time.Millisecond))
 }
 
 // drainBound bounds how long requests may still run inside the instances
@@ -374,8 +411,7 @@ func (r *rig) collect(h *history) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cfg := h.plan.cfg
-	m := admin.New(idempotency.New(r.storeDB, idempotency.WithKeyPrefix(cfg.Prefix),
-		idempotency.WithLogger(slog.New(slog.DiscardHandler))))
+	m := r.operator(cfg)
 	h.traces = map[*keyPlan][]trace{}
 	h.states = map[*keyPlan]*admin.KeyState{}
 	named := map[string]bool{}
@@ -403,6 +439,10 @@ func (r *rig) collect(h *history) {
 			}
 		}
 	}
+	if err := r.awaitStores(ctx, h, m); err != nil {
+		r.fail("inspecting: %v", err)
+		return
+	}
 	h.stray = map[string]admin.KeyState{}
 	names, err := scanAll(ctx, r.storeDB, cfg.Prefix+":*:r")
 	if err != nil {
@@ -420,6 +460,12 @@ func (r *rig) collect(h *history) {
 		}
 		h.stray[name] = st
 	}
+}
+
+// operator reads the keys of a history's prefix.
+func (r *rig) operator(cfg historyConfig) *admin.Operator {
+	return admin.New(idempotency.New(r.storeDB, idempotency.WithKeyPrefix(cfg.Prefix),
+		idempotency.WithLogger(slog.New(slog.DiscardHandler))))
 }
 
 // forget deletes what the history left in the application's database; its
@@ -440,6 +486,7 @@ func (h *history) story(k *keyPlan) []string {
 	type line struct {
 		at   time.Time
 		text string
+		name string // the request's, for the lines of an exchange
 	}
 	var lines []line
 	for _, x := range h.exchanges {
@@ -447,19 +494,19 @@ func (h *history) story(k *keyPlan) []string {
 			continue
 		}
 		lines = append(lines,
-			line{x.sent, fmt.Sprintf("%s  %s → %s", x.instance, x.req, x.req.key)},
-			line{x.done, fmt.Sprintf("%s  %s ← %s", x.instance, x.req.name, replyText(x))})
+			line{x.sent, fmt.Sprintf("%s  %s → %s", x.instance, x.req, x.req.key), x.req.name},
+			line{x.done, fmt.Sprintf("%s  %s ← %s", x.instance, x.req.name, replyText(x)), x.req.name})
 	}
 	for _, key := range h.plan.keys {
 		if k != nil && key != k {
 			continue
 		}
 		for _, tr := range h.traces[key] {
-			lines = append(lines, line{time.Unix(0, tr.At), tr.Instance + "  " + traceText(tr)})
+			lines = append(lines, line{at: time.Unix(0, tr.At), text: tr.Instance + "  " + traceText(tr)})
 		}
 	}
 	if len(lines) == 0 {
-		lines = append(lines, line{h.began, "(no request)"})
+		lines = append(lines, line{at: h.began, text: "(no request)"})
 	}
 	first, last := lines[0].at, lines[0].at
 	for _, l := range lines {
@@ -467,18 +514,37 @@ func (h *history) story(k *keyPlan) []string {
 	}
 	for _, f := range h.faults {
 		if !f.to.Before(first.Add(-200*time.Millisecond)) && !f.from.After(last.Add(200*time.Millisecond)) {
-			lines = append(lines, line{f.from, fmt.Sprintf("*  %s (until %+.3fs)", f.what, f.to.Sub(h.began).Seconds())})
+			until := fmt.Sprintf("until %+.3fs", f.to.Sub(h.began).Seconds())
+			if f.ongoing {
+				until = "still going on"
+			}
+			what := f.what
+			if what == "" {
+				what = f.kind
+			}
+			lines = append(lines, line{at: f.from, text: fmt.Sprintf("*  %s (%s)", what, until)})
 		}
 	}
 	for _, key := range h.plan.keys {
 		if k == nil || key == k {
-			lines = append(lines, line{h.settled, fmt.Sprintf("=  %s ends: %s", key, stateText(h.states[key]))})
+			lines = append(lines, line{at: h.collected, text: fmt.Sprintf("=  %s ends: %s", key, stateText(h.states[key]))})
 		}
 	}
 	slices.SortStableFunc(lines, func(a, b line) int { return a.at.Compare(b.at) })
-	out := make([]string, len(lines))
-	for i, l := range lines {
-		out[i] = fmt.Sprintf("%+8.3fs  %s", l.at.Sub(h.began).Seconds(), l.text)
+	// Lines in a row that differ only in their request's name (hundreds of
+	// duplicates of one key) are told once.
+	var out []string
+	for i := 0; i < len(lines); {
+		l, names := lines[i], []string{lines[i].name}
+		for i++; l.name != "" && i < len(lines) && lines[i].name != "" &&
+			strings.Replace(lines[i].text, lines[i].name, "", 1) == strings.Replace(l.text, l.name, "", 1); i++ {
+			names = append(names, lines[i].name)
+		}
+		text := l.text
+		if len(names) > 1 {
+			text = strings.Replace(text, l.name, fmt.Sprintf("%s … %s (%d requests)", l.name, names[len(names)-1], len(names)), 1)
+		}
+		out = append(out, fmt.Sprintf("%+8.3fs  %s", l.at.Sub(h.began).Seconds(), text))
 	}
 	return out
 }

@@ -11,9 +11,13 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -38,6 +42,9 @@ const (
 	// listeningLine is what an instance prints, followed by its address,
 	// once it accepts requests.
 	listeningLine = "faultcheck instance listening on "
+	// drainedLine is what it prints once a drain ended, followed by
+	// "complete" or why not.
+	drainedLine = "faultcheck instance drained: "
 	// outerTimeoutMessage is the body http.TimeoutHandler answers when the
 	// outer timeout of the /outer-timeout route fires.
 	outerTimeoutMessage = "outer timeout"
@@ -109,7 +116,7 @@ func (c historyConfig) options() []idempotency.Option {
 			}
 			return "", errors.New("no client")
 		}),
-		idempotency.WithLogger(slog.New(slog.DiscardHandler)),
+		idempotency.WithLogger(slog.New(drainLog{slog.NewJSONHandler(os.Stdout, nil)})),
 	}
 	if c.RetryAbandoned {
 		opts = append(opts, idempotency.WithRetryAbandoned())
@@ -144,6 +151,9 @@ type instanceSpec struct {
 	Name    string // "a" or "b"
 	Store   string // the Redis of the middleware, through this instance's fault proxy
 	Effects string // the application's database
+	// Drain bounds a graceful shutdown (SIGTERM), http.Server.Shutdown and
+	// the middlewares' Shutdown together.
+	Drain time.Duration
 }
 
 // trace is one line of a key's server-side log, kept in the application's
@@ -223,15 +233,67 @@ func TestFaultCheckInstance(t *testing.T) {
 		t.Fatal(err)
 	}
 	fmt.Println(listeningLine + ln.Addr().String())
+	s := newInstance(spec)
 	srv := &http.Server{
-		Handler: newInstance(spec),
+		Handler: s,
 		// A handler's panic is logged by net/http with its stack; the
 		// panics here are the check's own.
 		ErrorLog:          log.New(io.Discard, "", 0),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
-	t.Fatal(srv.Serve(ln))
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		t.Fatal(err)
+	case <-term:
+		s.drain(srv)
+	}
 }
+
+// drain shuts the instance down as example/main.go does, under one
+// deadline: the server stops taking requests and waits for those in
+// flight, then every middleware the process made finishes the stores and
+// releases that Redis did not take. What it left undone the middlewares
+// log (drainLog); the last line says how the drain ended.
+func (s *instance) drain(srv *http.Server) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.spec.Drain)
+	defer cancel()
+	err := srv.Shutdown(ctx)
+	s.mu.Lock()
+	all := slices.Clone(s.made)
+	s.mu.Unlock()
+	for _, m := range all {
+		if e := m.Shutdown(ctx); e != nil {
+			err = e
+		}
+	}
+	outcome := "complete"
+	if err != nil {
+		outcome = err.Error()
+	}
+	fmt.Println(drainedLine + outcome)
+}
+
+// drainLog passes on to the instance's output what a middleware's
+// Shutdown logs, as JSON lines: the keys a drain left undone, which the
+// check reads. Everything else the middleware logs is dropped.
+type drainLog struct{ slog.Handler }
+
+// shutdownLog is how the middleware's Shutdown messages begin.
+const shutdownLog = "idempotency: shutdown:"
+
+func (d drainLog) Handle(ctx context.Context, r slog.Record) error {
+	if !strings.HasPrefix(r.Message, shutdownLog) {
+		return nil
+	}
+	return d.Handler.Handle(ctx, r)
+}
+
+func (d drainLog) WithAttrs(as []slog.Attr) slog.Handler { return drainLog{d.Handler.WithAttrs(as)} }
+func (d drainLog) WithGroup(name string) slog.Handler    { return drainLog{d.Handler.WithGroup(name)} }
 
 // instance serves the routes of every history.
 type instance struct {
@@ -244,6 +306,9 @@ type instance struct {
 	mu        sync.Mutex
 	histories map[string]*historyRoutes // by key prefix
 	recent    []string                  // prefixes, oldest first
+	// made is every middleware the process made, also those of histories
+	// no longer kept, whose background work a drain still waits for.
+	made []*idempotency.Middleware
 }
 
 // keptHistories bounds how many histories' middlewares an instance keeps:
@@ -277,6 +342,7 @@ func (s *instance) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // historyRoutes are one history's routes, behind its middleware.
 type historyRoutes struct {
+	m        *idempotency.Middleware
 	mux      *http.ServeMux
 	inflight atomic.Int64 // requests inside the middleware
 }
@@ -294,6 +360,7 @@ func (s *instance) routes(cfg historyConfig) *historyRoutes {
 	h = s.newRoutes(cfg)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.made = append(s.made, h.m)
 	if first := s.histories[cfg.Prefix]; first != nil {
 		return first // another request of the history made them meanwhile
 	}
@@ -307,8 +374,8 @@ func (s *instance) routes(cfg historyConfig) *historyRoutes {
 }
 
 func (s *instance) newRoutes(cfg historyConfig) *historyRoutes {
-	h := &historyRoutes{mux: http.NewServeMux()}
 	m := idempotency.New(s.store, cfg.options()...)
+	h := &historyRoutes{m: m, mux: http.NewServeMux()}
 	protected := h.counted(m.ProtectKey(http.HandlerFunc(s.handle)))
 	h.mux.Handle("POST /key", protected)
 	// A timeout handler outside the middleware: it answers 503 itself
@@ -554,10 +621,12 @@ func (x *run) effect() bool {
 }
 
 // trace appends to the key's server-side log.
-func (x *run) trace(tr trace) {
-	b, _ := json.Marshal(x.stamp(tr))
-	if err := x.s.effects.RPush(context.Background(), traceKey(x.prefix, x.scope, x.key), b).Err(); err != nil {
-		log.Fatalf("faultcheck instance %s: tracing failed: %v", x.s.spec.Name, err)
+func (x *run) trace(tr trace) { x.s.trace(x.prefix, x.scope, x.key, x.stamp(tr)) }
+
+func (s *instance) trace(prefix, scope, key string, tr trace) {
+	b, _ := json.Marshal(tr)
+	if err := s.effects.RPush(context.Background(), traceKey(prefix, scope, key), b).Err(); err != nil {
+		log.Fatalf("faultcheck instance %s: tracing failed: %v", s.spec.Name, err)
 	}
 }
 

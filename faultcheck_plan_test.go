@@ -33,12 +33,15 @@ const (
 	kindDo          = "do" // callers of Do
 	kindCutoff      = actCutoff
 	kindFnError     = actFnError
+	// What a process or Redis holds: each in faultcheck_<kind>_test.go.
+	kindDrain = "drain" // SIGTERM while the instance's Redis is cut off: its drain, then a restart
 )
 
 var allKinds = []string{
 	kindRedisStop, kindDropReply, kindDelay, kindBlackhole, kindKill,
 	kindDisconnect, kindClientDeadline, kindImpostor, kindOuterTimeout, kindDeadline,
 	kindPanicBefore, kindPanicAfter, kindRelease, kindTransient, kindDo, kindCutoff, kindFnError,
+	kindDrain,
 }
 
 // kindSet is the kinds of fault a run injects.
@@ -108,7 +111,9 @@ type keyPlan struct {
 func (k *keyPlan) String() string { return k.scope + "/" + k.id + " on " + k.route }
 
 // requests are the key's chain and extras.
-func (k *keyPlan) requests() []*requestPlan { return append(slices.Clone(k.chain), k.extras...) }
+func (k *keyPlan) requests() []*requestPlan {
+	return slices.Concat(k.chain, k.extras)
+}
 
 // requestPlan is one request of a key.
 type requestPlan struct {
@@ -193,6 +198,7 @@ func newPlan(seed uint64, index int, kinds kindSet) *plan {
 		seen[id] = true
 		p.keys = append(p.keys, d.key(id.scope, id.id))
 	}
+	p.faults = d.faults()
 	n := 0
 	for _, k := range p.keys {
 		for _, q := range k.requests() {
@@ -200,7 +206,8 @@ func newPlan(seed uint64, index int, kinds kindSet) *plan {
 			q.name = fmt.Sprintf("#%d", n)
 		}
 	}
-	p.faults = append(d.faults(), d.outageAtRelease(p)...)
+	p.faults = append(p.faults, d.outageAtRelease(p)...)
+	p.faults = append(p.faults, d.drain(p)...)
 	return p
 }
 

@@ -44,7 +44,7 @@ type rig struct {
 
 	// Redis can be stopped by one history at a time: a SIGCONT ends every
 	// SIGSTOP.
-	redisStop sync.Mutex
+	redisFaults sync.Mutex
 	// broken is set when the rig itself failed (an instance that does not
 	// start, a database that does not answer): the run stops.
 	broken atomic.Bool
@@ -64,7 +64,7 @@ func newRig(t *testing.T) *rig {
 	t.Cleanup(transport.CloseIdleConnections)
 	for _, name := range []string{"a", "b"} {
 		proxy := redistest.NewProxy(t, r.store.Addr())
-		p := &instanceProc{name: name, proxy: proxy, effects: r.effects.Addr()}
+		p := &instanceProc{name: name, proxy: proxy, effects: r.effects.Addr(), drain: drainDeadline}
 		if err := p.start(); err != nil {
 			t.Fatal(err)
 		}
@@ -80,6 +80,7 @@ type instanceProc struct {
 	name    string
 	proxy   *redistest.Proxy
 	effects string
+	drain   time.Duration // the deadline of its drain after SIGTERM
 
 	// lifecycle serializes kills and restarts; proxyFaults the delays
 	// and blackholes of its proxy.
@@ -87,9 +88,10 @@ type instanceProc struct {
 
 	mu     sync.Mutex // guards what follows
 	cmd    *exec.Cmd
+	out    *syncbuf.Buffer // the process's output
 	url    string
 	exited chan struct{}
-	killed bool // by the check, on purpose
+	killed bool // or terminated, by the check, on purpose
 	// outputs of every process so far: a data race or a crash in any of
 	// them fails the check.
 	outputs []*syncbuf.Buffer
@@ -101,7 +103,7 @@ const instanceStartLimit = 60 * time.Second
 
 // start runs a new process of the instance and waits until it listens.
 func (p *instanceProc) start() error {
-	spec, _ := json.Marshal(instanceSpec{Name: p.name, Store: p.proxy.Addr(), Effects: p.effects})
+	spec, _ := json.Marshal(instanceSpec{Name: p.name, Store: p.proxy.Addr(), Effects: p.effects, Drain: p.drain})
 	cmd := exec.Command(os.Args[0], "-test.run=^TestFaultCheckInstance$")
 	cmd.Env = append(os.Environ(), instanceEnv+"="+string(spec))
 	cmd.SysProcAttr = instanceProcAttr()
@@ -125,7 +127,7 @@ func (p *instanceProc) start() error {
 	select {
 	case a := <-listening.addr:
 		p.mu.Lock()
-		p.cmd, p.url, p.exited, p.killed = cmd, "http://"+a, exited, false
+		p.cmd, p.out, p.url, p.exited, p.killed = cmd, out, "http://"+a, exited, false
 		p.outputs = append(p.outputs, out)
 		p.mu.Unlock()
 		return nil
@@ -176,14 +178,21 @@ func (p *instanceProc) baseURL() string {
 
 // kill ends the process with SIGKILL, as a crash or the OOM killer would:
 // no deferred function runs, nothing shuts down, no answer is stored. Call
-// with p.lifecycle held.
-func (p *instanceProc) kill() {
+// with p.lifecycle held. It returns the process's id.
+func (p *instanceProc) kill() int {
+	cmd, exited, _ := p.signal(syscall.SIGKILL)
+	<-exited
+	return cmd.Process.Pid
+}
+
+// signal sends sig to the process, which the check means to end.
+func (p *instanceProc) signal(sig syscall.Signal) (*exec.Cmd, <-chan struct{}, *syncbuf.Buffer) {
 	p.mu.Lock()
 	p.killed = true
-	cmd, exited := p.cmd, p.exited
+	cmd, exited, out := p.cmd, p.exited, p.out
 	p.mu.Unlock()
-	cmd.Process.Signal(syscall.SIGKILL)
-	<-exited
+	cmd.Process.Signal(sig)
+	return cmd, exited, out
 }
 
 func (p *instanceProc) stop() {
@@ -227,7 +236,8 @@ func (r *rig) inflight(p *instanceProc, prefix string) (n int, ok bool) {
 // that runs while it lasts.
 type timeline struct {
 	mu     sync.Mutex
-	events []faultEvent
+	events map[int]faultEvent // by id
+	last   int
 }
 
 // faultEvent is a fault as injected: a window (from, to), or a moment
@@ -236,29 +246,55 @@ type faultEvent struct {
 	kind     string
 	instance int // -1: every instance (Redis itself)
 	from, to time.Time
+	ongoing  bool // to is only the moment the timeline was read
 	what     string
+	history  int          // the index of the history that injected it
+	pid      int          // kill, drain: the process ended
+	drain    *drainReport // drain: how it went
 }
 
 // timelineMemory is how long the timeline keeps a fault: far longer than
 // any history.
 const timelineMemory = 5 * time.Minute
 
-func (tl *timeline) add(e faultEvent) {
+// begin adds a fault as it begins, and returns its id for end.
+func (tl *timeline) begin(e faultEvent) int {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
-	tl.events = slices.DeleteFunc(tl.events, func(old faultEvent) bool { return time.Since(old.to) > timelineMemory })
-	tl.events = append(tl.events, e)
+	if tl.events == nil {
+		tl.events = map[int]faultEvent{}
+	}
+	for id, old := range tl.events {
+		if !old.to.IsZero() && time.Since(old.to) > timelineMemory {
+			delete(tl.events, id)
+		}
+	}
+	tl.last++
+	tl.events[tl.last] = e
+	return tl.last
 }
 
-// between returns the faults that overlap [from, to].
+// end records the fault of id as it ended.
+func (tl *timeline) end(id int, e faultEvent) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	tl.events[id] = e
+}
+
+// between returns the faults that overlap [from, to], those still going on
+// included.
 func (tl *timeline) between(from, to time.Time) []faultEvent {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
 	var found []faultEvent
 	for _, e := range tl.events {
+		if e.to.IsZero() {
+			e.to, e.ongoing = time.Now(), true
+		}
 		if !e.to.Before(from) && !e.from.After(to) {
 			found = append(found, e)
 		}
 	}
+	slices.SortFunc(found, func(a, b faultEvent) int { return a.from.Compare(b.from) })
 	return found
 }

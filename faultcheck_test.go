@@ -11,7 +11,8 @@ package idempotency_test
 // cut off from Redis, an instance killed (SIGKILL) and started again,
 // clients that give up or have deadlines, outer timeouts, handlers that
 // panic before or after their status, that Release, that answer a
-// transient error, and callers of Do whose function fails or is cut off.
+// transient error, and callers of Do whose function fails or is cut off;
+// and an instance drained by SIGTERM while cut off from Redis.
 // Every history has a fresh key prefix and its own configuration (lease,
 // timeouts, WithRetryAbandoned, store policy, cache).
 //
@@ -137,6 +138,7 @@ type tally struct {
 	histories int
 	injected  map[string]int        // faults by kind
 	answers   map[string]int        // answers by class
+	notes     map[string]int        // what a fault excused, by what
 	broken    map[string]int        // violations by rule
 	shortest  map[string][]*finding // by rule, shortest story first, at most -idem.stories
 }
@@ -151,7 +153,8 @@ type finding struct {
 }
 
 func newTally() *tally {
-	return &tally{injected: map[string]int{}, answers: map[string]int{}, broken: map[string]int{}, shortest: map[string][]*finding{}}
+	return &tally{injected: map[string]int{}, answers: map[string]int{}, notes: map[string]int{}, broken: map[string]int{},
+		shortest: map[string][]*finding{}}
 }
 
 func (tl *tally) add(h *history, found []violation) {
@@ -160,6 +163,9 @@ func (tl *tally) add(h *history, found []violation) {
 	tl.histories++
 	for k, n := range h.injected {
 		tl.injected[k] += n
+	}
+	for k, n := range h.notes {
+		tl.notes[k] += n
 	}
 	for _, x := range h.exchanges {
 		tl.answers[read(x).label]++
@@ -195,6 +201,9 @@ func (tl *tally) report(t *testing.T, replay func(index int) string, took time.D
 	t.Logf("fault check: %d histories in %v", tl.histories, took.Round(time.Second))
 	t.Logf("faults injected:\n%s", counts(tl.injected))
 	t.Logf("answers:\n%s", counts(tl.answers))
+	if len(tl.notes) > 0 {
+		t.Logf("counted apart:\n%s", counts(tl.notes))
+	}
 	if len(tl.broken) == 0 {
 		t.Logf("every rule held")
 		return

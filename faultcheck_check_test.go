@@ -129,6 +129,8 @@ func (c *keyCase) check() []violation {
 func (c *keyCase) checkHeldState() {
 	c.checkStored()
 	c.checkDrains()
+	c.checkBurst()
+	c.checkCrowd()
 }
 
 // describe names an execution by what started it.
@@ -405,7 +407,7 @@ func (h *history) outage(i int, from, to time.Time) (out time.Duration, killed b
 		switch f.kind {
 		case kindKill, kindDrain:
 			killed = killed || !f.to.Before(from) && !f.from.After(to)
-		case kindRedisStop, kindBlackhole, kindDelay:
+		case kindRedisStop, kindBlackhole, kindDelay, kindSaturate:
 			s := span{maxTime(f.from, from), minTime(f.to, to)}
 			if s.to.After(s.from) {
 				spans = append(spans, s)

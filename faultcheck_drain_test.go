@@ -49,7 +49,7 @@ func (d drawer) drain(p *plan) []*faultPlan {
 	var anchors []*requestPlan
 	for _, k := range p.keys {
 		for _, q := range k.requests() {
-			if q.act == actSlow && !q.impostor {
+			if k.role == "" && q.act == actSlow && !q.impostor {
 				anchors = append(anchors, q)
 			}
 		}

@@ -24,8 +24,8 @@ const noteUndecided = "an answer not stored yet when the check gave up waiting f
 // checkStored holds the key's latest execution to the promise.
 func (c *keyCase) checkStored() {
 	e := c.last
-	if c.cfg.RetryAbandoned || e == nil || !c.answered(*e) || c.stored() && c.state.Fence == e.Fence {
-		return
+	if c.cfg.RetryAbandoned && c.k.role != roleVictim || e == nil || !c.answered(*e) || c.stored() && c.state.Fence == e.Fence {
+		return // a saturation's victim has no retry that could take it over
 	}
 	if c.h.ended(e.Exec) {
 		return

@@ -252,13 +252,17 @@ func (r *rig) inject(h *history, f *faultPlan) {
 		id = r.timeline.begin(ev)
 	}
 	switch f.kind {
-	case kindRedisStop:
+	case kindRedisStop, kindCrowd:
 		r.redisFaults.Lock()
 		defer r.redisFaults.Unlock()
 		ev.instance = -1
 		begin()
-		ev.what = r.stopRedis(f.dur)
-	case kindBlackhole, kindDelay:
+		if f.kind == kindRedisStop {
+			ev.what = r.stopRedis(f.dur)
+		} else {
+			ev.what = r.crowdUnderMaxclients(h, f)
+		}
+	case kindBlackhole, kindDelay, kindSaturate:
 		inst.proxyFaults.Lock()
 		defer inst.proxyFaults.Unlock()
 		begin()
@@ -298,7 +302,7 @@ func (r *rig) stopRedis(d time.Duration) string {
 }
 
 // slowOrCut delays, or blackholes, the instance's way to Redis for a
-// while.
+// while (a saturation's outage is a blackhole).
 func (p *instanceProc) slowOrCut(f *faultPlan) string {
 	if f.kind == kindDelay {
 		p.proxy.SetDelay(f.delay)

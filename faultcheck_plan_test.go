@@ -34,14 +34,16 @@ const (
 	kindCutoff      = actCutoff
 	kindFnError     = actFnError
 	// What a process or Redis holds: each in faultcheck_<kind>_test.go.
-	kindDrain = "drain" // SIGTERM while the instance's Redis is cut off: its drain, then a restart
+	kindDrain    = "drain"    // SIGTERM while the instance's Redis is cut off: its drain, then a restart
+	kindSaturate = "saturate" // hundreds of new keys during an outage: the background queue refuses claims
+	kindCrowd    = "crowd"    // hundreds of duplicates waiting on one key under a small maxclients
 )
 
 var allKinds = []string{
 	kindRedisStop, kindDropReply, kindDelay, kindBlackhole, kindKill,
 	kindDisconnect, kindClientDeadline, kindImpostor, kindOuterTimeout, kindDeadline,
 	kindPanicBefore, kindPanicAfter, kindRelease, kindTransient, kindDo, kindCutoff, kindFnError,
-	kindDrain,
+	kindDrain, kindSaturate, kindCrowd,
 }
 
 // kindSet is the kinds of fault a run injects.
@@ -100,6 +102,9 @@ type keyPlan struct {
 	scope, id, route string
 	body, otherBody  string // the key's request, and an impostor's
 	start            time.Duration
+	// role is the key's part in a fault of its own (saturate, crowd); ""
+	// for the history's own keys.
+	role string
 	// chain is sent one request after the other, each once the one
 	// before it was answered (or given up): a client that retries.
 	chain []*requestPlan
@@ -164,6 +169,8 @@ type faultPlan struct {
 	instance int
 	needle   string        // drop-reply: "" any command, else a command name
 	delay    time.Duration // delay: per reply
+	// crowd: Redis's maxclients stays small until these are answered.
+	until []*requestPlan
 }
 
 // Routes of an instance.
@@ -199,6 +206,8 @@ func newPlan(seed uint64, index int, kinds kindSet) *plan {
 		p.keys = append(p.keys, d.key(id.scope, id.id))
 	}
 	p.faults = d.faults()
+	d.saturation(p)
+	d.crowd(p)
 	n := 0
 	for _, k := range p.keys {
 		for _, q := range k.requests() {
@@ -240,9 +249,8 @@ func (d drawer) between(lo, hi time.Duration) time.Duration {
 func (d drawer) chance(k string, p float64) bool { return d.kinds[k] && d.rng.Float64() < p }
 
 func (d drawer) key(scope, id string) *keyPlan {
-	k := &keyPlan{scope: scope, id: id, route: d.route(), start: d.between(0, 500*time.Millisecond)}
-	k.body = fmt.Sprintf(`{"order":"%s/%s","amount":7}`, scope, id)
-	k.otherBody = fmt.Sprintf(`{"order":"%s/%s","amount":8}`, scope, id)
+	k := newKey(scope, id, d.route(), "")
+	k.start = d.between(0, 500*time.Millisecond)
 	for i := range 1 + d.rng.IntN(3) {
 		q := d.request(k, i == 0)
 		q.at = d.between(20*time.Millisecond, 300*time.Millisecond)
@@ -266,6 +274,13 @@ func (d drawer) key(scope, id string) *keyPlan {
 		}
 	}
 	return k
+}
+
+// newKey is a key with its request bodies.
+func newKey(scope, id, route, role string) *keyPlan {
+	return &keyPlan{scope: scope, id: id, route: route, role: role,
+		body:      fmt.Sprintf(`{"order":"%s/%s","amount":7}`, scope, id),
+		otherBody: fmt.Sprintf(`{"order":"%s/%s","amount":8}`, scope, id)}
 }
 
 func (d drawer) route() string {

@@ -42,8 +42,8 @@ type rig struct {
 	timeline  timeline
 	http      *http.Client
 
-	// Redis can be stopped by one history at a time: a SIGCONT ends every
-	// SIGSTOP.
+	// Redis itself is faulted by one history at a time: a SIGCONT ends
+	// every SIGSTOP, and a CONFIG SET must not meet a stopped server.
 	redisFaults sync.Mutex
 	// broken is set when the rig itself failed (an instance that does not
 	// start, a database that does not answer): the run stops.

@@ -12,7 +12,9 @@ package idempotency_test
 // clients that give up or have deadlines, outer timeouts, handlers that
 // panic before or after their status, that Release, that answer a
 // transient error, and callers of Do whose function fails or is cut off;
-// and an instance drained by SIGTERM while cut off from Redis.
+// and faults of what a process or Redis holds: an instance drained by
+// SIGTERM while cut off from Redis, an outage at load that saturates the
+// background queue, and a crowd of duplicates under a small maxclients.
 // Every history has a fresh key prefix and its own configuration (lease,
 // timeouts, WithRetryAbandoned, store policy, cache).
 //

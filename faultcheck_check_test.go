@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -129,6 +130,8 @@ func (c *keyCase) check() []violation {
 func (c *keyCase) checkHeldState() {
 	c.checkStored()
 	c.checkDrains()
+	c.checkTokens()
+	c.checkLate()
 	c.checkBurst()
 	c.checkCrowd()
 }
@@ -154,11 +157,19 @@ func (c *keyCase) checkExecutions() {
 		}
 	}
 	if !c.cfg.RetryAbandoned && len(c.attempts) > 1 {
-		var execs []string
-		for _, a := range c.attempts {
-			execs = append(execs, c.describe(a.Exec))
+		byClaim := slices.Clone(c.attempts)
+		slices.SortFunc(byClaim, func(a, b trace) int { return cmp.Compare(c.starts[a.Exec].Fence, c.starts[b.Exec].Fence) })
+		if n, all := c.forgottenRuns(byClaim); all {
+			for range n {
+				c.h.note(noteRanAgain)
+			}
+		} else {
+			var execs []string
+			for _, a := range c.attempts {
+				execs = append(execs, c.describe(a.Exec))
+			}
+			c.fail(ruleTwoEffects, "%d executions reached the effect: %s", len(c.attempts), strings.Join(execs, "; "))
 		}
-		c.fail(ruleTwoEffects, "%d executions reached the effect: %s", len(c.attempts), strings.Join(execs, "; "))
 	}
 	if c.stored() {
 		// A takeover that did nothing and was undone hands the key back to
@@ -166,7 +177,9 @@ func (c *keyCase) checkExecutions() {
 		// it (from the background, once Redis answers): what must never
 		// happen is an effect after the stored answer's execution.
 		for exec, s := range c.starts {
-			if s.Fence > c.state.Fence && c.hasApplied(exec) {
+			// A restart may have lost the record of a later execution's
+			// answer, and an earlier one's store then written its own back.
+			if s.Fence > c.state.Fence && c.hasApplied(exec) && !c.forgotten(s.Fence) {
 				c.fail(ruleRanAfterStored, "execution %s started under token %d, after the answer of token %d was stored",
 					c.describe(exec), s.Fence, c.state.Fence)
 			}
@@ -189,9 +202,9 @@ func (c *keyCase) checkAnswers() {
 			continue
 		}
 		a := rd.answer
-		if a.Scope != c.k.scope || a.Key != c.k.id {
+		if a.Scope != c.k.scope || a.Key != c.k.value() {
 			c.fail(ruleForeignAnswer, "%s (caller %s, key %s) got the answer of caller %s, key %s",
-				x.req.name, c.k.scope, c.k.id, a.Scope, a.Key)
+				x.req.name, c.k.scope, c.k.value(), a.Scope, a.Key)
 			continue
 		}
 		if !x.replayed() {
@@ -206,8 +219,12 @@ func (c *keyCase) checkAnswers() {
 			}
 		}
 		if x.replayed() && (c.state == nil || c.state.State != "done" || c.state.Fence != a.Fence) {
-			c.fail(ruleReplayDiffers, "%s got a replay of execution %s (token %d), but the key holds %s",
-				x.req.name, c.describe(a.Exec), a.Fence, stateText(c.state))
+			if c.forgotten(a.Fence) {
+				c.h.note(noteForgottenReply)
+			} else {
+				c.fail(ruleReplayDiffers, "%s got a replay of execution %s (token %d), but the key holds %s",
+					x.req.name, c.describe(a.Exec), a.Fence, stateText(c.state))
+			}
 		}
 		if first, ok := bodies[a.Exec]; ok && !bytes.Equal(first, x.body) {
 			c.fail(ruleReplayDiffers, "%s got %q from execution %s, another caller got %q", x.req.name, x.body, a.Exec, first)
@@ -236,6 +253,8 @@ func (c *keyCase) checkFinalState() {
 		}
 	case "none":
 		switch {
+		case c.last != nil && c.forgotten(c.last.Fence) && len(c.applied) > 0:
+			c.h.note(noteForgottenEnd)
 		case !c.cfg.RetryAbandoned && len(c.applied) > 0:
 			var execs []string
 			for exec := range c.applied {
@@ -407,7 +426,7 @@ func (h *history) outage(i int, from, to time.Time) (out time.Duration, killed b
 		switch f.kind {
 		case kindKill, kindDrain:
 			killed = killed || !f.to.Before(from) && !f.from.After(to)
-		case kindRedisStop, kindBlackhole, kindDelay, kindSaturate:
+		case kindRedisStop, kindBlackhole, kindDelay, kindRedisRestart, kindSaturate:
 			s := span{maxTime(f.from, from), minTime(f.to, to)}
 			if s.to.After(s.from) {
 				spans = append(spans, s)
@@ -469,6 +488,8 @@ func (c *keyCase) causes(slug string) bool {
 		return true
 	case "not-replayable":
 		return c.panickedAfterStatus()
+	case "token-not-found":
+		return c.k.route == routeForm // judged by checkTokens
 	}
 	return false
 }

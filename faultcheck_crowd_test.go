@@ -170,7 +170,7 @@ func (c *keyCase) disturbed() bool {
 	}
 	for _, f := range c.h.faults {
 		switch f.kind {
-		case kindRedisStop, kindBlackhole, kindSaturate, kindKill, kindDrain:
+		case kindRedisStop, kindBlackhole, kindSaturate, kindKill, kindDrain, kindRedisRestart:
 			if !f.to.Before(from) && !f.from.After(to) {
 				return true
 			}

@@ -143,7 +143,8 @@ func (d *drainReport) read(output string) {
 // request sent after it may find the key interrupted. Excused: a key the
 // drain's log names as left undone; an execution whose answer its client
 // never got when the drain's deadline ended with calls still running (the
-// exit cut it off, as a kill would).
+// exit cut it off, as a kill would); and an execution whose record a
+// Redis restart may have forgotten (checkRestarts).
 func (c *keyCase) checkDrains() {
 	for _, f := range c.h.faults {
 		if f.kind != kindDrain || f.drain == nil {
@@ -154,7 +155,7 @@ func (c *keyCase) checkDrains() {
 			continue
 		}
 		for exec, e := range c.starts {
-			if !ranOn(exec, f) || (d.running && !c.answeredBy(exec)) {
+			if !ranOn(exec, f) || c.forgotten(e.Fence) || (d.running && !c.answeredBy(exec)) {
 				continue
 			}
 			if c.claimedBetween(e.Fence, d.exit) {
@@ -189,7 +190,7 @@ func (c *keyCase) checkDrained(e trace, d *drainReport) {
 	}
 	if answered {
 		for exec, s := range c.starts {
-			if claimTime(s.Fence).After(d.exit) {
+			if claimTime(s.Fence).After(d.exit) && !c.h.restartBetween(e.Fence, s.Fence) {
 				c.fail(ruleDrainRanAgain, "%s started after the drain of the process that stored %s had ended",
 					c.describe(exec), c.describe(e.Exec))
 			}

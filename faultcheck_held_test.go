@@ -6,7 +6,7 @@ package idempotency_test
 // WithRetryAbandoned nobody else can take a key over from its executor,
 // so the answer of a handler that ran to its 201 is the key's in the end,
 // unless its process was killed or drained first (the drain has rules of
-// its own).
+// its own), or a Redis restart lost its record.
 
 import (
 	"context"
@@ -27,7 +27,7 @@ func (c *keyCase) checkStored() {
 	if c.cfg.RetryAbandoned && c.k.role != roleVictim || e == nil || !c.answered(*e) || c.stored() && c.state.Fence == e.Fence {
 		return // a saturation's victim has no retry that could take it over
 	}
-	if c.h.ended(e.Exec) {
+	if c.forgotten(e.Fence) || c.h.ended(e.Exec) {
 		return
 	}
 	if c.h.undecided[c.k] {

@@ -41,10 +41,16 @@ type history struct {
 	stray map[string]admin.KeyState
 	// faults injected while it ran, by any history
 	faults []faultEvent
+	// the token secrets Redis held for its prefix (restartRedis)
+	secrets [][]byte
 	// what the check excused, and why: counted apart in the report
 	notes map[string]int
 	// keys whose answer may still have been on its way (awaitStores)
 	undecided map[*keyPlan]bool
+	// the late phase: when it began, and what the token-mode keys'
+	// records held then
+	lateFrom   time.Time
+	lateStates map[*keyPlan]*admin.KeyState
 }
 
 // note counts something a fault excused.
@@ -94,6 +100,8 @@ func (r *rig) run(p *plan) *history {
 			h.sent[q], h.answered[q] = make(chan struct{}), make(chan struct{})
 		}
 	}
+	r.secrets.begin(p.cfg.Prefix)
+	r.issueTokens(p)
 	h.began = time.Now()
 	var wg sync.WaitGroup
 	for _, k := range p.keys {
@@ -127,6 +135,10 @@ func (r *rig) run(p *plan) *history {
 	}
 	wg.Wait()
 	r.settle(h)
+	if p.late {
+		r.late(h)
+		r.settle(h)
+	}
 	h.faults = r.timeline.between(h.began, h.settled)
 	r.collect(h)
 	// What Redis holds was read after the history settled: a fault
@@ -195,7 +207,7 @@ func newRequest(ctx context.Context, base string, cfg historyConfig, q *requestP
 	config, _ := json.Marshal(cfg)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(configHeader, string(config))
-	req.Header.Set(idempotency.KeyHeader, q.key.id)
+	req.Header.Set(idempotency.KeyHeader, q.key.value())
 	req.Header.Set(clientHeader, q.key.scope)
 	req.Header.Set(actHeader, q.act)
 	req.Header.Set(pauseHeader, strconv.FormatInt(q.pause.Milliseconds(), 10))
@@ -252,14 +264,17 @@ func (r *rig) inject(h *history, f *faultPlan) {
 		id = r.timeline.begin(ev)
 	}
 	switch f.kind {
-	case kindRedisStop, kindCrowd:
+	case kindRedisStop, kindRedisRestart, kindCrowd:
 		r.redisFaults.Lock()
 		defer r.redisFaults.Unlock()
 		ev.instance = -1
 		begin()
-		if f.kind == kindRedisStop {
+		switch f.kind {
+		case kindRedisStop:
 			ev.what = r.stopRedis(f.dur)
-		} else {
+		case kindRedisRestart:
+			ev.what = r.restartRedis(f.dur, &ev)
+		default:
 			ev.what = r.crowdUnderMaxclients(h, f)
 		}
 	case kindBlackhole, kindDelay, kindSaturate:
@@ -420,7 +435,7 @@ func (r *rig) collect(h *history) {
 	h.states = map[*keyPlan]*admin.KeyState{}
 	named := map[string]bool{}
 	for _, k := range h.plan.keys {
-		lines, err := r.effectsDB.LRange(ctx, traceKey(cfg.Prefix, k.scope, k.id), 0, -1).Result()
+		lines, err := r.effectsDB.LRange(ctx, traceKey(cfg.Prefix, k.scope, k.value()), 0, -1).Result()
 		if err != nil {
 			r.fail("reading the traces of %v: %v", k, err)
 			return
@@ -447,6 +462,11 @@ func (r *rig) collect(h *history) {
 		r.fail("inspecting: %v", err)
 		return
 	}
+	if err := r.secrets.read(ctx, r.storeDB, cfg.Prefix); err != nil {
+		r.fail("reading the token secrets: %v", err)
+		return
+	}
+	h.secrets = r.secrets.of(cfg.Prefix)
 	h.stray = map[string]admin.KeyState{}
 	names, err := scanAll(ctx, r.storeDB, cfg.Prefix+":*:r")
 	if err != nil {
@@ -472,6 +492,22 @@ func (r *rig) operator(cfg historyConfig) *admin.Operator {
 		idempotency.WithLogger(slog.New(slog.DiscardHandler))))
 }
 
+// recordOf is the name of k's record, from the traces of its executions;
+// "" when none ran.
+func (r *rig) recordOf(ctx context.Context, h *history, k *keyPlan) (string, error) {
+	lines, err := r.effectsDB.LRange(ctx, traceKey(h.plan.cfg.Prefix, k.scope, k.value()), 0, -1).Result()
+	if err != nil {
+		return "", err
+	}
+	for _, l := range lines {
+		var tr trace
+		if json.Unmarshal([]byte(l), &tr) == nil && tr.Record != "" {
+			return tr.Record, nil
+		}
+	}
+	return "", nil
+}
+
 // forget deletes what the history left in the application's database; its
 // records in Redis expire with their TTL.
 func (r *rig) forget(h *history) {
@@ -479,7 +515,7 @@ func (r *rig) forget(h *history) {
 	defer cancel()
 	for _, k := range h.plan.keys {
 		cfg := h.plan.cfg
-		r.effectsDB.Del(ctx, traceKey(cfg.Prefix, k.scope, k.id), fenceKey(cfg.Prefix, k.scope, k.id))
+		r.effectsDB.Del(ctx, traceKey(cfg.Prefix, k.scope, k.value()), fenceKey(cfg.Prefix, k.scope, k.value()))
 	}
 }
 
@@ -506,6 +542,12 @@ func (h *history) story(k *keyPlan) []string {
 			continue
 		}
 		for _, tr := range h.traces[key] {
+			if tr.Kind == traceHeld {
+				// The tokens issued, by the secrets they name.
+				for i, held := range tr.Held {
+					tr.Held[i] = h.secretName(key.scope, held)
+				}
+			}
 			lines = append(lines, line{at: time.Unix(0, tr.At), text: tr.Instance + "  " + traceText(tr)})
 		}
 	}
@@ -531,7 +573,11 @@ func (h *history) story(k *keyPlan) []string {
 	}
 	for _, key := range h.plan.keys {
 		if k == nil || key == k {
-			lines = append(lines, line{at: h.collected, text: fmt.Sprintf("=  %s ends: %s", key, stateText(h.states[key]))})
+			text := fmt.Sprintf("=  %s ends: %s", key, stateText(h.states[key]))
+			if key.route == routeForm {
+				text += "; its token is of secret " + h.secretName(key.scope, key.token)
+			}
+			lines = append(lines, line{at: h.collected, text: text})
 		}
 	}
 	slices.SortStableFunc(lines, func(a, b line) int { return a.at.Compare(b.at) })
@@ -551,6 +597,15 @@ func (h *history) story(k *keyPlan) []string {
 		out = append(out, fmt.Sprintf("%+8.3fs  %s", l.at.Sub(h.began).Seconds(), text))
 	}
 	return out
+}
+
+// secretName names the secret that signed token by its rank among those
+// Redis held for the history's prefix.
+func (h *history) secretName(scope, token string) string {
+	if i := signer(h.secrets, h.plan.cfg.Prefix, scope, token); i >= 0 {
+		return fmt.Sprintf("#%d", i+1)
+	}
+	return "unknown"
 }
 
 func minTime(a, b time.Time) time.Time {
@@ -598,6 +653,8 @@ func traceText(tr trace) string {
 		return fmt.Sprintf("execution %s: effect refused, token %d is below the key's highest", tr.Exec, tr.Fence)
 	case traceCancelled:
 		return fmt.Sprintf("execution %s: its context ended (%s)", tr.Exec, tr.Cause)
+	case traceHeld:
+		return fmt.Sprintf("%s: the instance signed with secret %s before it, %s after", tr.Request, tr.Held[0], tr.Held[1])
 	}
 	return fmt.Sprintf("execution %s: %s", tr.Exec, tr.Kind)
 }

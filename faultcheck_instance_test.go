@@ -167,7 +167,11 @@ type trace struct {
 	Request  string `json:"q,omitempty"` // the driver's name of the request
 	Instance string `json:"i"`
 	Cause    string `json:"c,omitempty"` // of a cancellation
-	At       int64  `json:"t"`           // Unix nanoseconds
+	// Held names the secret the instance signed with around a token-mode
+	// request: a token it issued to the caller just before, and one just
+	// after ("" when it could not).
+	Held [2]string `json:"h,omitzero"`
+	At   int64     `json:"t"` // Unix nanoseconds
 }
 
 const (
@@ -175,6 +179,7 @@ const (
 	traceEffect    = "effect"
 	traceFencedOut = "fenced-out"
 	traceCancelled = "cancelled"
+	traceHeld      = "held"
 	causeLockLost  = "lock lost"
 	causeDeadline  = "deadline"
 )
@@ -386,6 +391,10 @@ func (s *instance) newRoutes(cfg historyConfig) *historyRoutes {
 	h.mux.Handle("POST /deadline", withDeadline(cfg.OuterTimeout, protected))
 	h.mux.Handle("POST /do", h.counted(s.doHandler(m)))
 	h.mux.Handle("POST "+routeSteps, h.counted(s.stepsHandler(cfg))) // faultcheck_steps_test.go
+	// Token mode: the token is issued to the caller's scope, and spent on
+	// the form route.
+	h.mux.Handle("GET "+routeFormToken, m.TokenHandler())
+	h.mux.Handle("POST "+routeForm, h.counted(s.holding(m, m.Protect(http.HandlerFunc(s.handle)))))
 	return h
 }
 
@@ -628,6 +637,34 @@ func (s *instance) trace(prefix, scope, key string, tr trace) {
 	if err := s.effects.RPush(context.Background(), traceKey(prefix, scope, key), b).Err(); err != nil {
 		log.Fatalf("faultcheck instance %s: tracing failed: %v", s.spec.Name, err)
 	}
+}
+
+// holding traces which secret m signs tokens with around a token-mode
+// request: m issues the caller a token just before and just after it (in
+// memory, from the secret it holds), so the check can tell whether the
+// request's token was signed with that secret.
+func (s *instance) holding(m *idempotency.Middleware, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		before := heldToken(m, r)
+		next.ServeHTTP(w, r)
+		after := heldToken(m, r)
+		var cfg historyConfig
+		json.Unmarshal([]byte(r.Header.Get(configHeader)), &cfg)
+		s.trace(cfg.Prefix, r.Header.Get(clientHeader), r.Header.Get(idempotency.KeyHeader), trace{Kind: traceHeld,
+			Request: r.Header.Get(requestHeader), Instance: s.spec.Name, Held: [2]string{before, after}, At: time.Now().UnixNano()})
+	})
+}
+
+// heldToken is a token m issues to r's caller, "" when it holds no secret
+// and Redis does not answer.
+func heldToken(m *idempotency.Middleware, r *http.Request) string {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	t, err := m.IssueTokenFor(r.WithContext(ctx), r.Header.Get(clientHeader))
+	if err != nil {
+		return ""
+	}
+	return t.Value
 }
 
 func (x *run) stamp(tr trace) trace {

@@ -34,16 +34,17 @@ const (
 	kindCutoff      = actCutoff
 	kindFnError     = actFnError
 	// What a process or Redis holds: each in faultcheck_<kind>_test.go.
-	kindDrain    = "drain"    // SIGTERM while the instance's Redis is cut off: its drain, then a restart
-	kindSaturate = "saturate" // hundreds of new keys during an outage: the background queue refuses claims
-	kindCrowd    = "crowd"    // hundreds of duplicates waiting on one key under a small maxclients
+	kindDrain        = "drain"         // SIGTERM while the instance's Redis is cut off: its drain, then a restart
+	kindRedisRestart = "redis-restart" // Redis killed and started again, empty, on its port
+	kindSaturate     = "saturate"      // hundreds of new keys during an outage: the background queue refuses claims
+	kindCrowd        = "crowd"         // hundreds of duplicates waiting on one key under a small maxclients
 )
 
 var allKinds = []string{
 	kindRedisStop, kindDropReply, kindDelay, kindBlackhole, kindKill,
 	kindDisconnect, kindClientDeadline, kindImpostor, kindOuterTimeout, kindDeadline,
 	kindPanicBefore, kindPanicAfter, kindRelease, kindTransient, kindDo, kindCutoff, kindFnError,
-	kindDrain, kindSaturate, kindCrowd,
+	kindDrain, kindRedisRestart, kindSaturate, kindCrowd,
 }
 
 // kindSet is the kinds of fault a run injects.
@@ -94,6 +95,19 @@ type plan struct {
 	cfg    historyConfig
 	keys   []*keyPlan
 	faults []*faultPlan
+	// late: token-mode keys are sent again after the secret rechecks,
+	// once instance lateRenew has been started anew.
+	late      bool
+	lateRenew int
+}
+
+// allowance is about the longest the history takes: a history starts only
+// while this much of the run is left.
+func (p *plan) allowance() time.Duration {
+	if p.late {
+		return historyAllowance + lateAllowance
+	}
+	return historyAllowance
 }
 
 // keyPlan is one key of a history: a caller (its scope), the key the caller
@@ -102,6 +116,11 @@ type keyPlan struct {
 	scope, id, route string
 	body, otherBody  string // the key's request, and an impostor's
 	start            time.Duration
+	// Token mode (routeForm): the instance that issues the key's token,
+	// and the token, fetched before the history begins and sent in the
+	// place of id.
+	issuer int
+	token  string
 	// role is the key's part in a fault of its own (saturate, crowd); ""
 	// for the history's own keys.
 	role string
@@ -111,13 +130,24 @@ type keyPlan struct {
 	// extras go at their own moments: duplicates (a double click, a
 	// second instance's redelivery) and impostors.
 	extras []*requestPlan
+	// late go once the instances have rechecked the token secrets, after
+	// a Redis restart (faultcheck_recheck_test.go).
+	late []*requestPlan
 }
 
 func (k *keyPlan) String() string { return k.scope + "/" + k.id + " on " + k.route }
 
+// value is the key as the caller sends it: its id, or its token.
+func (k *keyPlan) value() string {
+	if k.route == routeForm {
+		return k.token
+	}
+	return k.id
+}
+
 // requests are the key's chain and extras.
 func (k *keyPlan) requests() []*requestPlan {
-	return slices.Concat(k.chain, k.extras)
+	return slices.Concat(k.chain, k.extras, k.late)
 }
 
 // requestPlan is one request of a key.
@@ -179,6 +209,8 @@ const (
 	routeOuterTimeout = "/outer-timeout"
 	routeDeadline     = "/deadline"
 	routeDo           = "/do"
+	routeForm         = "/form"       // token mode
+	routeFormToken    = "/form/token" // issues the tokens of routeForm
 )
 
 var (
@@ -208,6 +240,7 @@ func newPlan(seed uint64, index int, kinds kindSet) *plan {
 	p.faults = d.faults()
 	d.saturation(p)
 	d.crowd(p)
+	d.late(p)
 	n := 0
 	for _, k := range p.keys {
 		for _, q := range k.requests() {
@@ -251,6 +284,9 @@ func (d drawer) chance(k string, p float64) bool { return d.kinds[k] && d.rng.Fl
 func (d drawer) key(scope, id string) *keyPlan {
 	k := newKey(scope, id, d.route(), "")
 	k.start = d.between(0, 500*time.Millisecond)
+	if k.route == routeForm {
+		k.issuer = d.rng.IntN(2)
+	}
 	for i := range 1 + d.rng.IntN(3) {
 		q := d.request(k, i == 0)
 		q.at = d.between(20*time.Millisecond, 300*time.Millisecond)
@@ -284,7 +320,7 @@ func newKey(scope, id, route, role string) *keyPlan {
 }
 
 func (d drawer) route() string {
-	routes := []string{routeKey, routeKey, routeKey, routeKey}
+	routes := []string{routeKey, routeKey, routeKey, routeKey, routeForm}
 	if d.kinds[kindOuterTimeout] {
 		routes = append(routes, routeOuterTimeout)
 	}
@@ -365,6 +401,9 @@ func (d drawer) faults() []*faultPlan {
 	if d.chance(kindKill, 0.25) {
 		fs = append(fs, d.fault(kindKill))
 	}
+	if d.chance(kindRedisRestart, 0.12) {
+		fs = append(fs, d.fault(kindRedisRestart))
+	}
 	return fs
 }
 
@@ -414,7 +453,7 @@ func (d drawer) fault(kind string) *faultPlan {
 		f.delay = d.between(20*time.Millisecond, 300*time.Millisecond)
 	case kindDropReply:
 		f.needle = []string{"", "evalsha"}[d.rng.IntN(2)]
-	case kindKill:
+	case kindKill, kindRedisRestart:
 		f.dur = d.between(50*time.Millisecond, 300*time.Millisecond) // down before the restart begins
 	}
 	return f

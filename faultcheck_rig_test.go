@@ -43,8 +43,12 @@ type rig struct {
 	http      *http.Client
 
 	// Redis itself is faulted by one history at a time: a SIGCONT ends
-	// every SIGSTOP, and a CONFIG SET must not meet a stopped server.
+	// every SIGSTOP, and a restart or a CONFIG SET must not meet a stopped
+	// server.
 	redisFaults sync.Mutex
+	// secrets are the token secrets Redis held for each history's prefix
+	// before each restart, which tells the check what signed a token.
+	secrets secretBook
 	// broken is set when the rig itself failed (an instance that does not
 	// start, a database that does not answer): the run stops.
 	broken atomic.Bool

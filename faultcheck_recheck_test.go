@@ -1,0 +1,154 @@
+package idempotency_test
+
+// After the rechecks: in some histories with a Redis restart, each
+// token-mode key is sent once more to its issuer, which spends its token
+// again if the restart forgot it. Then one instance is started anew, as a
+// new instance comes up after a restart: its middleware reads the secret
+// from Redis, where nobody may have written back the one the fleet held,
+// and makes a new one. Once every instance has rechecked the shared token
+// secret twice (tokensign.go: every 10 s, in the background of an issue
+// or a check, which the phase prompts), each key is sent once more to each
+// instance. By then the fleet agrees: an instance that held another secret than Redis
+// has adopted Redis's and retired its own, in Redis, and every instance
+// has read the retired ones. The promise (docs/operations.md): a token
+// that was spent still finds its record and replays, on every instance;
+// one of a retired secret that was not spent is refused and runs nothing
+// (checkTokens: no instance spends a token of a secret it does not hold).
+// Judged when Redis restarted once in the history, before the phase: a
+// second restart loses the retired secrets Redis kept.
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/onceonly/idempotency/admin"
+)
+
+const ruleSpentTokenRefused = "a spent token was refused after every instance rechecked the token secrets"
+
+const noteLateReplay = "a spent token replayed after every instance rechecked the token secrets"
+
+// lateWait is how long the phase prompts the rechecks before its requests.
+// Every middleware of the history loaded its secret before the phase
+// began, so each rechecks within secretRecheck (10 s) and the prompts'
+// period, when the one that held another secret adopts Redis's; and each
+// again within as long, having read what that one retired.
+const lateWait = 2*10*time.Second + 4*time.Second
+
+// lateAllowance is about how much longer than others a history with the
+// phase takes.
+const lateAllowance = lateWait + 6*time.Second
+
+// late draws the phase in a third of the histories with a Redis restart and
+// token-mode keys: a request of each such key to its issuer, then one to
+// each instance.
+func (d drawer) late(p *plan) {
+	restarts := slices.ContainsFunc(p.faults, func(f *faultPlan) bool { return f.kind == kindRedisRestart })
+	forms := slices.DeleteFunc(slices.Clone(p.keys), func(k *keyPlan) bool { return k.route != routeForm })
+	if !restarts || len(forms) == 0 || d.rng.IntN(3) != 0 {
+		return
+	}
+	p.late, p.lateRenew = true, d.rng.IntN(2)
+	for _, k := range forms {
+		k.late = []*requestPlan{{key: k, instance: k.issuer, act: actNormal}}
+		for i := range 2 {
+			k.late = append(k.late, &requestPlan{key: k, instance: i, act: actNormal})
+		}
+	}
+}
+
+// late runs the phase once the history has settled: each token-mode key
+// sent to its issuer; an instance started anew; then every instance
+// issues tokens to the keys' callers for lateWait (each issue may start a
+// recheck); then what each key's record holds is read, and the key sent
+// to each instance.
+func (r *rig) late(h *history) {
+	h.lateFrom = time.Now()
+	h.count(kindRedisRestart + ", then the rechecks")
+	var forms []*keyPlan
+	for _, k := range h.plan.keys {
+		if len(k.late) > 0 {
+			forms = append(forms, k)
+			r.send(h, k.late[0])
+		}
+	}
+	r.renew(h, r.instances[h.plan.lateRenew])
+	prompts := time.Now()
+	for time.Since(prompts) < lateWait {
+		for i := range r.instances {
+			for _, k := range forms {
+				r.issueToken(h.plan.cfg, k.scope, i)
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m := r.operator(h.plan.cfg)
+	h.lateStates = map[*keyPlan]*admin.KeyState{}
+	for _, k := range forms {
+		record, err := r.recordOf(ctx, h, k)
+		if err != nil {
+			r.fail("reading the traces of %v: %v", k, err)
+			return
+		}
+		if record == "" {
+			continue // never claimed by a handler's run
+		}
+		st, err := m.Inspect(ctx, record)
+		if err != nil {
+			r.fail("inspecting %s: %v", record, err)
+			return
+		}
+		h.lateStates[k] = &st
+	}
+	for _, k := range forms {
+		for _, q := range k.late[1:] {
+			r.send(h, q)
+		}
+	}
+}
+
+// renew starts instance p anew: a kill, on the timeline as any kill.
+func (r *rig) renew(h *history, p *instanceProc) {
+	p.lifecycle.Lock()
+	defer p.lifecycle.Unlock()
+	ev := faultEvent{kind: kindKill, instance: slices.Index(r.instances, p), history: h.plan.index, from: time.Now()}
+	id := r.timeline.begin(ev)
+	ev.what = "a new instance after the Redis restart: " + r.killAndRestart(p, 0, &ev)
+	ev.to = time.Now()
+	r.timeline.end(id, ev)
+}
+
+// checkLate holds a token-mode key's late requests to the promise.
+func (c *keyCase) checkLate() {
+	st := c.h.lateStates[c.k]
+	if len(c.k.late) == 0 || st == nil || st.State == "none" {
+		return
+	}
+	restarts := 0
+	for _, f := range c.h.faults {
+		if f.kind == kindRedisRestart {
+			restarts++
+			if !f.to.Before(c.h.lateFrom) {
+				return
+			}
+		}
+	}
+	if restarts != 1 {
+		return
+	}
+	for _, x := range c.exchanges {
+		if !slices.Contains(c.k.late[1:], x.req) {
+			continue
+		}
+		switch rd := read(x); {
+		case rd.problem == "token-not-found":
+			c.fail(ruleSpentTokenRefused, "%s on %s was refused token-not-found; the token's record reads %s",
+				x.req.name, x.instance, stateText(st))
+		case rd.answer != nil && x.replayed():
+			c.h.note(noteLateReplay)
+		}
+	}
+}

@@ -1,0 +1,320 @@
+package idempotency_test
+
+// Redis restarting empty: the server is killed and a new one, which keeps
+// nothing (no AOF, no RDB), starts on the same port. What the library
+// promises across it (docs/operations.md, "A Redis restart without
+// persistence"; tokensign.go), and so what is judged:
+//
+//   - Every record is lost. A key claimed before the restart may run again
+//     when claimed after it, only because Redis forgot it: the check
+//     counts those runs apart ("counted apart" in the report) and excuses
+//     nothing else. A replay of an answer whose record was lost, from a
+//     process's memory, is no fault either; and a key whose stored answer
+//     was lost may end with no record.
+//   - A key first claimed after the restart is held to every rule, as are
+//     two claims on the same side of it.
+//   - Tokens: each instance keeps the secret it holds and writes it back;
+//     a middleware that loads the secret after the restart, before any
+//     wrote it back, makes a new one, and until the instances have
+//     rechecked (10 s each) each refuses the other's tokens as unknown.
+//     So an instance never refuses a token signed with the secret it holds
+//     (whether or not its record exists), and never spends one signed with
+//     another: a secret it no longer holds answers only from the record
+//     (lookup-only). Which secret signed a token the check reads from the
+//     token itself and the secrets Redis held: read before every restart
+//     (writes paused meanwhile, so no secret is made unseen) and at the end.
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+const (
+	ruleHeldTokenRefused = "an instance refused a token signed with the secret it holds"
+	ruleUnheldTokenSpent = "an instance spent a token not signed with the secret it holds"
+	ruleTokenOfNoSecret  = "a token was signed with no secret Redis ever held for its prefix"
+)
+
+// What a restart excuses, counted apart in the report.
+const (
+	noteRanAgain       = "a key ran again after a Redis restart forgot its record"
+	noteForgottenReply = "a replay of an answer whose record a Redis restart lost"
+	noteForgottenEnd   = "a key that ran ends with no record after a Redis restart"
+	noteSplitRefusal   = "a token refused by an instance holding another secret after a Redis restart"
+)
+
+// restartRedis kills Redis and starts a new, empty one on its port after
+// down. Writes are paused first, and the token secrets of every prefix
+// read, so that no secret is made and lost unseen. The restart counts from
+// Redis's clock once writes are paused: a claim (a script, which writes)
+// whose fencing token is below it was made on the old server, one above
+// it on the new. Call with r.redisFaults held.
+func (r *rig) restartRedis(down time.Duration, ev *faultEvent) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := r.storeDB.Do(ctx, "CLIENT", "PAUSE", 5000, "WRITE").Err(); err != nil {
+		r.fail("pausing Redis's writes before its restart: %v", err)
+		return "no restart"
+	}
+	paused, err := r.storeDB.Time(ctx).Result()
+	if err != nil {
+		r.fail("reading Redis's clock: %v", err)
+		return "no restart"
+	}
+	ev.from = paused
+	if err := r.secrets.read(ctx, r.storeDB, "*"); err != nil {
+		r.fail("reading the token secrets before a restart: %v", err)
+	}
+	began := time.Now()
+	r.store.Stop()
+	time.Sleep(down)
+	r.store = redistest.Restart(rigT{r}, r.store)
+	return fmt.Sprintf("Redis killed; a new, empty one on its port after %v", time.Since(began).Round(time.Millisecond))
+}
+
+// rigT lets redistest.Restart report to the rig from any goroutine.
+type rigT struct{ r *rig }
+
+func (t rigT) Cleanup(f func())                  { t.r.t.Cleanup(f) }
+func (t rigT) Fatalf(format string, args ...any) { t.r.fail(format, args...) }
+
+// secretBook is every token secret seen in Redis for the prefixes of the
+// histories that run.
+type secretBook struct {
+	mu sync.Mutex
+	m  map[string][][]byte // nil for a prefix whose history is not running
+}
+
+// begin starts recording the secrets of prefix.
+func (b *secretBook) begin(prefix string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m == nil {
+		b.m = map[string][][]byte{}
+	}
+	b.m[prefix] = [][]byte{}
+}
+
+// read adds the secrets (current and retired) of the prefixes that match
+// pattern.
+func (b *secretBook) read(ctx context.Context, db *redis.Client, pattern string) error {
+	names, err := scanAll(ctx, db, pattern+":token-secret")
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		prefix := name[:len(name)-len(":token-secret")]
+		secret, err := db.Get(ctx, name).Bytes()
+		if err != nil && err != redis.Nil {
+			return err
+		}
+		retired, err := db.SMembers(ctx, name+":retired").Result()
+		if err != nil {
+			return err
+		}
+		b.add(prefix, secret)
+		for _, s := range retired {
+			b.add(prefix, []byte(s))
+		}
+	}
+	return nil
+}
+
+func (b *secretBook) add(prefix string, secret []byte) {
+	if len(secret) == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	seen, running := b.m[prefix]
+	if !running {
+		return
+	}
+	for _, s := range seen {
+		if hmac.Equal(s, secret) {
+			return
+		}
+	}
+	b.m[prefix] = append(seen, secret)
+}
+
+// of returns the secrets seen for prefix, and forgets them.
+func (b *secretBook) of(prefix string) [][]byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.m[prefix]
+	delete(b.m, prefix)
+	return s
+}
+
+// signer returns the index in secrets of the secret that signed token for
+// scope under prefix, or -1. An issued token is its expiry (8 bytes) and a
+// nonce (16), then the first 16 bytes of an HMAC-SHA256, under the secret,
+// of a domain string, the prefix, the scope and those 24 bytes, in
+// unpadded URL-safe base64 (tokensign.go). Should that layout change, every
+// token reads as signed by no secret (ruleTokenOfNoSecret).
+func signer(secrets [][]byte, prefix, scope, token string) int {
+	b, err := base64.RawURLEncoding.DecodeString(token)
+	if err != nil || len(b) != 40 {
+		return -1
+	}
+	for i, secret := range secrets {
+		mac := hmac.New(sha256.New, secret)
+		mac.Write([]byte("idempotency/token\x00" + prefix + "\x00" + scope + "\x00"))
+		mac.Write(b[:24])
+		if hmac.Equal(mac.Sum(nil)[:16], b[24:]) {
+			return i
+		}
+	}
+	return -1
+}
+
+// issueTokens fetches, before the history begins, the token of each of its
+// token-mode keys from the key's issuer. An instance that is down (killed
+// or draining for another history) or cannot reach Redis for its first
+// secret is asked again.
+func (r *rig) issueTokens(p *plan) {
+	for _, k := range p.keys {
+		if k.route != routeForm {
+			continue
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for k.token == "" {
+			k.token = r.issueToken(p.cfg, k.scope, k.issuer)
+			if k.token == "" {
+				if time.Now().After(deadline) {
+					r.fail("instance %s issued no token for %v within 30 s", instanceName(k.issuer), k)
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+	}
+}
+
+// issueToken asks instance i for a token for scope; "" when it gives none.
+func (r *rig) issueToken(cfg historyConfig, scope string, i int) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.instances[i].baseURL()+routeFormToken, nil)
+	config, _ := json.Marshal(cfg)
+	req.Header.Set(configHeader, string(config))
+	req.Header.Set(clientHeader, scope)
+	resp, err := r.http.Do(req)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	var t struct{ Token string }
+	if b, _ := io.ReadAll(resp.Body); resp.StatusCode != http.StatusOK || json.Unmarshal(b, &t) != nil {
+		return ""
+	}
+	return t.Token
+}
+
+// restartAfter reports whether Redis restarted after the claim at fence,
+// which may have lost its record.
+func (h *history) restartAfter(fence uint64) bool {
+	for _, f := range h.faults {
+		if f.kind == kindRedisRestart && f.from.After(claimTime(fence)) {
+			return true
+		}
+	}
+	return false
+}
+
+// forgotten reports whether a Redis restart may have lost the record of
+// the claim at fence.
+func (c *keyCase) forgotten(fence uint64) bool { return c.h.restartAfter(fence) }
+
+// restartBetween reports whether Redis restarted between the claims at
+// fences a and b: the later one may have run only because Redis forgot
+// the earlier.
+func (h *history) restartBetween(a, b uint64) bool {
+	for _, f := range h.faults {
+		if f.kind == kindRedisRestart && f.from.After(claimTime(min(a, b))) && f.from.Before(claimTime(max(a, b))) {
+			return true
+		}
+	}
+	return false
+}
+
+// forgottenRuns counts the executions among attempts (in claim order) that
+// ran only because a Redis restart forgot the one before, and reports
+// whether that accounts for all but the first.
+func (c *keyCase) forgottenRuns(attempts []trace) (n int, all bool) {
+	for i := 1; i < len(attempts); i++ {
+		if c.h.restartBetween(c.starts[attempts[i-1].Exec].Fence, c.starts[attempts[i].Exec].Fence) {
+			n++
+		}
+	}
+	return n, n == len(attempts)-1
+}
+
+// checkTokens: a token-mode key's requests against the secret each
+// instance held around them (traceHeld).
+func (c *keyCase) checkTokens() {
+	if c.k.route != routeForm {
+		return
+	}
+	prefix := c.cfg.Prefix
+	own := signer(c.h.secrets, prefix, c.k.scope, c.k.token)
+	if own < 0 {
+		c.fail(ruleTokenOfNoSecret, "the key's token, issued by %s, was signed with none of the %d secrets Redis held for %s",
+			instanceName(c.k.issuer), len(c.h.secrets), prefix)
+		return
+	}
+	for _, x := range c.exchanges {
+		if read(x).problem != "token-not-found" {
+			continue
+		}
+		switch held := c.heldAround(x.req.name, time.Unix(0, 0), x.done, true); {
+		case held == own:
+			c.fail(ruleHeldTokenRefused, "%s was refused token-not-found by %s, whose secret signed the token", x.req.name, x.instance)
+		case held >= 0:
+			c.h.note(noteSplitRefusal)
+		}
+	}
+	for exec, s := range c.starts {
+		if held := c.heldAround(s.Request, time.Unix(0, s.At), time.Now(), false); held >= 0 && held != own {
+			c.fail(ruleUnheldTokenSpent, "%s ran, though its instance signed with another secret than the token's", c.describe(exec))
+		}
+	}
+}
+
+// heldAround is the index of the secret the instance signed with around
+// the request named name, or -1 when it cannot be told: no trace, no
+// secret in memory, or the secret changed during the request. Of the
+// request's tries (net/http may resend one) it reads the one traced last
+// between from and to, or the first.
+func (c *keyCase) heldAround(name string, from, to time.Time, last bool) int {
+	var found *trace
+	for _, tr := range c.h.traces[c.k] {
+		at := time.Unix(0, tr.At)
+		if tr.Kind != traceHeld || tr.Request != name || !at.After(from) || at.After(to) {
+			continue
+		}
+		if found == nil || last == (tr.At > found.At) {
+			found = &tr
+		}
+	}
+	if found == nil {
+		return -1
+	}
+	before := signer(c.h.secrets, c.cfg.Prefix, c.k.scope, found.Held[0])
+	if after := signer(c.h.secrets, c.cfg.Prefix, c.k.scope, found.Held[1]); after != before {
+		return -1
+	}
+	return before
+}

@@ -169,20 +169,11 @@ func TestReplicaAcksRefuseARing(t *testing.T) {
 	require.NotPanics(t, func() { New(ring) })
 }
 
-// WithReplicaAcks on a Cluster follows a reshard. A stored key whose slot
-// is migrating is replayed: its claim meets TRYAGAIN while the record has
-// not moved, then ASK; so it is once the slot has moved, from an instance
-// whose slot map is from before the move (MOVED). The key ran once.
-// Without following them, both answered 503.
-func TestReplicaAcksFollowAReshard(t *testing.T) {
-	addrs := redistest.PrivateCluster(t, 3, 1)
+// ackingMasters returns the 3 masters of rdb's cluster once each one's
+// replica acknowledges writes.
+func ackingMasters(t *testing.T, rdb *redis.ClusterClient) []*redis.Client {
+	t.Helper()
 	ctx := t.Context()
-	cluster := func() *redis.ClusterClient {
-		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
-	rdb := cluster()
 	var masters []*redis.Client
 	require.Eventually(t, func() bool {
 		masters = masters[:0]
@@ -201,6 +192,24 @@ func TestReplicaAcksFollowAReshard(t *testing.T) {
 			10*time.Second, 20*time.Millisecond, "every master's replica acknowledges")
 		conn.Close()
 	}
+	return masters
+}
+
+// WithReplicaAcks on a Cluster follows a reshard. A stored key whose slot
+// is migrating is replayed: its claim meets TRYAGAIN while the record has
+// not moved, then ASK; so it is once the slot has moved, from an instance
+// whose slot map is from before the move (MOVED). The key ran once.
+// Without following them, both answered 503.
+func TestReplicaAcksFollowAReshard(t *testing.T) {
+	addrs := redistest.PrivateCluster(t, 3, 1)
+	ctx := t.Context()
+	cluster := func() *redis.ClusterClient {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	rdb := cluster()
+	masters := ackingMasters(t, rdb)
 
 	opts := []Option{WithKeyPrefix("reshard"), WithReplicaAcks(1, 500*time.Millisecond)}
 	first := newShopOn(t, rdb, opts...)

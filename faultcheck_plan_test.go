@@ -96,7 +96,7 @@ type plan struct {
 	keys   []*keyPlan
 	faults []*faultPlan
 	// late: token-mode keys are sent again after the secret rechecks,
-	// once instance lateRenew has been started anew.
+	// once instance lateRenew (-1: none) has been started anew.
 	late      bool
 	lateRenew int
 }

@@ -50,6 +50,9 @@ func (d drawer) late(p *plan) {
 		return
 	}
 	p.late, p.lateRenew = true, d.rng.IntN(2)
+	if !d.kinds[kindKill] {
+		p.lateRenew = -1 // -idem.faults or -idem.skip leave kills out
+	}
 	for _, k := range forms {
 		k.late = []*requestPlan{{key: k, instance: k.issuer, act: actNormal}}
 		for i := range 2 {
@@ -73,7 +76,9 @@ func (r *rig) late(h *history) {
 			r.send(h, k.late[0])
 		}
 	}
-	r.renew(h, r.instances[h.plan.lateRenew])
+	if h.plan.lateRenew >= 0 {
+		r.renew(h, r.instances[h.plan.lateRenew])
+	}
 	prompts := time.Now()
 	for time.Since(prompts) < lateWait {
 		for i := range r.instances {

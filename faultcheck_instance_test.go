@@ -311,10 +311,14 @@ type instance struct {
 	mu        sync.Mutex
 	histories map[string]*historyRoutes // by key prefix
 	recent    []string                  // prefixes, oldest first
-	// made is every middleware the process made, also those of histories
-	// no longer kept, whose background work a drain still waits for.
+	// made is the middlewares the process made last, also those of
+	// histories no longer kept, whose background work a drain still waits
+	// for; older ones' work was done long before.
 	made []*idempotency.Middleware
 }
+
+// keptMiddlewares bounds made: far more histories than run at once.
+const keptMiddlewares = 256
 
 // keptHistories bounds how many histories' middlewares an instance keeps:
 // a few run at once, and a finished one is never asked again.
@@ -366,6 +370,9 @@ func (s *instance) routes(cfg historyConfig) *historyRoutes {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.made = append(s.made, h.m)
+	if len(s.made) > keptMiddlewares {
+		s.made = slices.Delete(s.made, 0, len(s.made)-keptMiddlewares)
+	}
 	if first := s.histories[cfg.Prefix]; first != nil {
 		return first // another request of the history made them meanwhile
 	}

@@ -253,7 +253,7 @@ func (c *keyCase) checkFinalState() {
 		}
 	case "none":
 		switch {
-		case c.last != nil && c.forgotten(c.last.Fence) && len(c.applied) > 0:
+		case len(c.applied) > 0 && c.allForgotten():
 			c.h.note(noteForgottenEnd)
 		case !c.cfg.RetryAbandoned && len(c.applied) > 0:
 			var execs []string

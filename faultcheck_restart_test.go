@@ -250,6 +250,18 @@ func (h *history) restartBetween(a, b uint64) bool {
 	return false
 }
 
+// allForgotten reports whether a Redis restart may have lost the record
+// of every execution of the key that took effect: claims after it found
+// the key free, and may have run and freed it again.
+func (c *keyCase) allForgotten() bool {
+	for exec := range c.applied {
+		if !c.forgotten(c.starts[exec].Fence) {
+			return false
+		}
+	}
+	return true
+}
+
 // forgottenRuns counts the executions among attempts (in claim order) that
 // ran only because a Redis restart forgot the one before, and reports
 // whether that accounts for all but the first.

@@ -47,9 +47,9 @@ type history struct {
 	notes map[string]int
 	// keys whose answer may still have been on its way (awaitStores)
 	undecided map[*keyPlan]bool
-	// the late phase: when it began, and what the token-mode keys'
-	// records held then
-	lateFrom   time.Time
+	// the late phase: when it read what the token-mode keys' records
+	// held, and what
+	lateRead   time.Time
 	lateStates map[*keyPlan]*admin.KeyState
 }
 

@@ -28,7 +28,10 @@ import (
 
 const ruleSpentTokenRefused = "a spent token was refused after every instance rechecked the token secrets"
 
-const noteLateReplay = "a spent token replayed after every instance rechecked the token secrets"
+const (
+	noteLateReplay = "a spent token replayed after every instance rechecked the token secrets"
+	noteLookupOnly = "of those, by an instance that holds another secret (lookup-only)"
+)
 
 // lateWait is how long the phase prompts the rechecks before its requests.
 // Every middleware of the history loaded its secret before the phase
@@ -147,6 +150,10 @@ func (c *keyCase) checkLate() {
 				x.req.name, x.instance, stateText(st))
 		case rd.answer != nil && x.replayed():
 			c.h.note(noteLateReplay)
+			own := signer(c.h.secrets, c.cfg.Prefix, c.k.scope, c.k.token)
+			if held := c.heldAround(x.req.name, time.Unix(0, 0), x.done, true); held >= 0 && held != own {
+				c.h.note(noteLookupOnly)
+			}
 		}
 	}
 }

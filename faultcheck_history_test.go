@@ -47,10 +47,10 @@ type history struct {
 	notes map[string]int
 	// keys whose answer may still have been on its way (awaitStores)
 	undecided map[*keyPlan]bool
-	// the late phase: when it read what the token-mode keys' records
-	// held, and what
-	lateRead   time.Time
-	lateStates map[*keyPlan]*admin.KeyState
+	// the late phase: when its prompts began, when it read what the
+	// token-mode keys' records held, and what
+	latePrompts, lateRead time.Time
+	lateStates            map[*keyPlan]*admin.KeyState
 }
 
 // note counts something a fault excused.
@@ -265,6 +265,10 @@ func (r *rig) inject(h *history, f *faultPlan) {
 	}
 	switch f.kind {
 	case kindRedisStop, kindRedisRestart, kindCrowd:
+		if f.kind == kindRedisRestart {
+			r.restarts.Lock()
+			defer r.restarts.Unlock()
+		}
 		r.redisFaults.Lock()
 		defer r.redisFaults.Unlock()
 		ev.instance = -1

@@ -14,9 +14,9 @@ package idempotency_test
 // (docs/operations.md): a token that was spent still finds its record and
 // replays, on every instance; one of a retired secret that was not spent
 // is refused and runs nothing (checkTokens: no instance spends a token of
-// a secret it does not hold). A key whose record a later restart lost is
-// not judged, nor any when Redis restarts while the records are read and
-// the keys sent.
+// a secret it does not hold). A restart waits for the phase to end; a key
+// whose record a restart before it lost is not judged, nor any whose
+// instance was out of Redis's reach for long during the prompts.
 
 import (
 	"context"
@@ -34,11 +34,16 @@ const (
 )
 
 // lateWait is how long the phase prompts the rechecks before its requests.
-// Every middleware of the history loaded its secret before the phase
+// Every middleware of the history loaded its secret before the prompts
 // began, so each rechecks within secretRecheck (10 s) and the prompts'
 // period, when the one that held another secret adopts Redis's; and each
-// again within as long, having read what that one retired.
-const lateWait = 2*10*time.Second + 4*time.Second
+// again within as long, having read what that one retired. The rest is
+// room for a recheck that an outage put off (lateOutage).
+const lateWait = 2*10*time.Second + 8*time.Second
+
+// lateOutage is the most an instance may be out of Redis's reach during the
+// prompts for the phase to be judged.
+const lateOutage = 6 * time.Second
 
 // lateAllowance is about how much longer than others a history with the
 // phase takes.
@@ -71,6 +76,8 @@ func (d drawer) late(p *plan) {
 // recheck); then what each key's record holds is read, and the key sent
 // to each instance.
 func (r *rig) late(h *history) {
+	r.restarts.RLock()
+	defer r.restarts.RUnlock()
 	h.count(kindRedisRestart + ", then the rechecks")
 	var forms []*keyPlan
 	for _, k := range h.plan.keys {
@@ -82,8 +89,8 @@ func (r *rig) late(h *history) {
 	if h.plan.lateRenew >= 0 {
 		r.renew(h, r.instances[h.plan.lateRenew])
 	}
-	prompts := time.Now()
-	for time.Since(prompts) < lateWait {
+	h.latePrompts = time.Now()
+	for time.Since(h.latePrompts) < lateWait {
 		for i := range r.instances {
 			for _, k := range forms {
 				r.issueToken(h.plan.cfg, k.scope, i)
@@ -138,6 +145,11 @@ func (c *keyCase) checkLate() {
 	for _, f := range c.h.faults {
 		if f.kind == kindRedisRestart && !f.to.Before(c.h.lateRead) {
 			return
+		}
+	}
+	for i := range 2 {
+		if out, _ := c.h.outage(i, c.h.latePrompts, c.h.lateRead); out > lateOutage {
+			return // a recheck may have been put off past the prompts
 		}
 	}
 	for _, x := range c.exchanges {

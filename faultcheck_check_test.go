@@ -417,9 +417,13 @@ func instanceIndex(name string) int {
 // [from, to] (stopped, blackholed or slowed: overlapping faults count
 // once), and whether the instance was killed then.
 func (h *history) outage(i int, from, to time.Time) (out time.Duration, killed bool) {
+	return outage(h.faults, i, from, to)
+}
+
+func outage(faults []faultEvent, i int, from, to time.Time) (out time.Duration, killed bool) {
 	type span struct{ from, to time.Time }
 	var spans []span
-	for _, f := range h.faults {
+	for _, f := range faults {
 		if f.instance != -1 && f.instance != i {
 			continue
 		}

@@ -48,9 +48,11 @@ type history struct {
 	// keys whose answer may still have been on its way (awaitStores)
 	undecided map[*keyPlan]bool
 	// the late phase: when its prompts began, when it read what the
-	// token-mode keys' records held, and what
+	// token-mode keys' records held, and what; unsure when the prompts
+	// ran out before the instances could have agreed
 	latePrompts, lateRead time.Time
 	lateStates            map[*keyPlan]*admin.KeyState
+	lateUnsure            bool
 }
 
 // note counts something a fault excused.

@@ -15,8 +15,8 @@ package idempotency_test
 // replays, on every instance; one of a retired secret that was not spent
 // is refused and runs nothing (checkTokens: no instance spends a token of
 // a secret it does not hold). A restart waits for the phase to end; a key
-// whose record a restart before it lost is not judged, nor any whose
-// instance was out of Redis's reach for long during the prompts.
+// whose record a restart before it lost is not judged, nor any when the
+// instances were out of Redis's reach too long during the prompts.
 
 import (
 	"context"
@@ -33,21 +33,45 @@ const (
 	noteLookupOnly = "of those, by an instance that holds another secret (lookup-only)"
 )
 
-// lateWait is how long the phase prompts the rechecks before its requests.
-// Every middleware of the history loaded its secret before the prompts
-// began, so each rechecks within secretRecheck (10 s) and the prompts'
-// period, when the one that held another secret adopts Redis's; and each
-// again within as long, having read what that one retired. The rest is
-// room for a recheck that an outage put off (lateOutage).
-const lateWait = 2*10*time.Second + 8*time.Second
+// lateWait is how long the phase prompts the rechecks, Redis in reach,
+// before its requests. Every middleware of the history loaded its secret
+// before the prompts began, so each rechecks within secretRecheck (10 s)
+// and the prompts' period, when the one that held another secret adopts
+// Redis's; and each again within as long, having read what that one
+// retired. A recheck that meets an outage is tried again a second later:
+// the time an instance is out of Redis's reach does not count, and an
+// instance started anew meanwhile loads its secret anew, so the time
+// counts from then.
+const lateWait = 2*10*time.Second + 4*time.Second
 
-// lateOutage is the most an instance may be out of Redis's reach during the
-// prompts for the phase to be judged.
-const lateOutage = 6 * time.Second
+// lateBound bounds the prompts; a phase whose instances never had lateWait
+// in Redis's reach is not judged.
+const lateBound = 60 * time.Second
 
-// lateAllowance is about how much longer than others a history with the
-// phase takes.
-const lateAllowance = lateWait + 6*time.Second
+// agreed reports whether, since the prompts began at from, every instance
+// has had lateWait in Redis's reach since it last started.
+func (r *rig) agreed(from time.Time) bool {
+	now := time.Now()
+	faults := r.timeline.between(from, now)
+	for i := range r.instances {
+		since := from
+		for _, f := range faults {
+			if (f.kind == kindKill || f.kind == kindDrain) && f.instance == i {
+				since = maxTime(since, f.to)
+			}
+		}
+		out, _ := outage(faults, i, since, now)
+		if now.Sub(since)-out < lateWait {
+			return false
+		}
+	}
+	return true
+}
+
+// lateAllowance is how much longer than others a history with the phase
+// may take: the prompts' bound and the rest of the phase. A bounded run is
+// too short for it.
+const lateAllowance = lateBound + 6*time.Second
 
 // late draws the phase in a third of the histories with a Redis restart and
 // token-mode keys: a request of each such key to its issuer, then one to
@@ -90,7 +114,11 @@ func (r *rig) late(h *history) {
 		r.renew(h, r.instances[h.plan.lateRenew])
 	}
 	h.latePrompts = time.Now()
-	for time.Since(h.latePrompts) < lateWait {
+	for !r.agreed(h.latePrompts) {
+		if time.Since(h.latePrompts) > lateBound {
+			h.lateUnsure = true
+			break
+		}
 		for i := range r.instances {
 			for _, k := range forms {
 				r.issueToken(h.plan.cfg, k.scope, i)
@@ -147,10 +175,8 @@ func (c *keyCase) checkLate() {
 			return
 		}
 	}
-	for i := range 2 {
-		if out, _ := c.h.outage(i, c.h.latePrompts, c.h.lateRead); out > lateOutage {
-			return // a recheck may have been put off past the prompts
-		}
+	if c.h.lateUnsure {
+		return
 	}
 	for _, x := range c.exchanges {
 		if !slices.Contains(c.k.late[1:], x.req) {

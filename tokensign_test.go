@@ -198,3 +198,43 @@ func TestANewInstanceReplaysATokenOfTheSecretItNeverHeld(t *testing.T) {
 	require.EqualValues(t, 1, old.execs.Load())
 	require.Zero(t, fresh.execs.Load())
 }
+
+// Redis restarts empty, a new instance makes a new secret before the
+// running one writes its own back, the running one spends a token of its
+// secret, and stops (a rolling deploy) before its recheck would have
+// adopted the new secret and retired its own in Redis. No instance can
+// find that token's record any more: a retry is told token-not-found, and
+// a form that then asks for a new token orders again. The window is the
+// running instance's recheck (up to 10 s after the restart); a secret of
+// the application's own (WithTokenSecret) closes it.
+func TestASecretLostWithTheOnlyInstanceThatHeldIt(t *testing.T) {
+	for _, own := range []bool{false, true} {
+		t.Run(map[bool]string{false: "shared secret", true: "WithTokenSecret"}[own], func(t *testing.T) {
+			srv := redistest.Private(t)
+			opts := []Option{WithKeyPrefix("gone"), WithStoreTimeout(500 * time.Millisecond)}
+			if own {
+				opts = append(opts, WithTokenSecret([]byte("the application's own secret, 32 bytes or more")))
+			}
+			old := newShopOn(t, srv.Client(t), opts...)
+			c := old.client()
+			tok := old.token(c) // old holds its secret
+
+			require.NoError(t, srv.Signal(syscall.SIGKILL))
+			redistest.Restart(t, srv)
+			fresh := newShopOn(t, srv.Client(t), opts...)
+			fresh.token(fresh.client()) // the restarted Redis takes fresh's new secret, if shared
+			first := waitFor201(t, old, c, tok)
+			// old stops here, before its recheck.
+
+			recheckSecret(t, fresh.idem)
+			again := fresh.post(c, "/orders", tok, `{}`)
+			if !own {
+				requireProblem(t, again, http.StatusUnprocessableEntity, "token-not-found")
+				return
+			}
+			require.Equal(t, http.StatusCreated, again.status, again.body)
+			require.Equal(t, "true", again.header.Get(ReplayedHeader))
+			require.Equal(t, first.body, again.body)
+		})
+	}
+}

@@ -53,6 +53,7 @@ type history struct {
 	latePrompts, lateRead time.Time
 	lateStates            map[*keyPlan]*admin.KeyState
 	lateUnsure            bool
+	lateKnown             [][]byte // the secret and the retired ones in Redis then
 }
 
 // note counts something a fault excused.

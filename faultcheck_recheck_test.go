@@ -14,9 +14,12 @@ package idempotency_test
 // (docs/operations.md): a token that was spent still finds its record and
 // replays, on every instance; one of a retired secret that was not spent
 // is refused and runs nothing (checkTokens: no instance spends a token of
-// a secret it does not hold). A restart waits for the phase to end; a key
-// whose record a restart before it lost is not judged, nor any when the
-// instances were out of Redis's reach too long during the prompts.
+// a secret it does not hold). The documented exception: a secret whose
+// only holder stopped before its recheck is in Redis neither as the secret
+// nor as a retired one, and the tokens it spent are refused; counted
+// apart. A restart waits for the phase to end; a key whose record a
+// restart before it lost is not judged, nor any when the instances were
+// out of Redis's reach too long during the prompts.
 
 import (
 	"context"
@@ -31,6 +34,7 @@ const ruleSpentTokenRefused = "a spent token was refused after every instance re
 const (
 	noteLateReplay = "a spent token replayed after every instance rechecked the token secrets"
 	noteLookupOnly = "of those, by an instance that holds another secret (lookup-only)"
+	noteLostSecret = "a spent token refused: its secret left with the only instance that held it"
 )
 
 // lateWait is how long the phase prompts the rechecks, Redis in reach,
@@ -130,6 +134,13 @@ func (r *rig) late(h *history) {
 	defer cancel()
 	m := r.operator(h.plan.cfg)
 	h.lateRead, h.lateStates = time.Now(), map[*keyPlan]*admin.KeyState{}
+	var book secretBook
+	book.begin(h.plan.cfg.Prefix)
+	if err := book.read(ctx, r.storeDB, h.plan.cfg.Prefix); err != nil {
+		r.fail("reading the token secrets: %v", err)
+		return
+	}
+	h.lateKnown = book.of(h.plan.cfg.Prefix)
 	for _, k := range forms {
 		record, err := r.recordOf(ctx, h, k)
 		if err != nil {
@@ -178,17 +189,20 @@ func (c *keyCase) checkLate() {
 	if c.h.lateUnsure {
 		return
 	}
+	own := signer(c.h.secrets, c.cfg.Prefix, c.k.scope, c.k.token)
+	lost := signer(c.h.lateKnown, c.cfg.Prefix, c.k.scope, c.k.token) < 0
 	for _, x := range c.exchanges {
 		if !slices.Contains(c.k.late[1:], x.req) {
 			continue
 		}
 		switch rd := read(x); {
+		case rd.problem == "token-not-found" && lost:
+			c.h.note(noteLostSecret)
 		case rd.problem == "token-not-found":
 			c.fail(ruleSpentTokenRefused, "%s on %s was refused token-not-found; the token's record reads %s",
 				x.req.name, x.instance, stateText(st))
 		case rd.answer != nil && x.replayed():
 			c.h.note(noteLateReplay)
-			own := signer(c.h.secrets, c.cfg.Prefix, c.k.scope, c.k.token)
 			if held := c.heldAround(x.req.name, time.Unix(0, 0), x.done, true); held >= 0 && held != own {
 				c.h.note(noteLookupOnly)
 			}

@@ -37,12 +37,14 @@ const noteCrowdServed = "crowd duplicates that got the key's one answer"
 // hundreds of them in.
 const crowdWait = 5 * time.Second
 
-// maxclientsHeadroom is how many connections Redis accepts beyond those
-// open when the crowd comes: enough for both instances' clients to grow
-// to go-redis's default sizes (a pool of 10 per CPU, 2 here, and 10 for
-// pipelines) with a pub/sub connection for each of a few histories, and
-// for the check's own client; half the smallest crowd.
-const maxclientsHeadroom = 100
+// crowdMaxclients is Redis's maxclients during a crowd: every connection
+// the clients of the rig may hold at once, and a margin. Each instance's
+// client, and the check's own, holds at most go-redis's default pool (10
+// per CPU, 2 here) and pipeline pool (10); an instance has besides a
+// pub/sub connection for each history whose requests wait on the other
+// instance, a few at a time. That is 2×(20+10+8) + (20+10) = 106. A crowd
+// is 200 duplicates at least: a connection per waiter would not fit.
+const crowdMaxclients = 130
 
 // crowdStoreTimeout is the history's store timeout when it has a crowd:
 // hundreds of requests on a busy machine slow every round trip, and a
@@ -76,9 +78,10 @@ func (d drawer) crowd(p *plan) {
 		until: append(k.requests(), fresh.chain...)})
 }
 
-// crowdUnderMaxclients lowers Redis's maxclients to the connections open
-// now plus maxclientsHeadroom until the crowd's requests are answered, and
-// restores it. Call with r.redisFaults held.
+// crowdUnderMaxclients lowers Redis's maxclients to crowdMaxclients (or a
+// little above the connections open now, should those be more) until the
+// crowd's requests are answered, and restores it. Call with r.redisFaults
+// held.
 func (r *rig) crowdUnderMaxclients(h *history, f *faultPlan) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -92,7 +95,7 @@ func (r *rig) crowdUnderMaxclients(h *history, f *faultPlan) string {
 		r.fail("INFO clients: %v", err)
 		return "no crowd"
 	}
-	limit := open + maxclientsHeadroom
+	limit := max(crowdMaxclients, open+20)
 	if err := r.storeDB.ConfigSet(ctx, "maxclients", strconv.Itoa(limit)).Err(); err != nil {
 		r.fail("CONFIG SET maxclients: %v", err)
 		return "no crowd"

@@ -24,7 +24,10 @@ const (
 	roleBurst  = "burst"  // one of the new keys that arrive during it
 )
 
-const noteBurstRefused = "burst requests refused 503 store-unavailable during a saturation"
+const (
+	noteBurstRefused = "burst requests refused 503 store-unavailable during a saturation"
+	noteBurstAtOnce  = "of those, refused at once, not after their store timeout (the queue's admission)"
+)
 
 // saturation draws, in some histories, an outage at load on one instance:
 // its victims, its burst and the cut.
@@ -68,6 +71,9 @@ func (c *keyCase) checkBurst() {
 			continue
 		}
 		c.h.note(noteBurstRefused)
+		if x.done.Sub(x.sent) < c.cfg.StoreTimeout/2 {
+			c.h.note(noteBurstAtOnce)
+		}
 		for exec, s := range c.starts {
 			if s.Request == x.req.name {
 				c.fail(ruleRefusedRan, "%s was refused store-unavailable, and %s ran", x.req.name, c.describe(exec))

@@ -3,10 +3,10 @@ package idempotency_test
 // Saturation: an outage at load. A few slow handlers (victims) run on one
 // instance when its way to Redis is cut; their stores fail and wait in
 // the background queue. Then hundreds of new keys (the burst) arrive
-// while the cut lasts: the first are admitted, wait out their store
-// timeout and each leave the undo of a claim behind, and once 64 jobs
-// wait on a failing Redis the queue's admission refuses the rest at once
-// (later.go). The promises: a refused request gets 503 store-unavailable
+// over a second or so while the cut lasts: the first are admitted, wait
+// out their store timeout and each leave the undo of a claim behind, and
+// once 64 jobs wait on a failing Redis the queue's admission refuses the
+// later ones at once (later.go). The promises: a refused request gets 503 store-unavailable
 // with Retry-After (readProblem checks the header) and runs nothing;
 // every victim's answer is stored once Redis is back (checkStored);
 // nothing runs twice (checkExecutions).
@@ -47,16 +47,18 @@ func (d drawer) saturation(p *plan) {
 	// The cut begins once the victims have claimed (a victim whose claim
 	// meets it on a slow machine is refused, and is no victim), and the
 	// burst comes once their stores have failed: three tries, each within
-	// the store timeout.
+	// the store timeout. It lasts long enough for the undos of its first
+	// requests to fill the queue before its last ones come.
 	cut := start + 150*time.Millisecond
 	burst := start + pause + 3*p.cfg.StoreTimeout + 300*time.Millisecond
+	spread := 3*p.cfg.StoreTimeout + 600*time.Millisecond
 	for i := range 200 + d.rng.IntN(201) {
 		k := newKey("sat", fmt.Sprintf("b%d", i), routeKey, roleBurst)
-		k.start = burst + d.between(0, 300*time.Millisecond)
+		k.start = burst + d.between(0, spread)
 		k.chain = []*requestPlan{{key: k, at: k.start, instance: inst, act: actNormal}}
 		p.keys = append(p.keys, k)
 	}
-	end := burst + 300*time.Millisecond + p.cfg.StoreTimeout + d.between(300*time.Millisecond, time.Second)
+	end := burst + spread + p.cfg.StoreTimeout + d.between(300*time.Millisecond, time.Second)
 	p.faults = append(p.faults, &faultPlan{kind: kindSaturate, at: cut, dur: end - cut, instance: inst})
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/bsm/redislock"
+	"github.com/redis/go-redis/v9"
 )
 
 // claim takes the key's lease and claims the key in Redis. It returns the
@@ -101,6 +102,12 @@ func (m *Middleware) claimOnce(c *call, k keys) (*lease, verdict) {
 			// not start. Nothing ran; the claim is undone if still ours.
 			l.release(c.ctx)
 			return nil, refuse(unavailable(ErrLockLost))
+		}
+		if k.secret != nil && !cl.retaken {
+			if err := m.confirmSecret(c, k, r); err != nil {
+				l.release(c.ctx) // nothing ran: the token goes back
+				return nil, refuse(err)
+			}
 		}
 		l.fence, c.fence = cl.fence, cl.fence
 		if c.resume {
@@ -278,4 +285,23 @@ func (m *Middleware) cacheExpiry(rec *record) time.Time {
 		return until
 	}
 	return rec.expires
+}
+
+// confirmSecret makes sure Redis keeps the secret that signed the token
+// whose fresh claim went in (tokenconfirm.go). r carries the claim's own
+// reading of it, when the claim rode with the lock. A token whose secret
+// the fleet no longer keeps was never spent, and now never will be: it is
+// answered as unknown.
+func (m *Middleware) confirmSecret(c *call, k keys, r *rode) error {
+	var read *redis.StringCmd
+	if r != nil {
+		read = r.secret
+	}
+	ctx, cancel := m.store.stepContext(c.ctx)
+	defer cancel()
+	err := m.tokens.confirm(ctx, k.secret, read)
+	if errors.Is(err, errSecretMoved) {
+		return ErrTokenNotFound
+	}
+	return err
 }

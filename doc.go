@@ -65,6 +65,7 @@
 //	token.go         TokenHandler, FormField, IssueToken: issuing tokens
 //	tokensign.go     how an issued token is signed, and its secret
 //	tokencheck.go    which of the caller's sessions a token was issued to
+//	tokenconfirm.go  a token is spent only while Redis keeps its secret
 //	do.go            Do and Key: the function adapter
 //	codec.go         CheckResult: a result comes back exactly, or is not stored
 //	handler.go       the HTTP adapter over the lifecycle

@@ -14,12 +14,11 @@ package idempotency_test
 // (docs/operations.md): a token that was spent still finds its record and
 // replays, on every instance; one of a retired secret that was not spent
 // is refused and runs nothing (checkTokens: no instance spends a token of
-// a secret it does not hold). The documented exception: a secret whose
-// only holder stopped before its recheck is in Redis neither as the secret
-// nor as a retired one, and the tokens it spent are refused; counted
-// apart. A restart waits for the phase to end; a key whose record a
-// restart before it lost is not judged, nor any when the instances were
-// out of Redis's reach too long during the prompts.
+// a secret it does not hold). No token is spent under a secret Redis does
+// not keep (tokenconfirm.go), so a secret whose only holder stopped before
+// its recheck has spent nothing. A restart waits for the phase to end; a
+// key whose record a restart before it lost is not judged, nor any when
+// the instances were out of Redis's reach too long during the prompts.
 
 import (
 	"context"
@@ -34,7 +33,6 @@ const ruleSpentTokenRefused = "a spent token was refused after every instance re
 const (
 	noteLateReplay = "a spent token replayed after every instance rechecked the token secrets"
 	noteLookupOnly = "of those, by an instance that holds another secret (lookup-only)"
-	noteLostSecret = "a spent token refused: its secret left with the only instance that held it"
 )
 
 // lateWait is how long the phase prompts the rechecks, Redis in reach,
@@ -196,11 +194,13 @@ func (c *keyCase) checkLate() {
 			continue
 		}
 		switch rd := read(x); {
-		case rd.problem == "token-not-found" && lost:
-			c.h.note(noteLostSecret)
 		case rd.problem == "token-not-found":
-			c.fail(ruleSpentTokenRefused, "%s on %s was refused token-not-found; the token's record reads %s",
-				x.req.name, x.instance, stateText(st))
+			why := ""
+			if lost {
+				why = "; Redis keeps the token's secret neither as the secret nor as a retired one"
+			}
+			c.fail(ruleSpentTokenRefused, "%s on %s was refused token-not-found; the token's record reads %s%s",
+				x.req.name, x.instance, stateText(st), why)
 		case rd.answer != nil && x.replayed():
 			c.h.note(noteLateReplay)
 			if held := c.heldAround(x.req.name, time.Unix(0, 0), x.done, true); held >= 0 && held != own {

@@ -165,9 +165,12 @@ type call struct {
 	// lookupOnly: the token may have been spent, and must not be now (it
 	// was signed by a retired secret): its record answers, or nothing.
 	lookupOnly bool
-	id         identity
-	fp         fingerprintSum
-	body       bodyReader // what the handler reads as r.Body
+	// tokenSecret is the shared secret that signed the token, which Redis
+	// must still keep for the token to be spent (tokenconfirm.go).
+	tokenSecret []byte
+	id          identity
+	fp          fingerprintSum
+	body        bodyReader // what the handler reads as r.Body
 
 	fromCache bool
 	waited    time.Duration

@@ -112,9 +112,9 @@ func TestInstancesShareTheTokenSecret(t *testing.T) {
 	r := httptest.NewRequest(http.MethodGet, "/", nil)
 	tok, err := a.IssueTokenFor(r, "s")
 	require.NoError(t, err)
-	_, state, err := b.tokens.check(t.Context(), "s", tok.Value)
+	got, err := b.tokens.check(t.Context(), "s", tok.Value)
 	require.NoError(t, err)
-	require.Equal(t, tokenValid, state)
+	require.Equal(t, tokenValid, got.state)
 }
 
 func sessionOf(t *testing.T, s *shop, c *http.Client) string {
@@ -194,12 +194,12 @@ func TestATokenBelongsToItsKeyPrefix(t *testing.T) {
 	b := New(rdb, WithKeyPrefix("test-"+t.Name()+"-b"), secret)
 	tok, err := a.IssueTokenFor(httptest.NewRequest(http.MethodGet, "/", nil), "u1")
 	require.NoError(t, err)
-	_, state, err := a.tokens.check(t.Context(), "u1", tok.Value)
+	got, err := a.tokens.check(t.Context(), "u1", tok.Value)
 	require.NoError(t, err)
-	require.Equal(t, tokenValid, state)
-	_, state, err = b.tokens.check(t.Context(), "u1", tok.Value)
+	require.Equal(t, tokenValid, got.state)
+	got, err = b.tokens.check(t.Context(), "u1", tok.Value)
 	require.NoError(t, err)
-	require.Equal(t, tokenInvalid, state)
+	require.Equal(t, tokenInvalid, got.state)
 }
 
 // 10⁶ tokens from the issuance generator collide nowhere (122 random bits

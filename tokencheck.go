@@ -32,13 +32,13 @@ func (m *Middleware) tokenScope(c *call, token string) error {
 		scopes = m.sessions(c.r)
 	}
 	for _, scope := range scopes {
-		expires, state, err := m.tokens.check(c.ctx, scope, token)
+		got, err := m.tokens.check(c.ctx, scope, token)
 		if err != nil {
 			return err
 		}
-		if state != tokenInvalid {
-			c.scope, c.tokenExpires = scope, expires
-			c.lookupOnly = state == tokenRetired
+		if got.state != tokenInvalid {
+			c.scope, c.tokenExpires, c.tokenSecret = scope, got.expires, got.shared
+			c.lookupOnly = got.state == tokenRetired
 			return nil
 		}
 	}

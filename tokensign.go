@@ -47,7 +47,9 @@ import (
 // reads the retired secrets at its recheck: a token signed by a retired
 // secret is never spent any more, but a spent one still finds its record
 // (replayed, or waited for while it runs), on any instance once both have
-// rechecked.
+// rechecked. And a token is spent only while Redis keeps its secret
+// (tokenconfirm.go), so that no record outlives every secret that could
+// find it.
 
 const (
 	tokenNonceBytes = 16
@@ -111,32 +113,46 @@ func (s *tokenSigner) sign(ctx context.Context, scope string, expires time.Time)
 // and when it expires. Expiry is the caller's to judge: a spent token past
 // it is still answered from its record (see tokencheck.go). A token that
 // is not one of ours at all is refused before the secret is needed.
-func (s *tokenSigner) check(ctx context.Context, scope, token string) (expires time.Time, state tokenState, err error) {
+func (s *tokenSigner) check(ctx context.Context, scope, token string) (tokenCheck, error) {
 	var b [tokenBytes]byte
 	if len(token) != tokenLength {
-		return time.Time{}, tokenInvalid, nil
+		return tokenCheck{}, nil
 	}
 	// Strict: the last character's unused bits must be zero. Otherwise 16
 	// spellings would decode to one token, and each, naming a record of its
 	// own, could be spent once.
 	if n, err := strictBase64.Decode(b[:], []byte(token)); err != nil || n != tokenBytes {
-		return time.Time{}, tokenInvalid, nil
+		return tokenCheck{}, nil
 	}
-	expires = time.UnixMilli(int64(binary.BigEndian.Uint64(b[:8])))
-	secret, err := s.key(ctx)
+	expires := time.UnixMilli(int64(binary.BigEndian.Uint64(b[:8])))
+	secret, shared, err := s.current(ctx)
 	if err != nil {
-		return time.Time{}, tokenInvalid, err
+		return tokenCheck{}, err
 	}
 	head, mac := b[:8+tokenNonceBytes], b[8+tokenNonceBytes:]
 	if hmac.Equal(mac, tokenMAC(secret, s.prefix, scope, head)) {
-		return expires, tokenValid, nil
+		ok := tokenCheck{expires: expires, state: tokenValid}
+		if shared {
+			ok.shared = secret
+		}
+		return ok, nil
 	}
 	for _, old := range s.retiredSecrets() {
 		if hmac.Equal(mac, tokenMAC(old, s.prefix, scope, head)) {
-			return expires, tokenRetired, nil
+			return tokenCheck{expires: expires, state: tokenRetired}, nil
 		}
 	}
-	return time.Time{}, tokenInvalid, nil
+	return tokenCheck{}, nil
+}
+
+// tokenCheck is what check found out about a token.
+type tokenCheck struct {
+	expires time.Time
+	state   tokenState
+	// shared is the secret kept in Redis that signed a valid token: a
+	// spend of the token first makes sure Redis still keeps it (confirm).
+	// Nil under WithTokenSecret's secret, which no instance can lose.
+	shared []byte
 }
 
 // tokenState is what check found a token to be.
@@ -177,19 +193,25 @@ func tokenMAC(secret []byte, prefix, scope string, head []byte) []byte {
 // Without one, the callers share one read, and a failed read is answered
 // from memory until secretRetry has passed.
 func (s *tokenSigner) key(ctx context.Context) ([]byte, error) {
+	secret, _, err := s.current(ctx)
+	return secret, err
+}
+
+// current is key, and whether the secret is the one kept in Redis.
+func (s *tokenSigner) current(ctx context.Context) (secret []byte, shared bool, err error) {
 	s.mu.Lock()
 	if s.secret != nil {
 		if s.shared && time.Since(s.checked) >= secretRecheck && s.loading == nil && time.Since(s.failed) >= secretRetry {
 			s.startLoad()
 		}
-		secret := s.secret
+		secret, shared := s.secret, s.shared
 		s.mu.Unlock()
-		return secret, nil
+		return secret, shared, nil
 	}
 	if time.Since(s.failed) < secretRetry {
 		err := s.failure
 		s.mu.Unlock()
-		return nil, err
+		return nil, false, err
 	}
 	if s.loading == nil {
 		s.startLoad()
@@ -199,14 +221,14 @@ func (s *tokenSigner) key(ctx context.Context) ([]byte, error) {
 	select {
 	case <-loading:
 	case <-ctx.Done():
-		return nil, unavailable(ctx.Err())
+		return nil, false, unavailable(ctx.Err())
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.secret == nil {
-		return nil, s.failure
+		return nil, false, s.failure
 	}
-	return s.secret, nil
+	return s.secret, s.shared, nil
 }
 
 // startLoad starts a read of the shared secret; s.mu is held.
@@ -301,7 +323,7 @@ func mergeSecrets(fresh, held [][]byte, current []byte) [][]byte {
 func (s *tokenSigner) load(held []byte) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
-	name := s.prefix + ":token-secret"
+	name := s.secretKey()
 	secret, err := s.client.Get(ctx, name).Bytes()
 	if errors.Is(err, redis.Nil) {
 		writeBack := held != nil

@@ -1,0 +1,78 @@
+package idempotency
+
+import (
+	"context"
+	"crypto/hmac"
+	"errors"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// A token is spent only under a secret the fleet keeps. An instance may
+// hold a shared secret that Redis no longer does: Redis restarted without
+// persistence, and the instance has not rechecked yet (tokensign.go). If it
+// spent a token then, and another instance made a new secret before this
+// one wrote its own back, and this one stopped before its recheck retired
+// its secret in Redis, then no instance could ever check that token again:
+// its resubmission would be told token-not-found although its record
+// holds an answer, and the form would ask for a new token and run again.
+//
+// So a fresh claim of a token reads the secret Redis keeps, in the claim's
+// own round trip (ride.go), and the handler starts only when it is the
+// token's: kept, or written back now because Redis had none. When Redis
+// keeps another, the fleet moved on while this instance held the old one:
+// the claim is given back, nothing ran, and the token is answered as one of
+// a retired secret that was never spent (token-not-found); this instance
+// rereads the secret at once. Records of tokens spent before a secret went
+// are found through the retired secrets, as before.
+
+// errSecretMoved: the token's secret is no longer the one Redis keeps.
+var errSecretMoved = errors.New("idempotency: the token's secret is no longer the fleet's")
+
+// secretKey is where Redis keeps the shared secret.
+func (s *tokenSigner) secretKey() string {
+	return secretKey(s.prefix)
+}
+
+func secretKey(prefix string) string {
+	return prefix + ":token-secret"
+}
+
+// confirm makes sure Redis keeps secret, which signed a token whose claim
+// just went in. read is the claim's reading of the secret (nil when the
+// claim went alone: then it is read now). It returns errSecretMoved when
+// Redis keeps another secret, and ErrStoreUnavailable when Redis cannot
+// tell: in both cases the handler must not run.
+func (s *tokenSigner) confirm(ctx context.Context, secret []byte, read *redis.StringCmd) error {
+	if read == nil {
+		read = s.client.Get(ctx, s.secretKey())
+	}
+	kept, err := read.Bytes()
+	if errors.Is(err, redis.Nil) {
+		// SET NX … GET answers the secret another instance wrote
+		// meanwhile, or nil when ours went in.
+		kept, err = s.client.SetArgs(ctx, s.secretKey(), secret, redis.SetArgs{Mode: "NX", Get: true}).Bytes()
+		if errors.Is(err, redis.Nil) {
+			s.logger.Warn("idempotency: the shared token secret was missing from Redis (a restart without " +
+				"persistence, an eviction or a delete); this instance wrote back the one it holds")
+			return nil
+		}
+	}
+	switch {
+	case err != nil:
+		return unavailable(err)
+	case hmac.Equal(kept, secret):
+		return nil
+	}
+	s.reload()
+	return errSecretMoved
+}
+
+// reload starts a read of the shared secret now, unless one is in flight.
+func (s *tokenSigner) reload() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.loading == nil {
+		s.startLoad()
+	}
+}

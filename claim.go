@@ -96,18 +96,19 @@ func (m *Middleware) claimOnce(c *call, k keys) (*lease, verdict) {
 	switch cl.outcome {
 	case outcomeClaimed:
 		l.watch()
-		if l.wd.isLost() {
-			// The lease ran out during the claim or the replica wait:
-			// another instance may own the key by now, so the handler must
-			// not start. Nothing ran; the claim is undone if still ours.
-			l.release(c.ctx)
-			return nil, refuse(unavailable(ErrLockLost))
-		}
 		if k.secret != nil && !cl.retaken {
 			if err := m.confirmSecret(c, k, r); err != nil {
 				l.release(c.ctx) // nothing ran: the token goes back
 				return nil, refuse(err)
 			}
+		}
+		if l.wd.isLost() {
+			// The lease ran out during the claim, the replica wait or the
+			// secret's confirmation: another instance may own the key by
+			// now, so the handler must not start. Nothing ran; the claim is
+			// undone if still ours.
+			l.release(c.ctx)
+			return nil, refuse(unavailable(ErrLockLost))
 		}
 		l.fence, c.fence = cl.fence, cl.fence
 		if c.resume {

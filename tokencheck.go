@@ -16,7 +16,8 @@ import (
 // unknown.
 //
 // A token that is unknown, forged or another scope's is refused here,
-// before Redis is asked, and all alike. One past its expiry is not: it may
+// before Redis is asked (but for one read of the shared secret per
+// secretRetry, see refresh), and all alike. One past its expiry is not: it may
 // have been spent, and its record then answers (a replay, or a wait while
 // it runs); the claim refuses it only when nothing was recorded
 // (ErrTokenExpired).
@@ -31,19 +32,32 @@ func (m *Middleware) tokenScope(c *call, token string) error {
 	} else {
 		scopes = m.sessions(c.r)
 	}
-	for _, scope := range scopes {
-		got, err := m.tokens.check(c.ctx, scope, token)
-		if err != nil {
-			return err
+	if len(scopes) == 0 {
+		// Without a session a token cannot be anyone's, which is answered
+		// like any unknown token.
+		return ErrTokenNotFound
+	}
+	for range 2 {
+		for _, scope := range scopes {
+			got, err := m.tokens.check(c.ctx, scope, token)
+			if err != nil {
+				return err
+			}
+			if got.state != tokenInvalid {
+				c.scope, c.tokenExpires, c.tokenSecret = scope, got.expires, got.shared
+				c.lookupOnly = got.state == tokenRetired
+				return nil
+			}
 		}
-		if got.state != tokenInvalid {
-			c.scope, c.tokenExpires, c.tokenSecret = scope, got.expires, got.shared
-			c.lookupOnly = got.state == tokenRetired
-			return nil
+		// The fleet may have moved to a secret this instance has not read
+		// yet (a new instance made one after a Redis restart): one of its
+		// tokens, maybe spent, must not be told not-found. Read it now,
+		// at most once per secretRetry whatever the number of such tokens,
+		// and check again.
+		if !m.tokens.refresh(c.ctx) {
+			break
 		}
 	}
-	// Without a session a token cannot be anyone's, which is answered like
-	// any unknown token.
 	return ErrTokenNotFound
 }
 

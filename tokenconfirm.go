@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/hmac"
 	"errors"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -26,8 +27,12 @@ import (
 // rereads the secret at once. Records of tokens spent before a secret went
 // are found through the retired secrets, as before.
 
-// errSecretMoved: the token's secret is no longer the one Redis keeps.
-var errSecretMoved = errors.New("idempotency: the token's secret is no longer the fleet's")
+var (
+	// errSecretMoved: the token's secret is no longer the one Redis keeps.
+	errSecretMoved = errors.New("idempotency: the token's secret is no longer the fleet's")
+	// errShortSecret: Redis keeps a shared secret too short to sign with.
+	errShortSecret = errors.New("idempotency: the shared token secret in Redis is shorter than 32 bytes")
+)
 
 // secretKey is where Redis keeps the shared secret.
 func (s *tokenSigner) secretKey() string {
@@ -65,14 +70,48 @@ func (s *tokenSigner) confirm(ctx context.Context, secret []byte, read *redis.St
 		return nil
 	}
 	s.reload()
+	if len(kept) < minTokenSecret {
+		// Not a secret anyone can sign with: an operator's mistake,
+		// which the reload logs. Whether the fleet moved is unknown.
+		return unavailable(errShortSecret)
+	}
 	return errSecretMoved
 }
 
-// reload starts a read of the shared secret now, unless one is in flight.
+// reload starts a read of the shared secret now, unless one is in flight
+// or one failed within secretRetry.
 func (s *tokenSigner) reload() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.loading == nil {
+	if s.loading == nil && time.Since(s.failed) >= secretRetry {
 		s.startLoad()
+	}
+}
+
+// refresh reads the shared secret now, for a token that none this instance
+// holds signed: the fleet may have moved to one it has not read yet. It
+// waits for the read (the one in flight if any, shared with every caller,
+// bounded by the store timeout, or ctx) and reports whether one was made.
+// When none is in flight and the secret is the application's, or a refresh
+// started or a read failed within secretRetry, it returns false at once, so that forged tokens cost
+// Redis at most one read per secretRetry. (A recheck's read does not count:
+// it may have come just before the fleet moved.)
+func (s *tokenSigner) refresh(ctx context.Context) bool {
+	s.mu.Lock()
+	if s.loading == nil {
+		if !s.shared || time.Since(s.refreshed) < secretRetry || time.Since(s.failed) < secretRetry {
+			s.mu.Unlock()
+			return false
+		}
+		s.refreshed = time.Now()
+		s.startLoad()
+	}
+	loading := s.loading
+	s.mu.Unlock()
+	select {
+	case <-loading:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }

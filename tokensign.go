@@ -22,8 +22,10 @@ import (
 // token endpoint is anonymous by nature (a form page needs a token before
 // anyone logs in), and a flood of token requests, with or without cookies,
 // cannot take the memory that claims need. A claim checks the MAC before
-// it asks Redis, so a forged or foreign token costs no round trip (a
-// genuine one past its expiry costs one: its record is looked up); the
+// it asks Redis, so a forged or foreign token costs no round trip of its
+// own (tokens no secret here signed make the secret be read again, once a
+// second at most: refresh); a genuine one past its expiry costs one, its
+// record being looked up; the
 // claim's record is what marks a token spent, and it
 // lives at least as long as the token (keys.lifetime), so a spent token can
 // never be spent again. A release deletes the record,
@@ -89,9 +91,12 @@ type tokenSigner struct {
 	retired [][]byte // earlier shared secrets, newest first
 	shared  bool     // the secret is the one kept in Redis
 	checked time.Time
-	failed  time.Time // when a read last failed, and why
-	failure error
-	loading chan struct{} // closed when the read in flight ends; nil when none is
+	// refreshed is when a token no secret here signed last made a read
+	// start (refresh).
+	refreshed time.Time
+	failed    time.Time // when a read last failed, and why
+	failure   error
+	loading   chan struct{} // closed when the read in flight ends; nil when none is
 }
 
 // sign returns a new token for scope, valid until expires.
@@ -251,6 +256,10 @@ func (s *tokenSigner) startLoad() {
 		close(done)
 		if err != nil {
 			s.failed, s.failure = time.Now(), err
+			if errors.Is(err, errShortSecret) {
+				s.logger.Error("idempotency: the shared token secret in Redis (" + s.secretKey() + ") is shorter " +
+					"than 32 bytes; no token is spent until it is replaced by 32 or more random bytes")
+			}
 			return
 		}
 		if s.secret != nil && !hmac.Equal(s.secret, secret) {
@@ -348,7 +357,7 @@ func (s *tokenSigner) load(held []byte) ([]byte, error) {
 	case err != nil:
 		return nil, unavailable(err)
 	case len(secret) < minTokenSecret:
-		return nil, unavailable(errors.New("the shared token secret in Redis is too short"))
+		return nil, unavailable(errShortSecret)
 	}
 	return secret, nil
 }

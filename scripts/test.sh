@@ -209,7 +209,10 @@ pass() {
 	echo "$version" >"$resultdir/$name.version"
 	echo "test.sh: $name: $version; go test $*"
 	# The events are kept for the summary: which tests ran, and on what.
-	if IDEMPOTENCY_REQUIRE_REDIS=1 IDEMPOTENCY_REDIS_SERVER="$program" go test -count=1 -json "$@" 2>&1 |
+	# -timeout 30m, not go test's 10 minutes a package: on a machine busy
+	# with other work, internal/release (which builds every module from a
+	# copy of the tree) can need more; a hung test still ends the run.
+	if IDEMPOTENCY_REQUIRE_REDIS=1 IDEMPOTENCY_REDIS_SERVER="$program" go test -count=1 -timeout 30m -json "$@" 2>&1 |
 		tee "$resultdir/$name.json" | "$bin/idempotency-testprogress" $verbose; then
 		echo "$name ($version): passed in $((SECONDS - start)) s" >"$resultdir/$name"
 	else

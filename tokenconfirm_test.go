@@ -1,0 +1,270 @@
+package idempotency
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/idempotency/internal/redistest"
+)
+
+// stallOn makes rdb stop srv (SIGSTOP) just before the first command that
+// matches, once armed (once), and resume it after d. wait waits for the
+// resume, and fails t if the stop failed.
+func stallOn(t *testing.T, rdb *redis.Client, srv func() *redistest.Server, name, key string, d time.Duration) (arm func(), fired func() bool, wait func()) {
+	var armed atomic.Bool
+	var stalls sync.WaitGroup
+	var stopErr atomic.Pointer[error]
+	rdb.AddHook(commandHook{before: func(cmd redis.Cmder) {
+		args := cmd.Args()
+		if strings.EqualFold(cmd.Name(), name) && len(args) > 1 && args[1] == key && armed.CompareAndSwap(true, false) {
+			if err := srv().Signal(syscall.SIGSTOP); err != nil {
+				stopErr.Store(&err)
+			}
+			time.AfterFunc(d, func() {
+				defer stalls.Done()
+				srv().Signal(syscall.SIGCONT)
+			})
+		}
+	}})
+	arm = func() {
+		stalls.Add(1) // before the hook can fire: its resume is Done
+		armed.Store(true)
+	}
+	return arm, func() bool { return !armed.Load() }, func() {
+		stalls.Wait()
+		if err := stopErr.Load(); err != nil {
+			t.Fatal(*err)
+		}
+	}
+}
+
+// commandHook calls before ahead of every single command.
+type commandHook struct{ before func(redis.Cmder) }
+
+func (commandHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h commandHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.before(cmd)
+		return next(ctx, cmd)
+	}
+}
+func (commandHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// Confirming the token's secret is a round trip of its own when Redis lost
+// the secret (the write-back), and under WithReplicaAcks (the claim does
+// not ride). Redis stalls in it for longer than the lease: the handler
+// must not start on the lost lease, or a retry on another instance, which
+// takes the lapsed key over (WithRetryAbandoned), runs it a second time.
+func TestNoHandlerStartsOnALeaseLostWhileTheSecretIsConfirmed(t *testing.T) {
+	const lease = 400 * time.Millisecond
+	for _, replicas := range []bool{false, true} {
+		t.Run(map[bool]string{false: "write-back after a restart", true: "WithReplicaAcks"}[replicas], func(t *testing.T) {
+			opts := []Option{WithKeyPrefix("stall"), WithLockLease(lease), WithStoreTimeout(3 * time.Second),
+				WithRetryAbandoned()}
+			var live atomic.Pointer[redistest.Server]
+			command := "set"
+			if replicas {
+				primary, _ := primaryWithReplica(t)
+				live.Store(primary)
+				opts = append(opts, WithReplicaAcks(1, 200*time.Millisecond))
+				command = "get"
+			} else {
+				live.Store(redistest.Private(t))
+			}
+			rdbA := live.Load().Client(t)
+			arm, fired, wait := stallOn(t, rdbA, live.Load, command, "stall:token-secret", 3*lease)
+			a := newShopOn(t, rdbA, opts...)
+			b := newShopOn(t, live.Load().Client(t), opts...)
+			var cutAtStart atomic.Int64
+			a.handler = func(w http.ResponseWriter, r *http.Request) {
+				if r.Context().Err() != nil {
+					cutAtStart.Add(1)
+				}
+				time.Sleep(2 * lease)
+				a.defaultHandler(w, r)
+			}
+			b.handler = a.handler
+			c := a.client()
+			tok := a.token(c)
+			b.token(c) // b holds the same secret
+			if !replicas {
+				require.NoError(t, live.Load().Signal(syscall.SIGKILL))
+				live.Store(redistest.Restart(t, live.Load()))
+			}
+
+			arm()
+			done := a.postAsync(c, "/orders", tok, `{}`)
+			require.Eventually(t, fired, 10*time.Second, 5*time.Millisecond)
+			wait()
+			time.Sleep(100 * time.Millisecond)
+			b.post(c, "/orders", tok, `{}`)
+			<-done
+			require.Zero(t, cutAtStart.Load(), "a handler started on a lease that was already lost")
+			require.LessOrEqual(t, a.execs.Load()+b.execs.Load(), int64(1), "one token ran twice")
+		})
+	}
+}
+
+// Redis stalls just as the confirmation writes the secret back, for longer
+// than the store timeout: 503, nothing ran, and once Redis is back the
+// claim's give-back (retried in the background) frees the key: the retry
+// runs once and is never told interrupted.
+func TestAStalledConfirmationGivesTheTokenBack(t *testing.T) {
+	var live atomic.Pointer[redistest.Server]
+	live.Store(redistest.Private(t))
+	rdb := live.Load().Client(t)
+	arm, _, wait := stallOn(t, rdb, live.Load, "set", "back:token-secret", 2500*time.Millisecond)
+	a := newShopOn(t, rdb, WithKeyPrefix("back"), WithLockLease(time.Second), WithStoreTimeout(300*time.Millisecond))
+	c := a.client()
+	tok := a.token(c)
+	require.NoError(t, live.Load().Signal(syscall.SIGKILL))
+	live.Store(redistest.Restart(t, live.Load()))
+
+	arm()
+	requireProblem(t, a.post(c, "/orders", tok, `{}`), http.StatusServiceUnavailable, "store-unavailable")
+	wait()
+	require.Zero(t, a.execs.Load())
+	var last answer
+	require.Eventually(t, func() bool {
+		last = a.post(c, "/orders", tok, `{}`)
+		return last.status == http.StatusCreated || strings.Contains(last.body, "interrupted")
+	}, 20*time.Second, 100*time.Millisecond)
+	require.Equal(t, http.StatusCreated, last.status, last.body)
+	require.EqualValues(t, 1, a.execs.Load())
+}
+
+// Redis restarts empty and a new instance makes a new secret, and spends a
+// token of it. The retry reaches an instance that still holds the old
+// secret (its recheck is not due): it must read the fleet's secret rather
+// than answer token-not-found, which would make the form ask for a new
+// token and order again.
+func TestAStaleInstanceReadsTheSecretOfATokenItCannotCheck(t *testing.T) {
+	srv := redistest.Private(t)
+	opts := []Option{WithKeyPrefix("stale"), WithStoreTimeout(500 * time.Millisecond)}
+	old := newShopOn(t, srv.Client(t), opts...)
+	c := old.client()
+	old.token(c) // old holds its secret, and the session is set
+
+	require.NoError(t, srv.Signal(syscall.SIGKILL))
+	redistest.Restart(t, srv)
+	fresh := newShopOn(t, srv.Client(t), opts...)
+	tok := fresh.token(c) // the restarted Redis takes fresh's new secret
+	first := waitFor201(t, fresh, c, tok)
+
+	again := old.post(c, "/orders", tok, `{}`)
+	require.Equal(t, http.StatusCreated, again.status, again.body)
+	require.Equal(t, "true", again.header.Get(ReplayedHeader))
+	require.Equal(t, first.body, again.body)
+	require.Zero(t, old.execs.Load())
+
+	// A forged token right after costs no read: one per secretRetry.
+	reads := commandsSeen(t, old.rdb.(*redis.Client), "get")
+	requireProblem(t, old.post(c, "/orders", strings.Repeat("A", tokenLength), `{}`),
+		http.StatusUnprocessableEntity, "token-not-found")
+	require.Zero(t, reads.Load())
+}
+
+// commandsSeen counts the commands of that name rdb sends from now on.
+func commandsSeen(t *testing.T, rdb *redis.Client, name string) *atomic.Int64 {
+	var n atomic.Int64
+	rdb.AddHook(commandHook{before: func(cmd redis.Cmder) {
+		if strings.EqualFold(cmd.Name(), name) {
+			n.Add(1)
+		}
+	}})
+	return &n
+}
+
+// An operator overwrites the secret with a value too short to sign with (a
+// typo while revoking every token). The instance cannot tell whether the
+// fleet moved: it spends nothing, answers 503 and says why in the log, and
+// once the secret is a real one again the next form's token runs.
+func TestAnUnusableSecretInRedisIsRefusedAndLogged(t *testing.T) {
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	s := newShop(t, WithLogger(slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))))
+	c := s.client()
+	s.token(c)
+	name := s.idem.cfg.prefix + ":token-secret"
+	require.NoError(t, s.rdb.Set(t.Context(), name, "short", 0).Err())
+
+	requireProblem(t, s.post(c, "/orders", s.token(c), `{}`), http.StatusServiceUnavailable, "store-unavailable")
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(logs.String(), "shorter than 32 bytes")
+	}, 5*time.Second, 10*time.Millisecond)
+	require.Zero(t, s.execs.Load())
+
+	require.NoError(t, s.rdb.Set(t.Context(), name, "an operator's new secret, 32 bytes at least", 0).Err())
+	recheckSecret(t, s.idem)
+	got := s.post(c, "/orders", s.token(c), `{}`)
+	require.Equal(t, http.StatusCreated, got.status, got.body)
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// On Redis Cluster the secret lives on another node than a token's keys:
+// the claim's reading of it goes there. A deleted secret is written back by
+// the next spend, and a new instance replays it; once another instance
+// made a new secret, a token of the old one runs nothing and is given
+// back; racing duplicates of a fresh token on three instances run once.
+func TestTheSecretIsConfirmedOnCluster(t *testing.T) {
+	addrs := redistest.PrivateCluster(t, 3, 0)
+	opts := []Option{WithKeyPrefix("clu"), WithStoreTimeout(time.Second)}
+	a := newShopOn(t, clusterOf(t, addrs, nil), opts...)
+	c := a.client()
+	t1, t2 := a.token(c), a.token(c)
+	operator := clusterOf(t, addrs, nil)
+	require.NoError(t, operator.Del(t.Context(), "clu:token-secret").Err())
+	first := a.post(c, "/orders", t1, `{}`)
+	require.Equal(t, http.StatusCreated, first.status, first.body)
+	b := newShopOn(t, clusterOf(t, addrs, nil), opts...)
+	again := b.post(c, "/orders", t1, `{}`)
+	require.Equal(t, http.StatusCreated, again.status, again.body)
+	require.Equal(t, "true", again.header.Get(ReplayedHeader))
+
+	require.NoError(t, operator.Del(t.Context(), "clu:token-secret").Err())
+	fresh := newShopOn(t, clusterOf(t, addrs, nil), opts...)
+	fresh.token(fresh.client()) // makes a new secret
+	requireProblem(t, a.post(c, "/orders", t2, `{}`), http.StatusUnprocessableEntity, "token-not-found")
+	require.EqualValues(t, 1, a.execs.Load())
+	require.Eventually(t, func() bool { return secretOf(a.idem) == secretOf(fresh.idem) }, 5*time.Second, 10*time.Millisecond)
+
+	next := a.token(c)
+	var wg sync.WaitGroup
+	for i := range 12 {
+		s := []*shop{a, b, fresh}[i%3]
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodPost, s.srv.URL+"/orders", strings.NewReader(`{}`))
+			req.Header.Set(KeyHeader, next)
+			got, err := tryDo(c, req)
+			require.NoError(t, err)
+			require.Contains(t, []int{http.StatusCreated, http.StatusConflict}, got.status, "%s: %s", s.srv.URL, got.body)
+		})
+	}
+	wg.Wait()
+	require.EqualValues(t, 2, a.execs.Load()+b.execs.Load()+fresh.execs.Load())
+}

@@ -92,10 +92,11 @@ func (s *tokenSigner) reload() {
 // holds signed: the fleet may have moved to one it has not read yet. It
 // waits for the read (the one in flight if any, shared with every caller,
 // bounded by the store timeout, or ctx) and reports whether one was made.
-// When none is in flight and the secret is the application's, or a refresh
-// started or a read failed within secretRetry, it returns false at once, so that forged tokens cost
-// Redis at most one read per secretRetry. (A recheck's read does not count:
-// it may have come just before the fleet moved.)
+// When none is in flight and the secret is the application's, or a
+// refresh started or a read failed within secretRetry, it returns false at
+// once, so that forged tokens cost Redis at most one read per secretRetry.
+// (A recheck's read does not count: it may have come just before the
+// fleet moved.)
 func (s *tokenSigner) refresh(ctx context.Context) bool {
 	s.mu.Lock()
 	if s.loading == nil {

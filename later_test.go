@@ -311,11 +311,13 @@ func TestAJobEndsWhenItsClientIsClosed(t *testing.T) {
 	rdb := srv.Client(t)
 	m := New(rdb, WithKeyPrefix("closed"), WithCallerCredentials(),
 		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	// Redis stops before the job is queued: were it queued first, a busy
+	// machine could let its first try reach Redis and succeed.
+	require.NoError(t, srv.Signal(syscall.SIGSTOP))
+	t.Cleanup(func() { srv.Signal(syscall.SIGCONT) })
 	m.later.add(clientKeys("closed", paymentID("k")), "release", 0, time.Time{}, func(ctx context.Context) error {
 		return rdb.Ping(ctx).Err()
 	})
-	require.NoError(t, srv.Signal(syscall.SIGSTOP)) // the first try fails
-	t.Cleanup(func() { srv.Signal(syscall.SIGCONT) })
 	rdb.Close()
 	drain, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()

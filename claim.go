@@ -96,7 +96,7 @@ func (m *Middleware) claimOnce(c *call, k keys) (*lease, verdict) {
 	switch cl.outcome {
 	case outcomeClaimed:
 		l.watch()
-		if k.secret != nil && !cl.retaken {
+		if k.confirm && !cl.retaken {
 			if err := m.confirmSecret(c, k, r); err != nil {
 				l.release(c.ctx) // nothing ran: the token goes back
 				return nil, refuse(err)
@@ -300,7 +300,7 @@ func (m *Middleware) confirmSecret(c *call, k keys, r *rode) error {
 	}
 	ctx, cancel := m.store.stepContext(c.ctx)
 	defer cancel()
-	err := m.tokens.confirm(ctx, k.secret, read)
+	err := m.tokens.confirm(ctx, c.tokenSecret, read)
 	if errors.Is(err, errSecretMoved) {
 		return ErrTokenNotFound
 	}

@@ -25,8 +25,10 @@ type keys struct {
 	token        string    // the issued token, token mode only
 	tokenExpires time.Time // when token expires
 	lookupOnly   bool      // the token is never spent now (tokenRetired)
-	secret       []byte    // the shared secret a fresh claim confirms (tokenconfirm.go)
 	resume       bool      // the claim resumes an abandoned run (WithResume)
+	// confirm: a fresh claim confirms the token's shared secret
+	// (tokenconfirm.go), which the call holds.
+	confirm bool
 	// names holds record, lock and the waiters flag, made once per request
 	// for the scripts' KEYS by tokenKeys or clientKeys, the only makers of
 	// keys.
@@ -47,7 +49,8 @@ func (k keys) lifetime(ttl time.Duration) time.Duration {
 func (m *Middleware) redisKeys(c *call) keys {
 	if c.tokenMode {
 		k := tokenKeys(m.cfg.prefix, c.scope, c.key)
-		k.tokenExpires, k.lookupOnly, k.resume, k.secret = c.tokenExpires, c.lookupOnly, c.resume, c.tokenSecret
+		k.tokenExpires, k.lookupOnly, k.resume = c.tokenExpires, c.lookupOnly, c.resume
+		k.confirm = c.tokenSecret != nil
 		return k
 	}
 	k := clientKeys(m.cfg.prefix, c.id)

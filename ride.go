@@ -123,7 +123,7 @@ func (s *store) obtainClaiming(ctx context.Context, k keys, fingerprint string) 
 	}
 	rider := &claimRider{keys: k.redisKeys(), fp: fingerprint, opts: redislock.Options{Token: value}}
 	rider.rode.value = value
-	if k.secret != nil {
+	if k.confirm {
 		rider.secretKey = secretKey(s.cfg.prefix)
 	}
 	rider.args = s.claimArgsIn(&rider.argv, k, &rider.rode.value, &rider.fp)

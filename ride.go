@@ -124,7 +124,7 @@ func (s *store) obtainClaiming(ctx context.Context, k keys, fingerprint string) 
 	rider := &claimRider{keys: k.redisKeys(), fp: fingerprint, opts: redislock.Options{Token: value}}
 	rider.rode.value = value
 	if k.confirm {
-		rider.secretKey = secretKey(s.cfg.prefix)
+		rider.secretKey = s.secretKey
 	}
 	rider.args = s.claimArgsIn(&rider.argv, k, &rider.rode.value, &rider.fp)
 	lock, err := s.locks.Obtain(context.WithValue(ctx, riderKey{}, rider), k.lock, s.cfg.lease, &rider.opts)

@@ -47,6 +47,7 @@ type store struct {
 	waits  *waitRoom // every cross-instance wait, on one connection
 	// Script arguments that never change, boxed once instead of per call.
 	recordTTL, retryAbandoned, horizon any
+	secretKey                          string // the shared token secret's (tokenconfirm.go), named once
 }
 
 func newStore(client redis.UniversalClient, cfg *config) *store {
@@ -57,7 +58,7 @@ func newStore(client redis.UniversalClient, cfg *config) *store {
 	return &store{
 		client: client, locks: redislock.New(ridingScripter{client}), cfg: cfg, waits: &waitRoom{client: client},
 		recordTTL: cfg.recordTTL.Milliseconds(), retryAbandoned: retry,
-		horizon: cfg.claimHorizon().Milliseconds(),
+		horizon: cfg.claimHorizon().Milliseconds(), secretKey: secretKey(cfg.prefix),
 	}
 }
 

@@ -43,6 +43,22 @@ func secretKey(prefix string) string {
 	return prefix + ":token-secret"
 }
 
+// put writes secret as the shared one where Redis keeps none: ours reports
+// that it went in, and otherwise kept is the one another instance wrote
+// meanwhile (SET NX … GET answers it, or nil when ours went in). A secret
+// this instance held (writeBack) is logged as written back.
+func (s *tokenSigner) put(ctx context.Context, secret []byte, writeBack bool) (kept []byte, ours bool, err error) {
+	kept, err = s.client.SetArgs(ctx, s.secretKey(), secret, redis.SetArgs{Mode: "NX", Get: true}).Bytes()
+	if !errors.Is(err, redis.Nil) {
+		return kept, false, err
+	}
+	if writeBack {
+		s.logger.Warn("idempotency: the shared token secret was missing from Redis (a restart without " +
+			"persistence, an eviction or a delete); this instance wrote back the one it holds")
+	}
+	return nil, true, nil
+}
+
 // confirm makes sure Redis keeps secret, which signed a token whose claim
 // just went in. read is the claim's reading of the secret (nil when the
 // claim went alone: then it is read now). It returns errSecretMoved when
@@ -54,12 +70,8 @@ func (s *tokenSigner) confirm(ctx context.Context, secret []byte, read *redis.St
 	}
 	kept, err := read.Bytes()
 	if errors.Is(err, redis.Nil) {
-		// SET NX … GET answers the secret another instance wrote
-		// meanwhile, or nil when ours went in.
-		kept, err = s.client.SetArgs(ctx, s.secretKey(), secret, redis.SetArgs{Mode: "NX", Get: true}).Bytes()
-		if errors.Is(err, redis.Nil) {
-			s.logger.Warn("idempotency: the shared token secret was missing from Redis (a restart without " +
-				"persistence, an eviction or a delete); this instance wrote back the one it holds")
+		var ours bool
+		if kept, ours, err = s.put(ctx, secret, true); ours {
 			return nil
 		}
 	}

@@ -332,8 +332,7 @@ func mergeSecrets(fresh, held [][]byte, current []byte) [][]byte {
 func (s *tokenSigner) load(held []byte) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
-	name := s.secretKey()
-	secret, err := s.client.Get(ctx, name).Bytes()
+	secret, err := s.client.Get(ctx, s.secretKey()).Bytes()
 	if errors.Is(err, redis.Nil) {
 		writeBack := held != nil
 		if !writeBack {
@@ -342,14 +341,8 @@ func (s *tokenSigner) load(held []byte) ([]byte, error) {
 				return nil, err
 			}
 		}
-		// SET NX … GET answers the secret that another instance wrote
-		// meanwhile, or nil when ours went in.
-		secret, err = s.client.SetArgs(ctx, name, held, redis.SetArgs{Mode: "NX", Get: true}).Bytes()
-		if errors.Is(err, redis.Nil) {
-			if writeBack {
-				s.logger.Warn("idempotency: the shared token secret was missing from Redis (a restart without " +
-					"persistence, an eviction or a delete); this instance wrote back the one it holds")
-			}
+		var ours bool
+		if secret, ours, err = s.put(ctx, held, writeBack); ours {
 			return held, nil
 		}
 	}

@@ -24,7 +24,7 @@ import (
 // keeps another, the fleet moved on while this instance held the old one:
 // the claim is given back, nothing ran, and the token is answered as one of
 // a retired secret that was never spent (token-not-found); this instance
-// rereads the secret at once. Records of tokens spent before a secret went
+// takes the fleet's secret before it answers (adopt). Records of tokens spent before a secret went
 // are found through the retired secrets, as before.
 
 var (
@@ -81,13 +81,34 @@ func (s *tokenSigner) confirm(ctx context.Context, secret []byte, read *redis.St
 	case hmac.Equal(kept, secret):
 		return nil
 	}
-	s.reload()
 	if len(kept) < minTokenSecret {
 		// Not a secret anyone can sign with: an operator's mistake,
 		// which the reload logs. Whether the fleet moved is unknown.
+		s.reload()
 		return unavailable(errShortSecret)
 	}
+	s.adopt(secret, kept)
 	return errSecretMoved
+}
+
+// adopt makes kept, the secret Redis keeps in place of held, this
+// instance's before the claim of held's token is answered: the answer
+// (token-not-found) makes the form ask for a new token, and that one must
+// be signed with the fleet's secret, or it would be refused in turn. held
+// is retired, in Redis too, where the other instances that held it find it
+// at their recheck; the reload that follows reads the fleet's retired
+// secrets.
+func (s *tokenSigner) adopt(held, kept []byte) {
+	s.mu.Lock()
+	moved := hmac.Equal(s.secret, held) // else a read already moved it
+	if moved {
+		s.use(kept, nil)
+	}
+	s.mu.Unlock()
+	if moved {
+		go s.retire(held)
+	}
+	s.reload()
 }
 
 // reload starts a read of the shared secret now, unless one is in flight

@@ -262,15 +262,23 @@ func (s *tokenSigner) startLoad() {
 			}
 			return
 		}
-		if s.secret != nil && !hmac.Equal(s.secret, secret) {
-			s.logger.Warn("idempotency: the shared token secret in Redis changed; tokens of the old one are " +
-				"no longer spent (a spent one still replays)")
-			retired = append([][]byte{s.secret}, retired...)
-		}
-		s.retired = mergeSecrets(retired, s.retired, secret)
-		s.secret, s.shared, s.checked = secret, true, time.Now()
+		s.use(secret, retired)
 		s.failed, s.failure = time.Time{}, nil
 	}()
+}
+
+// use makes secret, the one Redis keeps, the one this instance signs
+// with, and fresh (retired secrets just read from Redis) among those it
+// looks spent tokens up with; the secret it held until now joins them.
+// s.mu is held.
+func (s *tokenSigner) use(secret []byte, fresh [][]byte) {
+	if s.secret != nil && !hmac.Equal(s.secret, secret) {
+		s.logger.Warn("idempotency: the shared token secret in Redis changed; tokens of the old one are " +
+			"no longer spent (a spent one still replays)")
+		fresh = append([][]byte{s.secret}, fresh...)
+	}
+	s.retired = mergeSecrets(fresh, s.retired, secret)
+	s.secret, s.shared, s.checked = secret, true, time.Now()
 }
 
 // retire records a secret this instance held and the fleet no longer

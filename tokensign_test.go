@@ -220,9 +220,10 @@ func TestATokenIsNotSpentUnderASecretTheFleetLost(t *testing.T) {
 			old := newShopOn(t, srv.Client(t), opts...)
 			c := old.client()
 			tok := old.token(c) // old holds its secret
+			held := secretOf(old.idem)
 
 			require.NoError(t, srv.Signal(syscall.SIGKILL))
-			redistest.Restart(t, srv)
+			srv = redistest.Restart(t, srv)
 			fresh := newShopOn(t, srv.Client(t), opts...)
 			fresh.token(fresh.client()) // the restarted Redis takes fresh's new secret, if shared
 			var first answer
@@ -244,18 +245,25 @@ func TestATokenIsNotSpentUnderASecretTheFleetLost(t *testing.T) {
 			require.NoError(t, err)
 			require.Zero(t, n, "the claim was given back")
 
-			// old adopted the fleet's secret at once: the form's next token
-			// is the fleet's, and runs once, whichever instance takes it.
-			require.Eventually(t, func() bool {
-				return secretOf(old.idem) == secretIn(t, fresh.idem)
-			}, 5*time.Second, 10*time.Millisecond)
+			// old took the fleet's secret before it answered: the form's next
+			// token, asked for while Redis stalls (so no read could help), is
+			// the fleet's, and runs once, whichever instance takes it.
+			require.NoError(t, srv.Signal(syscall.SIGSTOP))
 			next := old.token(c)
+			require.NoError(t, srv.Signal(syscall.SIGCONT))
+			require.Equal(t, secretIn(t, fresh.idem), secretOf(old.idem))
 			ordered := fresh.post(c, "/orders", next, `{}`)
 			require.Equal(t, http.StatusCreated, ordered.status, ordered.body)
 			again := old.post(c, "/orders", next, `{}`)
 			require.Equal(t, http.StatusCreated, again.status, again.body)
 			require.Equal(t, "true", again.header.Get(ReplayedHeader))
 			require.EqualValues(t, 1, fresh.execs.Load()+old.execs.Load())
+			// and retired its own in Redis, where the fleet looks spent
+			// tokens up.
+			require.Eventually(t, func() bool {
+				retired, err := old.rdb.SIsMember(t.Context(), "gone:token-secret:retired", held).Result()
+				return err == nil && retired
+			}, 5*time.Second, 10*time.Millisecond)
 		})
 	}
 }

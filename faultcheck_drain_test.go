@@ -75,6 +75,9 @@ type drainReport struct {
 	outcome    string    // "complete", or why the drain ended otherwise
 	undone     map[string]bool
 	running    bool // calls were still running when the deadline ended it
+	// logged is what the process warned of each key, for a broken rule to
+	// quote.
+	logged map[string][]string
 }
 
 // drainAndRestart cuts p off from Redis, lets the anchor's handler answer
@@ -110,7 +113,7 @@ func (r *rig) drainAndRestart(h *history, p *instanceProc, f *faultPlan, ev *fau
 // read reads what the process printed of its drain: the last line, and
 // what its middlewares' Shutdown logged (drainLog).
 func (d *drainReport) read(output string) {
-	d.undone = map[string]bool{}
+	d.undone, d.logged = map[string]bool{}, map[string][]string{}
 	d.outcome = "no report"
 	lines := bufio.NewScanner(strings.NewReader(output))
 	lines.Buffer(nil, 1<<20)
@@ -121,11 +124,20 @@ func (d *drainReport) read(output string) {
 			continue
 		}
 		var entry struct {
-			Msg   string `json:"msg"`
-			Key   string `json:"key"`
-			Calls int    `json:"calls"`
+			Time  time.Time `json:"time"`
+			Msg   string    `json:"msg"`
+			Key   string    `json:"key"`
+			Error string    `json:"error"`
+			Calls int       `json:"calls"`
 		}
-		if json.Unmarshal([]byte(line), &entry) != nil || !strings.HasPrefix(entry.Msg, shutdownLog) {
+		if json.Unmarshal([]byte(line), &entry) != nil {
+			continue
+		}
+		if entry.Key != "" {
+			d.logged[entry.Key] = append(d.logged[entry.Key], fmt.Sprintf("%s %s %s",
+				entry.Time.Format("15:04:05.000"), entry.Msg, entry.Error))
+		}
+		if !strings.HasPrefix(entry.Msg, shutdownLog) {
 			continue
 		}
 		if entry.Key != "" {
@@ -182,11 +194,11 @@ func (c *keyCase) checkDrained(e trace, d *drainReport) {
 	}
 	switch {
 	case answered && !(c.stored() && c.state.Fence == e.Fence):
-		c.fail(ruleDrainLost, "the answer of %s, which ran on the drained process, is not the key's: it ends %s (drain: %s)",
-			c.describe(e.Exec), stateText(c.state), d.outcome)
+		c.fail(ruleDrainLost, "the answer of %s, which ran on the drained process, is not the key's: it ends %s (drain: %s)%s",
+			c.describe(e.Exec), stateText(c.state), d.outcome, c.drainLogged(d))
 	case gaveUp && c.state != nil && c.state.State == "run" && c.state.Fence == e.Fence:
-		c.fail(ruleDrainLost, "%s gave the key up on the drained process, yet it stays claimed: %s (drain: %s)",
-			c.describe(e.Exec), stateText(c.state), d.outcome)
+		c.fail(ruleDrainLost, "%s gave the key up on the drained process, yet it stays claimed: %s (drain: %s)%s",
+			c.describe(e.Exec), stateText(c.state), d.outcome, c.drainLogged(d))
 	}
 	if answered {
 		for exec, s := range c.starts {
@@ -201,6 +213,18 @@ func (c *keyCase) checkDrained(e trace, d *drainReport) {
 			c.fail(ruleDrainInterrupted, "%s, sent after the drain, got interrupted; %s owned the key", x.req.name, c.describe(e.Exec))
 		}
 	}
+}
+
+// drainLogged is what the drained process warned of the key, as a
+// sentence to end a failure with.
+func (c *keyCase) drainLogged(d *drainReport) string {
+	if c.state == nil {
+		return ""
+	}
+	if len(d.logged[c.state.Key]) == 0 {
+		return "; the process logged nothing of the key"
+	}
+	return "; the process logged of the key:\n    " + strings.Join(d.logged[c.state.Key], "\n    ")
 }
 
 // answeredBy reports whether the client of exec's request got exec's own

@@ -282,19 +282,30 @@ func (s *instance) drain(srv *http.Server) {
 	fmt.Println(drainedLine + outcome)
 }
 
-// drainLog passes on to the instance's output what a middleware's
-// Shutdown logs, as JSON lines: the keys a drain left undone, which the
-// check reads. Everything else the middleware logs is dropped.
+// drainLog passes on to the instance's output, as JSON lines, what a
+// middleware's Shutdown logs (the keys a drain left undone, which the check
+// reads) and every warning or error about one key (which a broken drain
+// rule quotes). Everything else the middleware logs is dropped.
 type drainLog struct{ slog.Handler }
 
 // shutdownLog is how the middleware's Shutdown messages begin.
 const shutdownLog = "idempotency: shutdown:"
 
 func (d drainLog) Handle(ctx context.Context, r slog.Record) error {
-	if !strings.HasPrefix(r.Message, shutdownLog) {
+	if !strings.HasPrefix(r.Message, shutdownLog) && (r.Level < slog.LevelWarn || !hasKey(r)) {
 		return nil
 	}
 	return d.Handler.Handle(ctx, r)
+}
+
+// hasKey reports whether r names a key.
+func hasKey(r slog.Record) bool {
+	found := false
+	r.Attrs(func(a slog.Attr) bool {
+		found = a.Key == "key"
+		return !found
+	})
+	return found
 }
 
 func (d drainLog) WithAttrs(as []slog.Attr) slog.Handler { return drainLog{d.Handler.WithAttrs(as)} }

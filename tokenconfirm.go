@@ -24,8 +24,9 @@ import (
 // keeps another, the fleet moved on while this instance held the old one:
 // the claim is given back, nothing ran, and the token is answered as one of
 // a retired secret that was never spent (token-not-found); this instance
-// takes the fleet's secret before it answers (adopt). Records of tokens spent before a secret went
-// are found through the retired secrets, as before.
+// takes the fleet's secret before it answers (adopt). Records of tokens
+// spent before a secret went are found through the retired secrets, as
+// before.
 
 var (
 	// errSecretMoved: the token's secret is no longer the one Redis keeps.

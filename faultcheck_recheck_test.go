@@ -203,7 +203,7 @@ func (c *keyCase) checkLate() {
 				x.req.name, x.instance, stateText(st), why)
 		case rd.answer != nil && x.replayed():
 			c.h.note(noteLateReplay)
-			if before, after := c.heldAround(x.req.name, time.Unix(0, 0), x.done, true); before >= 0 && before == after && before != own {
+			if held := c.heldAround(x.req.name, time.Unix(0, 0), x.done, true); held >= 0 && held != own {
 				c.h.note(noteLookupOnly)
 			}
 		}

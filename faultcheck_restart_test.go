@@ -296,7 +296,7 @@ func (c *keyCase) checkTokens() {
 		if read(x).problem != "token-not-found" {
 			continue
 		}
-		switch before, after := c.heldAround(x.req.name, time.Unix(0, 0), x.done, true); {
+		switch before, after := c.heldBeforeAfter(x.req.name, time.Unix(0, 0), x.done, true); {
 		case before == own && after == own:
 			c.fail(ruleHeldTokenRefused, "%s was refused token-not-found by %s, whose secret signed the token", x.req.name, x.instance)
 		case before == own && after >= 0:
@@ -306,18 +306,29 @@ func (c *keyCase) checkTokens() {
 		}
 	}
 	for exec, s := range c.starts {
-		if before, after := c.heldAround(s.Request, time.Unix(0, s.At), time.Now(), false); before >= 0 && before == after && before != own {
+		if held := c.heldAround(s.Request, time.Unix(0, s.At), time.Now(), false); held >= 0 && held != own {
 			c.fail(ruleUnheldTokenSpent, "%s ran, though its instance signed with another secret than the token's", c.describe(exec))
 		}
 	}
 }
 
-// heldAround is the index of the secret the instance signed with just
+// heldAround is the index of the secret the instance signed with around
+// the request named name, or -1 when it cannot be told: no trace, no
+// secret in memory, or the secret changed during the request (see
+// heldBeforeAfter).
+func (c *keyCase) heldAround(name string, from, to time.Time, last bool) int {
+	if before, after := c.heldBeforeAfter(name, from, to, last); before == after {
+		return before
+	}
+	return -1
+}
+
+// heldBeforeAfter is the index of the secret the instance signed with just
 // before and just after the request named name, each -1 when it cannot be
 // told: no trace, or no secret in memory. Of the request's tries (net/http
 // may resend one) it reads the one traced last between from and to, or the
 // first.
-func (c *keyCase) heldAround(name string, from, to time.Time, last bool) (before, after int) {
+func (c *keyCase) heldBeforeAfter(name string, from, to time.Time, last bool) (before, after int) {
 	var found *trace
 	for _, tr := range c.h.traces[c.k] {
 		at := time.Unix(0, tr.At)

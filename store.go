@@ -56,7 +56,8 @@ func newStore(client redis.UniversalClient, cfg *config) *store {
 		retry = "1"
 	}
 	return &store{
-		client: client, locks: redislock.New(ridingScripter{client}), cfg: cfg, waits: &waitRoom{client: client},
+		client: client, locks: redislock.New(ridingScripter{client}), cfg: cfg,
+		waits:     &waitRoom{client: client, timeout: cfg.storeTimeout},
 		recordTTL: cfg.recordTTL.Milliseconds(), retryAbandoned: retry,
 		horizon: cfg.claimHorizon().Milliseconds(), secretKey: secretKey(cfg.prefix),
 	}

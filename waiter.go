@@ -21,11 +21,29 @@ import (
 // reaches the subscribers of every node of a Cluster, so the connection may
 // be to any node; go-redis resubscribes after a reconnect, and a message
 // lost meanwhile costs a waiter one of its bounded pauses.
+//
+// No waiter writes to the connection itself: go-redis holds the
+// connection's lock while it dials, and a Redis that takes no new
+// connection (maxclients) would hold every waiter behind one dial, past its
+// wait timeout. Joining and leaving change the room's maps and queue the
+// subscription's change; one goroutine writes the changes in order, each
+// within the store timeout, and a waiter waits for its confirmation no
+// longer than its own step.
 type waitRoom struct {
-	client redis.UniversalClient
-	mu     sync.Mutex
-	ps     *redis.PubSub // nil while nobody waits
-	keys   map[string]*watchedKey
+	client  redis.UniversalClient
+	timeout time.Duration // bounds each write of a subscription change
+	mu      sync.Mutex
+	ps      *redis.PubSub // nil while nobody waits
+	keys    map[string]*watchedKey
+	changes []subscriptionChange // to be written, in order
+	writing bool                 // a goroutine writes changes
+}
+
+// subscriptionChange is a channel to subscribe to or leave on ps.
+type subscriptionChange struct {
+	ps        *redis.PubSub
+	subscribe bool
+	channel   string
 }
 
 // watchedKey is one subscribed channel and the waiters it wakes.
@@ -87,9 +105,8 @@ func (r *waitRoom) join(channel string) (*watcher, <-chan struct{}, error) {
 	if wk == nil {
 		wk = &watchedKey{waiters: make(map[*watcher]struct{}), ready: make(chan struct{})}
 		r.keys[channel] = wk
-		// Written, not awaited: the confirmation comes through route. A
-		// failed write leaves the channel to go-redis's reconnect.
-		r.ps.Subscribe(context.Background(), channel)
+		// Written, not awaited: the confirmation comes through route.
+		r.change(subscriptionChange{ps: r.ps, subscribe: true, channel: channel})
 	}
 	w := &watcher{room: r, channel: channel, woken: make(chan struct{}, 1)}
 	wk.waiters[w] = struct{}{}
@@ -109,11 +126,49 @@ func (w *watcher) stop() {
 	}
 	delete(r.keys, w.channel)
 	if len(r.keys) == 0 {
-		r.ps.Close()
+		// Closing waits for go-redis's lock too, which a dial may hold;
+		// nothing waits on this connection any more.
+		go r.ps.Close()
 		r.ps, r.keys = nil, nil
 		return
 	}
-	r.ps.Unsubscribe(context.Background(), w.channel)
+	r.change(subscriptionChange{ps: r.ps, channel: w.channel})
+}
+
+// change queues a subscription change, and starts its writer unless one
+// runs; r.mu is held.
+func (r *waitRoom) change(c subscriptionChange) {
+	r.changes = append(r.changes, c)
+	if !r.writing {
+		r.writing = true
+		go r.write()
+	}
+}
+
+// write writes the queued changes in order until none is left. A failed
+// write leaves the channel to go-redis, which subscribes again to every
+// channel it was asked for when it reconnects (and forgets one it was asked
+// to leave); a change to a connection closed since is refused at once.
+func (r *waitRoom) write() {
+	for {
+		r.mu.Lock()
+		if len(r.changes) == 0 {
+			r.writing = false
+			r.mu.Unlock()
+			return
+		}
+		c := r.changes[0]
+		r.changes[0] = subscriptionChange{}
+		r.changes = r.changes[1:]
+		r.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
+		if c.subscribe {
+			c.ps.Subscribe(ctx, c.channel)
+		} else {
+			c.ps.Unsubscribe(ctx, c.channel)
+		}
+		cancel()
+	}
 }
 
 // route hands each message of ps to the waiters of its channel, until ps

@@ -1,8 +1,10 @@
 package idempotency
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -101,4 +103,96 @@ func TestWaitersShareOneConnection(t *testing.T) {
 	require.Zero(t, ranAgain.Load(), "no waiter ran its key again")
 	t.Logf("%d calls waiting on one instance: Redis had %d clients (maxclients 32, pools of %d)", waiters, clients, pool)
 	require.LessOrEqual(t, clients, 3*pool+1+3, "the pools, the test's connection and one subscription per instance")
+}
+
+// fillConnections opens connections to addr until Redis refuses one
+// (maxclients), as another tenant of the server would, and closes them when
+// the test ends.
+func fillConnections(t *testing.T, addr string) {
+	t.Helper()
+	for range 10000 {
+		conn, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close() })
+		_, err = conn.Write([]byte("PING\r\n"))
+		require.NoError(t, err)
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+		line, err := bufio.NewReader(conn).ReadString('\n')
+		if err != nil || !strings.HasPrefix(line, "+PONG") {
+			return // refused: Redis takes no more connections
+		}
+	}
+	t.Fatal("Redis never refused a connection")
+}
+
+// A Redis at maxclients still serves the connections the instances pooled,
+// but refuses the one their waits would share. Each waiter still gives up
+// after its wait timeout: none queues behind another's attempt to open that
+// connection.
+func TestWaitersKeepTheirTimeoutWhileRedisTakesNoConnection(t *testing.T) {
+	const waiters, pool = 40, 4
+	const wait, storeTimeout = time.Second, 500 * time.Millisecond
+	srv := redistest.Private(t, "--maxclients", "24")
+	instance := func() (*Middleware, *redis.Client) {
+		opts := srv.Options()
+		opts.PoolSize, opts.PipelinePoolSize = pool, -1
+		rdb := redis.NewClient(opts)
+		t.Cleanup(func() { rdb.Close() })
+		return New(rdb, WithWaitTimeout(wait), WithStoreTimeout(storeTimeout)), rdb
+	}
+	holder, holderClient := instance()
+	waiting, waitingClient := instance()
+	for _, rdb := range []*redis.Client{holderClient, waitingClient} {
+		var warm sync.WaitGroup
+		for range pool {
+			// Each holds a connection of its own for a moment: the pool
+			// opens all of them now, while Redis still takes connections.
+			warm.Go(func() {
+				require.ErrorIs(t, rdb.BLPop(context.Background(), 50*time.Millisecond, "warm").Err(), redis.Nil)
+			})
+		}
+		warm.Wait()
+	}
+
+	key := func(i int) Key { return Key{ID: "k-" + strconv.Itoa(i), Input: []byte("x")} }
+	var running atomic.Int64
+	finish := make(chan struct{})
+	var held sync.WaitGroup
+	for i := range waiters {
+		held.Go(func() {
+			Do(context.Background(), holder, key(i), func(context.Context) (string, error) {
+				running.Add(1)
+				<-finish
+				return "done", nil
+			})
+		})
+	}
+	defer held.Wait()
+	defer close(finish)
+	require.Eventually(t, func() bool { return running.Load() == waiters }, 30*time.Second, 10*time.Millisecond)
+	fillConnections(t, srv.Addr())
+
+	var ranAgain atomic.Int64
+	took, errs := make([]time.Duration, waiters), make([]error, waiters)
+	var waited sync.WaitGroup
+	for i := range waiters {
+		waited.Go(func() {
+			began := time.Now()
+			_, errs[i] = Do(context.Background(), waiting, key(i), func(context.Context) (string, error) {
+				ranAgain.Add(1)
+				return "", nil
+			})
+			took[i] = time.Since(began)
+		})
+	}
+	waited.Wait()
+	require.Zero(t, ranAgain.Load(), "no waiter ran a key that another instance runs")
+	// The wait, then a last try of the lock within the store timeout, and
+	// room for a busy machine; a waiter that queued behind the others'
+	// attempts to subscribe took about ten times as long.
+	bound := wait + 2*storeTimeout + 2*time.Second
+	for i := range waiters {
+		require.Error(t, errs[i])
+		require.Less(t, took[i], bound, "waiter %d took %v with a wait timeout of %v", i, took[i], wait)
+	}
 }

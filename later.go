@@ -62,9 +62,9 @@ type later struct {
 	pending map[*laterJob]struct{}
 	bytes   int64
 	working int
-	// active counts the calls admitted to claim that have not ended: each
-	// may still queue a job.
-	active  int
+	// calls are the calls admitted to claim that have not ended: each may
+	// still queue a job, and an unfinished drain names their keys.
+	calls   map[*call]struct{}
 	closing bool
 	failing bool // the last try failed
 	// changed is closed whenever a job ends or a call leaves, while
@@ -73,7 +73,7 @@ type later struct {
 }
 
 func newLater(m *Middleware) *later {
-	return &later{m: m, pending: map[*laterJob]struct{}{}}
+	return &later{m: m, pending: map[*laterJob]struct{}{}, calls: map[*call]struct{}{}}
 }
 
 // Why enter refuses a call: it could leave work that nothing would do.
@@ -87,7 +87,7 @@ var (
 // enter admits a call that may claim a key: it returns an error to refuse
 // it with while the queue is full or a drain has begun. Every admitted call
 // leaves.
-func (q *later) enter() error {
+func (q *later) enter(c *call) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	switch {
@@ -97,14 +97,14 @@ func (q *later) enter() error {
 		// Answered 503 store-unavailable, which outage.go logs.
 		return unavailable(fmt.Errorf("%w (%d jobs, %d bytes)", errBacklog, len(q.pending), q.bytes))
 	}
-	q.active++
+	q.calls[c] = struct{}{}
 	return nil
 }
 
 // leave ends an admitted call.
-func (q *later) leave() {
+func (q *later) leave(c *call) {
 	q.mu.Lock()
-	q.active--
+	delete(q.calls, c)
 	q.signal()
 	q.mu.Unlock()
 }
@@ -198,16 +198,16 @@ func (q *later) do(job *laterJob) {
 // a request, ErrStoreUnavailable for Do), so that the drain ends.
 //
 // When ctx ends first, Shutdown logs the key of each store or release left
-// undone (once the process has exited, a retry of those keys finds them
-// interrupted past the claim horizon; an operator settles them with
-// idemctl) and returns ctx's error. The work goes on in the background
+// undone, and of each call still running (once the process has exited, a
+// retry of those keys finds them interrupted past the claim horizon; an
+// operator settles them with idemctl) and returns ctx's error. The work goes on in the background
 // while the process lives.
 func (m *Middleware) Shutdown(ctx context.Context) error {
 	q := m.later
 	for {
 		q.mu.Lock()
 		q.closing = true
-		if q.active == 0 && len(q.pending) == 0 {
+		if len(q.calls) == 0 && len(q.pending) == 0 {
 			q.mu.Unlock()
 			return nil
 		}
@@ -233,7 +233,13 @@ func (q *later) abandon() {
 		q.m.cfg.logger.Error("idempotency: shutdown: a "+job.what+" Redis has not taken is left undone; "+
 			"settle the key with idemctl if it reads interrupted", "key", job.k.record)
 	}
-	if q.active > 0 {
-		q.m.cfg.logger.Error("idempotency: shutdown: calls were still running", "calls", q.active)
+	for c := range q.calls {
+		// Claimed and still running, its key reads in progress, then
+		// interrupted once the process has exited before it ended.
+		q.m.cfg.logger.Error("idempotency: shutdown: a call is still running; if the process exits before it "+
+			"ends, settle the key with idemctl if it reads interrupted", "key", q.m.redisKeys(c).record)
+	}
+	if len(q.calls) > 0 {
+		q.m.cfg.logger.Error("idempotency: shutdown: calls were still running", "calls", len(q.calls))
 	}
 }

@@ -123,6 +123,24 @@ func TestAnUnfinishedShutdownNamesItsKeys(t *testing.T) {
 	require.Contains(t, logs.String(), clientKeys("p", paymentID("k")).record)
 }
 
+// A drain that runs out of time while handlers still run names their keys
+// too: once the process exits, a retry finds each of them interrupted.
+func TestAnUnfinishedShutdownNamesTheKeysStillRunning(t *testing.T) {
+	var logs syncbuf.Buffer
+	s, _ := privateShop(t, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	answers, release := blockedPayments(t, s, 2)
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, s.idem.Shutdown(ctx), context.DeadlineExceeded)
+	for _, k := range []string{"k0", "k1"} {
+		require.Contains(t, logs.String(), clientKeys("p", paymentID(k)).record)
+	}
+	release()
+	for _, a := range answers {
+		require.Equal(t, http.StatusCreated, (<-a).status)
+	}
+}
+
 // A drain whose Redis stalls past the claim horizon: the stored answer and
 // the release wait for Redis however long it takes, and Shutdown returns
 // only once both are done. Giving them up at the horizon lost the answer

@@ -140,10 +140,10 @@ func (m *Middleware) lead(c *call, fl *flight) (v verdict) {
 	// A call that may leave work for the background is admitted first:
 	// while that work cannot be taken on, it is refused before it claims.
 	if !(costing && cost.noAdmission) {
-		if err := m.later.enter(); err != nil {
+		if err := m.later.enter(c); err != nil {
 			return m.storeUnavailable(c, err)
 		}
-		defer m.later.leave()
+		defer m.later.leave(c)
 	}
 	l, v := m.claim(c)
 	if l == nil {

@@ -252,11 +252,16 @@ func (l *lease) store(c *call, rec *record, ttl time.Duration) verdict {
 	case err != nil:
 		l.m.cfg.logger.Error("idempotency: the handler ran but its answer could not be stored yet; "+
 			"trying again in the background", "key", l.k.record, "error", err)
-		l.storeLater(rec, ttl)
+		l.storeLater(rec, ttl, c.tokenSecret)
 		return verdict{outcome: Executed, err: err}
 	case how == rewritten:
 		l.m.cfg.logger.Warn("idempotency: the key's record vanished while its handler ran (record TTL, eviction "+
 			"or a flush); the answer was stored again", "key", l.k.record)
+		if err := l.keepFindable(c.ctx, c.tokenSecret); err != nil {
+			// Stored, but maybe not findable: the background stores it
+			// again (which changes nothing) and records the secret.
+			l.storeLater(rec, ttl, c.tokenSecret)
+		}
 	}
 	if rec != nil {
 		rec.expires = expires
@@ -321,19 +326,34 @@ func (l *lease) laterDeadline() time.Time {
 }
 
 // storeLater stores rec in the background, for a run whose store Redis did
-// not answer.
-func (l *lease) storeLater(rec *record, ttl time.Duration) {
+// not answer. secret signed the key's token (nil for another key).
+func (l *lease) storeLater(rec *record, ttl time.Duration, secret []byte) {
 	size := int64(0)
 	if rec != nil {
 		size = rec.size()
 	}
 	l.m.later.add(l.k, "store", size, l.laterDeadline(), func(ctx context.Context) error {
-		_, err := l.m.store.complete(ctx, l.k, &l.token, l.fpText, l.fence, rec, ttl)
-		if errors.Is(err, ErrLockLost) {
+		how, err := l.m.store.complete(ctx, l.k, &l.token, l.fpText, l.fence, rec, ttl)
+		switch {
+		case errors.Is(err, ErrLockLost):
 			return nil // another executor owns the key: nothing of ours to store
+		case err == nil && how == rewritten:
+			return l.keepFindable(ctx, secret)
 		}
 		return err
 	})
+}
+
+// keepFindable keeps a token's record that the store wrote back findable
+// after its secret changed (tokenconfirm.go); secret signed the token, nil
+// for another key, which needs nothing.
+func (l *lease) keepFindable(ctx context.Context, secret []byte) error {
+	if secret == nil {
+		return nil
+	}
+	step, cancel := l.m.store.stepContext(ctx)
+	defer cancel()
+	return l.m.tokens.keepFindable(step, secret)
 }
 
 // keep leaves the key claimed and lets its lock go: the run is over, and

@@ -27,6 +27,13 @@ import (
 // takes the fleet's secret before it answers (adopt). Records of tokens
 // spent before a secret went are found through the retired secrets, as
 // before.
+//
+// One record can outlive its secret still: Redis lost the record while the
+// handler ran (a restart without persistence, after the claim's check), and
+// the store wrote it back. Meanwhile another instance may have made a new
+// secret, and this one may stop before a recheck retires its own; so the
+// store that writes a token's record back also records the token's secret
+// among the retired ones (keepFindable) before it counts as done.
 
 var (
 	// errSecretMoved: the token's secret is no longer the one Redis keeps.
@@ -149,4 +156,13 @@ func (s *tokenSigner) refresh(ctx context.Context) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// keepFindable records secret, which signed a token whose record the store
+// has just written back, among the fleet's retired secrets, so that every
+// instance, one that never held it included, finds the record. When secret
+// is still the one Redis keeps, the entry is unused: an instance never
+// counts its current secret among the retired ones.
+func (s *tokenSigner) keepFindable(ctx context.Context, secret []byte) error {
+	return s.record(ctx, secret)
 }

@@ -288,16 +288,22 @@ func (s *tokenSigner) use(secret []byte, fresh [][]byte) {
 func (s *tokenSigner) retire(old []byte) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
-	name := s.prefix + ":token-secret:retired"
-	_, err := s.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.SAdd(ctx, name, old)
-		p.PExpire(ctx, name, s.keepRetired)
-		return nil
-	})
-	if err != nil {
+	if err := s.record(ctx, old); err != nil {
 		s.logger.Warn("idempotency: could not record a retired token secret; other instances may answer "+
 			"its spent tokens token-not-found", "error", err)
 	}
+}
+
+// record adds secret to the fleet's retired secrets, and keeps them as long
+// as a record of a token it signed may live.
+func (s *tokenSigner) record(ctx context.Context, secret []byte) error {
+	name := s.prefix + ":token-secret:retired"
+	_, err := s.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.SAdd(ctx, name, secret)
+		p.PExpire(ctx, name, s.keepRetired)
+		return nil
+	})
+	return err
 }
 
 // loadRetired reads the fleet's retired secrets; nil when Redis does not

@@ -271,33 +271,42 @@ func TestTheSecretIsConfirmedOnCluster(t *testing.T) {
 
 // Redis restarts empty while a token's handler runs, after its claim was
 // confirmed, and a new instance makes a new secret before the handler
-// answers. The store writes the token's record back, and the instance
-// stops at once, before any recheck: the resubmission, on the new
+// answers. The store writes the token's record back (at once, or from the
+// background when Redis stalls at the store), and the instance stops
+// right after its drain, before any recheck: the resubmission, on the new
 // instance, must still find the record, whose secret only the stopped
 // instance held, and replay it rather than answer token-not-found.
 func TestATokenRecordWrittenBackOutlivesItsInstance(t *testing.T) {
-	srv := redistest.Private(t)
-	opts := []Option{WithKeyPrefix("back")}
-	old := newShopOn(t, srv.Client(t), opts...)
-	c := old.client()
-	tok := old.token(c)
-	var fresh *shop
-	old.handler = func(w http.ResponseWriter, r *http.Request) {
-		require.NoError(t, srv.Signal(syscall.SIGKILL))
-		redistest.Restart(t, srv)
-		fresh = newShopOn(t, srv.Client(t), opts...)
-		fresh.token(c) // the restarted Redis takes fresh's new secret
-		old.defaultHandler(w, r)
-	}
-	first := old.post(c, "/orders", tok, `{}`)
-	require.Equal(t, http.StatusCreated, first.status, first.body)
-	drain, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-	defer cancel()
-	require.NoError(t, old.idem.Shutdown(drain))
+	for _, stall := range []bool{false, true} {
+		t.Run(map[bool]string{false: "stored at once", true: "stored in the background"}[stall], func(t *testing.T) {
+			srv := redistest.Private(t)
+			opts := []Option{WithKeyPrefix("back"), WithStoreTimeout(200 * time.Millisecond)}
+			old := newShopOn(t, srv.Client(t), opts...)
+			c := old.client()
+			tok := old.token(c)
+			var fresh *shop
+			old.handler = func(w http.ResponseWriter, r *http.Request) {
+				require.NoError(t, srv.Signal(syscall.SIGKILL))
+				restarted := redistest.Restart(t, srv)
+				fresh = newShopOn(t, restarted.Client(t), opts...)
+				fresh.token(c) // the restarted Redis takes fresh's new secret
+				if stall {
+					require.NoError(t, restarted.Signal(syscall.SIGSTOP))
+					time.AfterFunc(2*time.Second, func() { restarted.Signal(syscall.SIGCONT) })
+				}
+				old.defaultHandler(w, r)
+			}
+			first := old.post(c, "/orders", tok, `{}`)
+			require.Equal(t, http.StatusCreated, first.status, first.body)
+			drain, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			require.NoError(t, old.idem.Shutdown(drain))
 
-	again := fresh.post(c, "/orders", tok, `{}`)
-	require.Equal(t, http.StatusCreated, again.status, again.body)
-	require.Equal(t, "true", again.header.Get(ReplayedHeader))
-	require.Equal(t, first.body, again.body)
-	require.Zero(t, fresh.execs.Load())
+			again := fresh.post(c, "/orders", tok, `{}`)
+			require.Equal(t, http.StatusCreated, again.status, again.body)
+			require.Equal(t, "true", again.header.Get(ReplayedHeader))
+			require.Equal(t, first.body, again.body)
+			require.Zero(t, fresh.execs.Load())
+		})
+	}
 }

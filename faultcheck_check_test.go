@@ -544,6 +544,12 @@ func read(x *exchange) reading {
 func readFailure(x *exchange) reading {
 	took := x.done.Sub(x.sent)
 	switch {
+	case took >= clientBound-time.Second && x.req.act == actPanicBefore && !errors.Is(x.err, context.DeadlineExceeded):
+		// The handler panics at every run, before anything took effect, so
+		// each run gives the key back, and net/http's Transport resends the
+		// request on each reused connection that a panic closed (send):
+		// the client's own loop, which ends when it takes a new one.
+		return reading{label: "none: connection lost at each of the Transport's resends"}
 	case took >= clientBound-time.Second:
 		return reading{label: "hung", rule: ruleHung, wrong: fmt.Sprintf("no answer within %v", took.Round(time.Millisecond))}
 	case x.req.disconnectAfter > 0 && errors.Is(x.err, context.Canceled):

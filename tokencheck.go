@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
+	"time"
 )
 
 // tokenScope finds the scope that token (an issued one) was issued to
@@ -38,6 +39,7 @@ func (m *Middleware) tokenScope(c *call, token string) error {
 		return ErrTokenNotFound
 	}
 	for range 2 {
+		checked := time.Now()
 		for _, scope := range scopes {
 			got, err := m.tokens.check(c.ctx, scope, token)
 			if err != nil {
@@ -54,7 +56,7 @@ func (m *Middleware) tokenScope(c *call, token string) error {
 		// tokens, maybe spent, must not be told not-found. Read it now,
 		// at most once per secretRetry whatever the number of such tokens,
 		// and check again.
-		if !m.tokens.refresh(c.ctx) {
+		if !m.tokens.refresh(c.ctx, checked) {
 			break
 		}
 	}

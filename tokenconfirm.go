@@ -137,10 +137,16 @@ func (s *tokenSigner) reload() {
 // refresh started or a read failed within secretRetry, it returns false at
 // once, so that forged tokens cost Redis at most one read per secretRetry.
 // (A recheck's read does not count: it may have come just before the
-// fleet moved.)
-func (s *tokenSigner) refresh(ctx context.Context) bool {
+// fleet moved.) A read that succeeded since the caller checked (since)
+// reports true at once: the caller checks again under what it read, rather
+// than take the limit for a refusal.
+func (s *tokenSigner) refresh(ctx context.Context, since time.Time) bool {
 	s.mu.Lock()
 	if s.loading == nil {
+		if s.checked.After(since) {
+			s.mu.Unlock()
+			return true
+		}
 		if !s.shared || time.Since(s.refreshed) < secretRetry || time.Since(s.failed) < secretRetry {
 			s.mu.Unlock()
 			return false

@@ -310,3 +310,14 @@ func TestATokenRecordWrittenBackOutlivesItsInstance(t *testing.T) {
 		})
 	}
 }
+
+// Another request's read of the secret lands between a token's check and
+// its refresh: the refresh answers at once that the token is to be checked
+// again under what was read, rather than refuse it on the refresh limit
+// (the token was the fleet's, and its 422 would make the form order again).
+func TestARefreshAfterAnotherReadLandedChecksAgain(t *testing.T) {
+	checked := time.Now()
+	s := &tokenSigner{shared: true, refreshed: checked, checked: checked.Add(time.Millisecond)}
+	require.True(t, s.refresh(t.Context(), checked), "a read landed since the check")
+	require.False(t, s.refresh(t.Context(), s.checked.Add(time.Millisecond)), "no read since: the limit holds")
+}

@@ -200,8 +200,8 @@ func (q *later) do(job *laterJob) {
 // When ctx ends first, Shutdown logs the key of each store or release left
 // undone, and of each call still running (once the process has exited, a
 // retry of those keys finds them interrupted past the claim horizon; an
-// operator settles them with idemctl) and returns ctx's error. The work goes on in the background
-// while the process lives.
+// operator settles them with idemctl) and returns ctx's error. The work
+// goes on in the background while the process lives.
 func (m *Middleware) Shutdown(ctx context.Context) error {
 	q := m.later
 	for {

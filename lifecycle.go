@@ -345,15 +345,18 @@ func (l *lease) storeLater(rec *record, ttl time.Duration, secret []byte) {
 }
 
 // keepFindable keeps a token's record that the store wrote back findable
-// after its secret changed (tokenconfirm.go); secret signed the token, nil
-// for another key, which needs nothing.
+// after its secret changed (tokenconfirm.go): secret, which signed the
+// token (nil for another key, which needs nothing), joins the fleet's
+// retired secrets, where every instance, one that never held it included,
+// finds it. While secret is still the one Redis keeps the entry is unused:
+// an instance never counts its current secret among the retired ones.
 func (l *lease) keepFindable(ctx context.Context, secret []byte) error {
 	if secret == nil {
 		return nil
 	}
 	step, cancel := l.m.store.stepContext(ctx)
 	defer cancel()
-	return l.m.tokens.keepFindable(step, secret)
+	return l.m.tokens.record(step, secret)
 }
 
 // keep leaves the key claimed and lets its lock go: the run is over, and

@@ -163,12 +163,3 @@ func (s *tokenSigner) refresh(ctx context.Context, since time.Time) bool {
 		return false
 	}
 }
-
-// keepFindable records secret, which signed a token whose record the store
-// has just written back, among the fleet's retired secrets, so that every
-// instance, one that never held it included, finds the record. When secret
-// is still the one Redis keeps, the entry is unused: an instance never
-// counts its current secret among the retired ones.
-func (s *tokenSigner) keepFindable(ctx context.Context, secret []byte) error {
-	return s.record(ctx, secret)
-}

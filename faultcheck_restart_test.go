@@ -124,7 +124,7 @@ func (b *secretBook) read(ctx context.Context, db *redis.Client, pattern string)
 		if err != nil && err != redis.Nil {
 			return err
 		}
-		retired, err := db.SMembers(ctx, name+":retired").Result()
+		retired, err := db.ZRange(ctx, name+":retired", 0, -1).Result()
 		if err != nil {
 			return err
 		}

@@ -17,8 +17,8 @@ import (
 // unknown.
 //
 // A token that is unknown, forged or another scope's is refused here,
-// before Redis is asked (but for one read of the shared secret per
-// secretRetry, see refresh), and all alike. One past its expiry is not: it may
+// before Redis is asked (but for one read of the fleet's secrets per
+// secretRetry, which it may wait for, see refresh), and all alike. One past its expiry is not: it may
 // have been spent, and its record then answers (a replay, or a wait while
 // it runs); the claim refuses it only when nothing was recorded
 // (ErrTokenExpired).
@@ -38,7 +38,7 @@ func (m *Middleware) tokenScope(c *call, token string) error {
 		// like any unknown token.
 		return ErrTokenNotFound
 	}
-	for range 2 {
+	for pass := 0; ; pass++ {
 		checked := time.Now()
 		for _, scope := range scopes {
 			got, err := m.tokens.check(c.ctx, scope, token)
@@ -51,16 +51,22 @@ func (m *Middleware) tokenScope(c *call, token string) error {
 				return nil
 			}
 		}
+		if pass > 0 {
+			return ErrTokenNotFound
+		}
 		// The fleet may have moved to a secret this instance has not read
-		// yet (a new instance made one after a Redis restart): one of its
-		// tokens, maybe spent, must not be told not-found. Read it now,
-		// at most once per secretRetry whatever the number of such tokens,
-		// and check again.
-		if !m.tokens.refresh(c.ctx, checked) {
-			break
+		// yet (a new instance made one after a Redis restart), or retired
+		// one it never held: one of its tokens, maybe spent, must not be
+		// told not-found. Read them, at most once per secretRetry whatever
+		// the number of such tokens, and check again.
+		again, err := m.tokens.refresh(c.ctx, checked)
+		if err != nil {
+			return err
+		}
+		if !again {
+			return ErrTokenNotFound
 		}
 	}
-	return ErrTokenNotFound
 }
 
 // sessions are the scopes of every non-empty session cookie of the

@@ -40,6 +40,9 @@ var (
 	errSecretMoved = errors.New("idempotency: the token's secret is no longer the fleet's")
 	// errShortSecret: Redis keeps a shared secret too short to sign with.
 	errShortSecret = errors.New("idempotency: the shared token secret in Redis is shorter than 32 bytes")
+	// errRefreshesWaiting: too many tokens that no secret here signed wait
+	// for the next read of the fleet's secrets.
+	errRefreshesWaiting = errors.New("idempotency: too many unknown tokens wait for the fleet's secrets")
 )
 
 // secretKey is where Redis keeps the shared secret.
@@ -129,37 +132,86 @@ func (s *tokenSigner) reload() {
 	}
 }
 
-// refresh reads the shared secret now, for a token that none this instance
-// holds signed: the fleet may have moved to one it has not read yet. It
-// waits for the read (the one in flight if any, shared with every caller,
-// bounded by the store timeout, or ctx) and reports whether one was made.
-// When none is in flight and the secret is the application's, or a
-// refresh started or a read failed within secretRetry, it returns false at
-// once, so that forged tokens cost Redis at most one read per secretRetry.
-// (A recheck's read does not count: it may have come just before the
-// fleet moved.) A read that succeeded since the caller checked (since)
-// reports true at once: the caller checks again under what it read, rather
-// than take the limit for a refusal.
-func (s *tokenSigner) refresh(ctx context.Context, since time.Time) bool {
-	s.mu.Lock()
-	if s.loading == nil {
-		if s.checked.After(since) {
-			s.mu.Unlock()
-			return true
+// refresh reads the fleet's secrets (the shared one and the retired ones)
+// for a token that none this instance holds signed, checked at since: the
+// fleet may have moved to a secret this instance has not read yet, or
+// retired one it never held. It reports whether the token is to be checked
+// again, once a read that started after since has succeeded: at once when
+// one already has, or else after the read it starts or joins (one shared by
+// every caller, bounded by the store timeout, and ctx).
+//
+// Reads for such tokens start at most once per secretRetry, so that forged
+// tokens cost Redis one read a second whatever their number: a caller that
+// comes sooner waits for the next one, rather than be told token-not-found
+// while its token's record exists (its form would ask for a new token and
+// order again). At most maxRefreshWaiters wait, so that a flood of forged
+// tokens holds little memory; beyond them, and when a read failed within
+// secretRetry, it answers ErrStoreUnavailable (503, Retry-After), for the
+// same reason. Under the application's own secret (WithTokenSecret), which
+// cannot move, it reports false at once.
+func (s *tokenSigner) refresh(ctx context.Context, since time.Time) (again bool, err error) {
+	waiting := false
+	defer func() {
+		if waiting {
+			s.waiters.Add(-1)
 		}
-		if !s.shared || time.Since(s.refreshed) < secretRetry || time.Since(s.failed) < secretRetry {
+	}()
+	for {
+		s.mu.Lock()
+		var wait <-chan struct{}
+		var limit time.Duration
+		switch {
+		case s.read.After(since):
 			s.mu.Unlock()
-			return false
+			return true, nil
+		case !s.shared:
+			s.mu.Unlock()
+			return false, nil
+		case s.loading != nil: // maybe one that started before since
+			wait = s.loading
+		case time.Since(s.failed) < secretRetry:
+			err := s.failure
+			s.mu.Unlock()
+			return false, err
+		default:
+			if limit = secretRetry - time.Since(s.refreshed); limit <= 0 {
+				s.refreshed = time.Now()
+				s.startLoad()
+				wait = s.loading
+			}
 		}
-		s.refreshed = time.Now()
-		s.startLoad()
+		s.mu.Unlock()
+		if !waiting {
+			if s.waiters.Add(1) > maxRefreshWaiters {
+				s.waiters.Add(-1)
+				return false, unavailable(errRefreshesWaiting)
+			}
+			waiting = true
+		}
+		if err := sleepOn(ctx, wait, limit); err != nil {
+			return false, err
+		}
 	}
-	loading := s.loading
-	s.mu.Unlock()
+}
+
+// maxRefreshWaiters is how many requests may wait for a read of the fleet's
+// secrets at once (refresh).
+const maxRefreshWaiters = 256
+
+// sleepOn waits for done, or for d when done is nil; it returns
+// ErrStoreUnavailable when ctx ends first.
+func sleepOn(ctx context.Context, done <-chan struct{}, d time.Duration) error {
+	var elapsed <-chan time.Time
+	if done == nil {
+		timer := time.NewTimer(d)
+		defer timer.Stop()
+		elapsed = timer.C
+	}
 	select {
-	case <-loading:
-		return true
+	case <-done:
+	case <-elapsed:
 	case <-ctx.Done():
-		return false
+		return unavailable(ctx.Err())
 	}
+	return nil
 }

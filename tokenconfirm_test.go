@@ -170,11 +170,18 @@ func TestAStaleInstanceReadsTheSecretOfATokenItCannotCheck(t *testing.T) {
 	require.Equal(t, first.body, again.body)
 	require.Zero(t, old.execs.Load())
 
-	// A forged token right after costs no read: one per secretRetry.
+	// Forged tokens right after wait for the next read, one per
+	// secretRetry, and share it.
 	reads := commandsSeen(t, old.rdb.(*redis.Client), "get")
-	requireProblem(t, old.post(c, "/orders", strings.Repeat("A", tokenLength), `{}`),
-		http.StatusUnprocessableEntity, "token-not-found")
-	require.Zero(t, reads.Load())
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			requireProblem(t, old.post(c, "/orders", strings.Repeat("A", tokenLength), `{}`),
+				http.StatusUnprocessableEntity, "token-not-found")
+		})
+	}
+	wg.Wait()
+	require.LessOrEqual(t, reads.Load(), int64(1))
 }
 
 // commandsSeen counts the commands of that name rdb sends from now on.
@@ -311,13 +318,83 @@ func TestATokenRecordWrittenBackOutlivesItsInstance(t *testing.T) {
 	}
 }
 
-// Another request's read of the secret lands between a token's check and
+// Another request's read of the secrets lands between a token's check and
 // its refresh: the refresh answers at once that the token is to be checked
-// again under what was read, rather than refuse it on the refresh limit
-// (the token was the fleet's, and its 422 would make the form order again).
+// again under what was read, rather than read again.
 func TestARefreshAfterAnotherReadLandedChecksAgain(t *testing.T) {
 	checked := time.Now()
-	s := &tokenSigner{shared: true, refreshed: checked, checked: checked.Add(time.Millisecond)}
-	require.True(t, s.refresh(t.Context(), checked), "a read landed since the check")
-	require.False(t, s.refresh(t.Context(), s.checked.Add(time.Millisecond)), "no read since: the limit holds")
+	s := &tokenSigner{shared: true, refreshed: checked, read: checked.Add(time.Millisecond)}
+	again, err := s.refresh(t.Context(), checked)
+	require.NoError(t, err)
+	require.True(t, again, "a read started since the check")
+}
+
+// A token of a secret that the fleet retired a moment ago reaches an
+// instance that never held it, just after a forged token made it read the
+// fleet's secrets (reads for unknown tokens are limited to one a second).
+// The token was spent: it waits for the next read, which finds its secret
+// among the retired ones, and replays, rather than be told token-not-found
+// (its form would ask for a new token and order again). A forged token
+// waits as long, and is refused.
+func TestATokenRetiredAMomentAgoWaitsForTheNextRead(t *testing.T) {
+	a := newShop(t)
+	c := a.client()
+	tok := a.token(c)
+	first := a.post(c, "/orders", tok, `{}`)
+	require.Equal(t, http.StatusCreated, first.status, first.body)
+
+	overwriteSecret(t, a, "an operator's new secret, 32 bytes at least")
+	fresh := newShopOn(t, a.rdb, WithKeyPrefix(a.idem.cfg.prefix))
+	forged := forge(tok)
+	requireProblem(t, fresh.post(c, "/orders", forged, `{}`), http.StatusUnprocessableEntity, "token-not-found")
+	recheckSecret(t, a.idem) // a adopts the new secret and retires its own
+
+	again := fresh.post(c, "/orders", tok, `{}`)
+	require.Equal(t, http.StatusCreated, again.status, again.body)
+	require.Equal(t, "true", again.header.Get(ReplayedHeader))
+	require.Equal(t, first.body, again.body)
+	requireProblem(t, fresh.post(c, "/orders", forged, `{}`), http.StatusUnprocessableEntity, "token-not-found")
+	require.EqualValues(t, 1, a.execs.Load()+fresh.execs.Load())
+}
+
+// While Redis cannot say which secrets the fleet holds, a token that none
+// here signed is answered 503, not token-not-found: it may be the fleet's,
+// and spent.
+func TestAnUnknownTokenIsNotRefusedWhileRedisCannotSay(t *testing.T) {
+	srv := redistest.Private(t)
+	s := newShopOn(t, srv.Client(t), WithKeyPrefix("unknown"), WithStoreTimeout(300*time.Millisecond))
+	c := s.client()
+	forged := forge(s.token(c))
+	require.NoError(t, srv.Signal(syscall.SIGSTOP))
+	defer srv.Signal(syscall.SIGCONT)
+	for range 3 { // the read, and the failure remembered
+		a := s.post(c, "/orders", forged, `{}`)
+		requireProblem(t, a, http.StatusServiceUnavailable, "store-unavailable")
+		require.NotEmpty(t, a.header.Get("Retry-After"))
+	}
+	require.NoError(t, srv.Signal(syscall.SIGCONT))
+	require.Eventually(t, func() bool {
+		return s.post(c, "/orders", forged, `{}`).status == http.StatusUnprocessableEntity
+	}, 10*time.Second, 50*time.Millisecond)
+	require.Zero(t, s.execs.Load())
+}
+
+// forge is tok with one character changed: a token of the right form
+// that no secret signed.
+func forge(tok string) string {
+	b := []byte(tok)
+	i := len(b) / 2
+	b[i] = map[bool]byte{true: 'B', false: 'A'}[b[i] == 'A']
+	return string(b)
+}
+
+// A flood of tokens that no secret here signed: a few hundred wait for the
+// next read of the fleet's secrets, and the rest are answered 503 at once
+// rather than held, or told token-not-found.
+func TestUnknownTokensBeyondTheWaitersAreUnavailable(t *testing.T) {
+	s := &tokenSigner{shared: true, refreshed: time.Now()}
+	s.waiters.Store(maxRefreshWaiters)
+	_, err := s.refresh(t.Context(), time.Now())
+	require.ErrorIs(t, err, ErrStoreUnavailable)
+	require.EqualValues(t, maxRefreshWaiters, s.waiters.Load())
 }

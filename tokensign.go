@@ -10,7 +10,9 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -68,12 +70,10 @@ var strictBase64 = base64.RawURLEncoding.Strict()
 
 // secretRecheck is how often a token signer asks Redis whether the shared
 // secret changed, in the background; secretRetry how long a failed read is
-// remembered before Redis is asked again. retiredSecrets is how many
-// earlier secrets an instance keeps to find spent tokens' records.
+// remembered before Redis is asked again.
 const (
-	secretRecheck  = 10 * time.Second
-	secretRetry    = time.Second
-	retiredSecrets = 8
+	secretRecheck = 10 * time.Second
+	secretRetry   = time.Second
 )
 
 // tokenSigner signs and checks tokens under one secret.
@@ -82,18 +82,23 @@ type tokenSigner struct {
 	client  redis.UniversalClient
 	timeout time.Duration
 	logger  *slog.Logger
-	// keepRetired is how long a retired secret is kept in Redis: as long
-	// as a record of a token it signed may live.
+	// keepRetired is how long a retired secret is kept, in Redis and in
+	// memory: as long as a record of a token it signed may live.
 	keepRetired time.Duration
 
 	mu      sync.Mutex
-	secret  []byte   // nil until loaded
-	retired [][]byte // earlier shared secrets, newest first
-	shared  bool     // the secret is the one kept in Redis
+	secret  []byte          // nil until loaded
+	retired []retiredSecret // earlier shared secrets, newest first
+	shared  bool            // the secret is the one kept in Redis
 	checked time.Time
+	// read is when the last read of the fleet's secrets that succeeded
+	// started: one that started after a token was checked saw every
+	// secret the fleet had then (refresh).
+	read time.Time
 	// refreshed is when a token no secret here signed last made a read
-	// start (refresh).
+	// start, and waiters how many such tokens wait for one (refresh).
 	refreshed time.Time
+	waiters   atomic.Int32
 	failed    time.Time // when a read last failed, and why
 	failure   error
 	loading   chan struct{} // closed when the read in flight ends; nil when none is
@@ -143,7 +148,7 @@ func (s *tokenSigner) check(ctx context.Context, scope, token string) (tokenChec
 		return ok, nil
 	}
 	for _, old := range s.retiredSecrets() {
-		if hmac.Equal(mac, tokenMAC(old, s.prefix, scope, head)) {
+		if hmac.Equal(mac, tokenMAC(old.secret, s.prefix, scope, head)) {
 			return tokenCheck{expires: expires, state: tokenRetired}, nil
 		}
 	}
@@ -172,7 +177,15 @@ const (
 	tokenRetired
 )
 
-func (s *tokenSigner) retiredSecrets() [][]byte {
+// retiredSecret is a secret the fleet signed with and no longer does, and
+// when it was retired: a record of a token it signed may live until
+// keepRetired after that, and the secret is kept as long.
+type retiredSecret struct {
+	secret []byte
+	since  time.Time
+}
+
+func (s *tokenSigner) retiredSecrets() []retiredSecret {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.retired
@@ -241,9 +254,10 @@ func (s *tokenSigner) startLoad() {
 	done := make(chan struct{})
 	s.loading = done
 	held := s.secret
+	started := time.Now()
 	go func() {
 		secret, err := s.load(held)
-		var retired [][]byte
+		var retired []retiredSecret
 		if err == nil {
 			if held != nil && !hmac.Equal(held, secret) {
 				s.retire(held)
@@ -263,7 +277,7 @@ func (s *tokenSigner) startLoad() {
 			return
 		}
 		s.use(secret, retired)
-		s.failed, s.failure = time.Time{}, nil
+		s.read, s.failed, s.failure = started, time.Time{}, nil
 	}()
 }
 
@@ -271,14 +285,15 @@ func (s *tokenSigner) startLoad() {
 // with, and fresh (retired secrets just read from Redis) among those it
 // looks spent tokens up with; the secret it held until now joins them.
 // s.mu is held.
-func (s *tokenSigner) use(secret []byte, fresh [][]byte) {
+func (s *tokenSigner) use(secret []byte, fresh []retiredSecret) {
+	now := time.Now()
 	if s.secret != nil && !hmac.Equal(s.secret, secret) {
 		s.logger.Warn("idempotency: the shared token secret in Redis changed; tokens of the old one are " +
 			"no longer spent (a spent one still replays)")
-		fresh = append([][]byte{s.secret}, fresh...)
+		fresh = append(fresh, retiredSecret{secret: s.secret, since: now})
 	}
-	s.retired = mergeSecrets(fresh, s.retired, secret)
-	s.secret, s.shared, s.checked = secret, true, time.Now()
+	s.retired = mergeSecrets(fresh, s.retired, secret, now.Add(-s.keepRetired))
+	s.secret, s.shared, s.checked = secret, true, now
 }
 
 // retire records a secret this instance held and the fleet no longer
@@ -294,49 +309,72 @@ func (s *tokenSigner) retire(old []byte) {
 	}
 }
 
-// record adds secret to the fleet's retired secrets, and keeps them as long
-// as a record of a token it signed may live.
+// The fleet's retired secrets are a sorted set (PREFIX:token-secret:retired),
+// each scored with when it was last retired, in Unix milliseconds. Each is
+// kept for keepRetired after that, however many secrets came and went
+// meanwhile: a count would drop the secret of a token whose record lives
+// once the key was replaced often enough, and the token's resubmission,
+// told token-not-found, would make the form order again. The set only ever
+// holds the secrets of the last keepRetired, which a token that no secret
+// here signed is checked against in memory.
+
+// record adds secret to the fleet's retired secrets, retired now, and drops
+// those whose tokens' records have all expired.
 func (s *tokenSigner) record(ctx context.Context, secret []byte) error {
 	name := s.prefix + ":token-secret:retired"
+	now := time.Now()
 	_, err := s.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.SAdd(ctx, name, secret)
+		p.ZAddGT(ctx, name, redis.Z{Score: float64(now.UnixMilli()), Member: secret})
+		p.ZRemRangeByScore(ctx, name, "-inf", "("+unixMilli(now.Add(-s.keepRetired)))
 		p.PExpire(ctx, name, s.keepRetired)
 		return nil
 	})
 	return err
 }
 
-// loadRetired reads the fleet's retired secrets; nil when Redis does not
-// answer (the next recheck asks again).
-func (s *tokenSigner) loadRetired() [][]byte {
+// loadRetired reads the fleet's retired secrets that are still kept; nil
+// when Redis does not answer (the next recheck asks again).
+func (s *tokenSigner) loadRetired() []retiredSecret {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
-	members, err := s.client.SMembers(ctx, s.prefix+":token-secret:retired").Result()
+	members, err := s.client.ZRangeByScoreWithScores(ctx, s.prefix+":token-secret:retired", &redis.ZRangeBy{
+		Min: unixMilli(time.Now().Add(-s.keepRetired)),
+		Max: "+inf",
+	}).Result()
 	if err != nil {
 		return nil
 	}
-	retired := make([][]byte, 0, len(members))
+	retired := make([]retiredSecret, 0, len(members))
 	for _, m := range members {
-		if len(m) >= minTokenSecret {
-			retired = append(retired, []byte(m))
+		if secret, ok := m.Member.(string); ok && len(secret) >= minTokenSecret {
+			retired = append(retired, retiredSecret{secret: []byte(secret), since: time.UnixMilli(int64(m.Score))})
 		}
 	}
 	return retired
 }
 
-// mergeSecrets is the retired secrets of fresh and held, without current
-// or repeats, fresh first, at most retiredSecrets of them.
-func mergeSecrets(fresh, held [][]byte, current []byte) [][]byte {
-	var out [][]byte
-	for _, secret := range append(fresh, held...) {
-		if len(out) == retiredSecrets {
-			break
-		}
-		if hmac.Equal(secret, current) || slices.ContainsFunc(out, func(b []byte) bool { return hmac.Equal(b, secret) }) {
+func unixMilli(t time.Time) string {
+	return strconv.FormatInt(t.UnixMilli(), 10)
+}
+
+// mergeSecrets is the retired secrets of fresh and held, without current,
+// each once (with the later of its times), none retired before oldest;
+// newest first, where a token of a secret just replaced finds its own.
+func mergeSecrets(fresh, held []retiredSecret, current []byte, oldest time.Time) []retiredSecret {
+	var out []retiredSecret
+	for _, r := range append(fresh, held...) {
+		if hmac.Equal(r.secret, current) || r.since.Before(oldest) {
 			continue
 		}
-		out = append(out, secret)
+		i := slices.IndexFunc(out, func(o retiredSecret) bool { return hmac.Equal(o.secret, r.secret) })
+		switch {
+		case i < 0:
+			out = append(out, r)
+		case r.since.After(out[i].since):
+			out[i].since = r.since
+		}
 	}
+	slices.SortFunc(out, func(a, b retiredSecret) int { return b.since.Compare(a.since) })
 	return out
 }
 

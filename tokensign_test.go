@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/idempotency/internal/redistest"
@@ -30,6 +32,13 @@ func recheckSecret(t *testing.T, m *Middleware) {
 	if loading != nil {
 		<-loading
 	}
+}
+
+// overwriteSecret replaces the fleet's shared secret in Redis, as an
+// operator does to revoke every token out.
+func overwriteSecret(t *testing.T, s *shop, secret string) {
+	t.Helper()
+	require.NoError(t, s.rdb.Set(t.Context(), s.idem.cfg.prefix+":token-secret", secret, 0).Err())
 }
 
 func secretIn(t *testing.T, m *Middleware) string {
@@ -98,8 +107,7 @@ func TestARetiredSecretStillReplaysSpentTokens(t *testing.T) {
 	first := s.post(c, "/orders", spent, `{}`)
 	require.Equal(t, http.StatusCreated, first.status)
 
-	require.NoError(t, s.rdb.Set(t.Context(), s.idem.cfg.prefix+":token-secret",
-		"an operator's new secret, 32 bytes at least", 0).Err())
+	overwriteSecret(t, s, "an operator's new secret, 32 bytes at least")
 	recheckSecret(t, s.idem)
 
 	again := s.post(c, "/orders", spent, `{}`)
@@ -187,8 +195,7 @@ func TestANewInstanceReplaysATokenOfTheSecretItNeverHeld(t *testing.T) {
 	first := old.post(c, "/orders", tok, `{}`)
 	require.Equal(t, http.StatusCreated, first.status, first.body)
 
-	require.NoError(t, old.rdb.Set(t.Context(), old.idem.cfg.prefix+":token-secret",
-		"an operator's new secret, 32 bytes at least", 0).Err())
+	overwriteSecret(t, old, "an operator's new secret, 32 bytes at least")
 	recheckSecret(t, old.idem) // old adopts the new secret and retires its own
 	fresh := newShopOn(t, old.rdb, WithKeyPrefix(old.idem.cfg.prefix))
 	again := fresh.post(c, "/orders", tok, `{}`)
@@ -197,6 +204,66 @@ func TestANewInstanceReplaysATokenOfTheSecretItNeverHeld(t *testing.T) {
 	require.Equal(t, first.body, again.body)
 	require.EqualValues(t, 1, old.execs.Load())
 	require.Zero(t, fresh.execs.Load())
+}
+
+// An operator replaces the shared secret again and again (each a
+// revocation of every token out), and a token was spent under each secret.
+// However many secrets came and went, each token replays on every
+// instance, a new one included, as long as its record lives: told
+// token-not-found, its form would ask for a new token and order again.
+func TestSpentTokensReplayHoweverOftenTheSecretIsReplaced(t *testing.T) {
+	a := newShop(t)
+	b := newShopOn(t, a.rdb, WithKeyPrefix(a.idem.cfg.prefix))
+	c := a.client()
+	spent := map[string]answer{}
+	for i := range 20 {
+		tok := a.token(c)
+		first := a.post(c, "/orders", tok, `{}`)
+		require.Equal(t, http.StatusCreated, first.status, first.body)
+		spent[tok] = first
+		overwriteSecret(t, a, fmt.Sprintf("an operator's secret number %d, 32 bytes at least", i))
+		recheckSecret(t, a.idem)
+		recheckSecret(t, b.idem)
+	}
+
+	fresh := newShopOn(t, a.rdb, WithKeyPrefix(a.idem.cfg.prefix))
+	for name, s := range map[string]*shop{"the instance that spent them": a, "another": b, "a new one": fresh} {
+		for tok, first := range spent {
+			again := s.post(c, "/orders", tok, `{}`)
+			require.Equal(t, http.StatusCreated, again.status, "%s: %s", name, again.body)
+			require.Equal(t, "true", again.header.Get(ReplayedHeader), name)
+			require.Equal(t, first.body, again.body, name)
+		}
+	}
+	require.EqualValues(t, 20, a.execs.Load()+b.execs.Load()+fresh.execs.Load())
+}
+
+// A retired secret is kept as long as a record of a token it signed may
+// live, and no longer: the fleet's set only holds the secrets that can
+// still find a record, which a forged token is checked against.
+func TestARetiredSecretIsKeptAsLongAsItsRecords(t *testing.T) {
+	m := New(redistest.Client(t, "test-keep-retired"), WithKeyPrefix("test-keep-retired"))
+	s := m.tokens
+	name := "test-keep-retired:token-secret:retired"
+	long := []byte("a secret retired too long ago, 32 bytes at least")
+	recent := []byte("a secret retired a while ago, 32 bytes at least")
+	ctx := t.Context()
+	require.NoError(t, m.store.client.ZAdd(ctx, name,
+		redis.Z{Score: float64(time.Now().Add(-s.keepRetired - time.Minute).UnixMilli()), Member: long},
+		redis.Z{Score: float64(time.Now().Add(-s.keepRetired + time.Minute).UnixMilli()), Member: recent},
+	).Err())
+	loaded := s.loadRetired()
+	require.Len(t, loaded, 1, "a secret past its records is not loaded")
+	require.Equal(t, recent, loaded[0].secret)
+
+	now := []byte("a secret retired just now, 32 bytes at least")
+	require.NoError(t, s.record(ctx, now))
+	kept, err := m.store.client.ZRange(ctx, name, 0, -1).Result()
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{string(recent), string(now)}, kept, "recording drops what is past")
+	ttl, err := m.store.client.PTTL(ctx, name).Result()
+	require.NoError(t, err)
+	require.InDelta(t, s.keepRetired, ttl, float64(time.Minute))
 }
 
 // Redis restarts empty, and a new instance makes a new secret before the
@@ -261,8 +328,8 @@ func TestATokenIsNotSpentUnderASecretTheFleetLost(t *testing.T) {
 			// and retired its own in Redis, where the fleet looks spent
 			// tokens up.
 			require.Eventually(t, func() bool {
-				retired, err := old.rdb.SIsMember(t.Context(), "gone:token-secret:retired", held).Result()
-				return err == nil && retired
+				_, err := old.rdb.ZScore(t.Context(), "gone:token-secret:retired", held).Result()
+				return err == nil
 			}, 5*time.Second, 10*time.Millisecond)
 		})
 	}

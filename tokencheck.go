@@ -18,10 +18,10 @@ import (
 //
 // A token that is unknown, forged or another scope's is refused here,
 // before Redis is asked (but for one read of the fleet's secrets per
-// secretRetry, which it may wait for, see refresh), and all alike. One past its expiry is not: it may
-// have been spent, and its record then answers (a replay, or a wait while
-// it runs); the claim refuses it only when nothing was recorded
-// (ErrTokenExpired).
+// secretRetry, which it may wait for, see refresh), and all alike. One
+// past its expiry is not: it may have been spent, and its record then
+// answers (a replay, or a wait while it runs); the claim refuses it only
+// when nothing was recorded (ErrTokenExpired).
 func (m *Middleware) tokenScope(c *call, token string) error {
 	var scopes []string
 	if m.cfg.scope != nil {

@@ -39,7 +39,21 @@ const (
 	ruleHung                = "a request hung"
 	ruleUnfinished          = "a request still ran inside an instance long after the history"
 	ruleUnprotected         = "a handler ran without an execution"
+	ruleOtherBody           = "a request got the stored answer of a request with another body"
+	ruleWaitedPastAnswer    = "a duplicate was answered in progress long after the key's answer was stored"
 )
+
+// checkedRules are the rules TestFaultCheck holds every history to, in the
+// order of its report.
+var checkedRules = []string{
+	ruleTwoEffects, ruleRanAfterStored, ruleReleasedAfterEffect, ruleForeignAnswer, ruleOtherRequest, ruleOtherBody,
+	ruleAnswerWithoutEffect, ruleReplayDiffers, ruleLeftRunning, ruleFinalState, ruleEmpty200, ruleUndocumented,
+	ruleUncaused, ruleWaitedPastAnswer, ruleLostLeaseCancel, ruleSpuriousKeyReused, ruleReleaseLeftClaimed, ruleHung,
+	ruleUnfinished, ruleUnprotected, ruleAnswerLost,
+	ruleDrainLost, ruleDrainRanAgain, ruleDrainInterrupted, ruleDrainNoExit,
+	ruleRefusedRan, ruleCrowdWaiter, ruleCrowdFresh,
+	ruleHeldTokenRefused, ruleUnheldTokenSpent, ruleTokenOfNoSecret, ruleSpentTokenRefused,
+}
 
 // A violation is one broken rule in one history.
 type violation struct {
@@ -51,6 +65,7 @@ type violation struct {
 // check holds a settled history to every rule.
 func check(h *history) []violation {
 	var found []violation
+	h.arm(ruleUnfinished)
 	if !h.drained {
 		found = append(found, violation{ruleUnfinished, nil,
 			fmt.Sprintf("requests of the history were still inside an instance %v after the last answer", drainBound)})
@@ -60,6 +75,7 @@ func check(h *history) []violation {
 		found = append(found, newKeyCase(h, k).check()...)
 	}
 	for name, st := range h.stray {
+		h.arm(ruleLeftRunning)
 		if st.State == "run" && !st.Interrupted {
 			found = append(found, violation{ruleLeftRunning, nil,
 				fmt.Sprintf("record %s, whose claim never reached a handler, is held by lock %q for %v more", name, st.Lock, st.LockTTL)})
@@ -121,6 +137,7 @@ func (c *keyCase) check() []violation {
 	c.checkCancellations()
 	c.checkKeyReused()
 	c.checkReleases()
+	c.checkWaits()
 	c.checkHeldState()
 	return c.found
 }
@@ -152,9 +169,13 @@ func (c *keyCase) describe(exec string) string {
 // may start once an answer is stored.
 func (c *keyCase) checkExecutions() {
 	for exec, s := range c.starts {
+		c.h.arm(ruleUnprotected)
 		if s.Fence == 0 || s.Record == "" {
 			c.fail(ruleUnprotected, "execution %s ran with no fencing token or record", c.describe(exec))
 		}
+	}
+	if !c.cfg.RetryAbandoned && len(c.attempts) > 0 && len(c.exchanges) > 1 {
+		c.h.arm(ruleTwoEffects)
 	}
 	if !c.cfg.RetryAbandoned && len(c.attempts) > 1 {
 		byClaim := slices.Clone(c.attempts)
@@ -172,6 +193,7 @@ func (c *keyCase) checkExecutions() {
 		}
 	}
 	if c.stored() {
+		c.h.arm(ruleRanAfterStored)
 		// A takeover that did nothing and was undone hands the key back to
 		// the executor it was taken from, whose answer may be stored after
 		// it (from the background, once Redis answers): what must never
@@ -192,31 +214,50 @@ func (c *keyCase) checkAnswers() {
 	bodies := map[string][]byte{} // by execution
 	for _, x := range c.exchanges {
 		rd := read(x)
+		c.h.arm(ruleHung)
+		c.h.arm(ruleEmpty200)
+		c.h.arm(ruleUndocumented)
 		if rd.wrong != "" {
 			c.fail(rd.rule, "%s got %s", x.req.name, rd.wrong)
 		}
-		if rd.problem != "" && !c.causes(rd.problem) {
-			c.fail(ruleUncaused, "%s got %d %s", x.req.name, x.status, rd.problem)
+		if rd.problem != "" {
+			c.h.arm(ruleUncaused)
+			if why := c.uncaused(x, rd.problem); why != "" {
+				c.fail(ruleUncaused, "%s on %s got %d %s, but %s", x.req.name, x.instance, x.status, rd.problem, why)
+			}
 		}
 		if rd.answer == nil {
 			continue
 		}
 		a := rd.answer
+		if c.shared() {
+			c.h.arm(ruleForeignAnswer)
+		}
 		if a.Scope != c.k.scope || a.Key != c.k.value() {
 			c.fail(ruleForeignAnswer, "%s (caller %s, key %s) got the answer of caller %s, key %s",
 				x.req.name, c.k.scope, c.k.value(), a.Scope, a.Key)
 			continue
 		}
 		if !x.replayed() {
+			c.h.arm(ruleOtherRequest)
 			if s, ok := c.starts[a.Exec]; !ok || s.Request != x.req.name {
 				c.fail(ruleOtherRequest, "%s got, not marked as a replay, the answer of execution %s", x.req.name, c.describe(a.Exec))
 			}
+		} else if s, ok := c.starts[a.Exec]; ok {
+			c.h.arm(ruleOtherBody)
+			if q := c.request(s.Request); q != nil && q.impostor != x.req.impostor {
+				c.fail(ruleOtherBody, "%s got a replay of execution %s, which ran the other body", x.req.name, c.describe(a.Exec))
+			}
 		}
 		if x.status/100 == 2 {
+			c.h.arm(ruleAnswerWithoutEffect)
 			if _, ok := c.applied[a.Exec]; !ok {
 				c.fail(ruleAnswerWithoutEffect, "%s got %d from execution %s, whose effect is not in the database",
 					x.req.name, x.status, c.describe(a.Exec))
 			}
+		}
+		if x.replayed() {
+			c.h.arm(ruleReplayDiffers)
 		}
 		if x.replayed() && (c.state == nil || c.state.State != "done" || c.state.Fence != a.Fence) {
 			if c.forgotten(a.Fence) {
@@ -239,6 +280,11 @@ func (c *keyCase) checkAnswers() {
 func (c *keyCase) checkFinalState() {
 	if c.state == nil {
 		return
+	}
+	c.h.arm(ruleFinalState)
+	c.h.arm(ruleLeftRunning)
+	if len(c.applied) > 0 {
+		c.h.arm(ruleReleasedAfterEffect)
 	}
 	switch c.state.State {
 	case "done":
@@ -301,6 +347,9 @@ func (c *keyCase) checkCancellations() {
 	if c.cfg.RetryAbandoned {
 		return
 	}
+	if len(c.starts) > 0 && c.h.stalled() {
+		c.h.arm(ruleLostLeaseCancel)
+	}
 	for exec, tr := range c.cancelled {
 		if tr.Cause == causeLockLost {
 			c.fail(ruleLostLeaseCancel, "execution %s was cancelled with ErrLockLost", c.describe(exec))
@@ -325,11 +374,47 @@ func (c *keyCase) checkKeyReused() {
 		if read(x).problem != "key-reused" {
 			continue
 		}
+		c.h.arm(ruleSpuriousKeyReused)
 		owner := slices.ContainsFunc(c.exchanges, func(y *exchange) bool {
 			return y.req.impostor != x.req.impostor && (started[y.req.name] || read(y).problem != "key-reused")
 		})
 		if !owner {
 			c.fail(ruleSpuriousKeyReused, "%s was refused key-reused, but no request with the other body ever owned the key", x.req.name)
+		}
+	}
+}
+
+// waitSlack is how much later than the key's answer a waiting duplicate
+// may still be told in progress: a wake-up comes within a round trip of
+// the store, and a busy machine may delay it.
+const waitSlack = 500 * time.Millisecond
+
+// checkWaits: a duplicate is answered in progress only while the key runs.
+// Once the key's first caller has its answer, the answer is stored, and a
+// duplicate waiting then is woken and replays it: one that is still told
+// in progress well after, with Redis in its instance's reach, waited past
+// the answer.
+func (c *keyCase) checkWaits() {
+	if !c.stored() {
+		return
+	}
+	var first *exchange
+	for _, y := range c.exchanges {
+		if a := read(y).answer; a != nil && !y.replayed() && a.Fence == c.state.Fence && (first == nil || y.done.Before(first.done)) {
+			first = y
+		}
+	}
+	if first == nil || c.h.restartAfter(c.state.Fence) {
+		return
+	}
+	for _, x := range c.exchanges {
+		if read(x).problem != "in-progress" {
+			continue
+		}
+		c.h.arm(ruleWaitedPastAnswer)
+		if x.done.Sub(first.done) > waitSlack && !c.h.disturbed(instanceIndex(x.instance), first.done.Add(-time.Second), x.done) {
+			c.fail(ruleWaitedPastAnswer, "%s on %s was told in progress %v after %s got the key's answer",
+				x.req.name, x.instance, x.done.Sub(first.done).Round(time.Millisecond), first.req.name)
 		}
 	}
 }
@@ -357,11 +442,8 @@ func releasing(act string, cfg historyConfig) bool {
 // starved process on a busy machine) is not taken for one that gave up
 // too soon.
 func (c *keyCase) checkReleases() {
-	if c.state == nil || c.state.State != "run" || !c.state.Interrupted || c.last == nil || c.last.Fence != c.state.Fence {
-		return // not claimed, or claimed last by a claim that never reached a handler
-	}
 	x := c.last
-	if !releasing(x.Act, c.cfg) || c.hasApplied(x.Exec) {
+	if x == nil || !releasing(x.Act, c.cfg) || c.hasApplied(x.Exec) {
 		return
 	}
 	if _, ok := c.cancelled[x.Exec]; ok {
@@ -375,6 +457,10 @@ func (c *keyCase) checkReleases() {
 	out, killed := c.h.outage(instanceIndex(x.Instance), time.Unix(0, x.At).Add(-c.cfg.Lease), answered.Add(c.cfg.Lease))
 	if killed || out > c.cfg.briefOutage() {
 		return
+	}
+	c.h.arm(ruleReleaseLeftClaimed)
+	if c.state == nil || c.state.State != "run" || !c.state.Interrupted || c.last.Fence != c.state.Fence {
+		return // not claimed, or claimed last by a claim that never reached a handler
 	}
 	c.fail(ruleReleaseLeftClaimed, "execution %s gave the key up, yet it stays claimed (a retry gets 409 interrupted); "+
 		"Redis was out for %v around it, and the release took %v", c.describe(x.Exec), out.Round(time.Millisecond),
@@ -481,21 +567,139 @@ var documented = map[string]int{
 	"not-replayable": 409, "interrupted": 409, "unreadable-record": 409, "store-unavailable": 503,
 }
 
-// causes reports whether something in the key's history can cause the
-// problem slug. Every request is well formed and every answer small, and
-// only impostors reuse keys (checkKeyReused); an answer cut short by a
-// panic after its status is the only one that may be kept as executed and
-// not replayable.
-func (c *keyCase) causes(slug string) bool {
+// uncaused says why nothing in the key's history can cause the problem
+// slug that x got, or "" when something can. Each problem is a promise
+// about what the client was told:
+//
+//   - key-reused: another request with the key owns it (checkKeyReused).
+//   - in-progress: "another request with this key is running": some other
+//     request of the key was sent before x ended, or an earlier try of x
+//     itself (net/http resends) started; and x did not wait long past an
+//     answer the key already had (checkWaits).
+//   - interrupted: "an execution was claimed and can no longer store": a
+//     claim of the key that was never answered and stored, or, for one
+//     that was, met past its claim horizon, when a store may land late.
+//   - store-unavailable: "Redis could not answer, nothing ran": a fault
+//     between x's instance and Redis (or of Redis) around x.
+//   - not-replayable: a panic after the status cut an answer short.
+//   - token-not-found: "this token is not one this caller may spend": only
+//     a Redis restart, which may lose the token secret, can make a token
+//     the rig issued unknown (checkTokens judges which instance may say so).
+//
+// Every request of a history is well formed and every answer small, so no
+// other problem has a cause.
+func (c *keyCase) uncaused(x *exchange, slug string) string {
 	switch slug {
-	case "key-reused", "in-progress", "interrupted", "store-unavailable":
-		return true
+	case "key-reused":
+		return ""
+	case "in-progress":
+		if !c.othersBefore(x) {
+			return "no other request of the key was sent before it ended, and none of its own tries ran"
+		}
+		return ""
+	case "interrupted":
+		return c.uncausedInterrupted(x)
+	case "store-unavailable":
+		if !c.h.disturbed(instanceIndex(x.instance), x.sent.Add(-c.cfg.Lease-c.cfg.StoreTimeout), x.done) {
+			return "nothing came between its instance and Redis around it"
+		}
+		return ""
 	case "not-replayable":
-		return c.panickedAfterStatus()
+		if !c.panickedAfterStatus() {
+			return "no handler of the key panicked after its status"
+		}
+		return ""
 	case "token-not-found":
-		return c.k.route == routeForm // judged by checkTokens
+		switch {
+		case c.k.route != routeForm:
+			return "the key is not a token"
+		case !slices.ContainsFunc(c.h.faults, func(f faultEvent) bool { return f.kind == kindRedisRestart }):
+			return "Redis never restarted, so every instance holds the secret that signed the token"
+		}
+		return ""
+	}
+	return "no request of the history can cause it"
+}
+
+// othersBefore reports whether a request of the key other than x was sent
+// before x ended, or one of x's own earlier tries started.
+func (c *keyCase) othersBefore(x *exchange) bool {
+	for _, y := range c.exchanges {
+		if y != x && y.sent.Before(x.done) {
+			return true
+		}
+	}
+	for _, s := range c.starts {
+		if s.Request == x.req.name && time.Unix(0, s.At).Before(x.done) {
+			return true
+		}
+	}
+	return len(c.h.stray) > 0 // a claim that never reached a handler: whose, the record does not say
+}
+
+// uncausedInterrupted: x got interrupted, but the execution it met stored
+// its answer, in its own time: its claim was within the claim horizon
+// (claimHorizon in options.go) when x was answered.
+func (c *keyCase) uncausedInterrupted(x *exchange) string {
+	if !c.othersBefore(x) {
+		return "no other request of the key was sent before it ended, and none of its own tries ran"
+	}
+	var met *trace
+	for _, s := range c.starts {
+		if claimTime(s.Fence).Before(x.done) && (met == nil || s.Fence > met.Fence) {
+			met = &s
+		}
+	}
+	if met == nil || !c.stored() || c.state.Fence != met.Fence || c.forgotten(met.Fence) {
+		return ""
+	}
+	horizon := c.cfg.ExecTimeout + c.cfg.Lease + 4*c.cfg.StoreTimeout
+	if age := x.done.Sub(claimTime(met.Fence)); age < horizon-time.Second {
+		return fmt.Sprintf("the execution it met, %s, claimed %v before, stored its answer within its claim horizon (%v)",
+			c.describe(met.Exec), age.Round(time.Millisecond), horizon)
+	}
+	return ""
+}
+
+// disturbed reports whether anything came between instance i and Redis
+// within [from, to]: an outage, a lost reply, a crowd at maxclients, the
+// instance killed or drained, Redis restarted or the queue saturated.
+func (h *history) disturbed(i int, from, to time.Time) bool {
+	for _, f := range h.faults {
+		if f.instance != -1 && f.instance != i || f.to.Before(from) || f.from.After(to) {
+			continue
+		}
+		switch f.kind {
+		case kindRedisStop, kindBlackhole, kindDelay, kindDropReply, kindRedisRestart, kindSaturate, kindCrowd,
+			kindKill, kindDrain:
+			return true
+		}
 	}
 	return false
+}
+
+// stalled reports whether Redis stalled or went out of reach during the
+// history: what can let a lease run out under a live handler.
+func (h *history) stalled() bool {
+	return slices.ContainsFunc(h.faults, func(f faultEvent) bool {
+		return f.kind == kindRedisStop || f.kind == kindBlackhole || f.kind == kindDelay || f.kind == kindRedisRestart
+	})
+}
+
+// shared reports whether another caller of the history sends the key's id:
+// the one case where a caller could get an answer that is not its own.
+func (c *keyCase) shared() bool {
+	return slices.ContainsFunc(c.h.plan.keys, func(k *keyPlan) bool { return k != c.k && k.id == c.k.id && k.scope != c.k.scope })
+}
+
+// request is the key's request named name, or nil.
+func (c *keyCase) request(name string) *requestPlan {
+	for _, x := range c.exchanges {
+		if x.req.name == name {
+			return x.req
+		}
+	}
+	return nil
 }
 
 func (c *keyCase) panickedAfterStatus() bool {

@@ -135,6 +135,7 @@ func (c *keyCase) checkCrowd() {
 		return
 	}
 	if c.k.role == roleFresh {
+		c.h.arm(ruleCrowdFresh)
 		x := c.exchanges[0]
 		if a := read(x).answer; x.status != 201 || a == nil || x.replayed() {
 			c.fail(ruleCrowdFresh, "%s on %s got %s", x.req.name, x.instance, replyText(x))
@@ -149,6 +150,7 @@ func (c *keyCase) checkCrowd() {
 		exec = e
 	}
 	for _, x := range c.exchanges {
+		c.h.arm(ruleCrowdWaiter)
 		if a := read(x).answer; x.status == 201 && a != nil && a.Exec == exec {
 			c.h.note(noteCrowdServed)
 			continue

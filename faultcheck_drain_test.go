@@ -192,6 +192,7 @@ func (c *keyCase) checkDrained(e trace, d *drainReport) {
 		// handed the key back after.
 		return
 	}
+	c.h.arm(ruleDrainLost)
 	switch {
 	case answered && !(c.stored() && c.state.Fence == e.Fence):
 		c.fail(ruleDrainLost, "the answer of %s, which ran on the drained process, is not the key's: it ends %s (drain: %s)%s",
@@ -201,6 +202,7 @@ func (c *keyCase) checkDrained(e trace, d *drainReport) {
 			c.describe(e.Exec), stateText(c.state), d.outcome, c.drainLogged(d))
 	}
 	if answered {
+		c.h.arm(ruleDrainRanAgain)
 		for exec, s := range c.starts {
 			if claimTime(s.Fence).After(d.exit) && !c.h.restartBetween(e.Fence, s.Fence) {
 				c.fail(ruleDrainRanAgain, "%s started after the drain of the process that stored %s had ended",
@@ -209,6 +211,9 @@ func (c *keyCase) checkDrained(e trace, d *drainReport) {
 		}
 	}
 	for _, x := range c.exchanges {
+		if x.sent.After(d.exit) {
+			c.h.arm(ruleDrainInterrupted)
+		}
 		if x.sent.After(d.exit) && read(x).problem == "interrupted" {
 			c.fail(ruleDrainInterrupted, "%s, sent after the drain, got interrupted; %s owned the key", x.req.name, c.describe(e.Exec))
 		}
@@ -257,6 +262,9 @@ func claimTime(fence uint64) time.Time { return time.UnixMicro(int64(fence)) }
 func checkDrainExits(h *history) []violation {
 	var found []violation
 	for _, f := range h.faults {
+		if f.kind == kindDrain && f.drain != nil && f.history == h.plan.index {
+			h.arm(ruleDrainNoExit)
+		}
 		if f.kind == kindDrain && f.drain != nil && !f.drain.exited && f.history == h.plan.index {
 			found = append(found, violation{ruleDrainNoExit, nil, fmt.Sprintf(
 				"instance %s (pid %d) still ran %v after SIGTERM (drain: %s); it was killed", instanceName(f.instance), f.pid,

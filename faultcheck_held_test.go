@@ -24,7 +24,7 @@ const noteUndecided = "an answer not stored yet when the check gave up waiting f
 // checkStored holds the key's latest execution to the promise.
 func (c *keyCase) checkStored() {
 	e := c.last
-	if c.cfg.RetryAbandoned && c.k.role != roleVictim || e == nil || !c.answered(*e) || c.stored() && c.state.Fence == e.Fence {
+	if c.cfg.RetryAbandoned && c.k.role != roleVictim || e == nil || !c.answered(*e) {
 		return // a saturation's victim has no retry that could take it over
 	}
 	if c.forgotten(e.Fence) || c.h.ended(e.Exec) {
@@ -32,6 +32,10 @@ func (c *keyCase) checkStored() {
 	}
 	if c.h.undecided[c.k] {
 		c.h.note(noteUndecided)
+		return
+	}
+	c.h.arm(ruleAnswerLost)
+	if c.stored() && c.state.Fence == e.Fence {
 		return
 	}
 	c.fail(ruleAnswerLost, "%s answered 201 after its effect, and its process lived on, yet the key ends %s",

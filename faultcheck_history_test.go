@@ -45,6 +45,9 @@ type history struct {
 	secrets [][]byte
 	// what the check excused, and why: counted apart in the report
 	notes map[string]int
+	// how often each rule's precondition came up: a rule never armed in a
+	// run held nothing
+	armed map[string]int
 	// keys whose answer may still have been on its way (awaitStores)
 	undecided map[*keyPlan]bool
 	// the late phase: when its prompts began, when it read what the
@@ -62,6 +65,14 @@ func (h *history) note(what string) {
 		h.notes = map[string]int{}
 	}
 	h.notes[what]++
+}
+
+// arm counts one occasion on which rule could have broken.
+func (h *history) arm(rule string) {
+	if h.armed == nil {
+		h.armed = map[string]int{}
+	}
+	h.armed[rule]++
 }
 
 // exchange is one request and what came back.

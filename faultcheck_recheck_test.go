@@ -193,6 +193,7 @@ func (c *keyCase) checkLate() {
 		if !slices.Contains(c.k.late[1:], x.req) {
 			continue
 		}
+		c.h.arm(ruleSpentTokenRefused)
 		switch rd := read(x); {
 		case rd.problem == "token-not-found":
 			why := ""

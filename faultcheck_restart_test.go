@@ -287,6 +287,7 @@ func (c *keyCase) checkTokens() {
 	}
 	prefix := c.cfg.Prefix
 	own := signer(c.h.secrets, prefix, c.k.scope, c.k.token)
+	c.h.arm(ruleTokenOfNoSecret)
 	if own < 0 {
 		c.fail(ruleTokenOfNoSecret, "the key's token, issued by %s, was signed with none of the %d secrets Redis held for %s",
 			instanceName(c.k.issuer), len(c.h.secrets), prefix)
@@ -296,6 +297,7 @@ func (c *keyCase) checkTokens() {
 		if read(x).problem != "token-not-found" {
 			continue
 		}
+		c.h.arm(ruleHeldTokenRefused)
 		switch before, after := c.heldBeforeAfter(x.req.name, time.Unix(0, 0), x.done, true); {
 		case before == own && after == own:
 			c.fail(ruleHeldTokenRefused, "%s was refused token-not-found by %s, whose secret signed the token", x.req.name, x.instance)
@@ -306,6 +308,7 @@ func (c *keyCase) checkTokens() {
 		}
 	}
 	for exec, s := range c.starts {
+		c.h.arm(ruleUnheldTokenSpent)
 		if held := c.heldAround(s.Request, time.Unix(0, s.At), time.Now(), false); held >= 0 && held != own {
 			c.fail(ruleUnheldTokenSpent, "%s ran, though its instance signed with another secret than the token's", c.describe(exec))
 		}

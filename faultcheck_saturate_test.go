@@ -73,6 +73,7 @@ func (c *keyCase) checkBurst() {
 			continue
 		}
 		c.h.note(noteBurstRefused)
+		c.h.arm(ruleRefusedRan)
 		if x.done.Sub(x.sent) < c.cfg.StoreTimeout/2 {
 			c.h.note(noteBurstAtOnce)
 		}

@@ -59,11 +59,17 @@ var (
 	flagSkip      = flag.String("idem.skip", "", "fault check: fault kinds never to inject, comma-separated")
 	flagLanes     = flag.Int("idem.lanes", 3, "fault check: how many histories run at once")
 	flagStories   = flag.Int("idem.stories", 1, "fault check: how many stories to tell per rule broken, shortest first")
+	flagFirst     = flag.Bool("idem.first", false, "fault check: stop starting histories once a rule broke (scripts/mutants.sh)")
+	flagArmed     = flag.Bool("idem.armed", false, "fault check: fail when a rule was never armed (default: in runs of 10 minutes or more with every fault kind)")
 )
 
 // boundedRun is how long a plain `go test` runs histories; with the start
 // of the servers, under a minute in all.
 const boundedRun = 40 * time.Second
+
+// armedRun is how long a run must be for every rule to have come up: a
+// long run fails when one never did.
+const armedRun = 10 * time.Minute
 
 // historyAllowance is about the longest a history takes, faults, settling
 // and checks included: a history starts only while this much of the run
@@ -87,7 +93,10 @@ func TestFaultCheck(t *testing.T) {
 	var lanes sync.WaitGroup
 	for range max(*flagLanes, 1) {
 		lanes.Go(func() {
-			for !r.broken.Load() { // a broken rule does not stop the run; a broken rig does
+			for !r.broken.Load() { // a broken rule does not stop the run (but with -idem.first); a broken rig does
+				if *flagFirst && tl.brokenAny() {
+					return
+				}
 				i := int(next.Add(1) - 1)
 				if *flagHistories > 0 && i >= *flagFrom+*flagHistories {
 					return
@@ -111,6 +120,11 @@ func TestFaultCheck(t *testing.T) {
 	lanes.Wait()
 
 	tl.report(t, replayCommand(seed, kinds), time.Since(began))
+	if *flagArmed || limit >= armedRun && len(kinds) == len(allKinds) {
+		for _, rule := range tl.neverArmed() {
+			t.Errorf("RULE NEVER ARMED: %s: its precondition never came up, so the run says nothing of it", rule)
+		}
+	}
 	lost := int64(0)
 	for _, p := range r.instances {
 		lost += p.proxy.Dropped()
@@ -147,6 +161,7 @@ type tally struct {
 	injected  map[string]int        // faults by kind
 	answers   map[string]int        // answers by class
 	notes     map[string]int        // what a fault excused, by what
+	armed     map[string]int        // occasions to break, by rule
 	broken    map[string]int        // violations by rule
 	shortest  map[string][]*finding // by rule, shortest story first, at most -idem.stories
 }
@@ -162,7 +177,7 @@ type finding struct {
 
 func newTally() *tally {
 	return &tally{injected: map[string]int{}, answers: map[string]int{}, notes: map[string]int{}, broken: map[string]int{},
-		shortest: map[string][]*finding{}}
+		armed: map[string]int{}, shortest: map[string][]*finding{}}
 }
 
 func (tl *tally) add(h *history, found []violation) {
@@ -174,6 +189,9 @@ func (tl *tally) add(h *history, found []violation) {
 	}
 	for k, n := range h.notes {
 		tl.notes[k] += n
+	}
+	for k, n := range h.armed {
+		tl.armed[k] += n
 	}
 	for _, x := range h.exchanges {
 		tl.answers[read(x).label]++
@@ -188,6 +206,26 @@ func (tl *tally) add(h *history, found []violation) {
 		slices.SortStableFunc(kept, func(a, b *finding) int { return len(a.story) - len(b.story) })
 		tl.shortest[v.rule] = kept[:min(len(kept), max(*flagStories, 1))]
 	}
+}
+
+// brokenAny reports whether some history broke a rule.
+func (tl *tally) brokenAny() bool {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	return len(tl.broken) > 0
+}
+
+// neverArmed lists the rules whose precondition never came up.
+func (tl *tally) neverArmed() []string {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	var never []string
+	for _, rule := range checkedRules {
+		if tl.armed[rule] == 0 {
+			never = append(never, rule)
+		}
+	}
+	return never
 }
 
 // replayCommand is the command that runs the history of the given index
@@ -212,6 +250,7 @@ func (tl *tally) report(t *testing.T, replay func(index int) string, took time.D
 	if len(tl.notes) > 0 {
 		t.Logf("counted apart:\n%s", counts(tl.notes))
 	}
+	t.Logf("rules, with how often each was armed (its precondition came up) and broken:\n%s", tl.armedText())
 	if len(tl.broken) == 0 {
 		t.Logf("every rule held")
 		return
@@ -232,6 +271,15 @@ func (tl *tally) report(t *testing.T, replay func(index int) string, took time.D
 				rule, tl.broken[rule], which, f.index, f.key, f.detail, f.cfg, indent(f.story), replay(f.index))
 		}
 	}
+}
+
+// armedText lists every rule with its armed and broken counts.
+func (tl *tally) armedText() string {
+	var b strings.Builder
+	for _, rule := range checkedRules {
+		fmt.Fprintf(&b, "  %7d armed  %5d broken  %s\n", tl.armed[rule], tl.broken[rule], rule)
+	}
+	return strings.TrimSuffix(b.String(), "\n")
 }
 
 // counts lists a count per name, largest first.

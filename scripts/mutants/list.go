@@ -1,0 +1,285 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+)
+
+// A mutant is one small edit that breaks one promise of the middleware.
+type mutant struct {
+	name   string
+	file   string // the file it changes, from the root of the tree
+	from   string // text that occurs exactly once in the file
+	to     string // what it becomes
+	breaks string // the promise the edit breaks, as a user would state it
+	// faults aims the fault checker (its -idem.faults): the kinds of fault
+	// under which the broken promise shows.
+	faults string
+	// tests is the -run pattern of the unit tests that guard the line, in
+	// module (a folder of the tree; "" for the root), over pkgs (default
+	// "./" of the module).
+	tests  string
+	module string
+	pkgs   []string
+	// unseen says why no interleaving of the fault checker can show the
+	// mutant: the checker does not run it, and the unit tests must kill it.
+	unseen string
+}
+
+// apply makes the edit, refusing a list entry whose text is not found, or
+// found more than once: a mutant whose line moved is rewritten, never
+// silently dropped.
+func (m mutant) apply(src []byte) ([]byte, error) {
+	switch n := bytes.Count(src, []byte(m.from)); n {
+	case 1:
+		return bytes.Replace(src, []byte(m.from), []byte(m.to), 1), nil
+	case 0:
+		return nil, fmt.Errorf("%s: the text to change is not in %s any more: rewrite the mutant", m.name, m.file)
+	default:
+		return nil, fmt.Errorf("%s: the text to change occurs %d times in %s: make it unique", m.name, n, m.file)
+	}
+}
+
+func (m mutant) packages() []string {
+	if len(m.pkgs) == 0 {
+		return []string{"./"}
+	}
+	return m.pkgs
+}
+
+// Fault kinds the mutants aim at (faultcheck_plan_test.go).
+const (
+	redisFaults  = "redis-stop,drop-reply,delay,blackhole,kill"
+	clientFaults = "disconnect,client-deadline,impostor"
+	claimFaults  = redisFaults + "," + clientFaults
+)
+
+// mutants is the list, grouped by what they break.
+var mutants = []mutant{
+	// claim.lua: the claim, the fence, takeover and tokens.
+	{
+		name: "claim-fingerprint-ignored", file: "lua/claim.lua",
+		from: "elseif fp ~= ARGV[2] then", to: "elseif false and fp ~= ARGV[2] then",
+		breaks: "a request with another body gets the stored answer of the key's first request",
+		faults: "impostor", tests: "Mismatch|KeyReused|Fingerprint",
+	},
+	{
+		name: "claim-resend-not-recognised", file: "lua/claim.lua",
+		from: "if st == 'run' and o == ARGV[1] then", to: "if st == 'run' and o == '' then",
+		breaks: "a claim resent after its reply was lost is refused as another's, and its request waits on itself",
+		faults: "drop-reply", tests: "Resen|LostReply|Dropped",
+	},
+	{
+		name: "claim-ignores-horizon", file: "lua/claim.lua",
+		from: "age < tonumber(ARGV[6]) * 1000", to: "age < 0",
+		breaks: "a key whose executor may still store its answer is answered interrupted",
+		faults: redisFaults + ",kill", tests: "Horizon|Abandoned|Interrupted|Stall",
+	},
+	{
+		name: "claim-record-short-ttl", file: "lua/claim.lua",
+		from: "fence .. ' 1    \\n', 'PX', ARGV[3])", to: "fence .. ' 1    \\n', 'PX', 300)",
+		breaks: "a running key's record expires under it, and a retry runs the handler again",
+		faults: "kill,redis-stop,impostor", tests: "Record|TTL|Claim",
+	},
+	{
+		name: "claim-fence-not-above", file: "lua/claim.lua",
+		from: "math.max((tonumber(f) or 0) + 1,", to: "math.min((tonumber(f) or 0) + 1,",
+		breaks: "a takeover's fencing token is not above the stale executor's, whose write then wins",
+		faults: redisFaults, tests: "Fenc|Takeover|Abandoned|Retake",
+	},
+	{
+		name: "claim-spends-retired-token", file: "lua/claim.lua",
+		from: "if ARGV[4] == 'r' then", to: "if ARGV[4] == '-' then",
+		breaks: "a token whose signing secret was retired is spent",
+		faults: "redis-restart", tests: "Token|Secret|Retired",
+	},
+	{
+		name: "claim-spends-expired-token", file: "lua/claim.lua",
+		from: "if ARGV[4] == 'x' then", to: "if ARGV[4] == '-' then",
+		breaks: "an expired token is spent",
+		tests:  "Token|Expir",
+		unseen: "a history's tokens live far longer than the history, so none expires in it",
+	},
+	// complete.lua: storing the answer.
+	{
+		name: "complete-over-another", file: "lua/complete.lua",
+		from: "elseif o == ARGV[1] then", to: "else",
+		breaks: "an executor whose key was taken over stores its answer over the new executor's",
+		faults: redisFaults, tests: "Complete|Takeover|Abandoned|Store|Settle",
+	},
+	{
+		name: "complete-no-wakeup", file: "lua/complete.lua",
+		from: "  redis.call('PUBLISH', KEYS[3], 'done')", to: "  -- no message",
+		breaks: "a duplicate waiting on another instance is not woken by the answer, and times out in progress",
+		faults: "impostor,disconnect", tests: "Wait|Publish|Duplicate",
+	},
+	{
+		name: "complete-forgets-writeback", file: "lua/complete.lua",
+		from:   "stored, text = 2, string.sub(ARGV[2], 1, answer - 3) .. '1 \\n' .. string.sub(ARGV[2], answer)",
+		to:     "stored = 2",
+		breaks: "an answer whose record vanished while the handler ran is not written back, and a retry runs again",
+		faults: "redis-restart", tests: "Vanish|WriteBack|Written|Rewritten",
+	},
+	// release.lua and keep.lua: letting a key go.
+	{
+		name: "release-frees-takeover", file: "lua/release.lua",
+		from: "if p ~= '' then", to: "if false then",
+		breaks: "undoing a takeover frees the key, although the executor it was taken from may have taken effect",
+		faults: "drop-reply,redis-stop,delay", tests: "Release|Takeover|Undo|HandBack|Abandoned",
+	},
+	{
+		name: "release-anyones-record", file: "lua/release.lua",
+		from: "  if o == ARGV[1] then", to: "  if true then",
+		breaks: "a stale executor's release deletes the record of the execution that owns the key now",
+		faults: redisFaults + ",release,panic-before", tests: "Release|Stale|Takeover",
+	},
+	{
+		name: "keep-unmarked", file: "lua/keep.lua",
+		from: "head .. '!' .. o .. tail", to: "head .. o .. tail",
+		breaks: "a key kept without an answer reads in progress until the claim horizon instead of interrupted",
+		faults: "panic-after,deadline,outer-timeout,do-cutoff", tests: "Keep|Interrupted|Kept",
+	},
+	// retake.lua and the watchdog: renewal.
+	{
+		name: "retake-from-holder", file: "lua/retake.lua",
+		from: "if holder then\n  return 0\nend", to: "if false then\n  return 0\nend",
+		breaks: "a lapsed executor retakes a lock that another executor holds",
+		faults: redisFaults, tests: "Retake|Lapse|Renew",
+	},
+	{
+		name: "retake-after-takeover", file: "lua/retake.lua",
+		from: "if o ~= ARGV[1] then\n  return 0\nend", to: "if false then\n  return 0\nend",
+		breaks: "a lapsed executor retakes the lock of a key that another execution took over",
+		faults: redisFaults, tests: "Retake|Lapse|Renew",
+	},
+	{
+		name: "watchdog-never-renews", file: "watchdog.go",
+		from: "wd.timer = time.AfterFunc(first, wd.renew)", to: "wd.timer = time.AfterFunc(time.Hour, wd.renew)",
+		breaks: "a slow handler's lease is not renewed, and its key is taken over or reads abandoned while it runs",
+		faults: "delay,redis-stop", tests: "Watchdog|Renew|Lease|Slow",
+	},
+	{
+		name: "watchdog-retake-lost", file: "watchdog.go",
+		from: "wd.expires, wd.lost = attempt.Add(wd.lease), false", to: "wd.expires, wd.lost = attempt.Add(wd.lease), true",
+		breaks: "a lease retaken after a stall still counts as lost, and its handler is cancelled",
+		faults: "redis-stop,delay,blackhole", tests: "Watchdog|Retake|Lapse|Lost",
+	},
+	// step.lua and the journal: resumable steps.
+	{
+		name: "step-journals-for-stale", file: "lua/step.lua",
+		from: "if o ~= ARGV[1] then\n  return 0\nend\nlocal before", to: "if false then\n  return 0\nend\nlocal before",
+		breaks: "an executor whose run was taken over journals a step into the new run",
+		faults: "kill,redis-stop,delay", tests: "Step|Journal|Resum",
+	},
+	{
+		name: "step-resend-appends-twice", file: "lua/step.lua",
+		from: "if before == at then", to: "if true then",
+		breaks: "a step resent after a lost reply is journaled twice, and the journal no longer reads",
+		faults: "drop-reply,kill", tests: "Step|Journal|Resum",
+	},
+	{
+		name: "step-runs-again", file: "step.go",
+		from: "\tcase e != nil:\n\t\treturn replayStep[T](x.resultCodec(), e)", to: "\tcase e != nil && false:\n\t\treturn replayStep[T](x.resultCodec(), e)",
+		breaks: "a resumed run runs a step again that the journal holds",
+		faults: "kill", tests: "Step|Journal|Resum",
+	},
+	{
+		name: "step-after-cutoff", file: "step.go",
+		from: "if cut := cutOff(x.run); cut != nil {", to: "if cut := cutOff(x.run); cut != nil && false {",
+		breaks: "a run cut off (its key may be resumed elsewhere) starts another step",
+		faults: "kill,redis-stop,delay", tests: "Step|Cut|Resum",
+	},
+	// lifecycle.go: the release rule, row by row.
+	{
+		name: "rule-panic-after-status-releases", file: "lifecycle.go",
+		from:   "case !returned && !c.work.committed() && cutOff(ctx) == nil && !l.holdsSteps():",
+		to:     "case !returned && cutOff(ctx) == nil && !l.holdsSteps():",
+		breaks: "a handler that panics after its status went out has its key released, and a retry runs again",
+		faults: "panic-after", tests: "Panic",
+	},
+	{
+		name: "rule-panic-before-keeps", file: "lifecycle.go",
+		from:   "case !returned && !c.work.committed() && cutOff(ctx) == nil && !l.holdsSteps():",
+		to:     "case false:",
+		breaks: "a handler that panics before any effect or status keeps its key interrupted, though nothing ran",
+		faults: "panic-before", tests: "Panic",
+	},
+	{
+		name: "rule-release-after-steps", file: "lifecycle.go",
+		from: "case (x.released() || d.Release) && l.holdsSteps():", to: "case false && l.holdsSteps():",
+		breaks: "a run that journaled steps releases its key, and a retry repeats their effects",
+		faults: "release,kill", tests: "Step|Release|Resum",
+	},
+	{
+		name: "rule-cutoff-releases", file: "lifecycle.go",
+		from:   "case cut != nil && (d.Release || !c.work.succeeded()):\n\t\treturn l.keep(cut)",
+		to:     "case cut != nil && (d.Release || !c.work.succeeded()):",
+		breaks: "a run cut off by its execution timeout or a lost lease releases its key, though it may still take effect",
+		faults: "do-cutoff,deadline,outer-timeout", tests: "Cut|Timeout|Deadline|Keep",
+	},
+	{
+		name: "rule-released-work-stored", file: "lifecycle.go",
+		from:   "case x.released(): // the work said so itself: it did nothing",
+		to:     "case x.released() && false:",
+		breaks: "a handler that calls Release has its refusal stored, and the fixed retry is refused key-reused",
+		faults: "release", tests: "Release",
+	},
+	{
+		name: "rule-store-failure-dropped", file: "lifecycle.go",
+		from:   "\t\tl.storeLater(rec, ttl, c.tokenSecret)\n\t\treturn verdict{outcome: Executed, err: err}",
+		to:     "\t\treturn verdict{outcome: Executed, err: err}",
+		breaks: "an answer Redis did not take is dropped instead of stored from the background",
+		faults: "redis-stop,blackhole,drop-reply", tests: "Background|Later|Store|Outage",
+	},
+	{
+		name: "rule-release-not-retried", file: "lifecycle.go",
+		from: "\tif err != nil {\n\t\tl.releaseLater()\n\t}", to: "\t_ = err",
+		breaks: "a release Redis did not answer is not retried, and the key stays claimed though nothing ran",
+		faults: "release,panic-before,do-error,redis-stop,blackhole", tests: "Release|Later|Outage",
+	},
+	// Waiters, the cache, the fingerprint and the caller's scope.
+	{
+		name: "waiter-ignores-wakeup", file: "waiter.go",
+		from: "\tcase <-w.woken:\n\tcase <-timer.C:", to: "\tcase <-timer.C:",
+		breaks: "a duplicate waiting on another instance sleeps past the answer instead of waking",
+		faults: "impostor,disconnect", tests: "Wait|Wake|Duplicate",
+	},
+	{
+		name: "flight-follows-other-body", file: "pipeline.go",
+		from: "\t\tcase fl.fp != c.fp:\n", to: "\t\tcase false:\n",
+		breaks: "a request with another body follows the key's running request in this process and gets its answer",
+		faults: "impostor", tests: "Flight|Mismatch|KeyReused|Impostor",
+	},
+	{
+		name: "fingerprint-ignores-body", file: "fingerprint.go",
+		from: "\tb := appendDefault((*bp)[:0], r, body)\n", to: "\tb := appendDefault((*bp)[:0], r, nil)\n",
+		breaks: "two requests with different bodies under one key count as the same request",
+		faults: "impostor", tests: "Fingerprint|Mismatch|KeyReused",
+	},
+	{
+		name: "key-ignores-scope", file: "keys.go",
+		from: "\tt := appendTag(tag[:0], prefix, 't', scopeDigest(scope))", to: "\tt := appendTag(tag[:0], prefix, 't', scopeDigest(\"\"))",
+		breaks: "one caller's token names the record of another caller's token",
+		faults: "impostor", tests: "Token|Scope",
+	},
+	{
+		name: "identity-ignores-scope", file: "keys.go",
+		from: "\t\tkind = 't'\n\t}\n\treturn identityOfKind(kind, scope, key)", to: "\t\tkind = 't'\n\t}\n\treturn identityOfKind(kind, \"\", key)",
+		breaks: "two callers who send the same key share one record, and one gets the other's answer",
+		faults: "impostor", tests: "Scope|Caller|Identity",
+	},
+	// The outcome store in SQL.
+	{
+		name: "sql-recovery-fence-ignored", file: "sqlidem/store.go",
+		from: "AND state = 'fenced' AND fence <= ?\")", to: "AND state = 'fenced' AND fence >= 0 AND 0 <= ?\")",
+		breaks: "an executor fenced out by a recovery still commits its answer over the fence",
+		tests:  "Fence|Recover|Stale|Abandon", module: "sqlidem", pkgs: []string{"./..."},
+		unseen: "the fault checker's instances run no outcome store; sqlidem's crash trials and unit tests hold it",
+	},
+}
+
+// describe is the mutant's line in --list.
+func (m mutant) describe() string {
+	return strings.Join([]string{m.name, m.file, m.breaks}, "\t")
+}

@@ -41,18 +41,21 @@ const (
 	ruleUnprotected         = "a handler ran without an execution"
 	ruleOtherBody           = "a request got the stored answer of a request with another body"
 	ruleWaitedPastAnswer    = "a duplicate was answered in progress long after the key's answer was stored"
+	ruleSharedFence         = "two executions of one key ran under one fencing token"
+	ruleSlowWakeups         = "duplicates waiting on another instance replayed long after the key's answer (the run's median)"
+	ruleReplayedRelease     = "a request got a replay of an execution that gave its key up"
 )
 
 // checkedRules are the rules TestFaultCheck holds every history to, in the
 // order of its report.
 var checkedRules = []string{
 	ruleTwoEffects, ruleRanAfterStored, ruleReleasedAfterEffect, ruleForeignAnswer, ruleOtherRequest, ruleOtherBody,
-	ruleAnswerWithoutEffect, ruleReplayDiffers, ruleLeftRunning, ruleFinalState, ruleEmpty200, ruleUndocumented,
-	ruleUncaused, ruleWaitedPastAnswer, ruleLostLeaseCancel, ruleSpuriousKeyReused, ruleReleaseLeftClaimed, ruleHung,
-	ruleUnfinished, ruleUnprotected, ruleAnswerLost,
+	ruleAnswerWithoutEffect, ruleReplayDiffers, ruleReplayedRelease, ruleLeftRunning, ruleFinalState, ruleEmpty200, ruleUndocumented,
+	ruleUncaused, ruleWaitedPastAnswer, ruleSlowWakeups, ruleLostLeaseCancel, ruleSpuriousKeyReused, ruleReleaseLeftClaimed, ruleHung,
+	ruleUnfinished, ruleUnprotected, ruleSharedFence, ruleAnswerLost,
 	ruleDrainLost, ruleDrainRanAgain, ruleDrainInterrupted, ruleDrainNoExit,
 	ruleRefusedRan, ruleCrowdWaiter, ruleCrowdFresh,
-	ruleHeldTokenRefused, ruleUnheldTokenSpent, ruleTokenOfNoSecret, ruleSpentTokenRefused,
+	ruleHeldTokenRefused, ruleUnheldTokenSpent, ruleTokenOfNoSecret, ruleSpentTokenRefused, ruleRevokedTokenSpent,
 }
 
 // A violation is one broken rule in one history.
@@ -151,6 +154,7 @@ func (c *keyCase) checkHeldState() {
 	c.checkLate()
 	c.checkBurst()
 	c.checkCrowd()
+	c.checkRevoked()
 }
 
 // describe names an execution by what started it.
@@ -177,6 +181,7 @@ func (c *keyCase) checkExecutions() {
 	if !c.cfg.RetryAbandoned && len(c.attempts) > 0 && len(c.exchanges) > 1 {
 		c.h.arm(ruleTwoEffects)
 	}
+	c.checkFences()
 	if !c.cfg.RetryAbandoned && len(c.attempts) > 1 {
 		byClaim := slices.Clone(c.attempts)
 		slices.SortFunc(byClaim, func(a, b trace) int { return cmp.Compare(c.starts[a.Exec].Fence, c.starts[b.Exec].Fence) })
@@ -206,6 +211,23 @@ func (c *keyCase) checkExecutions() {
 					c.describe(exec), s.Fence, c.state.Fence)
 			}
 		}
+	}
+}
+
+// checkFences: every execution of a key gets a fencing token of its own,
+// above those of the executions before it, or storage could not tell a
+// stale executor's write from the current one's.
+func (c *keyCase) checkFences() {
+	if len(c.starts) < 2 {
+		return
+	}
+	c.h.arm(ruleSharedFence)
+	by := map[uint64]string{}
+	for exec, s := range c.starts {
+		if other, ok := by[s.Fence]; ok && other != exec {
+			c.fail(ruleSharedFence, "%s and %s both ran under token %d", c.describe(other), c.describe(exec), s.Fence)
+		}
+		by[s.Fence] = exec
 	}
 }
 
@@ -247,6 +269,11 @@ func (c *keyCase) checkAnswers() {
 			c.h.arm(ruleOtherBody)
 			if q := c.request(s.Request); q != nil && q.impostor != x.req.impostor {
 				c.fail(ruleOtherBody, "%s got a replay of execution %s, which ran the other body", x.req.name, c.describe(a.Exec))
+			}
+			c.h.arm(ruleReplayedRelease)
+			if releasing(s.Act, c.cfg) {
+				c.fail(ruleReplayedRelease, "%s got a replay of execution %s, which gave the key up for a retry to run",
+					x.req.name, c.describe(a.Exec))
 			}
 		}
 		if x.status/100 == 2 {
@@ -301,16 +328,17 @@ func (c *keyCase) checkFinalState() {
 		switch {
 		case len(c.applied) > 0 && c.allForgotten():
 			c.h.note(noteForgottenEnd)
-		case !c.cfg.RetryAbandoned && len(c.applied) > 0:
+		case len(c.applied) > 0:
+			// Also under WithRetryAbandoned: no execution that took effect
+			// releases its key, and undoing a takeover hands the key back
+			// to the executor it was taken from (release.lua), so nothing
+			// but a Redis restart can free a key that took effect.
 			var execs []string
 			for exec := range c.applied {
 				execs = append(execs, c.describe(exec))
 			}
 			slices.Sort(execs)
 			c.fail(ruleReleasedAfterEffect, "the key is free for a retry to run again, after the effect of %s", strings.Join(execs, "; "))
-		case c.cfg.RetryAbandoned && c.last != nil && c.hasApplied(c.last.Exec) && !c.takeoverUndone():
-			c.fail(ruleReleasedAfterEffect, "the key is free for a retry to run again, after the effect of its latest execution %s",
-				c.describe(c.last.Exec))
 		}
 	default:
 		c.fail(ruleFinalState, "the key ends %s", stateText(c.state))
@@ -408,6 +436,7 @@ func (c *keyCase) checkWaits() {
 		return
 	}
 	for _, x := range c.exchanges {
+		c.wokeAfter(x, first)
 		if read(x).problem != "in-progress" {
 			continue
 		}
@@ -418,6 +447,26 @@ func (c *keyCase) checkWaits() {
 		}
 	}
 }
+
+// wokeAfter records how long after the key's first answer x, a duplicate
+// on the other instance already sent then, got its replay, Redis in reach:
+// a waiter is woken by the answer's message, within a round trip. One late
+// wake-up may be a busy machine; the run's median is judged (ruleSlowWakeups).
+func (c *keyCase) wokeAfter(x, first *exchange) {
+	a := read(x).answer
+	if a == nil || !x.replayed() || a.Fence != c.state.Fence || x.instance == first.instance ||
+		!x.sent.Before(first.done) || c.h.disturbed(instanceIndex(x.instance), x.sent, x.done) {
+		return
+	}
+	c.h.arm(ruleSlowWakeups)
+	c.h.lags = append(c.h.lags, max(x.done.Sub(first.done), 0))
+}
+
+// slowWakeup is the median lag of a run's waking duplicates past which
+// they were not woken: a message wakes a waiter within a round trip (a
+// median of 0 to 1 ms on a busy machine), while without one it polls, at
+// pauses that double up to 500 ms (a median of 60 ms).
+const slowWakeup = 30 * time.Millisecond
 
 // releasing reports whether an act gives its key up without any effect.
 func releasing(act string, cfg historyConfig) bool {
@@ -583,8 +632,9 @@ var documented = map[string]int{
 //     between x's instance and Redis (or of Redis) around x.
 //   - not-replayable: a panic after the status cut an answer short.
 //   - token-not-found: "this token is not one this caller may spend": only
-//     a Redis restart, which may lose the token secret, can make a token
-//     the rig issued unknown (checkTokens judges which instance may say so).
+//     a revocation, or a Redis restart, which may lose the token secret,
+//     can make a token the rig issued unknown (checkTokens judges which
+//     instance may say so).
 //
 // Every request of a history is well formed and every answer small, so no
 // other problem has a cause.
@@ -593,8 +643,11 @@ func (c *keyCase) uncaused(x *exchange, slug string) string {
 	case "key-reused":
 		return ""
 	case "in-progress":
-		if !c.othersBefore(x) {
+		switch {
+		case !c.othersBefore(x):
 			return "no other request of the key was sent before it ended, and none of its own tries ran"
+		case c.quietBefore(x):
+			return "every other request of the key had its answer before it was sent, and nothing came between the instances and Redis"
 		}
 		return ""
 	case "interrupted":
@@ -613,8 +666,8 @@ func (c *keyCase) uncaused(x *exchange, slug string) string {
 		switch {
 		case c.k.route != routeForm:
 			return "the key is not a token"
-		case !slices.ContainsFunc(c.h.faults, func(f faultEvent) bool { return f.kind == kindRedisRestart }):
-			return "Redis never restarted, so every instance holds the secret that signed the token"
+		case !c.h.plan.revoke && !slices.ContainsFunc(c.h.faults, func(f faultEvent) bool { return f.kind == kindRedisRestart }):
+			return "Redis never restarted and no secret was revoked, so every instance holds the secret that signed the token"
 		}
 		return ""
 	}
@@ -635,6 +688,42 @@ func (c *keyCase) othersBefore(x *exchange) bool {
 		}
 	}
 	return len(c.h.stray) > 0 // a claim that never reached a handler: whose, the record does not say
+}
+
+// quietBefore reports whether, on a plain route (no outer timeout answers
+// for a handler that runs on), every other request of the key had its
+// answer before x was sent (a whole one, or the end of a handler that
+// panicked: a client that gave up leaves its handler running), none of
+// x's own tries ran, and no fault of any kind struck the history from the
+// key's first request to x's answer: then nothing of the key can still
+// run, and a run whose answer could not be stored was kept (keep.lua),
+// which reads interrupted, not in progress.
+func (c *keyCase) quietBefore(x *exchange) bool {
+	if c.k.route != routeKey || len(c.h.stray) > 0 {
+		return false
+	}
+	first := x.sent
+	for _, y := range c.exchanges {
+		if y == x {
+			continue
+		}
+		panicked := y.req.act == actPanicBefore || y.req.act == actPanicAfter
+		if !y.done.Before(x.sent) || y.err != nil && !panicked {
+			return false
+		}
+		first = minTime(first, y.sent)
+	}
+	for _, s := range c.starts {
+		if s.Request == x.req.name {
+			return false
+		}
+	}
+	for i := range 2 {
+		if c.h.disturbed(i, first.Add(-time.Second), x.done) {
+			return false
+		}
+	}
+	return true
 }
 
 // uncausedInterrupted: x got interrupted, but the execution it met stored

@@ -48,6 +48,9 @@ type history struct {
 	// how often each rule's precondition came up: a rule never armed in a
 	// run held nothing
 	armed map[string]int
+	// how long after their key's answer duplicates waiting on the other
+	// instance replayed it (checkWaits)
+	lags []time.Duration
 	// keys whose answer may still have been on its way (awaitStores)
 	undecided map[*keyPlan]bool
 	// the late phase: when its prompts began, when it read what the

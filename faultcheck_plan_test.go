@@ -38,13 +38,14 @@ const (
 	kindRedisRestart = "redis-restart" // Redis killed and started again, empty, on its port
 	kindSaturate     = "saturate"      // hundreds of new keys during an outage: the background queue refuses claims
 	kindCrowd        = "crowd"         // hundreds of duplicates waiting on one key under a small maxclients
+	kindRevoke       = "revoke"        // the operator revokes the token secret; unspent tokens come after
 )
 
 var allKinds = []string{
 	kindRedisStop, kindDropReply, kindDelay, kindBlackhole, kindKill,
 	kindDisconnect, kindClientDeadline, kindImpostor, kindOuterTimeout, kindDeadline,
 	kindPanicBefore, kindPanicAfter, kindRelease, kindTransient, kindDo, kindCutoff, kindFnError,
-	kindDrain, kindRedisRestart, kindSaturate, kindCrowd,
+	kindDrain, kindRedisRestart, kindSaturate, kindCrowd, kindRevoke, kindTakeover,
 }
 
 // kindSet is the kinds of fault a run injects.
@@ -96,9 +97,11 @@ type plan struct {
 	keys   []*keyPlan
 	faults []*faultPlan
 	// late: token-mode keys are sent again after the secret rechecks,
-	// once instance lateRenew (-1: none) has been started anew.
+	// once instance lateRenew (-1: none) has been started anew; revoke:
+	// the token secret was revoked before them (faultcheck_revoke_test.go).
 	late      bool
 	lateRenew int
+	revoke    bool
 }
 
 // allowance is about the longest the history takes: a history starts only
@@ -240,6 +243,8 @@ func newPlan(seed uint64, index int, kinds kindSet) *plan {
 	p.faults = d.faults()
 	d.saturation(p)
 	d.crowd(p)
+	d.takeover(p)
+	d.restartMidRun(p)
 	d.late(p)
 	n := 0
 	for _, k := range p.keys {

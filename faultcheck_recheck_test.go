@@ -76,13 +76,20 @@ func (r *rig) agreed(from time.Time) bool {
 const lateAllowance = lateBound + 6*time.Second
 
 // late draws the phase in a third of the histories with a Redis restart and
-// token-mode keys: a request of each such key to its issuer, then one to
-// each instance.
+// token-mode keys, and in those with a revocation: a request of each such
+// key to its issuer, then one to each instance.
 func (d drawer) late(p *plan) {
 	restarts := slices.ContainsFunc(p.faults, func(f *faultPlan) bool { return f.kind == kindRedisRestart })
 	forms := slices.DeleteFunc(slices.Clone(p.keys), func(k *keyPlan) bool { return k.route != routeForm })
-	if !restarts || len(forms) == 0 || d.rng.IntN(3) != 0 {
+	if len(forms) == 0 {
 		return
+	}
+	revoke := d.chance(kindRevoke, 0.5)
+	if !revoke && (!restarts || d.rng.IntN(3) != 0) {
+		return
+	}
+	if revoke {
+		d.spares(p, forms)
 	}
 	p.late, p.lateRenew = true, d.rng.IntN(2)
 	if !d.kinds[kindKill] {
@@ -104,13 +111,20 @@ func (d drawer) late(p *plan) {
 func (r *rig) late(h *history) {
 	r.restarts.RLock()
 	defer r.restarts.RUnlock()
-	h.count(kindRedisRestart + ", then the rechecks")
+	if h.plan.revoke {
+		h.count(kindRevoke)
+	} else {
+		h.count(kindRedisRestart + ", then the rechecks")
+	}
 	var forms []*keyPlan
 	for _, k := range h.plan.keys {
-		if len(k.late) > 0 {
+		if len(k.late) > 0 && k.role != roleSpare {
 			forms = append(forms, k)
 			r.send(h, k.late[0])
 		}
+	}
+	if h.plan.revoke {
+		r.revoke(h)
 	}
 	if h.plan.lateRenew >= 0 {
 		r.renew(h, r.instances[h.plan.lateRenew])
@@ -160,6 +174,7 @@ func (r *rig) late(h *history) {
 			r.send(h, q)
 		}
 	}
+	r.sendSpares(h)
 }
 
 // renew starts instance p anew: a kill, on the timeline as any kill.

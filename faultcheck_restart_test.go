@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -269,14 +270,43 @@ func (c *keyCase) allForgotten() bool {
 
 // forgottenRuns counts the executions among attempts (in claim order) that
 // ran only because a Redis restart forgot the one before, and reports
-// whether that accounts for all but the first.
+// whether that accounts for all but the first. A restart forgets a claim,
+// not an answer stored after it: the store writes a vanished record back
+// (complete.lua), so a claim made well after the earlier execution's
+// client got its answer from the new Redis is not excused.
 func (c *keyCase) forgottenRuns(attempts []trace) (n int, all bool) {
 	for i := 1; i < len(attempts); i++ {
-		if c.h.restartBetween(c.starts[attempts[i-1].Exec].Fence, c.starts[attempts[i].Exec].Fence) {
+		before, after := c.starts[attempts[i-1].Exec], c.starts[attempts[i].Exec]
+		if c.h.restartBetween(before.Fence, after.Fence) && !c.writtenBackBefore(before, after) {
 			n++
 		}
 	}
 	return n, n == len(attempts)-1
+}
+
+// writtenBackBefore reports whether the answer of execution e was stored in
+// Redis as it was after the last restart before the claim of next: e took
+// effect after that restart, its client had its answer a second or more
+// before the claim, and nothing came between e's instance and Redis
+// meanwhile, so the store, or its write-back, had landed.
+func (c *keyCase) writtenBackBefore(e, next trace) bool {
+	effect, ok := c.applied[e.Exec]
+	claimed := claimTime(next.Fence)
+	if !ok {
+		return false
+	}
+	for _, f := range c.h.faults {
+		if f.kind == kindRedisRestart && f.from.Before(claimed) && !f.to.Before(time.Unix(0, effect.At)) {
+			return false // the restart was not over when e took effect
+		}
+	}
+	if c.h.disturbed(instanceIndex(e.Instance), time.Unix(0, effect.At), claimed) {
+		return false
+	}
+	return slices.ContainsFunc(c.exchanges, func(x *exchange) bool {
+		a := read(x).answer
+		return a != nil && a.Exec == e.Exec && !x.replayed() && x.status/100 == 2 && x.done.Add(time.Second).Before(claimed)
+	})
 }
 
 // checkTokens: a token-mode key's requests against the secret each
@@ -303,7 +333,7 @@ func (c *keyCase) checkTokens() {
 			c.fail(ruleHeldTokenRefused, "%s was refused token-not-found by %s, whose secret signed the token", x.req.name, x.instance)
 		case before == own && after >= 0:
 			c.h.note(noteMovedRefusal)
-		case before >= 0 && before == after:
+		case before >= 0 && before == after && c.k.role != roleSpare:
 			c.h.note(noteSplitRefusal)
 		}
 	}
@@ -347,4 +377,24 @@ func (c *keyCase) heldBeforeAfter(name string, from, to time.Time, last bool) (b
 	}
 	return signer(c.h.secrets, c.cfg.Prefix, c.k.scope, found.Held[0]),
 		signer(c.h.secrets, c.cfg.Prefix, c.k.scope, found.Held[1])
+}
+
+// restartMidRun stages, in some histories with restarts, a restart in the
+// middle of a handler's run, on a key of its own: the claim's record is
+// lost, the handler takes effect once Redis is back, and its store finds
+// the record gone and writes the answer back (complete.lua), so that a
+// retry well after the answer replays it rather than running again.
+func (d drawer) restartMidRun(p *plan) {
+	if !d.chance(kindRedisRestart, 0.25) {
+		return
+	}
+	k := newKey(scopes[d.rng.IntN(len(scopes))], "kr", routeKey, "")
+	k.start = d.between(0, 200*time.Millisecond)
+	first := &requestPlan{key: k, at: k.start, instance: d.rng.IntN(2), act: actSlow, deaf: true,
+		pause: d.between(1000*time.Millisecond, 1300*time.Millisecond)}
+	retry := &requestPlan{key: k, at: d.between(1200*time.Millisecond, 1500*time.Millisecond), instance: d.rng.IntN(2), act: actNormal}
+	k.chain = []*requestPlan{first, retry}
+	p.keys = append(p.keys, k)
+	p.faults = append(p.faults, &faultPlan{kind: kindRedisRestart, anchor: first,
+		at: d.between(100*time.Millisecond, 250*time.Millisecond), dur: d.between(50*time.Millisecond, 150*time.Millisecond)})
 }

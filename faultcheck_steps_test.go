@@ -422,6 +422,11 @@ func TestFaultCheckSteps(t *testing.T) {
 				if limit > 0 && time.Since(began) > limit-stepsBound {
 					return
 				}
+				if mu.Lock(); *flagFirst && len(broken) > 0 {
+					mu.Unlock()
+					return
+				}
+				mu.Unlock()
 				h := r.runSteps(newStepsPlan(seed, i))
 				if r.broken.Load() {
 					return

@@ -119,6 +119,7 @@ func TestFaultCheck(t *testing.T) {
 	}
 	lanes.Wait()
 
+	tl.judgeWakeups()
 	tl.report(t, replayCommand(seed, kinds), time.Since(began))
 	if *flagArmed || limit >= armedRun && len(kinds) == len(allKinds) {
 		for _, rule := range tl.neverArmed() {
@@ -162,6 +163,7 @@ type tally struct {
 	answers   map[string]int        // answers by class
 	notes     map[string]int        // what a fault excused, by what
 	armed     map[string]int        // occasions to break, by rule
+	lags      []time.Duration       // waking duplicates' lags past their key's answer
 	broken    map[string]int        // violations by rule
 	shortest  map[string][]*finding // by rule, shortest story first, at most -idem.stories
 }
@@ -193,6 +195,7 @@ func (tl *tally) add(h *history, found []violation) {
 	for k, n := range h.armed {
 		tl.armed[k] += n
 	}
+	tl.lags = append(tl.lags, h.lags...)
 	for _, x := range h.exchanges {
 		tl.answers[read(x).label]++
 	}
@@ -213,6 +216,27 @@ func (tl *tally) brokenAny() bool {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
 	return len(tl.broken) > 0
+}
+
+// judgeWakeups holds the run's waking duplicates to ruleSlowWakeups: their
+// median lag, once there are enough of them to tell.
+func (tl *tally) judgeWakeups() {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	if len(tl.lags) < 8 {
+		return
+	}
+	lags := slices.Clone(tl.lags)
+	slices.Sort(lags)
+	median := lags[len(lags)/2]
+	tl.notes[fmt.Sprintf("waking duplicates (median lag %v, the slowest %v)", median.Round(time.Millisecond),
+		lags[len(lags)-1].Round(time.Millisecond))] = len(lags)
+	if median > slowWakeup {
+		tl.broken[ruleSlowWakeups]++
+		tl.shortest[ruleSlowWakeups] = []*finding{{index: -1, key: "the whole run",
+			detail: fmt.Sprintf("the median of %d waking duplicates replayed %v after their key's answer (at most %v)",
+				len(lags), median.Round(time.Millisecond), slowWakeup)}}
+	}
 }
 
 // neverArmed lists the rules whose precondition never came up.

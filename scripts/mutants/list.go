@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // A mutant is one small edit that breaks one promise of the middleware.
@@ -14,14 +15,20 @@ type mutant struct {
 	to     string // what it becomes
 	breaks string // the promise the edit breaks, as a user would state it
 	// faults aims the fault checker (its -idem.faults): the kinds of fault
-	// under which the broken promise shows.
+	// under which the broken promise shows. steps runs the checker of
+	// resumable steps (TestFaultCheckSteps, which draws its own faults)
+	// instead of TestFaultCheck.
 	faults string
+	steps  bool
 	// tests is the -run pattern of the unit tests that guard the line, in
 	// module (a folder of the tree; "" for the root), over pkgs (default
 	// "./" of the module).
 	tests  string
 	module string
 	pkgs   []string
+	// duration, when set, is how long the fault checker needs at least
+	// (a revocation's phase takes half a minute).
+	duration time.Duration
 	// unseen says why no interleaving of the fault checker can show the
 	// mutant: the checker does not run it, and the unit tests must kill it.
 	unseen string
@@ -39,6 +46,14 @@ func (m mutant) apply(src []byte) ([]byte, error) {
 	default:
 		return nil, fmt.Errorf("%s: the text to change occurs %d times in %s: make it unique", m.name, n, m.file)
 	}
+}
+
+// checker is the test that runs the fault checker for m.
+func (m mutant) checker() string {
+	if m.steps {
+		return "TestFaultCheckSteps"
+	}
+	return "TestFaultCheck"
 }
 
 func (m mutant) packages() []string {
@@ -74,7 +89,7 @@ var mutants = []mutant{
 		name: "claim-ignores-horizon", file: "lua/claim.lua",
 		from: "age < tonumber(ARGV[6]) * 1000", to: "age < 0",
 		breaks: "a key whose executor may still store its answer is answered interrupted",
-		faults: redisFaults + ",kill", tests: "Horizon|Abandoned|Interrupted|Stall",
+		faults: "takeover,blackhole", tests: "Horizon|Abandoned|Interrupted|Stall",
 	},
 	{
 		name: "claim-record-short-ttl", file: "lua/claim.lua",
@@ -84,15 +99,15 @@ var mutants = []mutant{
 	},
 	{
 		name: "claim-fence-not-above", file: "lua/claim.lua",
-		from: "math.max((tonumber(f) or 0) + 1,", to: "math.min((tonumber(f) or 0) + 1,",
-		breaks: "a takeover's fencing token is not above the stale executor's, whose write then wins",
-		faults: redisFaults, tests: "Fenc|Takeover|Abandoned|Retake",
+		from: "local fence = string.format('%.0f', math.max((tonumber(f) or 0) + 1,", to: "local fence = f or string.format('%.0f', math.max((tonumber(f) or 0) + 1,",
+		breaks: "a takeover runs under the fencing token of the executor it took the key from",
+		faults: "takeover,blackhole", tests: "Fenc|Takeover|Abandoned|Retake",
 	},
 	{
 		name: "claim-spends-retired-token", file: "lua/claim.lua",
 		from: "if ARGV[4] == 'r' then", to: "if ARGV[4] == '-' then",
 		breaks: "a token whose signing secret was retired is spent",
-		faults: "redis-restart", tests: "Token|Secret|Retired",
+		faults: "revoke", duration: 150 * time.Second, tests: "Token|Secret|Retired",
 	},
 	{
 		name: "claim-spends-expired-token", file: "lua/claim.lua",
@@ -106,7 +121,7 @@ var mutants = []mutant{
 		name: "complete-over-another", file: "lua/complete.lua",
 		from: "elseif o == ARGV[1] then", to: "else",
 		breaks: "an executor whose key was taken over stores its answer over the new executor's",
-		faults: redisFaults, tests: "Complete|Takeover|Abandoned|Store|Settle",
+		faults: "takeover,blackhole", tests: "Complete|Takeover|Abandoned|Store|Settle",
 	},
 	{
 		name: "complete-no-wakeup", file: "lua/complete.lua",
@@ -126,7 +141,7 @@ var mutants = []mutant{
 		name: "release-frees-takeover", file: "lua/release.lua",
 		from: "if p ~= '' then", to: "if false then",
 		breaks: "undoing a takeover frees the key, although the executor it was taken from may have taken effect",
-		faults: "drop-reply,redis-stop,delay", tests: "Release|Takeover|Undo|HandBack|Abandoned",
+		faults: "takeover,drop-reply", tests: "Release|Takeover|Undo|HandBack|Abandoned",
 	},
 	{
 		name: "release-anyones-record", file: "lua/release.lua",
@@ -170,25 +185,25 @@ var mutants = []mutant{
 		name: "step-journals-for-stale", file: "lua/step.lua",
 		from: "if o ~= ARGV[1] then\n  return 0\nend\nlocal before", to: "if false then\n  return 0\nend\nlocal before",
 		breaks: "an executor whose run was taken over journals a step into the new run",
-		faults: "kill,redis-stop,delay", tests: "Step|Journal|Resum",
+		steps:  true, tests: "Step|Journal|Resum",
 	},
 	{
 		name: "step-resend-appends-twice", file: "lua/step.lua",
 		from: "if before == at then", to: "if true then",
 		breaks: "a step resent after a lost reply is journaled twice, and the journal no longer reads",
-		faults: "drop-reply,kill", tests: "Step|Journal|Resum",
+		steps:  true, tests: "Step|Journal|Resum",
 	},
 	{
 		name: "step-runs-again", file: "step.go",
 		from: "\tcase e != nil:\n\t\treturn replayStep[T](x.resultCodec(), e)", to: "\tcase e != nil && false:\n\t\treturn replayStep[T](x.resultCodec(), e)",
 		breaks: "a resumed run runs a step again that the journal holds",
-		faults: "kill", tests: "Step|Journal|Resum",
+		steps:  true, tests: "Step|Journal|Resum",
 	},
 	{
 		name: "step-after-cutoff", file: "step.go",
 		from: "if cut := cutOff(x.run); cut != nil {", to: "if cut := cutOff(x.run); cut != nil && false {",
 		breaks: "a run cut off (its key may be resumed elsewhere) starts another step",
-		faults: "kill,redis-stop,delay", tests: "Step|Cut|Resum",
+		steps:  true, tests: "Step|Cut|Resum",
 	},
 	// lifecycle.go: the release rule, row by row.
 	{
@@ -209,7 +224,7 @@ var mutants = []mutant{
 		name: "rule-release-after-steps", file: "lifecycle.go",
 		from: "case (x.released() || d.Release) && l.holdsSteps():", to: "case false && l.holdsSteps():",
 		breaks: "a run that journaled steps releases its key, and a retry repeats their effects",
-		faults: "release,kill", tests: "Step|Release|Resum",
+		steps:  true, tests: "Step|Release|Resum",
 	},
 	{
 		name: "rule-cutoff-releases", file: "lifecycle.go",
@@ -237,6 +252,26 @@ var mutants = []mutant{
 		from: "\tif err != nil {\n\t\tl.releaseLater()\n\t}", to: "\t_ = err",
 		breaks: "a release Redis did not answer is not retried, and the key stays claimed though nothing ran",
 		faults: "release,panic-before,do-error,redis-stop,blackhole", tests: "Release|Later|Outage",
+	},
+	{
+		name: "rule-do-error-stored", file: "do.go",
+		from: "func (f *funcRun[T]) succeeded() bool { return f.err == nil }", to: "func (f *funcRun[T]) succeeded() bool { return true }",
+		breaks: "a function of Do that fails before any effect has its error stored, and the retry never runs it again",
+		faults: "do,do-error", tests: "Do",
+	},
+	// The operator's scripts (internal/keyspace).
+	{
+		name: "settle-running-key", file: "internal/keyspace/lua/settle.lua",
+		from: "if redis.call('GET', KEYS[2]) == o then\n  return 'running'", to: "if false then\n  return 'running'",
+		breaks: "an operator's resolve or forget settles a key whose executor still holds it",
+		tests:  "Resolve|Forget|Settle|Running", pkgs: []string{"./admin/", "./internal/keyspace/"},
+		unseen: "the fault checker's histories have no operator; the admin tests settle live keys",
+	},
+	{
+		name: "inspect-swaps-fence", file: "internal/keyspace/lua/inspect.lua",
+		from: "st, fp, o, f, n, meta = string.match(", to: "st, fp, o, n, f, meta = string.match(",
+		breaks: "inspecting a key shows its execution count as its fencing token",
+		faults: "impostor", tests: "Inspect", pkgs: []string{"./admin/", "./internal/keyspace/"},
 	},
 	// Waiters, the cache, the fingerprint and the caller's scope.
 	{

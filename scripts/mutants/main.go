@@ -260,7 +260,7 @@ func (r *runner) try(m mutant) result {
 		return res
 	}
 	defer os.WriteFile(path, original, 0o644)
-	if m.unseen == "" || m.faults != "" {
+	if m.unseen == "" || m.faults != "" || m.steps {
 		res.rules, res.checker = r.faultCheck(m)
 	}
 	res.tests, res.testsErr = r.unitTests(m)
@@ -268,7 +268,7 @@ func (r *runner) try(m mutant) result {
 	return res
 }
 
-// faultCheck builds the root package's tests and runs the fault checker,
+// faultCheck builds the root package's tests and runs m's fault checker,
 // aimed at m's faults, until a rule breaks or its time is up.
 func (r *runner) faultCheck(m mutant) (rules []string, other string) {
 	bin := filepath.Join(r.tree, "faultcheck.test")
@@ -280,12 +280,13 @@ func (r *runner) faultCheck(m mutant) (rules []string, other string) {
 	if out, err := r.goCmd(r.tree, 10*time.Minute, append(build, ".")...); err != nil {
 		return nil, "build failed: " + firstLines(out, 3)
 	}
-	args := []string{"-test.run=^TestFaultCheck$", "-test.v", "-test.count=1", "-idem.first",
-		fmt.Sprintf("-idem.seed=%d", r.seed), fmt.Sprintf("-idem.duration=%v", r.checkFor)}
-	if m.faults != "" && m.faults != "all" {
+	checkFor := max(r.checkFor, m.duration)
+	args := []string{"-test.run=^" + m.checker() + "$", "-test.v", "-test.count=1", "-idem.first",
+		fmt.Sprintf("-idem.seed=%d", r.seed), fmt.Sprintf("-idem.duration=%v", checkFor)}
+	if m.faults != "" && !m.steps {
 		args = append(args, "-idem.faults="+m.faults)
 	}
-	out, err := r.command(r.tree, r.checkFor+5*time.Minute, bin, args...)
+	out, err := r.command(r.tree, checkFor+5*time.Minute, bin, args...)
 	rules = brokenRules(out)
 	if err != nil && len(rules) == 0 {
 		other = "failed: " + firstFailure(out)
@@ -331,7 +332,7 @@ func (r *runner) command(dir string, limit time.Duration, name string, args ...s
 }
 
 var (
-	ruleLine = regexp.MustCompile(`RULE BROKEN: (.+?) \(\d+ times?\)`)
+	ruleLine = regexp.MustCompile(`RULE BROKEN: (.+?)(?: \(\d+ times?\))?; `)
 	failLine = regexp.MustCompile(`^\s*--- FAIL: (\S+)`)
 )
 

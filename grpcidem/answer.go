@@ -3,6 +3,8 @@ package grpcidem
 import (
 	"fmt"
 	"reflect"
+	"strings"
+	"sync"
 
 	"github.com/onceonly/idempotency"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -10,6 +12,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -33,6 +37,7 @@ func answerOf(resp any, err error, storeError func(*status.Status) bool) (*spb.S
 	if !ok {
 		return nil, fmt.Errorf("grpcidem: response %T is not a proto message", resp)
 	}
+	seen.learn(msg)
 	detail, err := anypb.New(msg)
 	if err != nil {
 		return nil, err
@@ -59,7 +64,7 @@ func replay(a *spb.Status) (any, error) {
 	if len(a.GetDetails()) != 1 {
 		return nil, Status(idempotency.ErrUnreadableRecord).Err()
 	}
-	msg, err := a.GetDetails()[0].UnmarshalNew()
+	msg, err := anypb.UnmarshalNew(a.GetDetails()[0], proto.UnmarshalOptions{Resolver: seen})
 	if err != nil {
 		// The type is unknown to this program (not linked in) or its
 		// bytes no longer parse: another version stored it.
@@ -68,6 +73,44 @@ func replay(a *spb.Status) (any, error) {
 	// A message of the older API comes back as the method returned it
 	// (its own type), not as the newer API's view of it.
 	return protoadapt.MessageV1Of(msg), nil
+}
+
+// seen resolves the type of a stored response: from the registry of the
+// protobuf API, and else from the responses this process's interceptors
+// stored. A message of the older API is in that registry only when its
+// generated code registered it there (github.com/golang/protobuf's does;
+// gogo's registers in a registry of its own, and a hand-written message in
+// none), and its type name is derived from its Go type otherwise: without
+// the second source, such a response could be stored but never replayed.
+var seen = &seenTypes{Types: protoregistry.GlobalTypes}
+
+// seenTypes resolves extensions as the registry does.
+type seenTypes struct {
+	*protoregistry.Types
+	types sync.Map // protoreflect.FullName → protoreflect.MessageType
+}
+
+func (s *seenTypes) learn(m proto.Message) {
+	t := m.ProtoReflect().Type()
+	s.types.LoadOrStore(t.Descriptor().FullName(), t)
+}
+
+func (s *seenTypes) FindMessageByName(name protoreflect.FullName) (protoreflect.MessageType, error) {
+	if t, err := s.Types.FindMessageByName(name); err == nil {
+		return t, nil
+	}
+	if t, ok := s.types.Load(name); ok {
+		return t.(protoreflect.MessageType), nil
+	}
+	return nil, protoregistry.NotFound
+}
+
+func (s *seenTypes) FindMessageByURL(url string) (protoreflect.MessageType, error) {
+	name := url
+	if i := strings.LastIndexByte(url, '/'); i >= 0 {
+		name = url[i+1:]
+	}
+	return s.FindMessageByName(protoreflect.FullName(name))
 }
 
 // messageOf is v as a message of the protobuf API this package speaks

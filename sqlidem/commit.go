@@ -50,8 +50,12 @@ type work func(tx *sql.Tx) (idempotency.Answer, error)
 //
 // A transaction the database aborts as a serialization failure or a
 // deadlock, in the work, at the row or at COMMIT, committed nothing: it
-// runs again from step 1, up to the Store's attempts, and then is refused
-// as unavailable (503, the key released, so that the client's retry runs).
+// runs again from step 1, after a pause that grows with each attempt, for
+// as long as the execution lasts (or up to WithAttempts). Contention is
+// not unavailability: only when the execution ends (or the attempts run
+// out) is it refused as unavailable (503, the key released, so that the
+// client's retry runs), with an error that says how often the database
+// aborted it.
 func (s *Store) commitOnce(ctx context.Context, exec idempotency.Execution, do work) outcome {
 	for attempt := 1; ; attempt++ {
 		o := s.transact(ctx, exec, do)
@@ -59,12 +63,19 @@ func (s *Store) commitOnce(ctx context.Context, exec idempotency.Execution, do w
 			return o
 		}
 		if attempt >= s.attempts {
-			return outcome{verdict: refused, err: unavailable(o.err)}
+			return outcome{verdict: refused, err: contended(attempt, o.err)}
 		}
 		if !backOff(ctx, attempt) {
-			return outcome{verdict: refused, err: endedBecause(ctx)}
+			return outcome{verdict: refused, err: fmt.Errorf("%w: %w", endedBecause(ctx), contended(attempt, o.err))}
 		}
 	}
+}
+
+// contended is the error of a transaction the database aborted attempts
+// times in a row, the last time with err.
+func contended(attempts int, err error) error {
+	return unavailable(fmt.Errorf("sqlidem: the database aborted the transaction %d times in a row "+
+		"(serialization failures or deadlocks: contention); the last time: %w", attempts, err))
 }
 
 // transact runs the protocol once, in one transaction.
@@ -169,10 +180,11 @@ func retryable(ctx context.Context, err error) bool {
 }
 
 // backOff waits before attempt+1, a few milliseconds and more with each
-// attempt, jittered so that two transactions that deadlocked do not meet
-// again at once. It reports false when ctx ended first.
+// attempt, up to a quarter of a second, jittered so that two transactions
+// that deadlocked do not meet again at once. It reports false when ctx
+// ended first.
 func backOff(ctx context.Context, attempt int) bool {
-	d := time.Duration(attempt) * (5*time.Millisecond + rand.N(20*time.Millisecond))
+	d := time.Duration(min(attempt, 10)) * (5*time.Millisecond + rand.N(20*time.Millisecond))
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	select {

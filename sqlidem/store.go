@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -50,7 +51,7 @@ type Store struct {
 	dialect   Dialect
 	table     string
 	onError   func(http.ResponseWriter, *http.Request, error)
-	attempts  int
+	attempts  int // math.MaxInt: until the execution ends
 	txOptions *sql.TxOptions
 
 	// Statements, built once by New.
@@ -90,19 +91,17 @@ func WithErrorHandler(fn func(http.ResponseWriter, *http.Request, error)) Option
 	return func(s *Store) { s.onError = fn }
 }
 
-// DefaultAttempts is how many times a transaction runs unless WithAttempts
-// says otherwise.
-const DefaultAttempts = 3
-
-// WithAttempts sets how many times, in all, an execution's transaction
-// runs when the database aborts it as a serialization failure or a deadlock
-// (SQLSTATE 40001 or 40P01, MySQL error 1213, SQLITE_BUSY), in the
-// TxFunc, at the outcome row or at COMMIT: such a transaction committed
-// nothing, and runs again from BEGIN after a short, jittered pause. When
-// the last attempt is aborted too, the request is answered
-// idempotency.ErrStoreUnavailable (503 with Retry-After) and its key
-// released, so that the client's retry runs. Default DefaultAttempts; 1
-// runs each transaction once.
+// WithAttempts bounds how many times, in all, an execution's transaction
+// runs when the database aborts it as a serialization failure or a
+// deadlock (SQLSTATE 40001 or 40P01, MySQL error 1213, SQLITE_BUSY), in
+// the TxFunc, at the outcome row or at COMMIT: such a transaction
+// committed nothing, and runs again from BEGIN after a short, jittered
+// pause that grows with each attempt. When the last attempt is aborted
+// too, the request is answered idempotency.ErrStoreUnavailable (503 with
+// Retry-After) and its key released, so that the client's retry runs.
+// Default: no bound but the execution's own end (the middleware's
+// WithExecutionTimeout, Do's context), for contention is not
+// unavailability; 1 runs each transaction once.
 func WithAttempts(n int) Option { return func(s *Store) { s.attempts = n } }
 
 // WithIsolation sets the isolation level of every transaction the Store
@@ -119,7 +118,7 @@ func WithIsolation(level sql.IsolationLevel) Option {
 // not the database: call CreateTable, or create the table yourself from
 // the DDL CreateTable runs.
 func New(db *sql.DB, dialect Dialect, opts ...Option) (*Store, error) {
-	s := &Store{db: db, dialect: dialect, table: DefaultTable, onError: idempotency.WriteError, attempts: DefaultAttempts}
+	s := &Store{db: db, dialect: dialect, table: DefaultTable, onError: idempotency.WriteError, attempts: math.MaxInt}
 	for _, opt := range opts {
 		opt(s)
 	}

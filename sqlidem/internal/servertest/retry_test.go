@@ -105,28 +105,41 @@ func TestAbortedTransactionIsRunAgain(t *testing.T) {
 }
 
 // A transaction aborted at every attempt is answered 503 with
-// Retry-After, its key released: the client's retry runs.
+// Retry-After, its key released, once the attempts run out (WithAttempts)
+// or the execution ends: the client's retry runs.
 func TestAbortedEveryTimeAnswersUnavailable(t *testing.T) {
-	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
-		d = deferred(t, d)
-		b := newBank(t, d)
-		base := abortable(t, d)
-		b.beforeDebit = func(ctx context.Context, tx *sql.Tx) error { return abort(ctx, d, base, tx) }
-		r := b.post("k1", 5)
-		if r.status != 503 || r.problem != "store-unavailable" || r.header.Get("Retry-After") == "" {
-			t.Fatalf("answered %+v; want 503 store-unavailable with Retry-After", r)
-		}
-		if n := b.calls.Load(); n != sqlidem.DefaultAttempts {
-			t.Fatalf("the transfer began %d times; want %d", n, sqlidem.DefaultAttempts)
-		}
-		if from, to := b.balances(); from != 1000000 || to != 0 {
-			t.Fatalf("balances %d, %d", from, to)
-		}
-		b.beforeDebit = nil
-		if retry := b.post("k1", 5); retry.status != 201 || retry.replayed {
-			t.Fatalf("retry: %+v; want it to run, the key released", retry)
-		}
-	})
+	for _, tc := range []struct {
+		name  string
+		store []sqlidem.Option
+		opts  []idempotency.Option
+		until func(calls int64) bool // what the count of runs must satisfy
+	}{
+		{"attempts run out", []sqlidem.Option{sqlidem.WithAttempts(3)}, nil, func(n int64) bool { return n == 3 }},
+		{"execution ends", nil, []idempotency.Option{idempotency.WithExecutionTimeout(time.Second)}, func(n int64) bool { return n > 3 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+				d = deferred(t, d)
+				b := newBankWith(t, d, tc.store, tc.opts...)
+				base := abortable(t, d)
+				b.beforeDebit = func(ctx context.Context, tx *sql.Tx) error { return abort(ctx, d, base, tx) }
+				r := b.post("k1", 5)
+				if r.status != 503 || r.problem != "store-unavailable" || r.header.Get("Retry-After") == "" {
+					t.Fatalf("answered %+v; want 503 store-unavailable with Retry-After", r)
+				}
+				if n := b.calls.Load(); !tc.until(n) {
+					t.Fatalf("the transfer began %d times", n)
+				}
+				if from, to := b.balances(); from != 1000000 || to != 0 {
+					t.Fatalf("balances %d, %d", from, to)
+				}
+				b.beforeDebit = nil
+				if retry := b.post("k1", 5); retry.status != 201 || retry.replayed {
+					t.Fatalf("retry: %+v; want it to run, the key released", retry)
+				}
+			})
+		})
+	}
 }
 
 // A real deadlock between the handler's transaction and another one: the

@@ -155,14 +155,50 @@ func DefaultErrorHandler(w http.ResponseWriter, _ *http.Request, err error) {
 // WriteError answers err as the middleware protecting r's route does (its
 // WithErrorHandler, DefaultErrorHandler by default), so that code behind
 // the middleware, such as an outcome store, refuses a request in the same
-// form as the middleware's own refusals. Outside a protected execution it
-// is DefaultErrorHandler.
+// form as the middleware's own refusals. It reports err first
+// (ReportError). Outside a protected execution it is DefaultErrorHandler.
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
+	ReportError(r.Context(), err)
 	if e, ok := r.Context().Value(executionKey).(*execution); ok && e.onError != nil {
 		e.onError(w, r, err)
 		return
 	}
 	DefaultErrorHandler(w, r, err)
+}
+
+// ReportError tells the middleware why the protected handler running on
+// ctx failed, as code behind the middleware (an outcome store, a handler
+// that answers an error of its own) knows best: err is the Event.Err the
+// observer gets for the request, and, unless the failure is the client's
+// (a reused key, a malformed request) or no failure at all (an answer too
+// large to replay), it is logged through the middleware's logger
+// (WithLogger), with its text: at error level for a problem answered 5xx
+// (a database that failed, an error of the handler's own) or one whose
+// outcome is unknown (ErrInterrupted, ErrUnreadableRecord), at warning
+// level for ErrInProgress (a lost lease, a newer execution). Only the
+// first report of an execution counts: a failure is logged once. Outside
+// a protected handler it does nothing; a function run by Do returns its
+// error instead.
+func ReportError(ctx context.Context, err error) {
+	x, ok := ctx.Value(executionKey).(*execution)
+	if !ok || err == nil || x.owner == nil || !x.failure.CompareAndSwap(nil, &err) {
+		return
+	}
+	log, status := x.owner.cfg.logger, problemFor(err).status
+	switch {
+	case status >= 500, errors.Is(err, ErrInterrupted), errors.Is(err, ErrUnreadableRecord):
+		log.Error("idempotency: the protected handler failed", "key", x.key, "status", status, "error", err)
+	case errors.Is(err, ErrInProgress):
+		log.Warn("idempotency: the protected handler could not finish", "key", x.key, "status", status, "error", err)
+	}
+}
+
+// reported is the failure the work of x reported, or nil.
+func (x *execution) reported() error {
+	if err := x.failure.Load(); err != nil {
+		return *err
+	}
+	return nil
 }
 
 // StatusCode reports the HTTP status DefaultErrorHandler uses for err.

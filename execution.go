@@ -83,6 +83,9 @@ type execution struct {
 	// run is the run's context, which the middleware cancels when it cuts
 	// the run off (cutOff): Step reads it whatever context it is given.
 	run context.Context
+	// failure is the first failure the work reported (ReportError), for
+	// the observer: nil while it reported none.
+	failure atomic.Pointer[error]
 }
 
 const (

@@ -29,6 +29,7 @@ func (h *handlerRun) run(ctx context.Context, x *execution) *record {
 			}
 		}
 	}
+	defer func() { c.failure = x.reported() }() // a panic's report too
 	h.next.ServeHTTP(h.rw, c.r.WithContext(ctx))
 	return h.rw.finish()
 }

@@ -177,6 +177,7 @@ type call struct {
 	fence     uint64
 	resume    bool    // an abandoned run of the key is resumed (WithResume, Resumable)
 	outage    *Outage // what this request began, continued or ended, for the observer
+	failure   error   // what the handler reported of its own failure (ReportError)
 }
 
 func (m *Middleware) wrap(next http.Handler, extract KeyExtractor, tokenMode bool) http.Handler {

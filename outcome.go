@@ -5,8 +5,10 @@ type Outcome int
 
 const (
 	// Executed: the handler ran. Event.Err is set when its answer could
-	// not be stored, when it ran unprotected under WithFailOpen, or when it
-	// panicked (ErrHandlerPanicked).
+	// not be stored, when it ran unprotected under WithFailOpen, when it
+	// panicked (ErrHandlerPanicked), or when it reported a failure of its
+	// own (ReportError; WriteError reports what it answers, as an outcome
+	// store's refusals do).
 	Executed Outcome = iota + 1
 	// Replayed: a stored answer was replayed, from Redis or from this
 	// process's memory (Event.FromCache).

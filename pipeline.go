@@ -30,6 +30,9 @@ func (m *Middleware) conclude(c *call, steps func() verdict) verdict {
 	}()
 	v := steps()
 	done = true
+	if v.outcome == Executed && v.err == nil {
+		v.err = c.failure // the handler's own failure, which it answered
+	}
 	if c.w != nil {
 		m.write(c, v)
 	}

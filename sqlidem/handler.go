@@ -99,7 +99,7 @@ func (s *Store) Handler(fn TxFunc) http.Handler {
 			if o.answer.NotReplayable {
 				// It ran; its answer was too large to keep. Not
 				// released: the key's work is done.
-				s.onError(w, r, idempotency.ErrNotReplayable)
+				s.fail(w, r, idempotency.ErrNotReplayable)
 				return
 			}
 			// Through the middleware's own replay: its header rules, its
@@ -109,7 +109,7 @@ func (s *Store) Handler(fn TxFunc) http.Handler {
 			s.rolledBack(w, r, buf, o.err)
 		case unsettled:
 			// Not released: the commit may yet land (see settleCommit).
-			s.onError(w, r, o.err)
+			s.fail(w, r, o.err)
 		default:
 			s.refuse(w, r, o.err)
 		}
@@ -163,23 +163,34 @@ func answerLimit(exec idempotency.Execution) int {
 func (s *Store) rolledBack(w http.ResponseWriter, r *http.Request, buf *buffer, err error) {
 	idempotency.Release(r.Context())
 	if buf.status >= http.StatusBadRequest {
+		if buf.status >= http.StatusInternalServerError {
+			idempotency.ReportError(r.Context(), err) // the handler's own failure, not the client's
+		}
 		buf.writeTo(w)
 		return
 	}
+	s.fail(w, r, err)
+}
+
+// fail answers err with the error handler, and reports it to the
+// middleware first (idempotency.ReportError), whatever the handler: the
+// middleware logs it once, and its observer sees it.
+func (s *Store) fail(w http.ResponseWriter, r *http.Request, err error) {
+	idempotency.ReportError(r.Context(), err)
 	s.onError(w, r, err)
 }
 
 // refuse releases the key, so that a retry may run, and answers err.
 func (s *Store) refuse(w http.ResponseWriter, r *http.Request, err error) {
 	idempotency.Release(r.Context())
-	s.onError(w, r, err)
+	s.fail(w, r, err)
 }
 
 // serveUnprotected runs fn in a transaction of its own.
 func (s *Store) serveUnprotected(w http.ResponseWriter, r *http.Request, fn TxFunc) {
 	tx, err := s.db.BeginTx(r.Context(), nil)
 	if err != nil {
-		s.onError(w, r, unavailable(err))
+		s.fail(w, r, unavailable(err))
 		return
 	}
 	defer tx.Rollback()
@@ -191,7 +202,7 @@ func (s *Store) serveUnprotected(w http.ResponseWriter, r *http.Request, fn TxFu
 		return
 	}
 	if err := tx.Commit(); err != nil {
-		s.onError(w, r, commitFailed(err))
+		s.fail(w, r, commitFailed(err))
 		return
 	}
 	buf.writeTo(w)

@@ -86,7 +86,9 @@ func WithTable(name string) Option { return func(s *Store) { s.table = name } }
 // when that answer cannot be read, and is the handler's own error
 // otherwise. Default idempotency.WriteError: the error handler of the
 // middleware that protects the route (DefaultErrorHandler unless it was
-// given another), which never shows err's text.
+// given another), which never shows err's text. Whatever the handler,
+// err is reported to the middleware first (idempotency.ReportError): it
+// logs a failure once, with its text, and its observer sees it.
 func WithErrorHandler(fn func(http.ResponseWriter, *http.Request, error)) Option {
 	return func(s *Store) { s.onError = fn }
 }

@@ -1,7 +1,6 @@
 package servertest_test
 
 import (
-	"bytes"
 	"database/sql"
 	"errors"
 	"log/slog"
@@ -14,6 +13,7 @@ import (
 	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/onceonly/idempotency/internal/sqltest"
+	"github.com/onceonly/idempotency/internal/syncbuf"
 	"github.com/onceonly/idempotency/sqlidem"
 )
 
@@ -53,7 +53,7 @@ func TestFailuresBehindTheMiddlewareAreReported(t *testing.T) {
 				if !tc.noTable {
 					must(t, store.CreateTable(t.Context()))
 				}
-				var logs syncBuffer
+				var logs syncbuf.Buffer
 				var mu sync.Mutex
 				var events []idempotency.Event
 				prefix := "sqlidem-" + strings.NewReplacer("/", "-", " ", "_").Replace(t.Name())
@@ -66,7 +66,7 @@ func TestFailuresBehindTheMiddlewareAreReported(t *testing.T) {
 				if r := postKey(t, srv, "k1"); r.status != tc.status {
 					t.Fatalf("answered %d %s; want %d", r.status, r.problem, tc.status)
 				}
-				lines := logs.errorLines()
+				lines := errorLines(logs.String())
 				switch {
 				case tc.noTable && (len(lines) != 1 || !strings.Contains(lines[0], "outcomes")):
 					t.Fatalf("logged %q; want one error line that names the missing table", lines)
@@ -100,24 +100,10 @@ func ok(_ *sql.Tx, w http.ResponseWriter, _ *http.Request) error {
 	return nil
 }
 
-// syncBuffer is a log's output, written by the server's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// errorLines are the lines logged at error level.
-func (b *syncBuffer) errorLines() []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+// errorLines are the lines of a text log logged at error level.
+func errorLines(log string) []string {
 	var lines []string
-	for line := range strings.Lines(b.buf.String()) {
+	for line := range strings.Lines(log) {
 		if strings.Contains(line, "level=ERROR") {
 			lines = append(lines, line)
 		}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
+	"weak"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -223,6 +225,57 @@ func (m *Middleware) Shutdown(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// Shutdown drains every Middleware that New made in this process and that
+// is still in use, as Middleware.Shutdown does for one, all at once, and
+// returns their errors joined: the way to drain the Middlewares that
+// one-liners (ProtectKey) made, and to drain them all without a list.
+// Like net/http's package-level helpers, it serves programs that keep no
+// handle; a program that does may call each Middleware's Shutdown.
+func Shutdown(ctx context.Context) error {
+	var wg sync.WaitGroup
+	live := everyMiddleware()
+	errs := make([]error, len(live))
+	for i, m := range live {
+		wg.Go(func() { errs[i] = m.Shutdown(ctx) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// made holds every Middleware that New made, for Shutdown: weakly, so that
+// one the program no longer uses is collected (one with work left to do
+// is in use, by that work).
+var made struct {
+	mu   sync.Mutex
+	all  []weak.Pointer[Middleware]
+	live int // how many were live at the last prune
+}
+
+// remember adds m to made, and drops the collected ones whenever the list
+// has doubled since the last prune.
+func remember(m *Middleware) {
+	made.mu.Lock()
+	defer made.mu.Unlock()
+	if len(made.all) >= 2*made.live+16 {
+		made.all = slices.DeleteFunc(made.all, func(p weak.Pointer[Middleware]) bool { return p.Value() == nil })
+		made.live = len(made.all)
+	}
+	made.all = append(made.all, weak.Make(m))
+}
+
+// everyMiddleware lists the Middlewares of made not collected yet.
+func everyMiddleware() []*Middleware {
+	made.mu.Lock()
+	defer made.mu.Unlock()
+	var live []*Middleware
+	for _, p := range made.all {
+		if m := p.Value(); m != nil {
+			live = append(live, m)
+		}
+	}
+	return live
 }
 
 // abandon logs what a drain left undone.

@@ -52,6 +52,7 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 			"set ContextTimeoutEnabled: true in its options")
 	}
 	m.warnIfEvictable(client)
+	remember(m)
 	return m
 }
 
@@ -114,6 +115,9 @@ func contextTimeouts(client redis.UniversalClient) (known, enabled bool) {
 // ProtectKey is a one-liner for key mode, for use in chi's r.With:
 //
 //	r.With(idempotency.ProtectKey(rdb, idempotency.WithCallerCredentials())).Post("/payments", pay)
+//
+// At shutdown, the package's Shutdown drains its Middleware with every
+// other one.
 func ProtectKey(client redis.UniversalClient, opts ...Option) func(http.Handler) http.Handler {
 	return New(client, opts...).ProtectKey
 }

@@ -469,7 +469,7 @@ func (l *lease) recoverAbandoned(c *call) (runAgain bool, v verdict) {
 		// abandoned execution may have. In progress, retry later, is true.
 		return false, refuse(m.inProgress())
 	case !committed:
-		m.cfg.logger.Info("idempotency: an abandoned execution committed nothing; running the handler again",
+		m.cfg.logger.Info("idempotency: an abandoned execution committed nothing; running the "+c.workName()+" again",
 			"key", l.k.record, "fence", l.fence)
 		return true, verdict{}
 	case a.Fingerprint != hex.EncodeToString(c.fp[:]):

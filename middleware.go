@@ -184,6 +184,15 @@ type call struct {
 	failure   error   // what the handler reported of its own failure (ReportError)
 }
 
+// workName names what the call runs, for the log: a handler, or a
+// function run by Do.
+func (c *call) workName() string {
+	if c.r == nil {
+		return "function"
+	}
+	return "handler"
+}
+
 func (m *Middleware) wrap(next http.Handler, extract KeyExtractor, tokenMode bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		now := time.Now()

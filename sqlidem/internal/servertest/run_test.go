@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/onceonly/idempotency/internal/sqltest"
+	"github.com/onceonly/idempotency/internal/syncbuf"
 	"github.com/onceonly/idempotency/sqlidem"
 	"github.com/redis/go-redis/v9"
 )
@@ -192,6 +195,27 @@ func TestRunResultThatWouldComeBackAltered(t *testing.T) {
 		}
 		if l.rows() != 1 || l.runs.Load() != 1 {
 			t.Fatalf("%d ledger rows, %d runs", l.rows(), l.runs.Load())
+		}
+	})
+}
+
+// A Do call that takes over an abandoned execution which committed
+// nothing logs that it runs the function again: a queue consumer's log
+// speaks of its function, not of a handler.
+func TestRunAgainAfterAbandonLogsTheFunction(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		var logs syncbuf.Buffer
+		l := newLedger(t, d, idempotency.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+		_, err := l.consume("m1", 30)
+		must(t, err)
+		// Nothing committed, and the instance that claimed it is gone.
+		_, err = l.store.Purge(t.Context(), time.Now().Add(time.Hour))
+		must(t, err)
+		must(t, redistest.Abandon(t.Context(), l.rdb(t), l.record))
+		_, err = l.consume("m1", 30)
+		must(t, err)
+		if !strings.Contains(logs.String(), "committed nothing; running the function again") {
+			t.Fatalf("log:\n%s\nwant the recovery to say the function runs again", logs.String())
 		}
 	})
 }

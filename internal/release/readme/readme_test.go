@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -412,10 +413,18 @@ func generate(s *snippet, packages map[string]string) []byte {
 	}
 	body, own := s.parts()
 	write(own)
-	b.WriteString("\nfunc _() error {\n")
-	write(used(body))
-	if !endsInReturn(body.text()) {
-		b.WriteString("return nil\n")
+	if slices.Contains(s.free, "w") {
+		// Statements that answer through w go in an HTTP handler, which
+		// returns nothing: a snippet that returns an error there would
+		// not compile where it is pasted.
+		b.WriteString("\nfunc _() {\n")
+		write(used(body))
+	} else {
+		b.WriteString("\nfunc _() error {\n")
+		write(used(body))
+		if !endsInReturn(body.text()) {
+			b.WriteString("return nil\n")
+		}
 	}
 	b.WriteString("}\n")
 	return b.Bytes()

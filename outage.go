@@ -101,19 +101,20 @@ func (o *outageWatch) note(logger *slog.Logger, v verdict, fromRedis bool, now t
 		o.since, o.refused = time.Time{}, 0
 		o.on.Store(false)
 	}
-	news.log(logger)
+	news.log(logger, v.err)
 	return news
 }
 
-func (o *Outage) log(logger *slog.Logger) {
+// log logs o; cause is why this request was refused, when it was.
+func (o *Outage) log(logger *slog.Logger, cause error) {
 	took := o.Duration.Round(time.Millisecond)
 	switch o.Phase {
 	case OutageBegan:
 		logger.Warn("idempotency: protected routes are refusing requests (503): Redis does not answer",
-			"refused", o.Refused)
+			"refused", o.Refused, "error", cause)
 	case OutageOngoing:
 		logger.Warn("idempotency: protected routes are still refusing requests (503): Redis does not answer",
-			"refused", o.Refused, "since", o.Since, "for", took)
+			"refused", o.Refused, "since", o.Since, "for", took, "error", cause)
 	case OutageEnded:
 		logger.Info("idempotency: protected routes answer again: Redis answers",
 			"refused", o.Refused, "for", took)

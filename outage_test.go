@@ -54,6 +54,7 @@ func TestRedisOutageReachesTheLogAndTheObserver(t *testing.T) {
 			refusing := linesWith(log.String(), "refusing requests")
 			require.Len(t, refusing, 1, log.String())
 			assert.Contains(t, refusing[0], "refused=1")
+			assert.Contains(t, refusing[0], "error=", "the line says why Redis did not answer")
 
 			tc.resume(t, srv)
 			// A connection the pool kept from before may fail once more.

@@ -27,12 +27,17 @@ func TestFailuresBehindTheMiddlewareAreReported(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		noTable   bool
+		storeOpts []sqlidem.Option
 		fn        sqlidem.TxFunc
 		status    int
 		logged    string // in the one error line; "" for none
 		errIsCode bool   // the observer's Err wraps ErrStoreUnavailable
 	}{
 		{name: "no table", noTable: true, fn: ok, status: 503, errIsCode: true},
+		{name: "no table, an error handler of the store's own", noTable: true, fn: ok, status: 503, errIsCode: true,
+			storeOpts: []sqlidem.Option{sqlidem.WithErrorHandler(func(w http.ResponseWriter, _ *http.Request, err error) {
+				w.WriteHeader(idempotency.StatusCode(err))
+			})}},
 		{name: "handler error answered by the error handler", status: 500, logged: provider.Error(),
 			fn: func(*sql.Tx, http.ResponseWriter, *http.Request) error { return provider }},
 		{name: "handler error answered by the handler", status: 502, logged: provider.Error(),
@@ -48,7 +53,7 @@ func TestFailuresBehindTheMiddlewareAreReported(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
-				store, err := sqlidem.New(d.DB, d.Dialect, sqlidem.WithTable(d.Table(t, "outcomes")))
+				store, err := sqlidem.New(d.DB, d.Dialect, append([]sqlidem.Option{sqlidem.WithTable(d.Table(t, "outcomes"))}, tc.storeOpts...)...)
 				must(t, err)
 				if !tc.noTable {
 					must(t, store.CreateTable(t.Context()))

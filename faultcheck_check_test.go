@@ -55,7 +55,7 @@ var checkedRules = []string{
 	ruleUnfinished, ruleUnprotected, ruleSharedFence, ruleAnswerLost,
 	ruleDrainLost, ruleDrainRanAgain, ruleDrainInterrupted, ruleDrainNoExit,
 	ruleRefusedRan, ruleCrowdWaiter, ruleCrowdFresh,
-	ruleHeldTokenRefused, ruleUnheldTokenSpent, ruleTokenOfNoSecret, ruleSpentTokenRefused, ruleRevokedTokenSpent,
+	ruleRefusedTokenRan, ruleHeldTokenRefused, ruleUnheldTokenSpent, ruleTokenOfNoSecret, ruleSpentTokenRefused, ruleRevokedTokenSpent,
 }
 
 // A violation is one broken rule in one history.

@@ -46,6 +46,7 @@ import (
 )
 
 const (
+	ruleRefusedTokenRan  = "a token answered token-not-found ran, with no Redis restart between"
 	ruleHeldTokenRefused = "an instance refused a token signed with the secret it holds"
 	ruleUnheldTokenSpent = "an instance spent a token not signed with the secret it holds"
 	ruleTokenOfNoSecret  = "a token was signed with no secret Redis ever held for its prefix"
@@ -327,6 +328,7 @@ func (c *keyCase) checkTokens() {
 		if read(x).problem != "token-not-found" {
 			continue
 		}
+		c.checkRefusedToken(x)
 		c.h.arm(ruleHeldTokenRefused)
 		switch before, after := c.heldBeforeAfter(x.req.name, time.Unix(0, 0), x.done, true); {
 		case before == own && after == own:
@@ -341,6 +343,25 @@ func (c *keyCase) checkTokens() {
 		c.h.arm(ruleUnheldTokenSpent)
 		if held := c.heldAround(s.Request, time.Unix(0, s.At), time.Now(), false); held >= 0 && held != own {
 			c.fail(ruleUnheldTokenSpent, "%s ran, though its instance signed with another secret than the token's", c.describe(exec))
+		}
+	}
+}
+
+// checkRefusedToken holds x, answered token-not-found, to what that answer
+// tells the user: this token never ran and never will (the form asks for a
+// new one, and its submission runs). Only a Redis restart between the
+// refusal and a run excuses it: a restart forgets a spent token's record,
+// or brings back its secret (an instance that holds it writes it back).
+func (c *keyCase) checkRefusedToken(x *exchange) {
+	c.h.arm(ruleRefusedTokenRan)
+	for exec, s := range c.starts {
+		at := time.Unix(0, s.At)
+		from, to := minTime(at, x.done), maxTime(at, x.done)
+		restarted := slices.ContainsFunc(c.h.faults, func(f faultEvent) bool {
+			return f.kind == kindRedisRestart && f.to.After(from) && f.from.Before(to)
+		})
+		if !restarted {
+			c.fail(ruleRefusedTokenRan, "%s on %s got token-not-found, and %s ran the token", x.req.name, x.instance, c.describe(exec))
 		}
 	}
 }

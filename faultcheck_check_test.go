@@ -44,6 +44,7 @@ const (
 	ruleSharedFence         = "two executions of one key ran under one fencing token"
 	ruleSlowWakeups         = "duplicates waiting on another instance replayed long after the key's answer (the run's median)"
 	ruleReplayedRelease     = "a request got a replay of an execution that gave its key up"
+	ruleTakenFromLive       = "a key was taken over from a live executor that Redis could reach"
 )
 
 // checkedRules are the rules TestFaultCheck holds every history to, in the
@@ -52,7 +53,7 @@ var checkedRules = []string{
 	ruleTwoEffects, ruleRanAfterStored, ruleReleasedAfterEffect, ruleForeignAnswer, ruleOtherRequest, ruleOtherBody,
 	ruleAnswerWithoutEffect, ruleReplayDiffers, ruleReplayedRelease, ruleLeftRunning, ruleFinalState, ruleEmpty200, ruleUndocumented,
 	ruleUncaused, ruleWaitedPastAnswer, ruleSlowWakeups, ruleLostLeaseCancel, ruleSpuriousKeyReused, ruleReleaseLeftClaimed, ruleHung,
-	ruleUnfinished, ruleUnprotected, ruleSharedFence, ruleAnswerLost,
+	ruleUnfinished, ruleUnprotected, ruleSharedFence, ruleTakenFromLive, ruleAnswerLost,
 	ruleDrainLost, ruleDrainRanAgain, ruleDrainInterrupted, ruleDrainNoExit,
 	ruleRefusedRan, ruleCrowdWaiter, ruleCrowdFresh,
 	ruleRefusedTokenRan, ruleHeldTokenRefused, ruleUnheldTokenSpent, ruleTokenOfNoSecret, ruleSpentTokenRefused, ruleRevokedTokenSpent,
@@ -182,6 +183,7 @@ func (c *keyCase) checkExecutions() {
 		c.h.arm(ruleTwoEffects)
 	}
 	c.checkFences()
+	c.checkTakeovers()
 	if !c.cfg.RetryAbandoned && len(c.attempts) > 1 {
 		byClaim := slices.Clone(c.attempts)
 		slices.SortFunc(byClaim, func(a, b trace) int { return cmp.Compare(c.starts[a.Exec].Fence, c.starts[b.Exec].Fence) })
@@ -229,6 +231,49 @@ func (c *keyCase) checkFences() {
 		}
 		by[s.Fence] = exec
 	}
+}
+
+// checkTakeovers: under WithRetryAbandoned a key is taken over only from
+// an executor whose lease ran out, which a live one renews while Redis
+// answers it: a takeover from an executor that was still running, within
+// its execution timeout, with nothing between its instance and Redis since
+// it started, took over a run that never lapsed.
+func (c *keyCase) checkTakeovers() {
+	if !c.cfg.RetryAbandoned {
+		return
+	}
+	for _, a := range c.starts {
+		answered, ok := c.ownAnswer(a.Exec)
+		if !ok {
+			continue
+		}
+		for _, b := range c.starts {
+			claimed := claimTime(b.Fence)
+			if b.Fence <= a.Fence || !claimed.After(time.Unix(0, a.At)) {
+				continue
+			}
+			if claimed.Sub(time.Unix(0, a.At)) > c.cfg.ExecTimeout-c.cfg.Lease/2 ||
+				c.h.disturbed(instanceIndex(a.Instance), time.Unix(0, a.At).Add(-c.cfg.Lease), claimed) {
+				continue
+			}
+			c.h.arm(ruleTakenFromLive)
+			if answered.After(claimed.Add(c.cfg.Lease / 2)) {
+				c.fail(ruleTakenFromLive, "%s took the key over %v after %s started, which answered %v later",
+					c.describe(b.Exec), claimed.Sub(time.Unix(0, a.At)).Round(time.Millisecond), c.describe(a.Exec),
+					answered.Sub(claimed).Round(time.Millisecond))
+			}
+		}
+	}
+}
+
+// ownAnswer is when the client of exec's request got exec's own answer.
+func (c *keyCase) ownAnswer(exec string) (time.Time, bool) {
+	for _, x := range c.exchanges {
+		if a := read(x).answer; a != nil && a.Exec == exec && !x.replayed() {
+			return x.done, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // checkAnswers reads every answer the key's callers got.

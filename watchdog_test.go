@@ -7,6 +7,7 @@ import (
 
 	"github.com/bsm/redislock"
 	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
 
@@ -31,5 +32,49 @@ func TestWatchdogReportsLossBeforeTheLockExpires(t *testing.T) {
 		require.Greater(t, at, time.Second, "after the renewals could still land")
 	case <-time.After(3 * time.Second):
 		t.Fatal("the lost lease was never reported")
+	}
+}
+
+// A lapsed lock is taken back (retake.lua) only by the run its key's
+// record names, and only while nobody holds the lock: a claim that holds
+// it keeps it, and a run the record no longer names (resumed elsewhere, or
+// settled by an operator) gets nothing back.
+func TestALapsedLockIsRetakenOnlyByTheRunItsRecordNames(t *testing.T) {
+	s := newShop(t)
+	st := s.idem.store
+	for _, tc := range []struct {
+		name, owner, holder string
+		taken               bool
+		lockAfter           string
+	}{
+		{"the record names us, nobody holds the lock", "us", "", true, "us"},
+		{"the record names us, we still hold the lock", "us", "us", true, "us"},
+		{"the record names us, a claim holds the lock", "us", "them", false, "them"},
+		{"the record names another run, nobody holds the lock", "them", "", false, ""},
+		{"the record is gone", "", "", false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			k := clientKeys(s.idem.cfg.prefix, identityOf(false, "retake", tc.name))
+			if tc.owner != "" {
+				// A run's record: nine fields, the third its lock value.
+				require.NoError(t, st.client.Set(ctx, k.record, "run fp "+tc.owner+" 1 1    \n", time.Minute).Err())
+			}
+			if tc.holder != "" {
+				require.NoError(t, st.client.Set(ctx, k.lock, tc.holder, time.Minute).Err())
+			}
+			taken, err := st.retake(ctx, k, "us")
+			require.NoError(t, err)
+			require.Equal(t, tc.taken, taken)
+			lock, err := st.client.Get(ctx, k.lock).Result()
+			if tc.lockAfter == "" {
+				require.ErrorIs(t, err, redis.Nil)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.lockAfter, lock)
+			ttl := st.client.PTTL(ctx, k.lock).Val()
+			require.Greater(t, ttl, time.Duration(0))
+		})
 	}
 }

@@ -31,6 +31,10 @@ type journal struct {
 	entries map[string]*journalEntry // journaled by the runs before this one
 	size    int                      // the journal's bytes in the record, for step.lua and limit
 	unsaved error                    // a step Redis did not take: the journal is uncertain from here
+	// proofUntil is how long the run's ownership of its key is proven
+	// (see prove); stopped says a step could not prove it, and did not run.
+	proofUntil time.Time
+	stopped    bool
 }
 
 // The kinds of a journal entry.
@@ -54,6 +58,9 @@ func newJournal(l *lease, text string) (*journal, error) {
 		return nil, err
 	}
 	j.entries, j.size = entries, len(text)
+	// The claim proved the run its key: its lock was set, for a lease,
+	// after the attempt that obtained it began.
+	j.proofUntil = l.began.Add(l.m.cfg.lease - l.m.cfg.lease/10)
 	return j, nil
 }
 
@@ -89,28 +96,79 @@ func (j *journal) write(ctx context.Context, name string, kind byte, data []byte
 		return fmt.Errorf("%w: step %q: %d bytes, with %d journaled before it, past the limit of %d (WithMaxResponseBytes)",
 			ErrStepTooLarge, name, len(entry), j.size, j.limit)
 	}
+	p, err := j.ask(ctx, entry)
+	switch {
+	case err != nil:
+		j.l.m.cfg.logger.Error("idempotency: a step's result could not be journaled; the run is kept for a retry to "+
+			"resume unless it succeeds", "key", j.l.k.record, "step", name, "error", err)
+		j.unsaved = fmt.Errorf("step %q was not journaled: %w", name, unavailable(err))
+		return j.unsaved
+	case p.owned <= 0:
+		return fmt.Errorf("%w: step %q was not journaled: the key is another execution's now", ErrLockLost, name)
+	}
+	j.size += len(entry)
+	return nil
+}
+
+// prove makes sure, before the step name runs, that the run still owns
+// its key: that nobody can have taken it over and done the step already.
+// The last answer from Redis (the claim, or the last step's journal write)
+// proves it for as long as the run's lock had left then; past that (a
+// pause, a slow stretch between two steps) Redis is asked again. A step
+// that may not start marks the run, which is then kept unless it succeeds.
+func (j *journal) prove(ctx context.Context, name string) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if time.Now().Before(j.proofUntil) {
+		return nil
+	}
+	_, err := j.ask(ctx, nil)
+	switch {
+	case err != nil:
+		j.stopped = true
+		return fmt.Errorf("idempotency: step %q not started: whether the run still owns its key is unknown: %w",
+			name, unavailable(err))
+	case !time.Now().Before(j.proofUntil):
+		j.stopped = true
+		return fmt.Errorf("idempotency: step %q not started: the run no longer holds its key, which another "+
+			"execution may have taken over: %w", name, ErrLockLost)
+	}
+	return nil
+}
+
+// ask runs step.lua for entry (nil: a proof only), tried again briefly,
+// and keeps what its answer proves. Called under j.mu.
+func (j *journal) ask(ctx context.Context, entry []byte) (runProof, error) {
 	l := j.l
-	var err error
+	var (
+		p   runProof
+		err error
+	)
 	for attempt, pause := 0, 10*time.Millisecond; attempt < 3; attempt, pause = attempt+1, pause*2 {
 		if attempt > 0 {
 			time.Sleep(pause)
 		}
+		sent := time.Now() // Redis read the lock's time left after this
 		step, cancel := l.m.store.stepContext(ctx)
-		var ok bool
-		ok, err = l.m.store.journal(step, l.k, l.token, entry, j.size)
+		p, err = l.m.store.journal(step, l.k, l.token, entry, j.size)
 		cancel()
-		switch {
-		case err == nil && !ok:
-			return fmt.Errorf("%w: step %q was not journaled: the key is another execution's now", ErrLockLost, name)
-		case err == nil:
-			j.size += len(entry)
-			return nil
+		if err == nil {
+			j.proven(sent, p)
+			return p, nil
 		}
 	}
-	l.m.cfg.logger.Error("idempotency: a step's result could not be journaled; the run is kept for a retry to "+
-		"resume unless it succeeds", "key", l.k.record, "step", name, "error", err)
-	j.unsaved = fmt.Errorf("step %q was not journaled: %w", name, unavailable(err))
-	return j.unsaved
+	j.proofUntil = time.Time{}
+	return p, err
+}
+
+// proven keeps how long an answer of Redis, asked at sent, proves the run
+// owns its key: while the run's lock holds, a tenth of a lease less for
+// the two clocks. Where the record vanished, the lock alone proves it.
+func (j *journal) proven(sent time.Time, p runProof) {
+	j.proofUntil = time.Time{}
+	if margin := j.l.m.cfg.lease / 10; p.owned != 0 && p.left > margin {
+		j.proofUntil = sent.Add(p.left - margin)
+	}
 }
 
 // holdsSteps reports whether the key's record holds journaled steps:
@@ -123,11 +181,12 @@ func (j *journal) holdsSteps() bool {
 }
 
 // lostStep reports whether a step's result may be missing from the
-// journal because Redis did not take it.
+// journal because Redis did not take it, or a step did not start because
+// the run could not prove it still owns its key.
 func (j *journal) lostStep() bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.unsaved != nil
+	return j.unsaved != nil || j.stopped
 }
 
 // appendEntry appends a journal entry to b.

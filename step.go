@@ -47,7 +47,13 @@ import (
 // where another executor may take the key over) starts no step: Step
 // returns the cause (ErrExecutionTimeout, ErrLockLost) without running fn,
 // whatever context the handler passes it, since the run that resumes the
-// key may already have done the step.
+// key may already have done the step. Nor does a resumable run whose
+// ownership of the key Redis no longer proves (an executor paused past its
+// lease wakes before its timers fire): the claim, and each step's journal
+// write, prove it for as long as the run's lock had left then; a step that
+// starts later asks Redis first (one command more), and returns
+// ErrLockLost, or ErrStoreUnavailable, without running fn when the proof
+// fails. Such a run is kept unless it succeeds.
 //
 // Step names are unique within an execution: a second Step with a name
 // already used returns ErrStepRepeated without running fn (name steps in a
@@ -74,6 +80,13 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 		// The run was cut off: its key may be resumed elsewhere already,
 		// and this step done there. Starting it here would repeat it.
 		return zero, fmt.Errorf("idempotency: step %q not started: %w", name, cut)
+	}
+	if j.resumable {
+		// A context that was not cancelled proves nothing after a pause
+		// (its timers fire late): ask Redis, unless a recent answer did.
+		if err := j.prove(ctx, name); err != nil {
+			return zero, err
+		}
 	}
 	v, err := fn(ctx)
 	if !j.resumable {

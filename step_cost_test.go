@@ -69,3 +69,41 @@ func scriptTime(t *testing.T, rdb *redis.Client) time.Duration {
 	}
 	return time.Duration(usec * float64(time.Microsecond))
 }
+
+// A step costs one Redis command, its journal write, which also proves the
+// run still owns its key for the next step while the lock's time lasts; a
+// step that comes later than that (after a pause, or a slow stretch of the
+// handler) pays one command more, to prove it afresh. The claim proves it
+// for the first step. Counted with MONITOR on a server of the test's own:
+// the step script's commands, apart from the watchdog's renewals.
+func TestAStepCostsOneCommandWhileItsRunIsProven(t *testing.T) {
+	srv := redistest.Private(t)
+	rdb := srv.Client(t)
+	mon := redistest.StartMonitor(t, srv.Addr())
+	const lease = 300 * time.Millisecond
+	m := New(rdb, WithKeyPrefix("p"), WithLockLease(lease), WithStoreTimeout(100*time.Millisecond))
+	ctx := context.Background()
+	step := func(ctx context.Context, name string) int {
+		lines, err := mon.Lines(ctx, rdb, func() error {
+			_, err := Step(ctx, name, func(context.Context) (int, error) { return 1, nil })
+			return err
+		})
+		require.NoError(t, err)
+		n := 0
+		for _, l := range lines {
+			if !strings.Contains(l, " lua]") && strings.Contains(l, stepScript.Hash()) {
+				n++
+			}
+		}
+		return n
+	}
+	var costs []int
+	_, err := Do(ctx, m, Key{ID: "k"}, func(ctx context.Context) (int, error) {
+		costs = append(costs, step(ctx, "a"), step(ctx, "b"))
+		time.Sleep(lease) // past the time the last journal write proved
+		costs = append(costs, step(ctx, "c"), step(ctx, "d"))
+		return 0, nil
+	}, Resumable())
+	require.NoError(t, err)
+	require.Equal(t, []int{1, 1, 2, 1}, costs, "Redis commands per step")
+}

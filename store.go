@@ -272,12 +272,33 @@ func (s *store) retake(ctx context.Context, k keys, lockValue string) (bool, err
 	return n == 1, err
 }
 
+// A runProof is what step.lua found of a run: whether the key's record
+// names it (owned 1; 0 another run or none; -1 no record at all), and how
+// long its lock has left: until then nobody else can take the key over.
+type runProof struct {
+	owned int
+	left  time.Duration
+}
+
 // journal appends entry to the journal of the run claimed under
-// lockValue, where the journal is before bytes long. It reports false,
-// having written nothing, when the record no longer names that run.
-func (s *store) journal(ctx context.Context, k keys, lockValue string, entry []byte, before int) (bool, error) {
-	n, err := stepScript.Run(ctx, s.client, k.redisKeys()[:1], lockValue, entry, before).Int()
-	return n == 1, err
+// lockValue, where the journal is before bytes long, and says what it
+// found of the run; an empty entry only proves the run's ownership.
+// Nothing is written unless the record names that run.
+func (s *store) journal(ctx context.Context, k keys, lockValue string, entry []byte, before int) (runProof, error) {
+	retake := ""
+	if !s.cfg.takeover() {
+		// Nobody else may take the key while the record names the run: a
+		// lapsed lock is taken back, as the watchdog does (retake.lua).
+		retake = strconv.FormatInt(s.cfg.lease.Milliseconds(), 10)
+	}
+	reply, err := stepScript.Run(ctx, s.client, k.redisKeys(), lockValue, entry, before, retake).Int64Slice()
+	if err != nil {
+		return runProof{}, err
+	}
+	if len(reply) != 2 {
+		return runProof{}, errCorruptRecord
+	}
+	return runProof{owned: int(reply[0]), left: time.Duration(reply[1]) * time.Millisecond}, nil
 }
 
 // stepContext bounds one Redis step. It outlives the request's own context:

@@ -80,7 +80,10 @@ func (j *journal) begin(name string) (*journalEntry, error) {
 }
 
 // write journals the step name's outcome under the run's fence. Writes
-// are one at a time, each appended where the last one ended.
+// are one at a time, each appended where the last one ended. A record
+// that vanished (expired, evicted, flushed) takes no entry, and is no
+// failure of the step: its effect happened, the run goes on, and the
+// store of its answer writes the record back.
 func (j *journal) write(ctx context.Context, name string, kind byte, data []byte) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -103,8 +106,13 @@ func (j *journal) write(ctx context.Context, name string, kind byte, data []byte
 			"resume unless it succeeds", "key", j.l.k.record, "step", name, "error", err)
 		j.unsaved = fmt.Errorf("step %q was not journaled: %w", name, unavailable(err))
 		return j.unsaved
-	case p.owned <= 0:
+	case p.owned == 0:
 		return fmt.Errorf("%w: step %q was not journaled: the key is another execution's now", ErrLockLost, name)
+	case p.owned < 0:
+		j.l.m.cfg.logger.Warn("idempotency: the key's record vanished while its run took steps (record TTL, "+
+			"eviction or a flush); the step is not journaled, and the run's answer will write the record back",
+			"key", j.l.k.record, "step", name)
+		return nil
 	}
 	j.size += len(entry)
 	return nil

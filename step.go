@@ -38,7 +38,9 @@ import (
 // wrapping ErrNotReplayable when the codec cannot carry the result back
 // exactly (see Codec), ErrStoreUnavailable when Redis did not take it, or
 // ErrLockLost when the key is no longer this execution's. The step's effect
-// has happened; a resumed run runs it again. A run whose step Redis did not
+// has happened; a resumed run runs it again. A key's record that vanished
+// (Redis restarted empty, an eviction) is no such error: the step returns
+// its result, and the store of the run's answer writes the record back. A run whose step Redis did not
 // take is kept unless its answer is a success (a 2xx, or Do's nil error), so
 // that a retry resumes it rather than replay a failure built on an effect
 // that did happen.

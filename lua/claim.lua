@@ -65,7 +65,10 @@ end
 -- lock value and token stay on the record, so that undoing this takeover
 -- (release.lua) hands the key back to it rather than free: that executor
 -- may be stalled, not gone, and still store. Its journal stays too, and
--- comes back with the claim, for the run to resume from.
+-- comes back with the claim, for the run to resume from. The record lives
+-- a record TTL from the takeover, as from a fresh claim: what was left of
+-- the abandoned run's (a kept run may be resumed near its end) could run
+-- out under the resumed run's steps.
 local function takeOver(holder)
   if holder ~= ARGV[1] then
     return {'lost'} -- taking over writes, and writes need our lock
@@ -74,7 +77,7 @@ local function takeOver(holder)
   local fence = string.format('%.0f', math.max((tonumber(f) or 0) + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
   local journal = string.sub(rec, j)
   redis.call('SET', KEYS[1], 'run ' .. fp .. ' ' .. ARGV[1] .. ' ' .. fence .. ' ' .. ((tonumber(n) or 1) + 1) ..
-    ' ' .. o .. ' ' .. f .. ' ' .. w .. ' ' .. s .. '\n' .. journal, 'KEEPTTL')
+    ' ' .. o .. ' ' .. f .. ' ' .. w .. ' ' .. s .. '\n' .. journal, 'PX', ARGV[3])
   return {'claimed', fence, 'retaken', journal}
 end
 

@@ -80,6 +80,8 @@ type execution struct {
 	// steps is the run's journal (journal.go): set at the start of a
 	// resumable run, else made by its first Step.
 	steps atomic.Pointer[journal]
+	// attempts counts the attempts after the first (NextAttempt).
+	attempts atomic.Int32
 	// run is the run's context, which the middleware cancels when it cuts
 	// the run off (cutOff): Step reads it whatever context it is given.
 	run context.Context

@@ -27,8 +27,9 @@ type journal struct {
 	limit     int // the journal's bytes, entries whole, at most (WithMaxResponseBytes)
 
 	mu      sync.Mutex
-	names   map[string]bool          // the names this run used
+	names   map[string]int32         // the names this run used, each by the attempt that last did
 	entries map[string]*journalEntry // journaled by the runs before this one
+	done    map[string]stepDone      // what this run's finished steps returned, for its next attempts
 	size    int                      // the journal's bytes in the record, for step.lua and limit
 	unsaved error                    // a step Redis did not take: the journal is uncertain from here
 	// proofUntil is how long the run's ownership of its key is proven
@@ -64,19 +65,42 @@ func newJournal(l *lease, text string) (*journal, error) {
 	return j, nil
 }
 
-// begin starts the step name: it returns the step's journaled entry (the
-// step does not run), nil (it runs), or ErrStepRepeated.
-func (j *journal) begin(name string) (*journalEntry, error) {
+// A stepDone is what Step returned for a step whose function finished
+// (a result, or a Permanent error) in an earlier attempt of the run.
+type stepDone struct {
+	v   any
+	err error
+}
+
+// begin starts the step name in attempt (see NextAttempt): it returns the
+// step's journaled entry or what an earlier attempt of this run got from
+// it (the step does not run), neither (it runs), or ErrStepRepeated for a
+// name this attempt used already.
+func (j *journal) begin(name string, attempt int32) (*journalEntry, *stepDone, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if j.names[name] {
-		return nil, fmt.Errorf("%w: %q", ErrStepRepeated, name)
+	if used, ok := j.names[name]; ok && used == attempt {
+		return nil, nil, fmt.Errorf("%w: %q", ErrStepRepeated, name)
 	}
 	if j.names == nil {
-		j.names = make(map[string]bool)
+		j.names = make(map[string]int32)
 	}
-	j.names[name] = true
-	return j.entries[name], nil
+	j.names[name] = attempt
+	if d, ok := j.done[name]; ok {
+		return nil, &d, nil
+	}
+	return j.entries[name], nil, nil
+}
+
+// finish keeps what Step returned for the step name, whose function
+// finished, for the run's next attempts.
+func (j *journal) finish(name string, v any, err error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.done == nil {
+		j.done = make(map[string]stepDone)
+	}
+	j.done[name] = stepDone{v, err}
 }
 
 // write journals the step name's outcome under the run's fence. Writes

@@ -57,9 +57,12 @@ import (
 // ErrLockLost, or ErrStoreUnavailable, without running fn when the proof
 // fails. Such a run is kept unless it succeeds.
 //
-// Step names are unique within an execution: a second Step with a name
-// already used returns ErrStepRepeated without running fn (name steps in a
-// loop after what they are about: "charge-" + item.ID). Outside a protected
+// Step names are unique within an attempt of an execution: a second Step
+// with a name already used returns ErrStepRepeated without running fn
+// (name steps in a loop after what they are about: "charge-" + item.ID).
+// An attempt that runs the work again within the execution (NextAttempt:
+// a transaction sqlidem runs again) gets each step its earlier attempts
+// finished back, without running it. Outside a protected
 // execution (an unprotected method, WithOptionalKey without a key,
 // WithFailOpen while Redis is down, no middleware) Step runs fn plainly; so
 // does it in a protected execution that is not resumable, which journals
@@ -71,10 +74,12 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 	}
 	j := x.journal()
 	var zero T
-	e, err := j.begin(name)
+	e, done, err := j.begin(name, attemptOf(ctx))
 	switch {
 	case err != nil:
 		return zero, err
+	case done != nil:
+		return doneStep[T](name, done)
 	case e != nil:
 		return replayStep[T](x.resultCodec(), e)
 	}
@@ -91,17 +96,27 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 		}
 	}
 	v, err := fn(ctx)
-	if !j.resumable {
-		return v, err
+	finished := err == nil || journaledError(ctx, err)
+	if j.resumable {
+		err = journalStep(ctx, x, j, name, v, err)
 	}
+	if finished {
+		j.finish(name, v, err)
+	}
+	return v, err
+}
+
+// journalStep journals the outcome of the step name, whose function
+// returned v and err, and returns the error Step returns.
+func journalStep[T any](ctx context.Context, x *execution, j *journal, name string, v T, err error) error {
 	if err != nil {
 		if !journaledError(ctx, err) {
-			return v, err
+			return err
 		}
 		if jerr := j.write(ctx, name, entryError, []byte(err.Error())); jerr != nil {
-			return v, fmt.Errorf("%w (the step failed: %w)", jerr, err)
+			return fmt.Errorf("%w (the step failed: %w)", jerr, err)
 		}
-		return v, err
+		return err
 	}
 	codec := x.resultCodec()
 	body, err := codec.Marshal(v)
@@ -111,9 +126,46 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 		err = errNotRoundTrip{fmt.Errorf("it does not encode: %w", err)}
 	}
 	if err != nil {
-		return v, fmt.Errorf("idempotency: step %q: its result cannot be journaled: %w", name, err)
+		return fmt.Errorf("idempotency: step %q: its result cannot be journaled: %w", name, err)
 	}
-	return v, j.write(ctx, name, entryResult, body)
+	return j.write(ctx, name, entryResult, body)
+}
+
+// doneStep returns what an earlier attempt of the run got from the step
+// name.
+func doneStep[T any](name string, d *stepDone) (T, error) {
+	v, ok := d.v.(T)
+	if !ok {
+		return v, fmt.Errorf("%w: %q returned a %T in an earlier attempt, and is asked for a %T now",
+			ErrStepRepeated, name, d.v, v)
+	}
+	return v, d.err
+}
+
+// NextAttempt returns the context for doing the work of the protected
+// execution that ctx belongs to once more, within the same execution: a
+// transaction that the database aborted (a serialization failure, a
+// deadlock) and that runs again, steps and all. Under it a Step name that
+// an earlier attempt used may be used again, and a step whose function
+// finished in an earlier attempt returns what Step returned then, without
+// running: the effect happened once, and every attempt of the run builds
+// on its result. sqlidem calls it for each attempt after the first.
+// Outside a protected execution it returns ctx.
+func NextAttempt(ctx context.Context) context.Context {
+	x, _ := ctx.Value(executionKey).(*execution)
+	if x == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, attemptKey, x.attempts.Add(1))
+}
+
+var attemptKey = &contextKey{"attempt"}
+
+// attemptOf is the attempt of its execution that ctx belongs to: 0 for the
+// first.
+func attemptOf(ctx context.Context) int32 {
+	n, _ := ctx.Value(attemptKey).(int32)
+	return n
 }
 
 // StepKey returns the idempotency key for the step name of the protected

@@ -55,8 +55,10 @@ type work func(tx *sql.Tx) (idempotency.Answer, error)
 // not unavailability: only when the execution ends (or the attempts run
 // out) is it refused as unavailable (503, the key released, so that the
 // client's retry runs), with an error that says how often the database
-// aborted it.
-func (s *Store) commitOnce(ctx context.Context, exec idempotency.Execution, do work) outcome {
+// aborted it. again is called before each attempt after the first: the
+// work's steps (idempotency.Step) are the execution's, and an attempt gets
+// back those an earlier one finished (idempotency.NextAttempt).
+func (s *Store) commitOnce(ctx context.Context, exec idempotency.Execution, do work, again func()) outcome {
 	for attempt := 1; ; attempt++ {
 		o := s.transact(ctx, exec, do)
 		if o.verdict != aborted {
@@ -68,6 +70,7 @@ func (s *Store) commitOnce(ctx context.Context, exec idempotency.Execution, do w
 		if !backOff(ctx, attempt) {
 			return outcome{verdict: refused, err: fmt.Errorf("%w: %w", endedBecause(ctx), contended(attempt, o.err))}
 		}
+		again()
 	}
 }
 

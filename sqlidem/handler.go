@@ -55,6 +55,9 @@ type TxFunc func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error
 // A transaction the database aborts as a serialization failure or a
 // deadlock committed nothing and runs again, fn included, with the
 // request's body from its start and an empty answer (see WithAttempts).
+// A step (idempotency.Step) that an earlier attempt finished took effect:
+// the attempt that runs again gets its result back without running it
+// (idempotency.NextAttempt).
 //
 // fn must leave tx's end to Handler: a fn that calls tx.Commit or
 // tx.Rollback itself ended the transaction before the outcome row could
@@ -80,6 +83,7 @@ func (s *Store) Handler(fn TxFunc) http.Handler {
 		var buf *buffer
 		defer func() { buf.close() }()
 		rewind := rewinder(r)
+		attempt := r
 		o := s.commitOnce(r.Context(), exec, func(tx *sql.Tx) (idempotency.Answer, error) {
 			// Each attempt answers afresh, from the request's first byte.
 			buf.close()
@@ -87,10 +91,14 @@ func (s *Store) Handler(fn TxFunc) http.Handler {
 			if err := rewind(); err != nil {
 				return idempotency.Answer{}, err
 			}
-			if err := fn(tx, buf, r); err != nil {
+			if err := fn(tx, buf, attempt); err != nil {
 				return idempotency.Answer{}, err
 			}
 			return buf.answer(), nil
+		}, func() {
+			// A step an attempt finished took effect: the next gets its
+			// result back rather than run it again.
+			attempt = r.WithContext(idempotency.NextAttempt(r.Context()))
 		})
 		switch o.verdict {
 		case committed:

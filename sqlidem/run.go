@@ -34,7 +34,9 @@ var ErrAlreadyCommitted = errors.New("sqlidem: this execution has committed its 
 // idempotency.StoreErrors, and the error is returned. A stale execution,
 // fenced out by a newer one, gets idempotency.ErrInProgress. A
 // transaction the database aborts as a serialization failure or a
-// deadlock runs again, fn included (see WithAttempts).
+// deadlock runs again, fn included (see WithAttempts); a step
+// (idempotency.Step) an earlier attempt finished returns its result to the
+// attempt that runs again, without running.
 //
 // fn must leave tx's end to Run: after fn's own tx.Commit or tx.Rollback,
 // Run returns ErrOutcomeUnknown, and so does every later Run for the key,
@@ -59,8 +61,9 @@ func Run[T any](ctx context.Context, s *Store, fn func(ctx context.Context, tx *
 		return zero, errors.New("sqlidem: Run outside a function run by idempotency.Do (use Handler for a handler)")
 	}
 	var result T
+	attempt := ctx
 	o := s.commitOnce(ctx, exec, func(tx *sql.Tx) (idempotency.Answer, error) {
-		v, err := fn(ctx, tx)
+		v, err := fn(attempt, tx)
 		if err != nil {
 			return idempotency.Answer{}, err
 		}
@@ -75,7 +78,7 @@ func Run[T any](ctx context.Context, s *Store, fn func(ctx context.Context, tx *
 		// writes are done, and a redelivery must neither run it again nor
 		// find the row unreadable.
 		return idempotency.Answer{Status: http.StatusOK, Body: body, NotReplayable: err != nil}, nil
-	})
+	}, func() { attempt = idempotency.NextAttempt(ctx) })
 	switch o.verdict {
 	case committed:
 		return result, nil

@@ -2,6 +2,8 @@ package servertest_test
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -57,6 +59,70 @@ func TestResumedTransferDoesNotRepeatItsStep(t *testing.T) {
 		}
 		if again := b.post("k1", 8); !again.replayed || again.body != retry.body {
 			t.Fatalf("duplicate: %+v", again)
+		}
+	})
+}
+
+// A transaction the database aborts after a step took effect runs again,
+// handler and all: the step is the execution's, and the attempt that runs
+// again gets its result back, without calling again and without
+// ErrStepRepeated (which would answer 500 after the charge, with no
+// transfer). With WithResume or without.
+func TestAbortedTransactionGetsItsStepBack(t *testing.T) {
+	for _, resume := range []bool{false, true} {
+		t.Run(fmt.Sprint("resume=", resume), func(t *testing.T) {
+			sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+				d = deferred(t, d)
+				var opts []idempotency.Option
+				if resume {
+					opts = append(opts, idempotency.WithResume())
+				}
+				b := newBank(t, d, opts...)
+				b.beforeDebit = abortsOnce(t, d)
+				var calls atomic.Int64
+				b.first = func(ctx context.Context) {
+					n, err := idempotency.Step(ctx, "charge", func(ctx context.Context) (int64, error) {
+						return calls.Add(1), nil
+					})
+					if err != nil || n != 1 {
+						t.Errorf("step: %d, %v; want the first call's result", n, err)
+					}
+				}
+				r := b.post("k1", 5)
+				if r.status != 201 || r.replayed {
+					t.Fatalf("answered %+v; want the transfer's 201 after one more attempt", r)
+				}
+				if b.calls.Load() != 2 || calls.Load() != 1 {
+					t.Fatalf("%d attempts made %d charges; want 2 attempts, 1 charge", b.calls.Load(), calls.Load())
+				}
+				if from, to := b.balances(); from != 1000000-5 || to != 5 {
+					t.Fatalf("balances %d, %d", from, to)
+				}
+			})
+		})
+	}
+}
+
+// The same inside Do: sqlidem.Run's attempt after an abort gets the step
+// its first attempt finished.
+func TestAbortedRunGetsItsStepBack(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		d = deferred(t, d)
+		l := newLedger(t, d)
+		abort := abortsOnce(t, d)
+		var calls atomic.Int64
+		l.hook = func(ctx context.Context, tx *sql.Tx) error {
+			if _, err := idempotency.Step(ctx, "charge", func(context.Context) (int64, error) { return calls.Add(1), nil }); err != nil {
+				return err
+			}
+			return abort(ctx, tx)
+		}
+		got, err := l.consume("m1", 7, idempotency.Resumable())
+		if err != nil || got.Charge != 7 {
+			t.Fatalf("consume: %+v, %v; want the charge's receipt", got, err)
+		}
+		if l.calls.Load() != 2 || calls.Load() != 1 {
+			t.Fatalf("%d attempts made %d charges; want 2 attempts, 1 charge", l.calls.Load(), calls.Load())
 		}
 	})
 }

@@ -112,7 +112,11 @@ const (
 // differs, ErrInterrupted when an earlier run ended without a result (its
 // instance died), ErrNotReplayable when the result was larger than
 // WithMaxResponseBytes or could not be stored for replay, or an error wrapping
-// ErrStoreUnavailable when Redis does not answer (then fn did not run).
+// ErrStoreUnavailable when Redis does not answer (then fn did not run). An
+// error of fn's that wraps ErrStoreUnavailable (sqlidem.Run's, when its
+// database failed) is returned as one that wraps ErrInProgress instead once
+// a step of the run took effect: the run is kept for a retry to resume,
+// and "not executed" would be false.
 //
 // fn's context is not cancelled when ctx is: once started, fn finishes
 // (within WithExecutionTimeout), so that a retry finds its result; it is
@@ -151,6 +155,9 @@ func Do[T any](ctx context.Context, m *Middleware, key Key, fn func(ctx context.
 	}
 	switch v.outcome {
 	case Executed, Unprotected:
+		if work.x != nil {
+			work.err = work.x.truthful(work.err) // no "not executed" once a step took effect
+		}
 		if work.err != nil && (errors.Is(v.err, ErrLockLost) || errors.Is(v.err, ErrExecutionTimeout)) {
 			// The middleware cut fn off, and the key is kept: say why.
 			return work.value, fmt.Errorf("%w: %w", v.err, work.err)
@@ -180,10 +187,12 @@ type funcRun[T any] struct {
 	// unreplayable says why the result, which fn returned, is not stored
 	// for replay: the first call returns it too (see CheckResult).
 	unreplayable error
+	x            *execution // the run's, once it began
 }
 
 func (f *funcRun[T]) run(ctx context.Context, x *execution) *record {
 	x.codec = f.cfg.codec
+	f.x = x
 	f.value, f.err = f.fn(ctx)
 	f.returned = true
 	var rec *record

@@ -158,11 +158,20 @@ func DefaultErrorHandler(w http.ResponseWriter, _ *http.Request, err error) {
 // the middleware, such as an outcome store, refuses a request in the same
 // form as the middleware's own refusals. It reports err first
 // (ReportError). Outside a protected execution it is DefaultErrorHandler.
+//
+// Once a step of the execution took effect, an error that would tell the
+// client that nothing was executed (ErrStoreUnavailable) is answered as
+// ErrInProgress: the run is kept, and a retry with the same key gets its
+// resumed answer, while a client told "not executed" would start over with
+// a new key and repeat the step's effect.
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
-	ReportError(r.Context(), err)
-	if e, ok := r.Context().Value(executionKey).(*execution); ok && e.onError != nil {
-		e.onError(w, r, err)
-		return
+	if e, ok := r.Context().Value(executionKey).(*execution); ok {
+		err = e.truthful(err)
+		ReportError(r.Context(), err)
+		if e.onError != nil {
+			e.onError(w, r, err)
+			return
+		}
 	}
 	DefaultErrorHandler(w, r, err)
 }
@@ -201,6 +210,27 @@ func (x *execution) reported() error {
 	}
 	return nil
 }
+
+// truthful is err as it may be told about the execution x: an error that
+// says nothing was executed (ErrStoreUnavailable), once a step of x took
+// effect, says the run is in progress instead.
+func (x *execution) truthful(err error) error {
+	if err == nil || !errors.Is(err, ErrStoreUnavailable) || errors.Is(err, ErrInProgress) || !x.tookEffect() {
+		return err
+	}
+	return errStepsTookEffect{err}
+}
+
+// errStepsTookEffect is an error of a run whose steps took effect: it is
+// ErrInProgress (a retry resumes the run), and says what happened, but no
+// longer matches ErrStoreUnavailable, whose answer says nothing ran.
+type errStepsTookEffect struct{ cause error }
+
+func (e errStepsTookEffect) Error() string {
+	return "idempotency: a step of the run took effect, and the run is kept for a retry to resume: " + e.cause.Error()
+}
+
+func (e errStepsTookEffect) Unwrap() error { return ErrInProgress }
 
 // StatusCode reports the HTTP status DefaultErrorHandler uses for err.
 func StatusCode(err error) int { return problemFor(err).status }

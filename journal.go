@@ -36,6 +36,7 @@ type journal struct {
 	// (see prove); stopped says a step could not prove it, and did not run.
 	proofUntil time.Time
 	stopped    bool
+	began      bool // a step's function began in this run
 }
 
 // The kinds of a journal entry.
@@ -90,6 +91,13 @@ func (j *journal) begin(name string, attempt int32) (*journalEntry, *stepDone, e
 		return nil, &d, nil
 	}
 	return j.entries[name], nil, nil
+}
+
+// start marks that a step's function begins.
+func (j *journal) start() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.began = true
 }
 
 // finish keeps what Step returned for the step name, whose function
@@ -203,6 +211,14 @@ func (j *journal) proven(sent time.Time, p runProof) {
 	}
 }
 
+// tookEffect reports whether a step of the run may have taken effect: one
+// began its function, or the runs it resumes journaled one.
+func (j *journal) tookEffect() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.began || j.size > 0
+}
+
 // holdsSteps reports whether the key's record holds journaled steps:
 // releasing the key would drop them, and a retry would repeat their
 // effects, so such a run is kept for the next to resume.
@@ -267,6 +283,13 @@ func (x *execution) journal() *journal {
 	}
 	x.steps.CompareAndSwap(nil, &journal{})
 	return x.steps.Load()
+}
+
+// tookEffect reports whether a step of the execution may have taken
+// effect (see journal.tookEffect).
+func (x *execution) tookEffect() bool {
+	j := x.steps.Load()
+	return j != nil && j.tookEffect()
 }
 
 // resultCodec encodes step results: Do's codec, or JSON for a handler.

@@ -95,6 +95,7 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 			return zero, err
 		}
 	}
+	j.start()
 	v, err := fn(ctx)
 	finished := err == nil || journaledError(ctx, err)
 	if j.resumable {

@@ -3,6 +3,7 @@ package servertest_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -123,6 +124,61 @@ func TestAbortedRunGetsItsStepBack(t *testing.T) {
 		}
 		if l.calls.Load() != 2 || calls.Load() != 1 {
 			t.Fatalf("%d attempts made %d charges; want 2 attempts, 1 charge", l.calls.Load(), calls.Load())
+		}
+	})
+}
+
+// A run whose SQL outlasts the execution timeout after a step took effect
+// is never answered "not executed" (503 store-unavailable: a client that
+// trusts it starts over with a new key, and is charged twice): it is
+// answered what a duplicate would get, in progress, and the retry gets the
+// resumed run's answer, the step not made again.
+func TestACutOffAfterAStepIsNotAnsweredNotExecuted(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		b := newBank(t, d, idempotency.WithResume(), idempotency.WithExecutionTimeout(500*time.Millisecond))
+		var calls atomic.Int64
+		var slow atomic.Bool
+		b.beforeDebit = func(ctx context.Context, tx *sql.Tx) error {
+			if _, err := idempotency.Step(ctx, "charge", func(context.Context) (int64, error) { return calls.Add(1), nil }); err != nil {
+				return err
+			}
+			if !slow.Swap(true) {
+				<-ctx.Done() // the SQL that follows runs past the execution timeout
+			}
+			return nil
+		}
+		r := b.post("k1", 5)
+		if r.status != 409 || r.problem != "in-progress" || r.header.Get("Retry-After") == "" {
+			t.Fatalf("cut off after the charge: %+v; want 409 in-progress with Retry-After", r)
+		}
+		var retry reply
+		for range 50 {
+			if retry = b.post("k1", 5); retry.status != 409 {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if retry.status != 201 || calls.Load() != 1 {
+			t.Fatalf("retry: %+v after %d charges; want 201 after one", retry, calls.Load())
+		}
+	})
+}
+
+// The same through Do and sqlidem.Run: no ErrStoreUnavailable once a step
+// took effect, but ErrInProgress.
+func TestACutOffRunAfterAStepIsNotStoreUnavailable(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		l := newLedger(t, d, idempotency.WithExecutionTimeout(500*time.Millisecond))
+		l.hook = func(ctx context.Context, tx *sql.Tx) error {
+			if _, err := idempotency.Step(ctx, "charge", func(context.Context) (int, error) { return 1, nil }); err != nil {
+				return err
+			}
+			<-ctx.Done()
+			return nil
+		}
+		_, err := l.consume("m1", 7, idempotency.Resumable())
+		if errors.Is(err, idempotency.ErrStoreUnavailable) || !errors.Is(err, idempotency.ErrInProgress) {
+			t.Fatalf("cut off after a step: %v; want ErrInProgress, not ErrStoreUnavailable", err)
 		}
 	})
 }

@@ -223,7 +223,11 @@ func (l *lease) settle(c *call, x *execution, cut error, rec *record, d StoreDec
 	switch {
 	case (x.released() || d.Release) && l.holdsSteps():
 		// Its steps did take effect, whatever the rest did: a release
-		// would drop their journal, and the retry would repeat them.
+		// would drop their journal, and the retry would repeat them. A
+		// run cut off says why it ended.
+		if cut != nil {
+			return l.keep(cut)
+		}
 		return l.keep(errStepsJournaled)
 	case x.released(): // the work said so itself: it did nothing
 	case cut != nil && (d.Release || !c.work.succeeded()):

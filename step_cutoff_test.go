@@ -77,3 +77,18 @@ func TestAStepAfterItsRunEndedDoesNotRun(t *testing.T) {
 	require.Error(t, <-late)
 	require.False(t, ran.Load(), "a step of a run that ended must not run")
 }
+
+// A resumable function cut off by the execution timeout after a step
+// says so: Do's error wraps ErrExecutionTimeout, as it does without a
+// step, not a bare context.DeadlineExceeded.
+func TestACutOffAfterAStepSaysExecutionTimeout(t *testing.T) {
+	m, _ := twoInstances(t, WithExecutionTimeout(300*time.Millisecond))
+	_, err := Do(context.Background(), m, Key{ID: "k"}, func(ctx context.Context) (int, error) {
+		if _, err := Step(ctx, "charge", func(context.Context) (int, error) { return 1, nil }); err != nil {
+			return 0, err
+		}
+		<-ctx.Done()
+		return 0, ctx.Err()
+	}, Resumable())
+	require.ErrorIs(t, err, ErrExecutionTimeout)
+}

@@ -27,22 +27,20 @@ func (e errNotRoundTrip) Unwrap() []error { return []error{ErrNotReplayable, e.w
 // CheckResult reports why body, which codec made of v, would not give
 // duplicates v back (an error that wraps ErrNotReplayable), or nil when it
 // does: the check Do makes before it stores a result, for code that stores
-// a result of Do's elsewhere (sqlidem.Run commits it in SQL). Every codec's bytes must decode
-// into a T. JSON's (the default) must also decode to what v is, compared
-// as JSON sees it (see differs): that catches what encoding/json changes
-// on the way (a string that is not UTF-8 gets U+FFFD, an integer past
-// 2^53 or a []byte in an interface comes back a float64 or a base64
-// string). Another codec is trusted to keep its word beyond decoding.
+// a result of Do's elsewhere (sqlidem.Run commits it in SQL). Every codec's
+// bytes must decode into a T, and to what v is, compared as encoding/json
+// sees a value (see differs): that catches what a codec changes on the way,
+// such as encoding/json itself (a string that is not UTF-8 gets U+FFFD, an
+// integer past 2^53 or a []byte in an interface comes back a float64 or a
+// base64 string), or a codec that writes some values as JSON (grpcidem's).
+// Every codec gets the check, the default one and any other alike.
 func CheckResult[T any](codec Codec, v T, body []byte) error {
 	var back T
 	if err := codec.Unmarshal(body, &back); err != nil {
 		return errNotRoundTrip{fmt.Errorf("the stored bytes do not decode: %w", err)}
 	}
-	if _, isJSON := codec.(jsonCodec); !isJSON {
-		return nil
-	}
 	if where := differs(reflect.ValueOf(v), reflect.ValueOf(back), "result", 0); where != "" {
-		return errNotRoundTrip{fmt.Errorf("JSON gives it back changed at %s; carry bytes that are not UTF-8 "+
+		return errNotRoundTrip{fmt.Errorf("the codec gives it back changed at %s; carry bytes that are not UTF-8 "+
 			"in a []byte, give an interface a concrete type, or use a Codec that keeps it (UseCodec)", where)}
 	}
 	return nil

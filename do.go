@@ -30,10 +30,9 @@ type Key struct {
 // A Codec turns a function's result into the bytes that are stored for
 // duplicates, and back. JSON is the default. What Marshal makes of a
 // result must Unmarshal to an equal result: Do checks, before it stores
-// the result, that the bytes decode, and for JSON that they encode back
-// to the same bytes and that no string in the result is invalid UTF-8
-// (which encoding/json would replace by U+FFFD). A result that fails is
-// not stored for replay (see Do).
+// the result, that the bytes decode to what the result is, whatever the
+// codec (see CheckResult). A result that fails is not stored for replay
+// (see Do).
 type Codec interface {
 	Marshal(v any) ([]byte, error)
 	Unmarshal(data []byte, v any) error

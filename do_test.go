@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -236,20 +237,45 @@ func TestDoReportsItsOutcome(t *testing.T) {
 	require.Equal(t, Rejected, o, "a reused key is refused like a 422")
 }
 
-// A Codec of the caller's stores the result.
+// A Codec of the caller's stores the result; one that gives a result
+// back changed is refused, as JSON is (see CheckResult).
 func TestDoCodec(t *testing.T) {
 	m, other := twoInstances(t)
 	calls := 0
 	fn := func(context.Context) (string, error) { calls++; return "plain", nil }
-	v, err := Do(context.Background(), m, Key{ID: "k"}, fn, UseCodec(upperCodec{}))
+	v, err := Do(context.Background(), m, Key{ID: "k"}, fn, UseCodec(reverseCodec{}))
 	require.NoError(t, err)
 	require.Equal(t, "plain", v)
-	v, err = Do(context.Background(), other, Key{ID: "k"}, fn, UseCodec(upperCodec{}))
+	rec, err := redistest.ReadRecord(context.Background(), m.store.client, functionKeys(m, "k").record)
 	require.NoError(t, err)
-	require.Equal(t, "PLAIN", v, "the duplicate's result went through the codec")
+	require.Equal(t, "nialp", rec.Body, "the result went through the codec")
+	v, err = Do(context.Background(), other, Key{ID: "k"}, fn, UseCodec(reverseCodec{}))
+	require.NoError(t, err)
+	require.Equal(t, "plain", v)
 	require.Equal(t, 1, calls)
+
+	v, err = Do(context.Background(), m, Key{ID: "upper"}, fn, UseCodec(upperCodec{}))
+	require.ErrorIs(t, err, ErrNotReplayable, "a codec that changes the result")
+	require.Equal(t, "plain", v)
 }
 
+// reverseCodec stores a string backwards, and reads it back.
+type reverseCodec struct{}
+
+func (reverseCodec) Marshal(v any) ([]byte, error) {
+	b := []byte(v.(string))
+	slices.Reverse(b)
+	return b, nil
+}
+
+func (reverseCodec) Unmarshal(data []byte, v any) error {
+	b := slices.Clone(data)
+	slices.Reverse(b)
+	*v.(*string) = string(b)
+	return nil
+}
+
+// upperCodec gives a string back in upper case: not what it was given.
 type upperCodec struct{}
 
 func (upperCodec) Marshal(v any) ([]byte, error) { return []byte(strings.ToUpper(v.(string))), nil }

@@ -11,14 +11,14 @@ import (
 )
 
 // emptyCodec encodes every value as no bytes, as protobuf does a message
-// whose fields are all unset (emptypb.Empty).
+// whose fields are all unset (emptypb.Empty): zero values come back.
 type emptyCodec struct{}
 
 func (emptyCodec) Marshal(any) ([]byte, error) { return []byte{}, nil }
 func (emptyCodec) Unmarshal([]byte, any) error { return nil }
 
 // The journal of one run, step names and all, stays within
-// WithMaxResponseBytes: a loop of steps with tiny results (JSON's 1) or
+// WithMaxResponseBytes: a loop of steps with tiny results (JSON's 0) or
 // none at all (an empty protobuf message) cannot grow the key's record,
 // which every step and every takeover reads whole, past the limit.
 func TestTheJournalStaysWithinTheResponseLimit(t *testing.T) {
@@ -35,7 +35,7 @@ func TestTheJournalStaysWithinTheResponseLimit(t *testing.T) {
 			k := functionKeys(m, "k")
 			_, err := Do(context.Background(), m, Key{ID: "k"}, func(ctx context.Context) (int, error) {
 				for i := range 200 {
-					_, err := Step(ctx, fmt.Sprintf("notify-%03d", i), func(context.Context) (int, error) { return 1, nil })
+					_, err := Step(ctx, fmt.Sprintf("notify-%03d", i), func(context.Context) (int, error) { return 0, nil })
 					if errors.Is(err, ErrStepTooLarge) {
 						break
 					}

@@ -60,3 +60,43 @@ func TestStepsOfAResumableMethodAreJournaled(t *testing.T) {
 	require.Equal(t, "pay entry of charge 1", second.value)
 	require.EqualValues(t, 1, svc.charges.Load(), "the journaled charge is not made again")
 }
+
+// looseSteps journals one step whose result is a value of its own.
+type looseSteps struct {
+	value   any
+	stepErr error
+}
+
+func (p *looseSteps) Charge(ctx context.Context, in *wrapperspb.StringValue) (*wrapperspb.StringValue, error) {
+	v, err := idempotency.Step(ctx, "charge", func(context.Context) (any, error) { return p.value, nil })
+	p.stepErr = err
+	return wrapperspb.String(fmt.Sprintf("%q", v)), nil
+}
+
+func (*looseSteps) Watch(*wrapperspb.StringValue, grpc.ServerStream) error {
+	return errors.New("not served")
+}
+
+// The interceptor's codec writes a step's Go value as JSON, and gets the
+// same round-trip check as the JSON codec: a value JSON would give back
+// changed (an int64 in an interface past 2^53 comes back a float64, a
+// string that is not UTF-8 gets U+FFFD) is refused with ErrNotReplayable,
+// as the same step over HTTP is, rather than journaled and resumed altered.
+func TestAStepOfAMethodGetsTheRoundTripCheck(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		value any
+	}{
+		{"an int64 past 2^53 in an interface", int64(1<<53 + 1)},
+		{"a string that is not UTF-8", "caf\xe9"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			svc := &looseSteps{value: tc.value}
+			conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t, idempotency.WithResume()),
+				grpcidem.WithCallerCredentials())))
+			got := charge(withKey(t, "order-1"), conn, "pay")
+			require.NoError(t, got.err)
+			require.ErrorIs(t, svc.stepErr, idempotency.ErrNotReplayable)
+		})
+	}
+}

@@ -39,11 +39,18 @@ func CheckResult[T any](codec Codec, v T, body []byte) error {
 	if err := codec.Unmarshal(body, &back); err != nil {
 		return errNotRoundTrip{fmt.Errorf("the stored bytes do not decode: %w", err)}
 	}
-	if where := differs(reflect.ValueOf(v), reflect.ValueOf(back), "result", 0); where != "" {
+	if where := differs(reflect.ValueOf(v), reflect.ValueOf(back), "result", map[visit]bool{}); where != "" {
 		return errNotRoundTrip{fmt.Errorf("the codec gives it back changed at %s; carry bytes that are not UTF-8 "+
 			"in a []byte, give an interface a concrete type, or use a Codec that keeps it (UseCodec)", where)}
 	}
 	return nil
+}
+
+// A visit is a pair of references differs is comparing.
+type visit struct {
+	a, b uintptr
+	t    reflect.Type
+	n    int
 }
 
 var (
@@ -56,11 +63,11 @@ var (
 // embedded fields not tagged "-" (the others never travel, by the type's
 // own choice), map entries, elements; a type that encodes itself
 // (MarshalJSON, MarshalText: time.Time) is compared by its encoding, and
-// a nil slice or map equals an empty one.
-func differs(a, b reflect.Value, path string, depth int) string {
+// a nil slice or map equals an empty one. It goes as deep as the values
+// do: a pair of pointers, maps or slices it is comparing already (a value
+// that refers to itself) is not compared again, as reflect.DeepEqual does.
+func differs(a, b reflect.Value, path string, seen map[visit]bool) string {
 	switch {
-	case depth > 64:
-		return ""
 	case !a.IsValid() || !b.IsValid():
 		if a.IsValid() != b.IsValid() {
 			return path
@@ -78,6 +85,19 @@ func differs(a, b reflect.Value, path string, depth int) string {
 		return ""
 	}
 	switch a.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice:
+		if !a.IsNil() && !b.IsNil() {
+			v := visit{a.Pointer(), b.Pointer(), a.Type(), 0}
+			if a.Kind() == reflect.Slice {
+				v.n = a.Len() // slices of one array differ by their length
+			}
+			if seen[v] {
+				return ""
+			}
+			seen[v] = true
+		}
+	}
+	switch a.Kind() {
 	case reflect.Pointer, reflect.Interface:
 		if a.IsNil() || b.IsNil() {
 			if a.IsNil() != b.IsNil() {
@@ -85,7 +105,7 @@ func differs(a, b reflect.Value, path string, depth int) string {
 			}
 			return ""
 		}
-		return differs(a.Elem(), b.Elem(), path, depth+1)
+		return differs(a.Elem(), b.Elem(), path, seen)
 	case reflect.Struct:
 		t := a.Type()
 		for i := range t.NumField() {
@@ -93,7 +113,7 @@ func differs(a, b reflect.Value, path string, depth int) string {
 			if (!f.IsExported() && !f.Anonymous) || f.Tag.Get("json") == "-" {
 				continue
 			}
-			if where := differs(a.Field(i), b.Field(i), path+"."+f.Name, depth+1); where != "" {
+			if where := differs(a.Field(i), b.Field(i), path+"."+f.Name, seen); where != "" {
 				return where
 			}
 		}
@@ -103,7 +123,7 @@ func differs(a, b reflect.Value, path string, depth int) string {
 		}
 		for it := a.MapRange(); it.Next(); {
 			entry := fmt.Sprintf("%s[%q]", path, it.Key())
-			if where := differs(it.Value(), b.MapIndex(it.Key()), entry, depth+1); where != "" {
+			if where := differs(it.Value(), b.MapIndex(it.Key()), entry, seen); where != "" {
 				return where
 			}
 		}
@@ -112,7 +132,7 @@ func differs(a, b reflect.Value, path string, depth int) string {
 			return path
 		}
 		for i := range a.Len() {
-			if where := differs(a.Index(i), b.Index(i), fmt.Sprintf("%s[%d]", path, i), depth+1); where != "" {
+			if where := differs(a.Index(i), b.Index(i), fmt.Sprintf("%s[%d]", path, i), seen); where != "" {
 				return where
 			}
 		}

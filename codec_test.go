@@ -3,7 +3,9 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
+	"reflect"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -93,4 +95,36 @@ func TestDoResultsRoundTripOrAreRefused(t *testing.T) {
 		require.True(t, v.Equal(again))
 	})
 	t.Run("channel", func(t *testing.T) { requireRoundTrip(t, m, "chan", make(chan int), false) })
+}
+
+// The check goes as deep as the result does: an int64 in an interface is
+// refused 40 links deep as it is 3 links deep, and a result that refers to
+// itself is compared once, not forever.
+func TestCheckResultAtEveryDepth(t *testing.T) {
+	nested := func(links int) any {
+		var v any = map[string]any{"id": int64(1<<53 + 1)}
+		for range links {
+			v = map[string]any{"next": v}
+		}
+		return v
+	}
+	for _, links := range []int{3, 40, 400} {
+		t.Run(fmt.Sprint(links, " links"), func(t *testing.T) {
+			v := nested(links)
+			body, err := JSON.Marshal(v)
+			require.NoError(t, err)
+			require.ErrorIs(t, CheckResult(JSON, v, body), ErrNotReplayable)
+		})
+	}
+	t.Run("a result that refers to itself", func(t *testing.T) {
+		type node struct {
+			Name string
+			Next *node
+		}
+		a, b := &node{Name: "a"}, &node{Name: "a"}
+		a.Next, b.Next = a, b
+		require.Empty(t, differs(reflect.ValueOf(a), reflect.ValueOf(b), "result", map[visit]bool{}))
+		b.Name = "b"
+		require.NotEmpty(t, differs(reflect.ValueOf(a), reflect.ValueOf(b), "result", map[visit]bool{}))
+	})
 }

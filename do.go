@@ -83,10 +83,34 @@ func Resumable() DoOption { return func(c *doConfig) { c.resume = true } }
 func ReportOutcome(o *Outcome) DoOption { return func(c *doConfig) { c.outcome = o } }
 
 // StoredError is what a duplicate gets when the function's first run
-// returned an error and StoreErrors kept it.
-type StoredError struct{ Message string }
+// returned an error and StoreErrors kept it, and what a resumed run's Step
+// returns for a step whose Permanent error was journaled. Its Message is
+// the error's text; where the codec carried the error itself (see
+// ErrorCodec), it unwraps to the error the codec gave back.
+type StoredError struct {
+	Message string
+	err     error
+}
 
 func (e *StoredError) Error() string { return e.Message }
+
+// Unwrap is the error the codec gave back (ErrorCodec), or nil.
+func (e *StoredError) Unwrap() error { return e.err }
+
+// An ErrorCodec is a Codec that also carries a step's Permanent error
+// whole, beyond its message: Step journals what MarshalError makes of it,
+// and a resumed run's Step returns a *StoredError that unwraps to what
+// UnmarshalError gives back, so that errors.As finds what the error was (a
+// gRPC status, whose code the caller must get again). grpcidem's codec is
+// one.
+type ErrorCodec interface {
+	Codec
+	// MarshalError encodes err, or reports false for an error it does
+	// not carry (then Step journals its message only).
+	MarshalError(err error) ([]byte, bool)
+	// UnmarshalError gives back the error MarshalError encoded in data.
+	UnmarshalError(data []byte) (error, error)
+}
 
 // Statuses of a function's stored answer: the result, or an error.
 const (

@@ -18,7 +18,8 @@ import (
 //	s<kind> <name length> <data length>\n<name><data>
 //
 // kind 'v' for a result (data: the codec's bytes), 'e' for a Permanent
-// error (data: its message). Only the run the record names may append to
+// error (data: its message), 'c' for a Permanent error that the codec
+// carries whole (data: ErrorCodec's bytes). Only the run the record names may append to
 // it (step.lua); a takeover keeps it and hands it over with the claim; the
 // store of the answer replaces the record, journal and all.
 type journal struct {
@@ -41,9 +42,15 @@ type journal struct {
 
 // The kinds of a journal entry.
 const (
-	entryResult = 'v'
-	entryError  = 'e'
+	entryResult     = 'v'
+	entryError      = 'e'
+	entryCodedError = 'c'
 )
+
+// entryKind reports whether b is the kind of a journal entry.
+func entryKind(b byte) bool {
+	return b == entryResult || b == entryError || b == entryCodedError
+}
 
 type journalEntry struct {
 	kind byte
@@ -254,7 +261,7 @@ func parseJournal(text string) (map[string]*journalEntry, error) {
 	var entries map[string]*journalEntry
 	for text != "" {
 		head, rest, ok := strings.Cut(text, "\n")
-		if !ok || len(head) < 3 || head[0] != 's' || (head[1] != entryResult && head[1] != entryError) || head[2] != ' ' {
+		if !ok || len(head) < 3 || head[0] != 's' || !entryKind(head[1]) || head[2] != ' ' {
 			return nil, errCorruptJournal
 		}
 		nl, dl, ok := strings.Cut(head[3:], " ")

@@ -114,7 +114,13 @@ func journalStep[T any](ctx context.Context, x *execution, j *journal, name stri
 		if !journaledError(ctx, err) {
 			return err
 		}
-		if jerr := j.write(ctx, name, entryError, []byte(err.Error())); jerr != nil {
+		kind, data := byte(entryError), []byte(err.Error())
+		if ec, ok := x.resultCodec().(ErrorCodec); ok {
+			if b, ok := ec.MarshalError(err); ok {
+				kind, data = entryCodedError, b
+			}
+		}
+		if jerr := j.write(ctx, name, kind, data); jerr != nil {
 			return fmt.Errorf("%w (the step failed: %w)", jerr, err)
 		}
 		return err
@@ -196,7 +202,8 @@ func StepKey(ctx context.Context, name string) string {
 }
 
 // Permanent marks err as a step's final answer: Step journals it, and a
-// resumed run gets it back (as a *StoredError with its message) instead of
+// resumed run gets it back (as a *StoredError with its message, which
+// unwraps to the error itself where the codec carries it: ErrorCodec) instead of
 // running the step again. Mark what another call would answer the same
 // way (a declined card, a validation failure), never a timeout. Permanent
 // of nil is nil.
@@ -234,8 +241,20 @@ func journaledError(ctx context.Context, err error) bool {
 // replayStep returns a journaled step's result.
 func replayStep[T any](codec Codec, e *journalEntry) (T, error) {
 	var v T
-	if e.kind == entryError {
+	switch e.kind {
+	case entryError:
 		return v, &StoredError{Message: e.data}
+	case entryCodedError:
+		ec, ok := codec.(ErrorCodec)
+		if !ok {
+			return v, fmt.Errorf("%w: step %q: its error was journaled by a codec that carries errors, and this one does not",
+				ErrUnreadableRecord, e.name)
+		}
+		err, derr := ec.UnmarshalError([]byte(e.data))
+		if derr != nil || err == nil {
+			return v, fmt.Errorf("%w: step %q: its error: %w", ErrUnreadableRecord, e.name, derr)
+		}
+		return v, &StoredError{Message: err.Error(), err: err}
 	}
 	if err := codec.Unmarshal([]byte(e.data), &v); err != nil {
 		return v, fmt.Errorf("%w: step %q: %w", ErrUnreadableRecord, e.name, err)

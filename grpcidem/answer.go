@@ -131,7 +131,8 @@ func messageOf(v any) (proto.Message, bool) {
 // codec of the steps a method journals (idempotency.Step, under
 // idempotency.WithResume), whose results are the method's own values: a
 // protobuf message (another service's answer) is stored as protobuf, and
-// anything else as JSON, as a step of an HTTP handler is.
+// anything else as JSON, as a step of an HTTP handler is; a step's
+// Permanent error that is a gRPC status is journaled whole.
 type answerCodec struct{}
 
 func (answerCodec) Marshal(v any) ([]byte, error) {
@@ -158,6 +159,27 @@ func (answerCodec) Unmarshal(data []byte, v any) error {
 		}
 	}
 	return idempotency.JSON.Unmarshal(data, v)
+}
+
+// MarshalError carries a step's Permanent error whole when it is a gRPC
+// status (idempotency.ErrorCodec): a resumed run gets the status back,
+// and its caller the code the first run's caller got, not UNKNOWN.
+func (answerCodec) MarshalError(err error) ([]byte, bool) {
+	s, ok := status.FromError(err)
+	if !ok {
+		return nil, false
+	}
+	b, err := proto.Marshal(s.Proto())
+	return b, err == nil
+}
+
+// UnmarshalError gives back the status MarshalError encoded.
+func (answerCodec) UnmarshalError(data []byte) (error, error) {
+	p := new(spb.Status)
+	if err := proto.Unmarshal(data, p); err != nil {
+		return nil, err
+	}
+	return status.FromProto(p).Err(), nil
 }
 
 var messageType = reflect.TypeFor[proto.Message]()

@@ -100,3 +100,42 @@ func TestAStepOfAMethodGetsTheRoundTripCheck(t *testing.T) {
 		})
 	}
 }
+
+// declinedSteps declines the charge in a step, as a final answer; its
+// first call then fails as a dependency that is down, so that the next
+// call resumes the run.
+type declinedSteps struct {
+	runs, calls atomic.Int64
+}
+
+func (p *declinedSteps) Charge(ctx context.Context, in *wrapperspb.StringValue) (*wrapperspb.StringValue, error) {
+	_, err := idempotency.Step(ctx, "charge", func(context.Context) (int64, error) {
+		p.runs.Add(1)
+		return 0, idempotency.Permanent(status.Error(codes.FailedPrecondition, "card declined"))
+	})
+	if p.calls.Add(1) == 1 {
+		return nil, status.Error(codes.Unavailable, "the ledger is down")
+	}
+	return nil, err
+}
+
+func (*declinedSteps) Watch(*wrapperspb.StringValue, grpc.ServerStream) error {
+	return errors.New("not served")
+}
+
+// A step's Permanent gRPC status survives a resume: the resumed run gets
+// the status back, and the caller its code (FAILED_PRECONDITION), stored
+// for every retry, not UNKNOWN with the message alone.
+func TestAJournaledStatusKeepsItsCode(t *testing.T) {
+	svc := &declinedSteps{}
+	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(middleware(t, idempotency.WithResume()),
+		grpcidem.WithCallerCredentials())))
+	first := charge(withKey(t, "order-1"), conn, "pay")
+	require.Equal(t, codes.Unavailable, status.Code(first.err), "%v", first.err)
+	for range 2 { // resumed, then replayed
+		got := charge(withKey(t, "order-1"), conn, "pay")
+		require.Equal(t, codes.FailedPrecondition, status.Code(got.err), "%v", got.err)
+		require.Contains(t, status.Convert(got.err).Message(), "card declined")
+	}
+	require.EqualValues(t, 1, svc.runs.Load(), "the journaled decline is not asked again")
+}

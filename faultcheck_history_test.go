@@ -311,6 +311,11 @@ func (r *rig) inject(h *history, f *faultPlan) {
 		defer inst.lifecycle.Unlock()
 		begin()
 		ev.what = r.killAndRestart(inst, f.dur, &ev)
+	case kindPause:
+		inst.lifecycle.Lock()
+		defer inst.lifecycle.Unlock()
+		begin()
+		ev.what = inst.pause(f.dur)
 	case kindDrain:
 		inst.lifecycle.Lock()
 		defer inst.lifecycle.Unlock()
@@ -364,6 +369,19 @@ func (p *instanceProc) dropReply(needle string) string {
 }
 
 // killAndRestart kills the instance and starts it again after down.
+// pause stops the instance's process for d (SIGSTOP), as a GC pause, a
+// frozen VM or a debugger do, and lets it go on (SIGCONT): its timers fire
+// late, and its key may have been taken over meanwhile.
+func (p *instanceProc) pause(d time.Duration) string {
+	p.mu.Lock()
+	proc := p.cmd.Process
+	p.mu.Unlock()
+	proc.Signal(syscall.SIGSTOP)
+	time.Sleep(d)
+	proc.Signal(syscall.SIGCONT)
+	return fmt.Sprintf("SIGSTOP of %s (pid %d) for %v", p.name, proc.Pid, d.Round(time.Millisecond))
+}
+
 func (r *rig) killAndRestart(p *instanceProc, down time.Duration, ev *faultEvent) string {
 	began := time.Now()
 	ev.pid = p.kill()

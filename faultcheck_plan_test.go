@@ -19,6 +19,7 @@ const (
 	kindDelay     = "delay"      // every reply late for a while
 	kindBlackhole = "blackhole"  // every byte lost for a while
 	kindKill      = "kill"       // SIGKILL of an instance, then a restart
+	kindPause     = "pause"      // SIGSTOP of an instance, then SIGCONT (steps workload)
 	// Clients.
 	kindDisconnect     = "disconnect"      // the client gives up mid-request
 	kindClientDeadline = "client-deadline" // the client's own deadline

@@ -3,14 +3,18 @@ package idempotency_test
 // The steps workload of the fault check: resumable runs (WithResume) whose
 // handlers take one to four steps (idempotency.Step), each an effect in the
 // application's database keyed by its StepKey, as a payment provider keys
-// a charge by its Idempotency-Key. Instances are killed, Redis stalls,
-// replies are lost and clients give up at step boundaries, and steps outlast
-// the execution timeout; each key's client retries until it gets its 201.
+// a charge by its Idempotency-Key. Instances are killed or paused (SIGSTOP,
+// then SIGCONT: their timers fire late) between and inside steps, Redis
+// stalls, replies are lost and clients give up at step boundaries, and
+// steps outlast the execution timeout; each key's client retries until it
+// gets its 201.
 // The rules (faultcheck_stepsrule_test.go): no step's effect happens twice
 // for a key (a call repeated with the same step key counts once), a step
-// journaled by one run never runs in a run that resumed it, no retry is
-// answered interrupted, every key reaches its answer, and every answer is
-// built from the steps' results as their effects gave them.
+// journaled by one run never runs again (in a run that resumed it, nor in
+// a paused run that continues), no retry is answered interrupted, no
+// answer claims less than what took effect ("not executed" after a step's
+// effect), every key reaches its answer, and every answer is built from
+// the steps' results as their effects gave them.
 //
 //	go test -race -count=1 -run '^TestFaultCheckSteps$' -v ./
 //	go test -race -count=1 -run '^TestFaultCheckSteps$' -v -idem.seed=42 -idem.from=17 -idem.histories=1 ./
@@ -21,6 +25,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,6 +44,9 @@ const (
 	// as never answered: a dead run is resumed within the claim horizon
 	// (at most about 4 s here), and the faults end within seconds.
 	stepsBound = 25 * time.Second
+	// stepGap is the handler's own work after each step: an instance
+	// paused there is paused between two steps.
+	stepGap = 80 * time.Millisecond
 )
 
 // What a run of the steps route traces, next to the effects.
@@ -126,6 +134,7 @@ func (s *instance) handleSteps(w http.ResponseWriter, r *http.Request) {
 			x.trace(stepTrace{Kind: stepJournaled, Step: name, Value: v})
 		}
 		a.Results = append(a.Results, v)
+		time.Sleep(stepGap) // the handler's own work between two calls, which heeds no context
 	}
 	writeSteps(w, http.StatusCreated, a)
 }
@@ -210,7 +219,7 @@ func (k *stepsKey) String() string { return k.scope + "/" + k.id }
 func (k *stepsKey) boundary(i int) time.Duration {
 	var d time.Duration
 	for _, p := range k.pauses[:i] {
-		d += p
+		d += p + stepGap
 	}
 	return d
 }
@@ -223,12 +232,28 @@ type stepsFault struct {
 	jitter time.Duration
 }
 
-var stepsFaultKinds = []string{kindKill, kindRedisStop, kindBlackhole, kindDropReply}
+var stepsFaultKinds = []string{kindKill, kindRedisStop, kindBlackhole, kindDropReply, kindPause}
+
+// stepsKinds is the kinds of fault the steps workload draws: those of
+// -idem.faults among stepsFaultKinds, or all of them.
+func stepsKinds() []string {
+	if *flagFaults == "" {
+		return stepsFaultKinds
+	}
+	only := strings.Split(*flagFaults, ",")
+	return slices.DeleteFunc(slices.Clone(stepsFaultKinds), func(k string) bool { return !slices.Contains(only, k) })
+}
 
 func newStepsPlan(seed uint64, index int) *stepsPlan {
 	rng := rand.New(rand.NewPCG(seed, uint64(index)|1<<62))
 	p := &stepsPlan{index: index, cfg: drawConfig(rng, fmt.Sprintf("fs%xh%d", seed&0xffffff, index))}
 	p.cfg.NoTransient = true
+	if rng.IntN(2) == 0 {
+		// An execution timeout well past the lease, under
+		// WithRetryAbandoned: a paused executor's key is taken over long
+		// before anything in its process cuts its run off.
+		p.cfg.ExecTimeout, p.cfg.RetryAbandoned = 3*p.cfg.Lease, true
+	}
 	d := drawer{rng: rng}
 	ms := time.Millisecond
 	for i := range 1 + rng.IntN(3) {
@@ -249,9 +274,14 @@ func newStepsPlan(seed uint64, index int) *stepsPlan {
 		}
 		p.keys = append(p.keys, k)
 	}
+	kinds := stepsKinds()
 	for range 1 + rng.IntN(3) {
+		if len(kinds) == 0 {
+			break
+		}
 		k := p.keys[rng.IntN(len(p.keys))]
-		f := &faultPlan{kind: stepsFaultKinds[rng.IntN(len(stepsFaultKinds))], instance: k.instance}
+		f := &faultPlan{kind: kinds[rng.IntN(len(kinds))], instance: k.instance}
+		jitter, bound := d.between(0, 30*ms), rng.IntN(len(k.pauses)+1)
 		switch f.kind {
 		case kindRedisStop, kindBlackhole:
 			f.dur = d.between(100*ms, 1200*ms)
@@ -259,11 +289,36 @@ func newStepsPlan(seed uint64, index int) *stepsPlan {
 			f.needle = "evalsha" // a journal write, a claim or a store
 		case kindKill:
 			f.dur = d.between(50*ms, 300*ms)
+		case kindPause:
+			// After a step: in the handler's gap before the next one, or
+			// into the next one.
+			f.dur, bound = p.pauseLength(d), 1+rng.IntN(len(k.pauses))
+			jitter = d.between(0, stepGap)
+			if rng.IntN(2) == 0 {
+				jitter = d.between(stepGap, stepGap+200*ms)
+			}
+			jitter -= stepGap
 		}
-		p.faults = append(p.faults, &stepsFault{fault: f, key: k, bound: rng.IntN(len(k.pauses) + 1),
-			jitter: d.between(0, 30*ms)})
+		p.faults = append(p.faults, &stepsFault{fault: f, key: k, bound: bound, jitter: jitter})
 	}
 	return p
+}
+
+// pauseLength draws how long an instance is paused: within its lease;
+// past its lease but within its execution timeout, so that its key is
+// taken over (WithRetryAbandoned) while nothing in the process has cut its
+// run off yet; or past the claim horizon, after which WithResume alone
+// takes the key over too.
+func (p *stepsPlan) pauseLength(d drawer) time.Duration {
+	c, ms := p.cfg, time.Millisecond
+	horizon := c.ExecTimeout + c.Lease + 4*c.StoreTimeout + 100*ms
+	switch d.rng.IntN(3) {
+	case 0:
+		return d.between(100*ms, c.Lease)
+	case 1:
+		return d.between(c.Lease+100*ms, max(c.ExecTimeout, c.Lease+200*ms))
+	}
+	return d.between(horizon+200*ms, horizon+1500*ms)
 }
 
 // stepsExchange is one request of a steps key and its answer.
@@ -318,6 +373,23 @@ func (r *rig) runSteps(p *stepsPlan) *stepsHistory {
 		wg.Go(func() {
 			<-sent[f.key]
 			time.Sleep(f.key.boundary(f.bound) + f.jitter)
+			if f.fault.kind == kindPause {
+				// The key's first request hangs on the paused instance; its
+				// caller retries on the other meanwhile, which may take the
+				// key over.
+				paused := make(chan struct{})
+				defer close(paused)
+				wg.Go(func() {
+					for {
+						select {
+						case <-paused:
+							return
+						case <-time.After(time.Duration(100+rand.IntN(200)) * time.Millisecond):
+						}
+						r.sendStep(h, f.key, 1-f.fault.instance, fmt.Sprintf("#%d", n.Add(1)), false, sent)
+					}
+				})
+			}
 			r.inject(h.run, f.fault)
 		})
 	}

@@ -16,6 +16,8 @@ import (
 const (
 	ruleStepTwice       = "a step's effect happened twice for one key"
 	ruleStepRerun       = "a step journaled by one run ran again in a run that resumed it"
+	ruleStepStale       = "a step journaled by one run ran again in an older run that went on after it"
+	ruleStepClaimsLess  = "an answer claimed less than what took effect"
 	ruleStepInterrupted = "a resumable key was answered interrupted"
 	ruleStepUnanswered  = "a resumable key never reached its answer"
 	ruleStepAnswer      = "an answer is not the one built from the steps' results"
@@ -51,17 +53,31 @@ func checkSteps(h *stepsHistory) []stepsViolation {
 				fail(ruleStepTwice, "step %s ran under %d step keys, each an effect of its own", step, len(ks))
 			}
 		}
-		// A journaled step never runs in a later run (a higher fence).
+		// A journaled step never runs again: not in a later run (a higher
+		// fence), nor in an older one that went on after it was journaled
+		// (an executor paused while its key was taken over). The one
+		// window left, a pause between a step's proof of ownership and its
+		// call, is not told apart here: its run's trace comes after.
 		for _, j := range traces {
 			if j.Kind != stepJournaled {
 				continue
 			}
 			for _, tr := range traces {
-				if tr.Kind == stepRun && tr.Step == j.Step && tr.Fence > j.Fence {
+				if tr.Kind != stepRun || tr.Step != j.Step || tr.Exec == j.Exec {
+					continue
+				}
+				switch {
+				case tr.Fence > j.Fence:
 					fail(ruleStepRerun, "step %s, journaled by %s (token %d), ran again in %s (token %d)",
 						j.Step, j.Exec, j.Fence, tr.Exec, tr.Fence)
+				case tr.At > j.At:
+					fail(ruleStepStale, "step %s, journaled by %s (token %d), ran again %v later in %s (token %d)",
+						j.Step, j.Exec, j.Fence, time.Duration(tr.At-j.At).Round(time.Millisecond), tr.Exec, tr.Fence)
 				}
 			}
+		}
+		for _, name := range claimedLess(traces, h.exchanges, k) {
+			fail(ruleStepClaimsLess, "%s was answered \"not executed\" (store-unavailable) by a run whose step took effect", name)
 		}
 		// Answers: never interrupted; every 201 the same, built from the
 		// steps' effects; and one at least.
@@ -80,12 +96,12 @@ func checkSteps(h *stepsHistory) []stepsViolation {
 			if x.err != nil || x.status != http.StatusCreated {
 				continue
 			}
-			if first != nil && string(first) != string(x.body) {
+			var a stepsAnswer
+			json.Unmarshal(x.body, &a)
+			if first != nil && !sameResults(first, a) {
 				fail(ruleStepAnswer, "%s got %s, an earlier 201 was %s", x.name, x.body, first)
 			}
 			first = x.body
-			var a stepsAnswer
-			json.Unmarshal(x.body, &a)
 			if len(a.Results) != len(k.pauses) {
 				fail(ruleStepAnswer, "%s got %d results for %d steps", x.name, len(a.Results), len(k.pauses))
 				continue
@@ -104,6 +120,78 @@ func checkSteps(h *stepsHistory) []stepsViolation {
 		}
 	}
 	return found
+}
+
+// otherBuilders counts the 201s of k built by another run than the first
+// 201 of k was.
+func otherBuilders(exchanges []*stepsExchange, k *stepsKey) int {
+	n, first := 0, ""
+	for _, x := range exchanges {
+		var a stepsAnswer
+		if x.key != k || x.err != nil || x.status != http.StatusCreated || json.Unmarshal(x.body, &a) != nil {
+			continue
+		}
+		switch {
+		case first == "":
+			first = a.Exec
+		case a.Exec != first:
+			n++
+		}
+	}
+	return n
+}
+
+// staleStarts counts the runs that began a step's function after a run
+// with a higher fence had started: what ruleStepStale is about (a paused
+// executor that goes on), whether or not that step was journaled.
+func staleStarts(traces []stepTrace) int {
+	n := 0
+	for _, tr := range traces {
+		if tr.Kind != stepRun {
+			continue
+		}
+		for _, s := range traces {
+			if s.Kind == stepStart && s.Fence > tr.Fence && s.At < tr.At {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+// sameResults reports whether a 201 carries the results of the earlier
+// one, body: the steps' effects. Which run built it may differ: a run
+// paused after its last step, whose key was taken over and answered
+// meanwhile, still answers its own client when it goes on (tallied).
+func sameResults(body []byte, a stepsAnswer) bool {
+	var b stepsAnswer
+	json.Unmarshal(body, &b)
+	return slices.Equal(a.Results, b.Results) && a.Scope == b.Scope && a.Key == b.Key
+}
+
+// claimedLess names the requests of k answered "not executed" (503
+// store-unavailable) by a run that applied or found a step's effect: a
+// client that trusts it starts over with a new key, and the effect
+// happens again.
+func claimedLess(traces []stepTrace, exchanges []*stepsExchange, k *stepsKey) []string {
+	request := map[string]string{} // run → the request it served
+	took := map[string]bool{}      // requests whose run's step took effect
+	for _, tr := range traces {
+		switch tr.Kind {
+		case stepStart:
+			request[tr.Exec] = tr.Request
+		case stepEffect:
+			took[request[tr.Exec]] = true
+		}
+	}
+	var names []string
+	for _, x := range exchanges {
+		if x.key == k && took[x.name] && stepsLabel(x) == "problem store-unavailable" {
+			names = append(names, x.name)
+		}
+	}
+	return names
 }
 
 // stepsLabel classifies an answer of the steps route.
@@ -198,6 +286,8 @@ func tallySteps(h *stepsHistory, into map[string]int) {
 				}
 			}
 		}
+		into["older runs that started a step after their key was taken over"] += staleStarts(h.traces[k])
+		into["201s built by another run than the key's other 201s"] += otherBuilders(h.exchanges, k)
 		for _, x := range h.exchanges {
 			var a stepsAnswer
 			if x.key != k || x.err != nil || x.status != http.StatusCreated || x.replayed() || json.Unmarshal(x.body, &a) != nil {

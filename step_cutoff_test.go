@@ -21,23 +21,8 @@ func TestACutOffRunStartsNoStep(t *testing.T) {
 	b := New(redistest.Client(t, prefix), append([]Option{WithKeyPrefix(prefix)}, resumeTiming...)...)
 	var shipped atomic.Int64
 	charged, goOn := make(chan struct{}), make(chan struct{})
-	fn := func(stall bool) func(context.Context) (int64, error) {
-		return func(ctx context.Context) (int64, error) {
-			if _, err := Step(ctx, "charge", func(context.Context) (int, error) { return 1, nil }); err != nil {
-				return 0, err
-			}
-			if stall {
-				close(charged)
-				<-goOn // work that does not heed ctx: a slow synchronous call
-			}
-			return Step(ctx, "ship", func(context.Context) (int64, error) { return shipped.Add(1), nil })
-		}
-	}
-	first := make(chan error, 1)
-	go func() {
-		_, err := Do(context.Background(), a, Key{ID: "k"}, fn(true), Resumable())
-		first <- err
-	}()
+	fn := chargeAndShip(&shipped, charged, goOn)
+	first := startDo(a, fn(true))
 	<-charged
 	proxy.StartBlackhole() // the instance is away: its lock lapses, its run times out
 
@@ -55,6 +40,36 @@ func TestACutOffRunStartsNoStep(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, Replayed, o)
 	require.Equal(t, got, again)
+}
+
+// chargeAndShip is a function of two steps, charge and ship, that counts
+// its shipments. With stall it stops between the two, once it has closed
+// charged, until goOn is closed: work that does not heed ctx, a slow
+// synchronous call, or a process that was paused.
+func chargeAndShip(shipped *atomic.Int64, charged, goOn chan struct{}) func(stall bool) func(context.Context) (int64, error) {
+	return func(stall bool) func(context.Context) (int64, error) {
+		return func(ctx context.Context) (int64, error) {
+			if _, err := Step(ctx, "charge", func(context.Context) (int, error) { return 1, nil }); err != nil {
+				return 0, err
+			}
+			if stall {
+				close(charged)
+				<-goOn
+			}
+			return Step(ctx, "ship", func(context.Context) (int64, error) { return shipped.Add(1), nil })
+		}
+	}
+}
+
+// startDo runs fn resumably under the key "k" on m, and returns its error
+// once it ends.
+func startDo(m *Middleware, fn func(context.Context) (int64, error)) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := Do(context.Background(), m, Key{ID: "k"}, fn, Resumable())
+		done <- err
+	}()
+	return done
 }
 
 // A step started by a goroutine that outlives its run (a timeout handler

@@ -29,23 +29,8 @@ func TestAPausedExecutorStartsNoStepOfARunTakenOver(t *testing.T) {
 	b := New(rdb, append([]Option{WithKeyPrefix(prefix)}, pauseTiming...)...)
 	var shipped atomic.Int64
 	paused, goOn := make(chan struct{}), make(chan struct{})
-	fn := func(pause bool) func(context.Context) (int64, error) {
-		return func(ctx context.Context) (int64, error) {
-			if _, err := Step(ctx, "charge", func(context.Context) (int, error) { return 1, nil }); err != nil {
-				return 0, err
-			}
-			if pause {
-				close(paused)
-				<-goOn
-			}
-			return Step(ctx, "ship", func(context.Context) (int64, error) { return shipped.Add(1), nil })
-		}
-	}
-	first := make(chan error, 1)
-	go func() {
-		_, err := Do(context.Background(), a, Key{ID: "k"}, fn(true), Resumable())
-		first <- err
-	}()
+	fn := chargeAndShip(&shipped, paused, goOn)
+	first := startDo(a, fn(true))
 	<-paused
 	proxy.StartBlackhole() // stopped: it renews nothing
 	k := functionKeys(b, "k")

@@ -80,7 +80,7 @@ func TestAStepCostsOneCommandWhileItsRunIsProven(t *testing.T) {
 	srv := redistest.Private(t)
 	rdb := srv.Client(t)
 	mon := redistest.StartMonitor(t, srv.Addr())
-	const lease = 300 * time.Millisecond
+	const lease = time.Second
 	m := New(rdb, WithKeyPrefix("p"), WithLockLease(lease), WithStoreTimeout(100*time.Millisecond))
 	ctx := context.Background()
 	step := func(ctx context.Context, name string) int {

@@ -192,7 +192,7 @@ var mutants = []mutant{
 	// step.lua and the journal: resumable steps.
 	{
 		name: "step-journals-for-stale", file: "lua/step.lua",
-		from: "if o ~= ARGV[1] then\n  return 0\nend\nlocal before", to: "if false then\n  return 0\nend\nlocal before",
+		from: "if o ~= ARGV[1] then\n  return {0, 0}\nend", to: "if false then\n  return {0, 0}\nend",
 		breaks: "an executor whose run was taken over journals a step into the new run",
 		steps:  true, tests: "Step|Journal|Resum",
 	},
@@ -207,6 +207,19 @@ var mutants = []mutant{
 		from: "\tcase e != nil:\n\t\treturn replayStep[T](x.resultCodec(), e)", to: "\tcase e != nil && false:\n\t\treturn replayStep[T](x.resultCodec(), e)",
 		breaks: "a resumed run runs a step again that the journal holds",
 		steps:  true, tests: "Step|Journal|Resum",
+	},
+	{
+		name: "step-without-proof", file: "step.go",
+		from: "if err := j.prove(ctx, name); err != nil {", to: "if err := j.prove(ctx, name); err != nil && false {",
+		breaks: "an executor paused past its lease runs a step of a run that another took over",
+		steps:  true, tests: "Paused|Proof|Proven|Step",
+	},
+	{
+		name: "step-again-in-next-attempt", file: "step.go",
+		from: "\tcase done != nil:\n\t\treturn doneStep[T](name, done)", to: "\tcase done != nil && false:\n\t\treturn doneStep[T](name, done)",
+		breaks: "a transaction run again after an abort repeats a step its earlier attempt finished",
+		tests:  "Aborted|NextAttempt|Attempt", pkgs: []string{"./", "./sqlidem/..."},
+		unseen: "the steps fault checker runs no transaction that the database aborts; sqlidem's tests abort one",
 	},
 	{
 		name: "step-after-cutoff", file: "step.go",

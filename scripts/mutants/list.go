@@ -197,10 +197,10 @@ var mutants = []mutant{
 		steps:  true, tests: "Step|Journal|Resum",
 	},
 	{
-		name: "step-resend-appends-twice", file: "lua/step.lua",
-		from: "if before == at then", to: "if true then",
-		breaks: "a step resent after a lost reply is journaled twice, and the journal no longer reads",
-		steps:  true, tests: "Step|Journal|Resum",
+		name: "step-proof-overstated", file: "lua/step.lua",
+		from: "if holder == ARGV[1] then\n    return redis.call('PTTL', KEYS[2])", to: "if holder == ARGV[1] then\n    return 60000",
+		breaks: "a journal write proves the run its key for longer than its lock lasts, and a paused executor runs a step after a takeover",
+		steps:  true, tests: "Paused|Proof|Proven|StepCost",
 	},
 	{
 		name: "step-runs-again", file: "step.go",

@@ -225,7 +225,8 @@ var mutants = []mutant{
 		name: "step-after-cutoff", file: "step.go",
 		from: "if cut := cutOff(x.run); cut != nil {", to: "if cut := cutOff(x.run); cut != nil && false {",
 		breaks: "a run cut off (its key may be resumed elsewhere) starts another step",
-		steps:  true, tests: "Step|Cut|Resum",
+		tests:  "Step|Cut|Resum",
+		unseen: "a step proves in Redis that its run owns the key before it starts: a cut-off run that starts one still owns it (the step is journaled for the resume) or is refused; the check spares the round trip",
 	},
 	// lifecycle.go: the release rule, row by row.
 	{
@@ -238,7 +239,7 @@ var mutants = []mutant{
 	{
 		name: "rule-panic-before-keeps", file: "lifecycle.go",
 		from:   "case !returned && !c.work.committed() && cutOff(ctx) == nil && !l.holdsSteps():",
-		to:     "case false:",
+		to:     "case false && !returned && !c.work.committed() && cutOff(ctx) == nil && !l.holdsSteps():",
 		breaks: "a handler that panics before any effect or status keeps its key interrupted, though nothing ran",
 		faults: "panic-before", tests: "Panic",
 	},

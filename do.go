@@ -217,6 +217,9 @@ func (f *funcRun[T]) run(ctx context.Context, x *execution) *record {
 	x.codec = f.cfg.codec
 	f.x = x
 	f.value, f.err = f.fn(ctx)
+	// Once a step took effect, "not executed" is false, and the error that
+	// says so is no answer to store: the run is kept for a retry.
+	f.err = x.truthful(f.err)
 	f.returned = true
 	var rec *record
 	switch {

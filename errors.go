@@ -213,11 +213,14 @@ func (x *execution) reported() error {
 
 // truthful is err as it may be told about the execution x: an error that
 // says nothing was executed (ErrStoreUnavailable), once a step of x took
-// effect, says the run is in progress instead.
+// effect, says the run is in progress instead; and the answer that says so
+// is not the key's (it would be replayed for good), so x is marked as a
+// Release marks it, which keeps a run whose steps took effect.
 func (x *execution) truthful(err error) error {
 	if err == nil || !errors.Is(err, ErrStoreUnavailable) || errors.Is(err, ErrInProgress) || !x.tookEffect() {
 		return err
 	}
+	x.state.CompareAndSwap(execRunning, execReleased)
 	return errStepsTookEffect{err}
 }
 

@@ -14,20 +14,20 @@ import (
 // is released, so the client may fix the request and retry with the same
 // key. Call it before the handler writes: waiting duplicates replay nothing
 // and run again. It reports whether it took effect: false outside a
-// protected execution, once the handler has returned, and in a resumable
-// run that journaled a step (Step), whose key is kept for a retry to
-// resume instead, since a release would drop the journal and the retry
-// would repeat the step's effect; the client then gets the run's answer
-// for the key, and a corrected request needs a new key.
+// protected execution, once the handler has returned, and in a run whose
+// step (Step) began, whose key is kept instead (a resumable run's, for a
+// retry to resume), since a release would let the retry repeat the step's
+// effect: the run's answer is then not stored either, and a corrected
+// request needs a new key.
 func Release(ctx context.Context) bool {
 	e, ok := ctx.Value(executionKey).(*execution)
 	if !ok {
 		return false
 	}
-	if j := e.steps.Load(); j != nil && j.holdsSteps() {
-		return false
-	}
-	return e.state.CompareAndSwap(execRunning, execReleased) || e.state.Load() == execReleased
+	released := e.state.CompareAndSwap(execRunning, execReleased) || e.state.Load() == execReleased
+	// Marked released all the same: the run's answer is not the key's,
+	// and the release rule keeps a run whose steps took effect.
+	return released && !e.tookEffect()
 }
 
 // Execution describes the protected execution a context belongs to: what

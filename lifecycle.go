@@ -221,10 +221,11 @@ func cutOff(ctx context.Context) error {
 // settle applies the release rule to a run that returned.
 func (l *lease) settle(c *call, x *execution, cut error, rec *record, d StoreDecision) verdict {
 	switch {
-	case (x.released() || d.Release) && l.holdsSteps():
+	case (x.released() || d.Release) && x.tookEffect():
 		// Its steps did take effect, whatever the rest did: a release
-		// would drop their journal, and the retry would repeat them. A
-		// run cut off says why it ended.
+		// would drop their journal (or, in a run that is not resumable,
+		// let the retry run them again), and the retry would repeat them.
+		// A run cut off says why it ended.
 		if cut != nil {
 			return l.keep(cut)
 		}

@@ -2,6 +2,9 @@ package idempotency
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -39,4 +42,95 @@ func TestReleaseReportsWhatItDidAroundSteps(t *testing.T) {
 			require.Equal(t, tc.released, rec == 0, "Release said %v", said)
 		})
 	}
+}
+
+// A run whose step took effect and whose work then answers "not executed"
+// (a database that failed, through WriteError or Release) is kept, never
+// stored: its "in progress" answer is not the key's. With WithResume the
+// retry resumes it (the charge not made again) and gets its answer; without,
+// the key stays interrupted, and nothing runs the charge a second time.
+func TestAnUnavailableAnswerAfterAStepKeepsTheRun(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		resume bool
+		fail   func(w http.ResponseWriter, r *http.Request)
+	}{
+		{"WriteError, resumable", true, func(w http.ResponseWriter, r *http.Request) {
+			WriteError(w, r, fmt.Errorf("%w: the database went away", ErrStoreUnavailable))
+		}},
+		{"Release, resumable", true, func(w http.ResponseWriter, r *http.Request) {
+			Release(r.Context())
+			WriteError(w, r, fmt.Errorf("%w: the database went away", ErrStoreUnavailable))
+		}},
+		{"WriteError, not resumable", false, func(w http.ResponseWriter, r *http.Request) {
+			WriteError(w, r, fmt.Errorf("%w: the database went away", ErrStoreUnavailable))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var opts []Option
+			if tc.resume {
+				opts = append(opts, WithResume())
+			}
+			s := newShop(t, opts...)
+			var charges, runs atomic.Int64
+			s.handler = func(w http.ResponseWriter, r *http.Request) {
+				if _, err := Step(r.Context(), "charge", func(context.Context) (int64, error) { return charges.Add(1), nil }); err != nil {
+					http.Error(w, "step", http.StatusBadGateway)
+					return
+				}
+				if runs.Add(1) == 1 {
+					tc.fail(w, r)
+					return
+				}
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprint(w, `{"ordered":true}`)
+			}
+			c := s.client()
+			first := s.post(c, "/payments", "k", `{}`)
+			require.Equal(t, http.StatusConflict, first.status, first.body)
+			var last answer
+			for range 3 {
+				last = s.post(c, "/payments", "k", `{}`)
+				require.NotEqual(t, "true", last.header.Get(ReplayedHeader), "the first answer was stored: %s", last.body)
+				if last.status == http.StatusCreated {
+					break
+				}
+			}
+			require.EqualValues(t, 1, charges.Load(), "the charge ran once")
+			if !tc.resume {
+				require.Equal(t, http.StatusConflict, last.status, "the key is kept, never run again: %s", last.body)
+				require.EqualValues(t, 1, runs.Load())
+				return
+			}
+			require.Equal(t, http.StatusCreated, last.status, last.body)
+			dup := s.post(c, "/payments", "k", `{}`)
+			require.Equal(t, "true", dup.header.Get(ReplayedHeader))
+			require.Equal(t, `{"ordered":true}`, dup.body)
+		})
+	}
+}
+
+// The same through Do, StoreErrors included: the error that says the run
+// is kept is not stored as the call's result, and the retry resumes it.
+func TestAnUnavailableErrorAfterAStepIsNotStored(t *testing.T) {
+	m, _ := twoInstances(t)
+	var charges, runs atomic.Int64
+	fn := func(ctx context.Context) (int64, error) {
+		n, err := Step(ctx, "charge", func(context.Context) (int64, error) { return charges.Add(1), nil })
+		if err != nil {
+			return 0, err
+		}
+		if runs.Add(1) == 1 {
+			return 0, fmt.Errorf("%w: the database went away", ErrStoreUnavailable)
+		}
+		return n, nil
+	}
+	_, err := Do(context.Background(), m, Key{ID: "k"}, fn, Resumable(), StoreErrors())
+	require.ErrorIs(t, err, ErrInProgress)
+	require.NotErrorIs(t, err, ErrStoreUnavailable)
+	got, err := Do(context.Background(), m, Key{ID: "k"}, fn, Resumable(), StoreErrors())
+	require.NoError(t, err)
+	require.EqualValues(t, 1, got)
+	require.EqualValues(t, 1, charges.Load())
+	require.EqualValues(t, 2, runs.Load())
 }

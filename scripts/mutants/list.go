@@ -245,7 +245,7 @@ var mutants = []mutant{
 	},
 	{
 		name: "rule-release-after-steps", file: "lifecycle.go",
-		from: "case (x.released() || d.Release) && l.holdsSteps():", to: "case false && l.holdsSteps():",
+		from: "case (x.released() || d.Release) && x.tookEffect():", to: "case false && x.tookEffect():",
 		breaks: "a run that journaled steps releases its key, and a retry repeats their effects",
 		steps:  true, tests: "Step|Release|Resum",
 	},

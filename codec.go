@@ -5,7 +5,9 @@ import (
 	"encoding"
 	"encoding/json"
 	"fmt"
+	"math"
 	"reflect"
+	"strings"
 )
 
 // The codec contract: what Do stores for a result decodes, for every
@@ -39,7 +41,7 @@ func CheckResult[T any](codec Codec, v T, body []byte) error {
 	if err := codec.Unmarshal(body, &back); err != nil {
 		return errNotRoundTrip{fmt.Errorf("the stored bytes do not decode: %w", err)}
 	}
-	if where := differs(reflect.ValueOf(v), reflect.ValueOf(back), "result", map[visit]bool{}); where != "" {
+	if where := differs(reflect.ValueOf(v), reflect.ValueOf(back), nil, map[visit]bool{}); where != "" {
 		return errNotRoundTrip{fmt.Errorf("the codec gives it back changed at %s; carry bytes that are not UTF-8 "+
 			"in a []byte, give an interface a concrete type, or use a Codec that keeps it (UseCodec)", where)}
 	}
@@ -66,21 +68,25 @@ var (
 // a nil slice or map equals an empty one. It goes as deep as the values
 // do: a pair of pointers, maps or slices it is comparing already (a value
 // that refers to itself) is not compared again, as reflect.DeepEqual does.
-func differs(a, b reflect.Value, path string, seen map[visit]bool) string {
+//
+// Where it is in the value is a chain of places, spelled out only for the
+// difference it finds: a path string built at every level would cost the
+// square of the depth.
+func differs(a, b reflect.Value, at *place, seen map[visit]bool) string {
 	switch {
 	case !a.IsValid() || !b.IsValid():
 		if a.IsValid() != b.IsValid() {
-			return path
+			return at.String()
 		}
 		return ""
 	case a.Type() != b.Type():
-		return fmt.Sprintf("%s (a %s comes back a %s)", path, a.Type(), b.Type())
+		return fmt.Sprintf("%s (a %s comes back a %s)", at, a.Type(), b.Type())
 	}
 	if t := a.Type(); t.Implements(jsonMarshaler) || t.Implements(textMarshaler) {
 		ja, errA := json.Marshal(a.Interface())
 		jb, errB := json.Marshal(b.Interface())
 		if errA != nil || errB != nil || !bytes.Equal(ja, jb) {
-			return path
+			return at.String()
 		}
 		return ""
 	}
@@ -101,11 +107,11 @@ func differs(a, b reflect.Value, path string, seen map[visit]bool) string {
 	case reflect.Pointer, reflect.Interface:
 		if a.IsNil() || b.IsNil() {
 			if a.IsNil() != b.IsNil() {
-				return path
+				return at.String()
 			}
 			return ""
 		}
-		return differs(a.Elem(), b.Elem(), path, seen)
+		return differs(a.Elem(), b.Elem(), at, seen)
 	case reflect.Struct:
 		t := a.Type()
 		for i := range t.NumField() {
@@ -113,39 +119,74 @@ func differs(a, b reflect.Value, path string, seen map[visit]bool) string {
 			if (!f.IsExported() && !f.Anonymous) || f.Tag.Get("json") == "-" {
 				continue
 			}
-			if where := differs(a.Field(i), b.Field(i), path+"."+f.Name, seen); where != "" {
+			if where := differs(a.Field(i), b.Field(i), &place{up: at, field: f.Name}, seen); where != "" {
 				return where
 			}
 		}
 	case reflect.Map:
 		if a.Len() != b.Len() {
-			return path
+			return at.String()
 		}
 		for it := a.MapRange(); it.Next(); {
-			entry := fmt.Sprintf("%s[%q]", path, it.Key())
-			if where := differs(it.Value(), b.MapIndex(it.Key()), entry, seen); where != "" {
+			if where := differs(it.Value(), b.MapIndex(it.Key()), &place{up: at, key: it.Key()}, seen); where != "" {
 				return where
 			}
 		}
 	case reflect.Slice, reflect.Array:
 		if a.Len() != b.Len() {
-			return path
+			return at.String()
 		}
 		for i := range a.Len() {
-			if where := differs(a.Index(i), b.Index(i), fmt.Sprintf("%s[%d]", path, i), seen); where != "" {
+			if where := differs(a.Index(i), b.Index(i), &place{up: at, index: i, indexed: true}, seen); where != "" {
 				return where
 			}
 		}
 	case reflect.String:
 		if a.String() != b.String() {
-			return path
+			return at.String()
+		}
+	case reflect.Float32, reflect.Float64:
+		// A codec that carries NaN (gob, protobuf) gives back a NaN, which
+		// equals nothing: it came back as it was all the same.
+		if x, y := a.Float(), b.Float(); x != y && !(math.IsNaN(x) && math.IsNaN(y)) {
+			return at.String()
 		}
 	case reflect.Bool, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr,
-		reflect.Float32, reflect.Float64:
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
 		if !a.Equal(b) {
-			return path
+			return at.String()
 		}
 	}
 	return ""
+}
+
+// A place is one step from the result into its value: a field, an index
+// or a map key, after the place up (nil: the result itself).
+type place struct {
+	up      *place
+	field   string
+	indexed bool
+	index   int
+	key     reflect.Value
+}
+
+// String spells the place out from the result: result.Orders[3]["id"].
+func (p *place) String() string {
+	var chain []*place
+	for q := p; q != nil; q = q.up {
+		chain = append(chain, q)
+	}
+	var b strings.Builder
+	b.WriteString("result")
+	for i := len(chain) - 1; i >= 0; i-- {
+		switch q := chain[i]; {
+		case q.field != "":
+			b.WriteString("." + q.field)
+		case q.indexed:
+			fmt.Fprintf(&b, "[%d]", q.index)
+		default:
+			fmt.Fprintf(&b, "[%q]", q.key)
+		}
+	}
+	return b.String()
 }

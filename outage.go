@@ -71,7 +71,8 @@ const outageReportEvery = 10 * time.Second
 // refusal because Redis did not answer begins or continues an outage; an
 // answer that Redis took part in ends it.
 func (o *outageWatch) note(logger *slog.Logger, v verdict, fromRedis bool, now time.Time) *Outage {
-	refused := v.outcome == StoreError && errors.Is(v.err, ErrStoreUnavailable)
+	// A drain refuses new requests too, with Redis in reach: no outage.
+	refused := v.outcome == StoreError && errors.Is(v.err, ErrStoreUnavailable) && !errors.Is(v.err, errShuttingDown)
 	answered := fromRedis && (v.outcome == Executed || v.outcome == Replayed || v.outcome == Waited)
 	if !refused && (!answered || !o.on.Load()) {
 		return nil

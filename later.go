@@ -232,7 +232,9 @@ func (m *Middleware) Shutdown(ctx context.Context) error {
 // returns their errors joined: the way to drain the Middlewares that
 // one-liners (ProtectKey) made, and to drain them all without a list.
 // Like net/http's package-level helpers, it serves programs that keep no
-// handle; a program that does may call each Middleware's Shutdown.
+// handle; a program that does may call each Middleware's Shutdown. It
+// drains the Middlewares that exist when it is called: one that New makes
+// after that is not drained.
 func Shutdown(ctx context.Context) error {
 	var wg sync.WaitGroup
 	live := everyMiddleware()

@@ -11,8 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// A key's record that vanishes while its run takes steps (Redis restarted
-// empty, the record's TTL ran out, an eviction) is no failure of the step
+// A key's record that vanishes while its run takes steps (the record's TTL
+// ran out, an eviction; a restart takes the lock too, and stops the run at
+// its next step: docs/recovery.md) is no failure of the step
 // that took effect after it: the run goes on, and its true answer is
 // stored (the record written back) and replayed, not a failure built on an
 // "another execution's now" that nobody is.

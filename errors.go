@@ -211,6 +211,20 @@ func (x *execution) reported() error {
 	return nil
 }
 
+// ClientError is err as the client of the protected execution on ctx may
+// be told it, for an error handler of one's own (sqlidem's
+// WithErrorHandler): once a step of the execution took effect, an error
+// that says nothing was executed (ErrStoreUnavailable) becomes one that
+// wraps ErrInProgress, and the run is kept for a retry to resume, as
+// WriteError does. Any other error, and any error outside a protected
+// execution, is returned as it is.
+func ClientError(ctx context.Context, err error) error {
+	if x, ok := ctx.Value(executionKey).(*execution); ok {
+		return x.truthful(err)
+	}
+	return err
+}
+
 // truthful is err as it may be told about the execution x: an error that
 // says nothing was executed (ErrStoreUnavailable), once a step of x took
 // effect, says the run is in progress instead; and the answer that says so

@@ -184,6 +184,7 @@ func (s *Store) rolledBack(w http.ResponseWriter, r *http.Request, buf *buffer, 
 // middleware first (idempotency.ReportError), whatever the handler: the
 // middleware logs it once, and its observer sees it.
 func (s *Store) fail(w http.ResponseWriter, r *http.Request, err error) {
+	err = idempotency.ClientError(r.Context(), err) // no "not executed" once a step took effect
 	idempotency.ReportError(r.Context(), err)
 	s.onError(w, r, err)
 }

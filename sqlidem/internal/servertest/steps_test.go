@@ -5,12 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/internal/sqltest"
+	"github.com/onceonly/idempotency/sqlidem"
 )
 
 // A transfer that also calls another system puts the call in a Step. A run
@@ -179,6 +181,45 @@ func TestACutOffRunAfterAStepIsNotStoreUnavailable(t *testing.T) {
 		_, err := l.consume("m1", 7, idempotency.Resumable())
 		if errors.Is(err, idempotency.ErrStoreUnavailable) || !errors.Is(err, idempotency.ErrInProgress) {
 			t.Fatalf("cut off after a step: %v; want ErrInProgress, not ErrStoreUnavailable", err)
+		}
+	})
+}
+
+// A Store's own error handler is told what the client may be told: after a
+// step, a transaction the database kept aborting is in progress (the run is
+// kept, and the retry resumes it without charging again), never
+// ErrStoreUnavailable, whose answer says nothing ran.
+func TestAStoresOwnErrorHandlerIsToldTheTruthAfterAStep(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		d = deferred(t, d)
+		var told atomic.Value
+		b := newBankWith(t, d, []sqlidem.Option{sqlidem.WithAttempts(1),
+			sqlidem.WithErrorHandler(func(w http.ResponseWriter, r *http.Request, err error) {
+				told.Store(err)
+				idempotency.WriteError(w, r, err)
+			})}, idempotency.WithResume())
+		abort := abortsOnce(t, d)
+		var calls atomic.Int64
+		b.beforeDebit = func(ctx context.Context, tx *sql.Tx) error {
+			if _, err := idempotency.Step(ctx, "charge", func(context.Context) (int64, error) { return calls.Add(1), nil }); err != nil {
+				return err
+			}
+			return abort(ctx, tx)
+		}
+		first := b.post("k1", 5)
+		err, _ := told.Load().(error)
+		if first.status != 409 || !errors.Is(err, idempotency.ErrInProgress) || errors.Is(err, idempotency.ErrStoreUnavailable) {
+			t.Fatalf("after the charge, the aborted transaction: %+v, the handler told %v; want 409 in progress", first, err)
+		}
+		var retry reply
+		for range 50 {
+			if retry = b.post("k1", 5); retry.status != 409 {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if retry.status != 201 || calls.Load() != 1 {
+			t.Fatalf("retry: %+v after %d charges; want 201 after one", retry, calls.Load())
 		}
 	})
 }

@@ -244,22 +244,21 @@ func (c *keyCase) checkTakeovers() {
 	}
 	for _, a := range c.starts {
 		answered, ok := c.ownAnswer(a.Exec)
-		if !ok {
+		began := time.Unix(0, a.At)
+		// The window in which a's lease, renewed, still held: from one
+		// lease after it began (a lapse could have come by then) until a
+		// little before its answer, and within its execution timeout.
+		from, to := began.Add(c.cfg.Lease), minTime(answered, began.Add(c.cfg.ExecTimeout)).Add(-c.cfg.Lease/2)
+		if !ok || !to.After(from) || c.h.disturbed(instanceIndex(a.Instance), began.Add(-c.cfg.Lease), answered) {
 			continue
 		}
-		for _, b := range c.starts {
-			claimed := claimTime(b.Fence)
-			if b.Fence <= a.Fence || !claimed.After(time.Unix(0, a.At)) {
-				continue
-			}
-			if claimed.Sub(time.Unix(0, a.At)) > c.cfg.ExecTimeout-c.cfg.Lease/2 ||
-				c.h.disturbed(instanceIndex(a.Instance), time.Unix(0, a.At).Add(-c.cfg.Lease), claimed) {
-				continue
-			}
+		if slices.ContainsFunc(c.exchanges, func(x *exchange) bool { return x.sent.After(from) && x.sent.Before(to) }) {
 			c.h.arm(ruleTakenFromLive)
-			if answered.After(claimed.Add(c.cfg.Lease / 2)) {
+		}
+		for _, b := range c.starts {
+			if claimed := claimTime(b.Fence); b.Fence > a.Fence && claimed.After(began) && claimed.Before(to) {
 				c.fail(ruleTakenFromLive, "%s took the key over %v after %s started, which answered %v later",
-					c.describe(b.Exec), claimed.Sub(time.Unix(0, a.At)).Round(time.Millisecond), c.describe(a.Exec),
+					c.describe(b.Exec), claimed.Sub(began).Round(time.Millisecond), c.describe(a.Exec),
 					answered.Sub(claimed).Round(time.Millisecond))
 			}
 		}

@@ -11,7 +11,9 @@ package idempotency_test
 // a third of them the successor gives the key up instead (Release, or a
 // panic before its status), and the first executor's process is killed
 // after its effect: the undone takeover must hand the key back to it, not
-// free it. The promises at stake are the usual ones: the stale answer is
+// free it. In a quarter of them nothing fails: the first executor is slow
+// and live, and the retry must wait for it (a lease renewed too late lets
+// it take the key over). The promises at stake are the usual ones: the stale answer is
 // never the key's (a replay is of the stored answer: ruleReplayDiffers),
 // and nothing frees or overwrites a claim whose executor took effect.
 
@@ -38,6 +40,15 @@ func (d drawer) takeover(p *plan) {
 	last := &requestPlan{key: k, at: k.start + lease + 2500*time.Millisecond, instance: a, act: actNormal}
 	k.extras = []*requestPlan{retake, last}
 	p.keys = append(p.keys, k)
+	if d.rng.IntN(4) == 0 {
+		// No fault at all: the first executor, slow and live, renews its
+		// lease past the retry's claim, which must wait for its answer.
+		p.cfg.RetryAbandoned = true
+		p.cfg.ExecTimeout = max(p.cfg.ExecTimeout, 3*lease)
+		first.deaf, first.pause = false, 2*lease+d.between(100*time.Millisecond, 300*time.Millisecond)
+		retake.at, retake.act, retake.pause = k.start+lease*3/2, actNormal, 0
+		return
+	}
 	p.faults = append(p.faults, &faultPlan{kind: kindBlackhole, anchor: first, at: cut, instance: a,
 		dur: lease + d.between(400*time.Millisecond, 800*time.Millisecond)})
 	if p.cfg.RetryAbandoned && d.rng.IntN(3) == 0 {

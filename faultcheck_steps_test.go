@@ -40,6 +40,9 @@ import (
 const (
 	routeSteps  = "/steps"
 	stepsHeader = "X-Fc-Steps" // the steps' pauses, in milliseconds, comma-separated
+	// releaseHeader "1": the run gives its key up after its first step, as
+	// a handler that finds the request invalid after a charge does
+	releaseHeader = "X-Fc-Release-After-Step"
 	// stepsBound is how long a key's client retries before the key counts
 	// as never answered: a dead run is resumed within the claim horizon
 	// (at most about 4 s here), and the faults end within seconds.
@@ -133,6 +136,17 @@ func (s *instance) handleSteps(w http.ResponseWriter, r *http.Request) {
 		if ran {
 			x.trace(stepTrace{Kind: stepJournaled, Step: name, Value: v})
 		}
+		if i == 0 && r.Header.Get(releaseHeader) == "1" {
+			// Release after a journaled step: the run is kept, not
+			// released, and the retry resumes it (Release reports false).
+			idempotency.Release(ctx)
+			b, _ := json.Marshal(a)
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set(deliberateHeader, "released")
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			w.Write(b)
+			return
+		}
 		a.Results = append(a.Results, v)
 		time.Sleep(stepGap) // the handler's own work between two calls, which heeds no context
 	}
@@ -205,8 +219,10 @@ type stepsKey struct {
 	scope, id string
 	pauses    []time.Duration
 	deaf      bool // the steps ignore their context
-	start     time.Duration
-	instance  int
+	// release: the first request's run gives its key up after its first step
+	release  bool
+	start    time.Duration
+	instance int
 	// giveUp: the first request's client leaves after this long (0: it
 	// waits for its answer).
 	giveUp time.Duration
@@ -272,6 +288,7 @@ func newStepsPlan(seed uint64, index int) *stepsPlan {
 			// The client's own deadline, at a step boundary.
 			k.giveUp = k.boundary(rng.IntN(len(k.pauses)+1)) + d.between(5*ms, 40*ms)
 		}
+		k.release = rng.IntN(6) == 0
 		p.keys = append(p.keys, k)
 	}
 	kinds := stepsKinds()
@@ -429,6 +446,9 @@ func (r *rig) sendStep(h *stepsHistory, k *stepsKey, inst int, name string, firs
 	req.Header.Set(requestHeader, name)
 	if k.deaf {
 		req.Header.Set(deafHeader, "1")
+	}
+	if first && k.release {
+		req.Header.Set(releaseHeader, "1")
 	}
 	x := &stepsExchange{exchange: exchange{instance: p.name, sent: time.Now()}, key: k, name: name}
 	if first {

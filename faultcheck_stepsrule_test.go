@@ -214,6 +214,8 @@ func stepsLabel(x *stepsExchange) string {
 		return "201"
 	case x.status == http.StatusServiceUnavailable && x.header.Get(deliberateHeader) == "step-failed":
 		return "503 the handler's own: a step failed"
+	case x.status == http.StatusUnprocessableEntity && x.header.Get(deliberateHeader) == "released" && !x.replayed():
+		return "422 the handler's own: it released the key after a step"
 	}
 	return fmt.Sprintf("undocumented %d", x.status)
 }

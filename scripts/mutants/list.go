@@ -218,7 +218,7 @@ var mutants = []mutant{
 		name: "step-again-in-next-attempt", file: "step.go",
 		from: "\tcase done != nil:\n\t\treturn doneStep[T](name, done)", to: "\tcase done != nil && false:\n\t\treturn doneStep[T](name, done)",
 		breaks: "a transaction run again after an abort repeats a step its earlier attempt finished",
-		tests:  "Aborted|NextAttempt|Attempt", pkgs: []string{"./", "./sqlidem/..."},
+		tests:  "Aborted|NextAttempt|Attempt", module: "sqlidem/internal/servertest",
 		unseen: "the steps fault checker runs no transaction that the database aborts; sqlidem's tests abort one",
 	},
 	{
@@ -257,10 +257,10 @@ var mutants = []mutant{
 		faults: "do-cutoff,deadline,outer-timeout", tests: "Cut|Timeout|Deadline|Keep",
 	},
 	{
-		name: "rule-released-work-stored", file: "lifecycle.go",
-		from:   "case x.released(): // the work said so itself: it did nothing",
-		to:     "case x.released() && false:",
-		breaks: "a handler that calls Release has its refusal stored, and the fixed retry is refused key-reused",
+		name: "rule-released-work-stored", file: "execution.go",
+		from:   "released := e.state.CompareAndSwap(execRunning, execReleased) || e.state.Load() == execReleased",
+		to:     "released := false",
+		breaks: "a handler that calls Release gives nothing up: its refusal is stored, and the fixed retry gets it again",
 		faults: "release", tests: "Release",
 	},
 	{

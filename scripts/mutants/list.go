@@ -277,9 +277,10 @@ var mutants = []mutant{
 		faults: "release,panic-before,do-error,redis-stop,blackhole", tests: "Release|Later|Outage",
 	},
 	{
-		name: "rule-do-error-stored", file: "do.go",
-		from: "func (f *funcRun[T]) succeeded() bool { return f.err == nil }", to: "func (f *funcRun[T]) succeeded() bool { return true }",
-		breaks: "a function of Do that fails before any effect has its error stored, and the retry never runs it again",
+		name: "rule-do-error-kept", file: "do.go",
+		from:   "return StoreDecision{Release: f.err != nil && !f.cfg.storeErrors, TTL: f.m.cfg.recordTTL}",
+		to:     "return StoreDecision{Release: false, TTL: f.m.cfg.recordTTL}",
+		breaks: "a function of Do that fails before any effect keeps its key, and the retry never runs it again",
 		faults: "do,do-error", tests: "Do",
 	},
 	// The operator's scripts (internal/keyspace).
@@ -287,7 +288,7 @@ var mutants = []mutant{
 		name: "settle-running-key", file: "internal/keyspace/lua/settle.lua",
 		from: "if redis.call('GET', KEYS[2]) == o then\n  return 'running'", to: "if false then\n  return 'running'",
 		breaks: "an operator's resolve or forget settles a key whose executor still holds it",
-		tests:  "Resolve|Forget|Settle|Running", pkgs: []string{"./admin/", "./internal/keyspace/"},
+		tests:  "TestResolve|TestForget|Operator|Settle",
 		unseen: "the fault checker's histories have no operator; the admin tests settle live keys",
 	},
 	{

@@ -53,3 +53,24 @@ func TestEveryReplayPathChecksTheFingerprint(t *testing.T) {
 		require.EqualValues(t, 1, s.execs.Load()+other.execs.Load())
 	})
 }
+
+// A request with another body under a key whose request runs in this very
+// process is refused at once (422 key-reused), as Redis would refuse it,
+// not made to follow the running request and wait for its end.
+func TestAnotherBodyIsRefusedAtOnceWhileTheKeyRunsHere(t *testing.T) {
+	s := newShop(t, WithWaitTimeout(10*time.Second))
+	release := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	s.handler = func(w http.ResponseWriter, r *http.Request) { <-release; s.defaultHandler(w, r) }
+	c := s.client()
+	first := s.postAsync(c, "/payments", "k", `{"amount":1}`)
+	require.Eventually(t, func() bool { return s.execs.Load() == 1 }, 5*time.Second, time.Millisecond)
+	// A client that gives up long before the running request ends.
+	impatient := *c
+	impatient.Timeout = 5 * time.Second
+	other := s.post(&impatient, "/payments", "k", `{"amount":2}`)
+	requireProblem(t, other, http.StatusUnprocessableEntity, "key-reused")
+	once.Do(func() { close(release) })
+	require.Equal(t, http.StatusCreated, (<-first).status)
+}

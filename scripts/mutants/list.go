@@ -307,8 +307,9 @@ var mutants = []mutant{
 	{
 		name: "flight-follows-other-body", file: "pipeline.go",
 		from: "\t\tcase fl.fp != c.fp:\n", to: "\t\tcase false:\n",
-		breaks: "a request with another body follows the key's running request in this process and gets its answer",
-		faults: "impostor", tests: "Flight|Mismatch|KeyReused|Impostor",
+		breaks: "a request with another body waits for the key's request running in this process, instead of 422 at once",
+		tests:  "TestAnotherBodyIsRefusedAtOnceWhileTheKeyRunsHere|TestEveryReplayPathChecksTheFingerprint",
+		unseen: "a follower's replay checks its own fingerprint (replay.go): a request with another body still gets 422 key-reused, only later; the checker does not time refusals",
 	},
 	{
 		name: "fingerprint-ignores-body", file: "fingerprint.go",

@@ -318,10 +318,11 @@ var mutants = []mutant{
 		faults: "impostor", tests: "Fingerprint|Mismatch|KeyReused",
 	},
 	{
-		name: "key-ignores-scope", file: "keys.go",
-		from: "\tt := appendTag(tag[:0], prefix, 't', scopeDigest(scope))", to: "\tt := appendTag(tag[:0], prefix, 't', scopeDigest(\"\"))",
-		breaks: "one caller's token names the record of another caller's token",
-		faults: "impostor", tests: "Token|Scope",
+		name: "token-mac-ignores-scope", file: "tokensign.go",
+		from: "mac.Write([]byte(scope))", to: "mac.Write(nil)",
+		breaks: "a token issued to one session is spent by another, whose request runs as its own",
+		tests:  "Token|Scope|Session",
+		unseen: "the fault checker's callers never present a token issued to another caller",
 	},
 	{
 		name: "identity-ignores-scope", file: "keys.go",
@@ -334,7 +335,7 @@ var mutants = []mutant{
 		name: "sql-recovery-fence-ignored", file: "sqlidem/store.go",
 		from: "AND state = 'fenced' AND fence <= ?\")", to: "AND state = 'fenced' AND fence >= 0 AND 0 <= ?\")",
 		breaks: "an executor fenced out by a recovery still commits its answer over the fence",
-		tests:  "Fence|Recover|Stale|Abandon", module: "sqlidem", pkgs: []string{"./..."},
+		tests:  "Fence|Recover|Stale|Abandon", module: "sqlidem/internal/servertest",
 		unseen: "the fault checker's instances run no outcome store; sqlidem's crash trials and unit tests hold it",
 	},
 }

@@ -256,6 +256,10 @@ func newPlan(seed uint64, index int, kinds kindSet) *plan {
 	}
 	p.faults = append(p.faults, d.outageAtRelease(p)...)
 	p.faults = append(p.faults, d.drain(p)...)
+	if p.revoke {
+		// A revocation's history restarts no instance (see drawer.late).
+		p.faults = slices.DeleteFunc(p.faults, func(f *faultPlan) bool { return f.kind == kindKill || f.kind == kindDrain })
+	}
 	return p
 }
 

@@ -187,7 +187,7 @@ var mutants = []mutant{
 		name: "watchdog-renews-late", file: "watchdog.go",
 		from: "next := wd.lease / 3", to: "next := 2 * wd.lease",
 		breaks: "a lease is renewed after it ran out, and a slow handler's key is taken over while it runs",
-		faults: "impostor", tests: "Watchdog|Renew|Lease|Slow",
+		faults: "takeover", tests: "Watchdog|Renew|Lease|Slow",
 	},
 	// step.lua and the journal: resumable steps.
 	{

@@ -12,6 +12,9 @@
 #   -report FILE      also write the Markdown report to FILE
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The SQL mutants' tests run on the databases the test command uses.
+export POSTGRES_DSN="${POSTGRES_DSN-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}"
+export MYSQL_DSN="${MYSQL_DSN-root@tcp(127.0.0.1:3306)/test}"
 args=()
 for a in "$@"; do
 	case "$a" in

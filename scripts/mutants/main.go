@@ -61,11 +61,11 @@ func main() {
 		fail(err)
 	}
 	defer os.RemoveAll(copyDir)
+	r := &runner{tree: copyDir, seed: *seed, checkFor: *checkFor, race: *race}
+	began, commit := time.Now(), commitOf(root) // the tree as it was copied
 	if err := copyTree(root, copyDir); err != nil {
 		fail(err)
 	}
-	r := &runner{tree: copyDir, seed: *seed, checkFor: *checkFor, race: *race}
-	began := time.Now()
 	fmt.Printf("mutants: %d of %d, seed %d, the fault checker up to %v each, in a copy of the tree at %s\n",
 		len(chosen), len(mutants), *seed, *checkFor, copyDir)
 	var results []result
@@ -75,7 +75,7 @@ func main() {
 		fmt.Printf("        %s\n", res.line())
 		results = append(results, res)
 	}
-	text := reportText(results, *seed, time.Since(began), commitOf(root))
+	text := reportText(results, *seed, time.Since(began), commit)
 	fmt.Print("\n" + text)
 	if *report != "" {
 		if err := os.WriteFile(*report, []byte(text), 0o644); err != nil {

@@ -153,13 +153,7 @@ func TestACutOffAfterAStepIsNotAnsweredNotExecuted(t *testing.T) {
 		if r.status != 409 || r.problem != "in-progress" || r.header.Get("Retry-After") == "" {
 			t.Fatalf("cut off after the charge: %+v; want 409 in-progress with Retry-After", r)
 		}
-		var retry reply
-		for range 50 {
-			if retry = b.post("k1", 5); retry.status != 409 {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		retry := b.postWhileInProgress("k1", 5)
 		if retry.status != 201 || calls.Load() != 1 {
 			t.Fatalf("retry: %+v after %d charges; want 201 after one", retry, calls.Load())
 		}
@@ -211,15 +205,22 @@ func TestAStoresOwnErrorHandlerIsToldTheTruthAfterAStep(t *testing.T) {
 		if first.status != 409 || !errors.Is(err, idempotency.ErrInProgress) || errors.Is(err, idempotency.ErrStoreUnavailable) {
 			t.Fatalf("after the charge, the aborted transaction: %+v, the handler told %v; want 409 in progress", first, err)
 		}
-		var retry reply
-		for range 50 {
-			if retry = b.post("k1", 5); retry.status != 409 {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		retry := b.postWhileInProgress("k1", 5)
 		if retry.status != 201 || calls.Load() != 1 {
 			t.Fatalf("retry: %+v after %d charges; want 201 after one", retry, calls.Load())
 		}
 	})
+}
+
+// postWhileInProgress sends the transfer again until it is no longer
+// answered 409 (a kept run the retry resumes), for five seconds at most.
+func (b *bank) postWhileInProgress(key string, amount int64) reply {
+	var r reply
+	for range 50 {
+		if r = b.post(key, amount); r.status != 409 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return r
 }

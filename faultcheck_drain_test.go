@@ -235,12 +235,8 @@ func (c *keyCase) drainLogged(d *drainReport) string {
 // answeredBy reports whether the client of exec's request got exec's own
 // answer: the call, store tries included, was over.
 func (c *keyCase) answeredBy(exec string) bool {
-	for _, x := range c.exchanges {
-		if a := read(x).answer; a != nil && a.Exec == exec && !x.replayed() {
-			return true
-		}
-	}
-	return false
+	_, ok := c.ownAnswer(exec)
+	return ok
 }
 
 // claimedBetween reports whether an execution of the key was claimed after

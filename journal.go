@@ -38,6 +38,9 @@ type journal struct {
 	proofUntil time.Time
 	stopped    bool
 	began      bool // a step's function began in this run
+	// resumes: the run took over an earlier one, whose step may have begun
+	// without being journaled (it stopped first), and taken effect.
+	resumes bool
 }
 
 // The kinds of a journal entry.
@@ -59,9 +62,14 @@ type journalEntry struct {
 }
 
 // newJournal is the journal of a resumable run under l, holding what the
-// claim handed over (text, the journal of the runs it resumes).
-func newJournal(l *lease, text string) (*journal, error) {
-	j := &journal{l: l, resumable: true, limit: l.m.cfg.maxResponse}
+// claim handed over when it took earlier runs over (handed, the journal of
+// the runs it resumes; nil for a fresh claim).
+func newJournal(l *lease, handed *string) (*journal, error) {
+	j := &journal{l: l, resumable: true, limit: l.m.cfg.maxResponse, resumes: handed != nil}
+	var text string
+	if handed != nil {
+		text = *handed
+	}
 	entries, err := parseJournal(text)
 	if err != nil {
 		return nil, err
@@ -219,20 +227,12 @@ func (j *journal) proven(sent time.Time, p runProof) {
 }
 
 // tookEffect reports whether a step of the run may have taken effect: one
-// began its function, or the runs it resumes journaled one.
+// began its function, or the run resumes others, which may have begun one
+// (journaled or not: a run that stopped mid-step journaled nothing of it).
 func (j *journal) tookEffect() bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.began || j.size > 0
-}
-
-// holdsSteps reports whether the key's record holds journaled steps:
-// releasing the key would drop them, and a retry would repeat their
-// effects, so such a run is kept for the next to resume.
-func (j *journal) holdsSteps() bool {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return j.size > 0
+	return j.began || j.size > 0 || j.resumes
 }
 
 // lostStep reports whether a step's result may be missing from the

@@ -28,8 +28,9 @@ import (
 //	what happened                                              the key
 //	the claim failed, or its reply never came                  released
 //	the lease ran out before the work started                  released
-//	the handler panicked before its status was sent            released
-//	the function panicked (Do)                                 released
+//	the handler panicked before its status was sent, and
+//	  before any step began                                    released
+//	the function panicked (Do), before any step began          released
 //	Release(ctx) was called while the work ran                 released
 //	the store policy releases the answer, or the function
 //	  returned an error (Do without StoreErrors)               released
@@ -142,7 +143,7 @@ func (l *lease) execute(c *call) verdict {
 	defer func() {
 		switch {
 		case settled:
-		case !returned && !c.work.committed() && cutOff(ctx) == nil && !l.holdsSteps():
+		case !returned && !c.work.committed() && cutOff(ctx) == nil && !x.tookEffect():
 			l.release(c.ctx)
 		default: // after its status, after it returned, or once cut off
 			l.keep(ErrHandlerPanicked)
@@ -393,27 +394,19 @@ var (
 	errStepNotJournaled = errors.New("idempotency: a step of the run was not journaled and the run did not succeed")
 )
 
-// holdsSteps reports whether the key's record holds journaled steps (see
-// journal.holdsSteps).
-func (l *lease) holdsSteps() bool { return l.steps != nil && l.steps.holdsSteps() }
-
 // resumeFrom starts the journal of a resumable run from what its claim
 // handed over (handed: the steps of the runs it takes over, or nil). A
 // journal that cannot be read cannot be resumed from: as for an answer that
 // cannot be decoded, retrying cannot help.
 func (l *lease) resumeFrom(handed *string) verdict {
-	var text string
-	if handed != nil {
-		text = *handed
-	}
-	j, err := newJournal(l, text)
+	j, err := newJournal(l, handed)
 	if err != nil {
 		l.m.cfg.logger.Error("idempotency: an abandoned run's step journal cannot be read", "key", l.k.record, "error", err)
 		l.end()
 		l.letGo()
 		return refuse(ErrUnreadableRecord)
 	}
-	if text != "" {
+	if len(j.entries) > 0 {
 		l.m.cfg.logger.Info("idempotency: resuming an abandoned run", "key", l.k.record, "fence", l.fence,
 			"journaled steps", len(j.entries))
 	}

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sync/atomic"
 	"testing"
@@ -133,4 +134,42 @@ func TestAnUnavailableErrorAfterAStepIsNotStored(t *testing.T) {
 	require.EqualValues(t, 1, got)
 	require.EqualValues(t, 1, charges.Load())
 	require.EqualValues(t, 2, runs.Load())
+}
+
+// A run that resumes another resumes whatever that one began: here the
+// first run panicked inside its charge, after the charge took effect and
+// before its result was journaled. The resumed run, answering "not
+// executed" before its own first step (its database went away), would send
+// the client off to start over with a new key and be charged twice: it
+// answers in-progress instead, and the key is kept for the next retry.
+func TestAResumedRunNeverAnswersNotExecuted(t *testing.T) {
+	s := newShop(t, WithResume(), WithLogger(slog.New(slog.DiscardHandler)))
+	var charges, runs atomic.Int64
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		switch runs.Add(1) {
+		case 1:
+			Step(r.Context(), "charge", func(context.Context) (int64, error) {
+				charges.Add(1)
+				panic("the process dies mid-charge")
+			})
+		case 2:
+			WriteError(w, r, fmt.Errorf("%w: the database went away", ErrStoreUnavailable))
+			return
+		}
+		n, err := Step(r.Context(), "charge", func(context.Context) (int64, error) { return charges.Add(1), nil })
+		if err != nil {
+			WriteError(w, r, err)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"charges":%d}`, n)
+	}
+	c := s.client()
+	s.postDropped("/payments", "k", `{}`)
+	second := s.post(c, "/payments", "k", `{}`)
+	require.NotEqual(t, http.StatusServiceUnavailable, second.status, "a resumed run said not executed: %s", second.body)
+	requireProblem(t, second, http.StatusConflict, "in-progress")
+	third := s.post(c, "/payments", "k", `{}`)
+	require.Equal(t, http.StatusCreated, third.status, third.body)
+	require.EqualValues(t, 3, runs.Load())
 }

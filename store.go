@@ -158,9 +158,8 @@ func (s *store) claimReply(k keys, cmd *redis.Cmd) (claim, error) {
 		}
 		cl := claim{outcome: outcomeClaimed, fence: fence, retaken: len(reply) > 2}
 		if len(reply) > 3 {
-			if j, _ := reply[3].(string); j != "" {
-				cl.journal = &j
-			}
+			j, _ := reply[3].(string) // empty when the runs taken over journaled nothing
+			cl.journal = &j
 		}
 		return cl, nil
 	case "done":

@@ -231,15 +231,15 @@ var mutants = []mutant{
 	// lifecycle.go: the release rule, row by row.
 	{
 		name: "rule-panic-after-status-releases", file: "lifecycle.go",
-		from:   "case !returned && !c.work.committed() && cutOff(ctx) == nil && !l.holdsSteps():",
-		to:     "case !returned && cutOff(ctx) == nil && !l.holdsSteps():",
+		from:   "case !returned && !c.work.committed() && cutOff(ctx) == nil && !x.tookEffect():",
+		to:     "case !returned && cutOff(ctx) == nil && !x.tookEffect():",
 		breaks: "a handler that panics after its status went out has its key released, and a retry runs again",
 		faults: "panic-after", tests: "Panic",
 	},
 	{
 		name: "rule-panic-before-keeps", file: "lifecycle.go",
-		from:   "case !returned && !c.work.committed() && cutOff(ctx) == nil && !l.holdsSteps():",
-		to:     "case false && !returned && !c.work.committed() && cutOff(ctx) == nil && !l.holdsSteps():",
+		from:   "case !returned && !c.work.committed() && cutOff(ctx) == nil && !x.tookEffect():",
+		to:     "case false && !returned && !c.work.committed() && cutOff(ctx) == nil && !x.tookEffect():",
 		breaks: "a handler that panics before any effect or status keeps its key interrupted, though nothing ran",
 		faults: "panic-before", tests: "Panic",
 	},

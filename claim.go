@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/bsm/redislock"
-	"github.com/redis/go-redis/v9"
 )
 
 // claim takes the key's lease and claims the key in Redis. It returns the
@@ -96,15 +95,9 @@ func (m *Middleware) claimOnce(c *call, k keys) (*lease, verdict) {
 	switch cl.outcome {
 	case outcomeClaimed:
 		l.watch()
-		if k.confirm && !cl.retaken {
-			if err := m.confirmSecret(c, k, r); err != nil {
-				l.release(c.ctx) // nothing ran: the token goes back
-				return nil, refuse(err)
-			}
-		}
 		if l.wd.isLost() {
-			// The lease ran out during the claim, the replica wait or the
-			// secret's confirmation: another instance may own the key by
+			// The lease ran out during the claim or the replica wait:
+			// another instance may own the key by
 			// now, so the handler must not start. Nothing ran; the claim is
 			// undone if still ours.
 			l.release(c.ctx)
@@ -286,23 +279,4 @@ func (m *Middleware) cacheExpiry(rec *record) time.Time {
 		return until
 	}
 	return rec.expires
-}
-
-// confirmSecret makes sure Redis keeps the secret that signed the token
-// whose fresh claim went in (tokenconfirm.go). r carries the claim's own
-// reading of it, when the claim rode with the lock. A token whose secret
-// the fleet no longer keeps was never spent, and now never will be: it is
-// answered as unknown.
-func (m *Middleware) confirmSecret(c *call, k keys, r *rode) error {
-	var read *redis.StringCmd
-	if r != nil {
-		read = r.secret
-	}
-	ctx, cancel := m.store.stepContext(c.ctx)
-	defer cancel()
-	err := m.tokens.confirm(ctx, c.tokenSecret, read)
-	if errors.Is(err, errSecretMoved) {
-		return ErrTokenNotFound
-	}
-	return err
 }

@@ -63,9 +63,10 @@
 //	options.go       Option and every With option, their defaults and checks
 //	errors.go        the sentinel errors, their problem types, DefaultErrorHandler
 //	token.go         TokenHandler, FormField, IssueToken: issuing tokens
-//	tokensign.go     how an issued token is signed, and its secret
+//	tokenkeys.go     TokenKeys, WithTokenKeys, ParseTokenKeys: the key ring, configuration
+//	tokensign.go     how an issued token is signed, and checked against the ring
+//	tokensigners.go  instances that sign with different keys, found at start-up
 //	tokencheck.go    which of the caller's sessions a token was issued to
-//	tokenconfirm.go  a token is spent only while Redis keeps its secret
 //	do.go            Do and Key: the function adapter
 //	codec.go         CheckResult: a result comes back exactly, or is not stored
 //	handler.go       the HTTP adapter over the lifecycle

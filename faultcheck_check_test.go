@@ -56,7 +56,7 @@ var checkedRules = []string{
 	ruleUnfinished, ruleUnprotected, ruleSharedFence, ruleTakenFromLive, ruleAnswerLost,
 	ruleDrainLost, ruleDrainRanAgain, ruleDrainInterrupted, ruleDrainNoExit,
 	ruleRefusedRan, ruleCrowdWaiter, ruleCrowdFresh,
-	ruleRefusedTokenRan, ruleHeldTokenRefused, ruleUnheldTokenSpent, ruleTokenOfNoSecret, ruleSpentTokenRefused, ruleRevokedTokenSpent,
+	ruleRefusedTokenRan, ruleSpentTokenRefused, ruleRevokedTokenSpent,
 }
 
 // A violation is one broken rule in one history.
@@ -676,9 +676,9 @@ var documented = map[string]int{
 //     between x's instance and Redis (or of Redis) around x.
 //   - not-replayable: a panic after the status cut an answer short.
 //   - token-not-found: "this token is not one this caller may spend": only
-//     a revocation, or a Redis restart, which may lose the token secret,
-//     can make a token the rig issued unknown (checkTokens judges which
-//     instance may say so).
+//     a revocation of the key that signed it, before the request, can make
+//     a token the rig issued unknown; a Redis restart cannot (the key ring
+//     is configuration).
 //
 // Every request of a history is well formed and every answer small, so no
 // other problem has a cause.
@@ -710,8 +710,8 @@ func (c *keyCase) uncaused(x *exchange, slug string) string {
 		switch {
 		case c.k.route != routeForm:
 			return "the key is not a token"
-		case !c.h.plan.revoke && !slices.ContainsFunc(c.h.faults, func(f faultEvent) bool { return f.kind == kindRedisRestart }):
-			return "Redis never restarted and no secret was revoked, so every instance holds the secret that signed the token"
+		case c.h.revoked.IsZero() || x.sent.Before(c.h.revoked):
+			return "no key was revoked before it, and every instance spends the tokens of the key that signed it"
 		}
 		return ""
 	}

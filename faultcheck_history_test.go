@@ -41,8 +41,6 @@ type history struct {
 	stray map[string]admin.KeyState
 	// faults injected while it ran, by any history
 	faults []faultEvent
-	// the token secrets Redis held for its prefix (restartRedis)
-	secrets [][]byte
 	// what the check excused, and why: counted apart in the report
 	notes map[string]int
 	// how often each rule's precondition came up: a rule never armed in a
@@ -53,13 +51,11 @@ type history struct {
 	lags []time.Duration
 	// keys whose answer may still have been on its way (awaitStores)
 	undecided map[*keyPlan]bool
-	// the late phase: when its prompts began, when it read what the
-	// token-mode keys' records held, and what; unsure when the prompts
-	// ran out before the instances could have agreed
-	latePrompts, lateRead time.Time
-	lateStates            map[*keyPlan]*admin.KeyState
-	lateUnsure            bool
-	lateKnown             [][]byte // the secret and the retired ones in Redis then
+	// the late phase: when its key ring revoked the one that signed the
+	// history's tokens (zero: none did), when it read what the token-mode
+	// keys' records held, and what
+	revoked, lateRead time.Time
+	lateStates        map[*keyPlan]*admin.KeyState
 }
 
 // note counts something a fault excused.
@@ -117,7 +113,6 @@ func (r *rig) run(p *plan) *history {
 			h.sent[q], h.answered[q] = make(chan struct{}), make(chan struct{})
 		}
 	}
-	r.secrets.begin(p.cfg.Prefix)
 	r.issueTokens(p)
 	h.began = time.Now()
 	var wg sync.WaitGroup
@@ -501,11 +496,6 @@ func (r *rig) collect(h *history) {
 		r.fail("inspecting: %v", err)
 		return
 	}
-	if err := r.secrets.read(ctx, r.storeDB, cfg.Prefix); err != nil {
-		r.fail("reading the token secrets: %v", err)
-		return
-	}
-	h.secrets = r.secrets.of(cfg.Prefix)
 	h.stray = map[string]admin.KeyState{}
 	names, err := scanAll(ctx, r.storeDB, cfg.Prefix+":*:r")
 	if err != nil {
@@ -581,12 +571,6 @@ func (h *history) story(k *keyPlan) []string {
 			continue
 		}
 		for _, tr := range h.traces[key] {
-			if tr.Kind == traceHeld {
-				// The tokens issued, by the secrets they name.
-				for i, held := range tr.Held {
-					tr.Held[i] = h.secretName(key.scope, held)
-				}
-			}
 			lines = append(lines, line{at: time.Unix(0, tr.At), text: tr.Instance + "  " + traceText(tr)})
 		}
 	}
@@ -613,9 +597,6 @@ func (h *history) story(k *keyPlan) []string {
 	for _, key := range h.plan.keys {
 		if k == nil || key == k {
 			text := fmt.Sprintf("=  %s ends: %s", key, stateText(h.states[key]))
-			if key.route == routeForm {
-				text += "; its token is of secret " + h.secretName(key.scope, key.token)
-			}
 			lines = append(lines, line{at: h.collected, text: text})
 		}
 	}
@@ -636,15 +617,6 @@ func (h *history) story(k *keyPlan) []string {
 		out = append(out, fmt.Sprintf("%+8.3fs  %s", l.at.Sub(h.began).Seconds(), text))
 	}
 	return out
-}
-
-// secretName names the secret that signed token by its rank among those
-// Redis held for the history's prefix.
-func (h *history) secretName(scope, token string) string {
-	if i := signer(h.secrets, h.plan.cfg.Prefix, scope, token); i >= 0 {
-		return fmt.Sprintf("#%d", i+1)
-	}
-	return "unknown"
 }
 
 func minTime(a, b time.Time) time.Time {
@@ -692,8 +664,6 @@ func traceText(tr trace) string {
 		return fmt.Sprintf("execution %s: effect refused, token %d is below the key's highest", tr.Exec, tr.Fence)
 	case traceCancelled:
 		return fmt.Sprintf("execution %s: its context ended (%s)", tr.Exec, tr.Cause)
-	case traceHeld:
-		return fmt.Sprintf("%s: the instance signed with secret %s before it, %s after", tr.Request, tr.Held[0], tr.Held[1])
 	}
 	return fmt.Sprintf("execution %s: %s", tr.Exec, tr.Kind)
 }

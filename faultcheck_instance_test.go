@@ -96,6 +96,9 @@ type historyConfig struct {
 	RetryAbandoned bool
 	NoTransient    bool // StoreNoTransient instead of StoreAll
 	Cache          bool // the in-process response cache
+	// TokenKeys is the key ring every instance signs and checks tokens
+	// with, as ParseTokenKeys reads it: the same configuration everywhere.
+	TokenKeys string
 }
 
 // recordTTL outlives every history by far: a record that expired during
@@ -117,6 +120,9 @@ func (c historyConfig) options() []idempotency.Option {
 			return "", errors.New("no client")
 		}),
 		idempotency.WithLogger(slog.New(drainLog{slog.NewJSONHandler(os.Stdout, nil)})),
+	}
+	if ring, err := idempotency.ParseTokenKeys(c.TokenKeys); err == nil {
+		opts = append(opts, idempotency.WithTokenKeys(ring))
 	}
 	if c.RetryAbandoned {
 		opts = append(opts, idempotency.WithRetryAbandoned())
@@ -167,11 +173,7 @@ type trace struct {
 	Request  string `json:"q,omitempty"` // the driver's name of the request
 	Instance string `json:"i"`
 	Cause    string `json:"c,omitempty"` // of a cancellation
-	// Held names the secret the instance signed with around a token-mode
-	// request: a token it issued to the caller just before, and one just
-	// after ("" when it could not).
-	Held [2]string `json:"h,omitzero"`
-	At   int64     `json:"t"` // Unix nanoseconds
+	At       int64  `json:"t"`           // Unix nanoseconds
 }
 
 const (
@@ -179,7 +181,6 @@ const (
 	traceEffect    = "effect"
 	traceFencedOut = "fenced-out"
 	traceCancelled = "cancelled"
-	traceHeld      = "held"
 	causeLockLost  = "lock lost"
 	causeDeadline  = "deadline"
 )
@@ -362,19 +363,22 @@ func (s *instance) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // historyRoutes are one history's routes, behind its middleware.
 type historyRoutes struct {
+	ring     string // the key ring they were made with
 	m        *idempotency.Middleware
 	mux      *http.ServeMux
 	inflight atomic.Int64 // requests inside the middleware
 }
 
-// routes returns the history's routes, made on its first request. The
-// middleware is made outside the lock: New asks Redis for its eviction
-// policy, which takes a while when a fault is on.
+// routes returns the history's routes, made on its first request, and
+// made again when its key ring changed (a revocation), as an instance
+// restarted with a new configuration would. The middleware is made
+// outside the lock: New asks Redis for its eviction policy, which takes a
+// while when a fault is on.
 func (s *instance) routes(cfg historyConfig) *historyRoutes {
 	s.mu.Lock()
 	h := s.histories[cfg.Prefix]
 	s.mu.Unlock()
-	if h != nil {
+	if h != nil && h.ring == cfg.TokenKeys {
 		return h
 	}
 	h = s.newRoutes(cfg)
@@ -384,7 +388,7 @@ func (s *instance) routes(cfg historyConfig) *historyRoutes {
 	if len(s.made) > keptMiddlewares {
 		s.made = slices.Delete(s.made, 0, len(s.made)-keptMiddlewares)
 	}
-	if first := s.histories[cfg.Prefix]; first != nil {
+	if first := s.histories[cfg.Prefix]; first != nil && first.ring == cfg.TokenKeys {
 		return first // another request of the history made them meanwhile
 	}
 	s.histories[cfg.Prefix] = h
@@ -398,7 +402,7 @@ func (s *instance) routes(cfg historyConfig) *historyRoutes {
 
 func (s *instance) newRoutes(cfg historyConfig) *historyRoutes {
 	m := idempotency.New(s.store, cfg.options()...)
-	h := &historyRoutes{m: m, mux: http.NewServeMux()}
+	h := &historyRoutes{ring: cfg.TokenKeys, m: m, mux: http.NewServeMux()}
 	protected := h.counted(m.ProtectKey(http.HandlerFunc(s.handle)))
 	h.mux.Handle("POST /key", protected)
 	// A timeout handler outside the middleware: it answers 503 itself
@@ -412,7 +416,7 @@ func (s *instance) newRoutes(cfg historyConfig) *historyRoutes {
 	// Token mode: the token is issued to the caller's scope, and spent on
 	// the form route.
 	h.mux.Handle("GET "+routeFormToken, m.TokenHandler())
-	h.mux.Handle("POST "+routeForm, h.counted(s.holding(m, m.Protect(http.HandlerFunc(s.handle)))))
+	h.mux.Handle("POST "+routeForm, h.counted(m.Protect(http.HandlerFunc(s.handle))))
 	return h
 }
 
@@ -655,34 +659,6 @@ func (s *instance) trace(prefix, scope, key string, tr trace) {
 	if err := s.effects.RPush(context.Background(), traceKey(prefix, scope, key), b).Err(); err != nil {
 		log.Fatalf("faultcheck instance %s: tracing failed: %v", s.spec.Name, err)
 	}
-}
-
-// holding traces which secret m signs tokens with around a token-mode
-// request: m issues the caller a token just before and just after it (in
-// memory, from the secret it holds), so the check can tell whether the
-// request's token was signed with that secret.
-func (s *instance) holding(m *idempotency.Middleware, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		before := heldToken(m, r)
-		next.ServeHTTP(w, r)
-		after := heldToken(m, r)
-		var cfg historyConfig
-		json.Unmarshal([]byte(r.Header.Get(configHeader)), &cfg)
-		s.trace(cfg.Prefix, r.Header.Get(clientHeader), r.Header.Get(idempotency.KeyHeader), trace{Kind: traceHeld,
-			Request: r.Header.Get(requestHeader), Instance: s.spec.Name, Held: [2]string{before, after}, At: time.Now().UnixNano()})
-	})
-}
-
-// heldToken is a token m issues to r's caller, "" when it holds no secret
-// and Redis does not answer.
-func heldToken(m *idempotency.Middleware, r *http.Request) string {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	t, err := m.IssueTokenFor(r.WithContext(ctx), r.Header.Get(clientHeader))
-	if err != nil {
-		return ""
-	}
-	return t.Value
 }
 
 func (x *run) stamp(tr trace) trace {

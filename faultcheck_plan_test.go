@@ -1,6 +1,7 @@
 package idempotency_test
 
 import (
+	"encoding/base64"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -39,7 +40,7 @@ const (
 	kindRedisRestart = "redis-restart" // Redis killed and started again, empty, on its port
 	kindSaturate     = "saturate"      // hundreds of new keys during an outage: the background queue refuses claims
 	kindCrowd        = "crowd"         // hundreds of duplicates waiting on one key under a small maxclients
-	kindRevoke       = "revoke"        // the operator revokes the token secret; unspent tokens come after
+	kindRevoke       = "revoke"        // the operator revokes the token key; unspent tokens come after
 )
 
 var allKinds = []string{
@@ -97,9 +98,9 @@ type plan struct {
 	cfg    historyConfig
 	keys   []*keyPlan
 	faults []*faultPlan
-	// late: token-mode keys are sent again after the secret rechecks,
-	// once instance lateRenew (-1: none) has been started anew; revoke:
-	// the token secret was revoked before them (faultcheck_revoke_test.go).
+	// late: token-mode keys are sent again once the history settled,
+	// after instance lateRenew (-1: none) was started anew; revoke: the
+	// key that signed their tokens was revoked before (faultcheck_revoke_test.go).
 	late      bool
 	lateRenew int
 	revoke    bool
@@ -134,8 +135,8 @@ type keyPlan struct {
 	// extras go at their own moments: duplicates (a double click, a
 	// second instance's redelivery) and impostors.
 	extras []*requestPlan
-	// late go once the instances have rechecked the token secrets, after
-	// a Redis restart (faultcheck_recheck_test.go).
+	// late go once the history settled, after a Redis restart or a
+	// revocation (faultcheck_late_test.go).
 	late []*requestPlan
 }
 
@@ -256,10 +257,6 @@ func newPlan(seed uint64, index int, kinds kindSet) *plan {
 	}
 	p.faults = append(p.faults, d.outageAtRelease(p)...)
 	p.faults = append(p.faults, d.drain(p)...)
-	if p.revoke {
-		// A revocation's history restarts no instance (see drawer.late).
-		p.faults = slices.DeleteFunc(p.faults, func(f *faultPlan) bool { return f.kind == kindKill || f.kind == kindDrain })
-	}
 	return p
 }
 
@@ -276,7 +273,17 @@ func drawConfig(rng *rand.Rand, prefix string) historyConfig {
 		RetryAbandoned: rng.IntN(5) < 2,
 		NoTransient:    rng.IntN(2) == 0,
 		Cache:          rng.IntN(2) == 0,
+		TokenKeys:      "sign=" + drawKey(rng),
 	}
+}
+
+// drawKey draws a token key from rng, so that a seed gives the same ring.
+func drawKey(rng *rand.Rand) string {
+	key := make([]byte, 32)
+	for i := range key {
+		key[i] = byte(rng.IntN(256))
+	}
+	return base64.RawURLEncoding.EncodeToString(key)
 }
 
 // drawer draws the parts of a plan.

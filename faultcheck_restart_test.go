@@ -13,57 +13,35 @@ package idempotency_test
 //     was lost may end with no record.
 //   - A key first claimed after the restart is held to every rule, as are
 //     two claims on the same side of it.
-//   - Tokens: each instance keeps the secret it holds and writes it back;
-//     a middleware that loads the secret after the restart, before any
-//     wrote it back, makes a new one, and until the instances have
-//     rechecked (10 s each) each refuses the other's tokens as unknown.
-//     A token is spent only while Redis keeps its secret: an instance
-//     that finds another there gives the claim back, answers
-//     token-not-found, and has taken the fleet's secret before it answers
-//     (tokenconfirm.go). So an instance never refuses a token signed with
-//     the secret it holds, and still holds, once it has answered (whether
-//     or not its record exists), and never spends one signed with another:
-//     a secret it no longer holds answers only from the record
-//     (lookup-only). Which secret signed a token the check reads from the
-//     token itself and the secrets Redis held: read before every restart
-//     (writes paused meanwhile, so no secret is made unseen) and at the end.
+//   - Tokens keep meaning what they meant: the key ring that signs and
+//     checks them is configuration (tokenkeys.go), which Redis never held.
+//     A spent token whose record the restart lost may be spent again (a
+//     run counted apart, as above); no token is ever refused as unknown
+//     for it (an uncaused token-not-found).
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/onceonly/idempotency/internal/redistest"
-	"github.com/redis/go-redis/v9"
 )
 
-const (
-	ruleRefusedTokenRan  = "a token answered token-not-found ran, with no Redis restart between"
-	ruleHeldTokenRefused = "an instance refused a token signed with the secret it holds"
-	ruleUnheldTokenSpent = "an instance spent a token not signed with the secret it holds"
-	ruleTokenOfNoSecret  = "a token was signed with no secret Redis ever held for its prefix"
-)
+const ruleRefusedTokenRan = "a token answered token-not-found ran, with no Redis restart between"
 
 // What a restart excuses, counted apart in the report.
 const (
 	noteRanAgain       = "a key ran again after a Redis restart forgot its record"
 	noteForgottenReply = "a replay of an answer whose record a Redis restart lost"
 	noteForgottenEnd   = "a key that ran ends with no record after a Redis restart"
-	noteSplitRefusal   = "a token refused by an instance holding another secret after a Redis restart"
-	noteMovedRefusal   = "a token refused as Redis kept another secret, by its instance, which took that one"
 )
 
 // restartRedis kills Redis and starts a new, empty one on its port after
-// down. Writes are paused first, and the token secrets of every prefix
-// read, so that no secret is made and lost unseen. The restart counts from
+// down. Writes are paused first. The restart counts from
 // Redis's clock once writes are paused: a claim (a script, which writes)
 // whose fencing token is below it was made on the old server, one above
 // it on the new. Call with r.redisFaults held.
@@ -80,9 +58,6 @@ func (r *rig) restartRedis(down time.Duration, ev *faultEvent) string {
 		return "no restart"
 	}
 	ev.from = paused
-	if err := r.secrets.read(ctx, r.storeDB, "*"); err != nil {
-		r.fail("reading the token secrets before a restart: %v", err)
-	}
 	began := time.Now()
 	r.store.Stop()
 	time.Sleep(down)
@@ -96,101 +71,9 @@ type rigT struct{ r *rig }
 func (t rigT) Cleanup(f func())                  { t.r.t.Cleanup(f) }
 func (t rigT) Fatalf(format string, args ...any) { t.r.fail(format, args...) }
 
-// secretBook is every token secret seen in Redis for the prefixes of the
-// histories that run.
-type secretBook struct {
-	mu sync.Mutex
-	m  map[string][][]byte // nil for a prefix whose history is not running
-}
-
-// begin starts recording the secrets of prefix.
-func (b *secretBook) begin(prefix string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.m == nil {
-		b.m = map[string][][]byte{}
-	}
-	b.m[prefix] = [][]byte{}
-}
-
-// read adds the secrets (current and retired) of the prefixes that match
-// pattern.
-func (b *secretBook) read(ctx context.Context, db *redis.Client, pattern string) error {
-	names, err := scanAll(ctx, db, pattern+":token-secret")
-	if err != nil {
-		return err
-	}
-	for _, name := range names {
-		prefix := name[:len(name)-len(":token-secret")]
-		secret, err := db.Get(ctx, name).Bytes()
-		if err != nil && err != redis.Nil {
-			return err
-		}
-		retired, err := db.ZRange(ctx, name+":retired", 0, -1).Result()
-		if err != nil {
-			return err
-		}
-		b.add(prefix, secret)
-		for _, s := range retired {
-			b.add(prefix, []byte(s))
-		}
-	}
-	return nil
-}
-
-func (b *secretBook) add(prefix string, secret []byte) {
-	if len(secret) == 0 {
-		return
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	seen, running := b.m[prefix]
-	if !running {
-		return
-	}
-	for _, s := range seen {
-		if hmac.Equal(s, secret) {
-			return
-		}
-	}
-	b.m[prefix] = append(seen, secret)
-}
-
-// of returns the secrets seen for prefix, and forgets them.
-func (b *secretBook) of(prefix string) [][]byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	s := b.m[prefix]
-	delete(b.m, prefix)
-	return s
-}
-
-// signer returns the index in secrets of the secret that signed token for
-// scope under prefix, or -1. An issued token is its expiry (8 bytes) and a
-// nonce (16), then the first 16 bytes of an HMAC-SHA256, under the secret,
-// of a domain string, the prefix, the scope and those 24 bytes, in
-// unpadded URL-safe base64 (tokensign.go). Should that layout change, every
-// token reads as signed by no secret (ruleTokenOfNoSecret).
-func signer(secrets [][]byte, prefix, scope, token string) int {
-	b, err := base64.RawURLEncoding.DecodeString(token)
-	if err != nil || len(b) != 40 {
-		return -1
-	}
-	for i, secret := range secrets {
-		mac := hmac.New(sha256.New, secret)
-		mac.Write([]byte("idempotency/token\x00" + prefix + "\x00" + scope + "\x00"))
-		mac.Write(b[:24])
-		if hmac.Equal(mac.Sum(nil)[:16], b[24:]) {
-			return i
-		}
-	}
-	return -1
-}
-
 // issueTokens fetches, before the history begins, the token of each of its
 // token-mode keys from the key's issuer. An instance that is down (killed
-// or draining for another history) or cannot reach Redis for its first
-// secret is asked again.
+// or draining for another history) is asked again.
 func (r *rig) issueTokens(p *plan) {
 	for _, k := range p.keys {
 		if k.route != routeForm {
@@ -310,39 +193,14 @@ func (c *keyCase) writtenBackBefore(e, next trace) bool {
 	})
 }
 
-// checkTokens: a token-mode key's requests against the secret each
-// instance held around them (traceHeld).
+// checkTokens: what a token-mode key's token-not-found answers told.
 func (c *keyCase) checkTokens() {
 	if c.k.route != routeForm {
 		return
 	}
-	prefix := c.cfg.Prefix
-	own := signer(c.h.secrets, prefix, c.k.scope, c.k.token)
-	c.h.arm(ruleTokenOfNoSecret)
-	if own < 0 {
-		c.fail(ruleTokenOfNoSecret, "the key's token, issued by %s, was signed with none of the %d secrets Redis held for %s",
-			instanceName(c.k.issuer), len(c.h.secrets), prefix)
-		return
-	}
 	for _, x := range c.exchanges {
-		if read(x).problem != "token-not-found" {
-			continue
-		}
-		c.checkRefusedToken(x)
-		c.h.arm(ruleHeldTokenRefused)
-		switch before, after := c.heldBeforeAfter(x.req.name, time.Unix(0, 0), x.done, true); {
-		case before == own && after == own:
-			c.fail(ruleHeldTokenRefused, "%s was refused token-not-found by %s, whose secret signed the token", x.req.name, x.instance)
-		case before == own && after >= 0:
-			c.h.note(noteMovedRefusal)
-		case before >= 0 && before == after && c.k.role != roleSpare:
-			c.h.note(noteSplitRefusal)
-		}
-	}
-	for exec, s := range c.starts {
-		c.h.arm(ruleUnheldTokenSpent)
-		if held := c.heldAround(s.Request, time.Unix(0, s.At), time.Now(), false); held >= 0 && held != own {
-			c.fail(ruleUnheldTokenSpent, "%s ran, though its instance signed with another secret than the token's", c.describe(exec))
+		if read(x).problem == "token-not-found" {
+			c.checkRefusedToken(x)
 		}
 	}
 }
@@ -350,8 +208,8 @@ func (c *keyCase) checkTokens() {
 // checkRefusedToken holds x, answered token-not-found, to what that answer
 // tells the user: this token never ran and never will (the form asks for a
 // new one, and its submission runs). Only a Redis restart between the
-// refusal and a run excuses it: a restart forgets a spent token's record,
-// or brings back its secret (an instance that holds it writes it back).
+// refusal and a run excuses it: a restart forgets a spent token's record
+// (the token was spent, then revoked, and its record lost).
 func (c *keyCase) checkRefusedToken(x *exchange) {
 	c.h.arm(ruleRefusedTokenRan)
 	for exec, s := range c.starts {
@@ -364,40 +222,6 @@ func (c *keyCase) checkRefusedToken(x *exchange) {
 			c.fail(ruleRefusedTokenRan, "%s on %s got token-not-found, and %s ran the token", x.req.name, x.instance, c.describe(exec))
 		}
 	}
-}
-
-// heldAround is the index of the secret the instance signed with around
-// the request named name, or -1 when it cannot be told: no trace, no
-// secret in memory, or the secret changed during the request (see
-// heldBeforeAfter).
-func (c *keyCase) heldAround(name string, from, to time.Time, last bool) int {
-	if before, after := c.heldBeforeAfter(name, from, to, last); before == after {
-		return before
-	}
-	return -1
-}
-
-// heldBeforeAfter is the index of the secret the instance signed with just
-// before and just after the request named name, each -1 when it cannot be
-// told: no trace, or no secret in memory. Of the request's tries (net/http
-// may resend one) it reads the one traced last between from and to, or the
-// first.
-func (c *keyCase) heldBeforeAfter(name string, from, to time.Time, last bool) (before, after int) {
-	var found *trace
-	for _, tr := range c.h.traces[c.k] {
-		at := time.Unix(0, tr.At)
-		if tr.Kind != traceHeld || tr.Request != name || !at.After(from) || at.After(to) {
-			continue
-		}
-		if found == nil || last == (tr.At > found.At) {
-			found = &tr
-		}
-	}
-	if found == nil {
-		return -1, -1
-	}
-	return signer(c.h.secrets, c.cfg.Prefix, c.k.scope, found.Held[0]),
-		signer(c.h.secrets, c.cfg.Prefix, c.k.scope, found.Held[1])
 }
 
 // restartMidRun stages, in some histories with restarts, a restart in the

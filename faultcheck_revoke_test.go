@@ -1,21 +1,22 @@
 package idempotency_test
 
-// A revocation: the operator revokes every token out, as
-// docs/operations.md says (a new secret in PREFIX:token-secret), in the
-// late phase of some histories with token-mode keys (faultcheck_recheck_test.go).
-// Each such key has a spare: a token issued to the same caller by the same
-// instance before the history began, and sent only once every instance has
-// rechecked the secret, to each instance. The promise: a token the
-// revocation caught unspent is refused (422 token-not-found) everywhere and
-// runs nothing, while every spent token still replays (checkLate).
+// A revocation: the operator revokes the key that signed every token out,
+// as docs/operations.md says (the ring's signing key becomes a new one,
+// the old one revoked, on every instance), in the late phase of some
+// histories with token-mode keys (faultcheck_late_test.go). Each such key
+// has a spare: a token issued to the same caller by the same instance
+// before the history began, and sent only after the revocation, to each
+// instance. The promise: a token the revocation caught unspent is refused
+// (422 token-not-found) everywhere and runs nothing, while every spent
+// token still replays (checkLate).
 
 import (
-	"context"
-	"crypto/rand"
+	"math/rand/v2"
+	"strings"
 	"time"
 )
 
-const ruleRevokedTokenSpent = "a token unspent when its secret was revoked ran after the revocation"
+const ruleRevokedTokenSpent = "a token unspent when its key was revoked ran after the revocation"
 
 // roleSpare is a key whose token is sent only after a revocation.
 const roleSpare = "spare"
@@ -33,25 +34,19 @@ func (d drawer) spares(p *plan, forms []*keyPlan) {
 	}
 }
 
-// revoke writes a new token secret for the history's prefix, as an
-// operator who revokes every token out does. The secret it replaces is
-// read first: the tokens it signed are the history's.
+// revoke gives the history's instances a new key ring, as a rolling
+// restart with the new configuration does: a new key signs, and the one
+// that signed the history's tokens is revoked. Every request from here on
+// carries it.
 func (r *rig) revoke(h *history) {
-	secret := make([]byte, 32)
-	rand.Read(secret)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	prefix := h.plan.cfg.Prefix
-	if err := r.secrets.read(ctx, r.storeDB, prefix); err != nil {
-		r.fail("reading the token secret before its revocation: %v", err)
-	}
-	if err := r.storeDB.Set(ctx, prefix+":token-secret", secret, 0).Err(); err != nil {
-		r.fail("revoking the token secret: %v", err)
-	}
+	old := strings.TrimPrefix(h.plan.cfg.TokenKeys, "sign=")
+	rng := rand.New(rand.NewPCG(uint64(h.plan.index), 1))
+	h.plan.cfg.TokenKeys = "sign=" + drawKey(rng) + " revoked=" + old
+	h.revoked = time.Now()
 }
 
-// sendSpares sends each spare's token to each instance, once the instances
-// have rechecked the secret.
+// sendSpares sends each spare's token to each instance, after the
+// revocation.
 func (r *rig) sendSpares(h *history) {
 	for _, k := range h.plan.keys {
 		if k.role == roleSpare {

@@ -46,13 +46,11 @@ type rig struct {
 	// every SIGSTOP, and a restart or a CONFIG SET must not meet a stopped
 	// server.
 	redisFaults sync.Mutex
-	// restarts holds a Redis restart off while a late phase waits for the
-	// instances to agree on the token secrets (faultcheck_recheck_test.go):
-	// a restart then would lose what it is to judge.
+	// restarts holds a Redis restart off while a late phase reads what
+	// the token-mode keys' records hold and sends them again
+	// (faultcheck_late_test.go): a restart then would lose what it is to
+	// judge.
 	restarts sync.RWMutex
-	// secrets are the token secrets Redis held for each history's prefix
-	// before each restart, which tells the check what signed a token.
-	secrets secretBook
 	// broken is set when the rig itself failed (an instance that does not
 	// start, a database that does not answer): the run stops.
 	broken atomic.Bool

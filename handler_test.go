@@ -246,11 +246,11 @@ func TestRedisUnavailableFailsClosed(t *testing.T) {
 	require.NotContains(t, a.body, "refused")
 	require.Zero(t, s.execs.Load())
 
-	// Token issuance fails the same way.
-	resp, err := c.Get(s.srv.URL + "/idempotency/token")
-	require.NoError(t, err)
-	resp.Body.Close()
-	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	// Tokens are still issued, from the configured keys; spending one
+	// fails closed like any claim.
+	tok := s.token(c)
+	requireProblem(t, s.post(c, "/orders", tok, `{}`), http.StatusServiceUnavailable, "store-unavailable")
+	require.Zero(t, s.execs.Load())
 
 	// Malformed keys are refused before Redis is asked.
 	requireProblem(t, s.post(c, "/payments", strings.Repeat("x", 300), `{}`), 400, "invalid-key")

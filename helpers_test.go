@@ -61,6 +61,9 @@ func (s *shop) count(w http.ResponseWriter, r *http.Request) {
 
 func itoa(n int64) string { b, _ := json.Marshal(n); return string(b) }
 
+// testKeys is the key ring of the tests' shops.
+var testKeys = WithTokenKeys(TokenKeys{Sign: []byte("the tests' token key, 32 bytes or more")})
+
 func newShop(t *testing.T, opts ...Option) *shop {
 	t.Helper()
 	prefix := "test-" + strings.NewReplacer("/", "-", " ", "_").Replace(t.Name())
@@ -68,11 +71,12 @@ func newShop(t *testing.T, opts ...Option) *shop {
 	return newShopOn(t, rdb, append([]Option{WithKeyPrefix(prefix)}, opts...)...)
 }
 
-// newShopOn's key mode binds the callers' credentials unless opts say
-// otherwise.
+// newShopOn's key mode binds the callers' credentials, and its tokens are
+// signed with testKeys, unless opts say otherwise: every shop of a test is
+// an instance of one deployment.
 func newShopOn(t *testing.T, rdb redis.UniversalClient, opts ...Option) *shop {
 	t.Helper()
-	s := &shop{t: t, rdb: rdb, idem: New(rdb, append([]Option{WithCallerCredentials()}, opts...)...)}
+	s := &shop{t: t, rdb: rdb, idem: New(rdb, append([]Option{WithCallerCredentials(), testKeys}, opts...)...)}
 	s.handler = s.defaultHandler
 	mux := http.NewServeMux()
 	mux.Handle("/idempotency/token", s.idem.TokenHandler())
@@ -167,8 +171,7 @@ func requireProblem(t testing.TB, a answer, status int, slug string) {
 	require.NotEmpty(t, p.Detail)
 }
 
-// keysWithoutTTL lists the keys under prefix that would live forever,
-// but for the shared token secret, which must.
+// keysWithoutTTL lists the keys under prefix that would live forever.
 func keysWithoutTTL(t testing.TB, rdb redis.UniversalClient, prefix string) []string {
 	t.Helper()
 	var forever []string
@@ -176,7 +179,7 @@ func keysWithoutTTL(t testing.TB, rdb redis.UniversalClient, prefix string) []st
 	keys, err := rdb.Keys(ctx, prefix+"*").Result()
 	require.NoError(t, err)
 	for _, k := range keys {
-		if ttl := rdb.PTTL(ctx, k).Val(); ttl < 0 && !strings.HasSuffix(k, ":token-secret") {
+		if ttl := rdb.PTTL(ctx, k).Val(); ttl < 0 {
 			forever = append(forever, k)
 		}
 	}

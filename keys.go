@@ -14,7 +14,7 @@ import (
 //	            PREFIX:{t<scope digest>}:l:<token> lock
 //	key mode:   PREFIX:{k<scope+key digest>}:r     record
 //	            PREFIX:{k<scope+key digest>}:l     lock
-//	both:       PREFIX:token-secret                the secret tokens are signed with (tokensign.go)
+//	tokens:     PREFIX:token-signers               which keys signed tokens lately, by fingerprint (tokensigners.go)
 //
 // A token-mode tag spreads scopes over the cluster. A key-mode tag hashes
 // the client's key, so a busy route spreads over every shard and no
@@ -24,11 +24,8 @@ type keys struct {
 	lock         string
 	token        string    // the issued token, token mode only
 	tokenExpires time.Time // when token expires
-	lookupOnly   bool      // the token is never spent now (tokenRetired)
+	lookupOnly   bool      // the token is never spent now (tokenRevoked)
 	resume       bool      // the claim resumes an abandoned run (WithResume)
-	// confirm: a fresh claim confirms the token's shared secret
-	// (tokenconfirm.go), which the call holds.
-	confirm bool
 	// names holds record, lock and the waiters flag, made once per request
 	// for the scripts' KEYS by tokenKeys or clientKeys, the only makers of
 	// keys.
@@ -50,7 +47,6 @@ func (m *Middleware) redisKeys(c *call) keys {
 	if c.tokenMode {
 		k := tokenKeys(m.cfg.prefix, c.scope, c.key)
 		k.tokenExpires, k.lookupOnly, k.resume = c.tokenExpires, c.lookupOnly, c.resume
-		k.confirm = c.tokenSecret != nil
 		return k
 	}
 	k := clientKeys(m.cfg.prefix, c.id)

@@ -258,16 +258,11 @@ func (l *lease) store(c *call, rec *record, ttl time.Duration) verdict {
 	case err != nil:
 		l.m.cfg.logger.Error("idempotency: the handler ran but its answer could not be stored yet; "+
 			"trying again in the background", "key", l.k.record, "error", err)
-		l.storeLater(rec, ttl, c.tokenSecret)
+		l.storeLater(rec, ttl)
 		return verdict{outcome: Executed, err: err}
 	case how == rewritten:
 		l.m.cfg.logger.Warn("idempotency: the key's record vanished while its handler ran (record TTL, eviction "+
 			"or a flush); the answer was stored again", "key", l.k.record)
-		if err := l.keepFindable(c.ctx, c.tokenSecret); err != nil {
-			// Stored, but maybe not findable: the background stores it
-			// again (which changes nothing) and records the secret.
-			l.storeLater(rec, ttl, c.tokenSecret)
-		}
 	}
 	if rec != nil {
 		rec.expires = expires
@@ -332,37 +327,19 @@ func (l *lease) laterDeadline() time.Time {
 }
 
 // storeLater stores rec in the background, for a run whose store Redis did
-// not answer. secret signed the key's token (nil for another key).
-func (l *lease) storeLater(rec *record, ttl time.Duration, secret []byte) {
+// not answer.
+func (l *lease) storeLater(rec *record, ttl time.Duration) {
 	size := int64(0)
 	if rec != nil {
 		size = rec.size()
 	}
 	l.m.later.add(l.k, "store", size, l.laterDeadline(), func(ctx context.Context) error {
-		how, err := l.m.store.complete(ctx, l.k, &l.token, l.fpText, l.fence, rec, ttl)
-		switch {
-		case errors.Is(err, ErrLockLost):
+		_, err := l.m.store.complete(ctx, l.k, &l.token, l.fpText, l.fence, rec, ttl)
+		if errors.Is(err, ErrLockLost) {
 			return nil // another executor owns the key: nothing of ours to store
-		case err == nil && how == rewritten:
-			return l.keepFindable(ctx, secret)
 		}
 		return err
 	})
-}
-
-// keepFindable keeps a token's record that the store wrote back findable
-// after its secret changed (tokenconfirm.go): secret, which signed the
-// token (nil for another key, which needs nothing), joins the fleet's
-// retired secrets, where every instance, one that never held it included,
-// finds it. While secret is still the one Redis keeps the entry is unused:
-// an instance never counts its current secret among the retired ones.
-func (l *lease) keepFindable(ctx context.Context, secret []byte) error {
-	if secret == nil {
-		return nil
-	}
-	step, cancel := l.m.store.stepContext(ctx)
-	defer cancel()
-	return l.m.tokens.record(step, secret)
 }
 
 // keep leaves the key claimed and lets its lock go: the run is over, and

@@ -23,6 +23,7 @@ type Middleware struct {
 	cache   *responseCache
 	later   *later
 	tokens  *tokenSigner
+	signers signerWatch // names the signing key in Redis, and finds other instances' (tokensigners.go)
 	outage  outageWatch // when protected routes refuse because Redis does not answer
 }
 
@@ -38,9 +39,11 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 		mustSupportReplicaAcks(client)
 	}
 	m.later = newLater(m)
-	m.tokens = &tokenSigner{prefix: m.cfg.prefix, client: client, timeout: m.cfg.storeTimeout, secret: m.cfg.tokenSecret,
-		keepRetired: max(m.cfg.recordTTL, m.cfg.tokenTTL) + m.cfg.tokenTTL,
-		logger:      m.cfg.logger}
+	m.tokens = &tokenSigner{prefix: m.cfg.prefix, keys: m.cfg.tokenKeys}
+	if !m.cfg.tokenKeys.configured() {
+		m.tokens.keys = TokenKeys{Sign: processKey()}
+	}
+	m.signers.m = m
 	m.store = newStore(client, &m.cfg)
 	m.cache = newResponseCache(m.cfg.cacheEntries, m.cfg.cacheBytes)
 	if m.cache != nil {
@@ -130,6 +133,7 @@ func (m *Middleware) Protect(next http.Handler) http.Handler {
 	if extract == nil {
 		extract = FirstKey(HeaderKey(KeyHeader), FormKey(m.cfg.formField))
 	}
+	m.signers.started()
 	return m.wrap(next, extract, true)
 }
 
@@ -166,15 +170,12 @@ type call struct {
 	scope        string
 	key          string
 	tokenExpires time.Time // an issued token's (token mode)
-	// lookupOnly: the token may have been spent, and must not be now (it
-	// was signed by a retired secret): its record answers, or nothing.
+	// lookupOnly: the token may have been spent, and must not be now (its
+	// key was revoked): its record answers, or nothing.
 	lookupOnly bool
-	// tokenSecret is the shared secret that signed the token, which Redis
-	// must still keep for the token to be spent (tokenconfirm.go).
-	tokenSecret []byte
-	id          identity
-	fp          fingerprintSum
-	body        bodyReader // what the handler reads as r.Body
+	id         identity
+	fp         fingerprintSum
+	body       bodyReader // what the handler reads as r.Body
 
 	fromCache bool
 	waited    time.Duration

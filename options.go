@@ -25,7 +25,7 @@ type config struct {
 	maxResponse     int
 	maxRequest      int64
 	maxKeyLen       int
-	tokenSecret     []byte
+	tokenKeys       TokenKeys
 	replayHeaders   map[string]bool // nil: everything but Set-Cookie and hop-by-hop
 	scope           func(*http.Request) (string, error)
 	keyCaller       keyCaller
@@ -112,15 +112,6 @@ func WithMaxKeyLength(n int) Option { return func(c *config) { c.maxKeyLen = n }
 //
 // Deprecated: it has no effect.
 func WithTokensPerScope(int) Option { return func(*config) {} }
-
-// WithTokenSecret sets the secret that issued tokens are signed with: at
-// least 32 random bytes, the same on every instance. Default: one made by
-// the first instance that needs it and kept in Redis under
-// PREFIX:token-secret, which every instance on that Redis then shares.
-// Tokens signed with another secret are answered token-not-found.
-func WithTokenSecret(secret []byte) Option {
-	return func(c *config) { c.tokenSecret = append([]byte(nil), secret...) }
-}
 
 // WithReplayHeaders replaces the default header policy with an allowlist:
 // only the named response headers are stored and replayed. Naming Set-Cookie
@@ -481,8 +472,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("WithExpiryHeader(%q) is not a header name", c.expiryHeader)
 	case c.unprotected[""]:
 		return fmt.Errorf("WithUnprotectedMethods names an empty method")
-	case c.tokenSecret != nil && len(c.tokenSecret) < minTokenSecret:
-		return fmt.Errorf("token secret of %d bytes is shorter than %d", len(c.tokenSecret), minTokenSecret)
+	case c.tokenKeys.configured() && c.tokenKeys.validate() != nil:
+		return c.tokenKeys.validate()
 	case c.failOpen && c.outcomes != nil:
 		return fmt.Errorf("WithFailOpen cannot be combined with WithOutcomeStore: a request run unprotected while " +
 			"Redis is unreachable commits its writes without an outcome, and its retry runs them again")

@@ -30,10 +30,6 @@ type claimRider struct {
 	keys  []string
 	args  []any
 	reply *redis.Cmd // set once sent
-	// secretKey names the shared token secret when a fresh claim of the
-	// token must confirm it (tokenconfirm.go): it is read right behind
-	// the claim.
-	secretKey string
 
 	// What an obtain with a rider needs besides, made in the rider's one
 	// allocation: the claim's ARGV, the fingerprint it names (args hold
@@ -88,15 +84,12 @@ func (s ridingScripter) ride(ctx context.Context, rider *claimRider, name, scrip
 		lock = pipe.EvalSha(ctx, script, keys, args...)
 	}
 	rider.reply = pipe.EvalSha(ctx, claimScript.Hash(), rider.keys, rider.args...)
-	if rider.secretKey != "" {
-		rider.rode.secret = pipe.Get(ctx, rider.secretKey)
-	}
 	pipe.Exec(ctx) // each command carries its own reply or error
 	if isNoScript(lock.Err()) {
 		// The server lacked the lock script, so the claim ran without the
 		// lock and its reply means nothing. redislock sends the script
 		// itself next (Eval): the claim rides again with it.
-		rider.reply, rider.rode.secret = nil, nil
+		rider.reply = nil
 	}
 	return lock
 }
@@ -106,9 +99,6 @@ type rode struct {
 	value string // the lock value the claim ran with
 	claim claim
 	err   error // the claim's own failure; its reply was lost or refused
-	// secret is what Redis answered for the shared token secret, read
-	// right behind the claim; nil when it was not read.
-	secret *redis.StringCmd
 }
 
 // obtainClaiming obtains the key's lock with the claim riding along. The
@@ -123,9 +113,6 @@ func (s *store) obtainClaiming(ctx context.Context, k keys, fingerprint string) 
 	}
 	rider := &claimRider{keys: k.redisKeys(), fp: fingerprint, opts: redislock.Options{Token: value}}
 	rider.rode.value = value
-	if k.confirm {
-		rider.secretKey = s.secretKey
-	}
 	rider.args = s.claimArgsIn(&rider.argv, k, &rider.rode.value, &rider.fp)
 	lock, err := s.locks.Obtain(context.WithValue(ctx, riderKey{}, rider), k.lock, s.cfg.lease, &rider.opts)
 	if rider.reply == nil {

@@ -47,7 +47,6 @@ type store struct {
 	waits  *waitRoom // every cross-instance wait, on one connection
 	// Script arguments that never change, boxed once instead of per call.
 	recordTTL, retryAbandoned, horizon any
-	secretKey                          string // the shared token secret's (tokenconfirm.go), named once
 }
 
 func newStore(client redis.UniversalClient, cfg *config) *store {
@@ -59,7 +58,7 @@ func newStore(client redis.UniversalClient, cfg *config) *store {
 		client: client, locks: redislock.New(ridingScripter{client}), cfg: cfg,
 		waits:     &waitRoom{client: client, timeout: cfg.storeTimeout},
 		recordTTL: cfg.recordTTL.Milliseconds(), retryAbandoned: retry,
-		horizon: cfg.claimHorizon().Milliseconds(), secretKey: secretKey(cfg.prefix),
+		horizon: cfg.claimHorizon().Milliseconds(),
 	}
 }
 

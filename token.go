@@ -31,13 +31,13 @@ func (m *Middleware) IssueToken(w http.ResponseWriter, r *http.Request) (Token, 
 // IssueTokenFor issues a token bound to an explicit scope, for callers that
 // know it (a background job, a test). The token is only accepted from
 // requests whose scope function returns the same scope. Issuing writes
-// nothing to Redis (see tokensign.go): only the first token of a process
-// asks it for the shared secret.
+// nothing to Redis (see tokensign.go).
 func (m *Middleware) IssueTokenFor(r *http.Request, scope string) (Token, error) {
-	token, err := m.tokens.sign(r.Context(), scope, time.Now().Add(m.cfg.tokenTTL))
+	token, err := m.tokens.sign(scope, time.Now().Add(m.cfg.tokenTTL))
 	if err != nil {
 		return Token{}, err
 	}
+	m.signers.signed()
 	return Token{Value: token, ExpiresIn: m.cfg.tokenTTL}, nil
 }
 

@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
-	"time"
 )
 
 // tokenScope finds the scope that token (an issued one) was issued to
@@ -17,11 +16,10 @@ import (
 // unknown.
 //
 // A token that is unknown, forged or another scope's is refused here,
-// before Redis is asked (but for one read of the fleet's secrets per
-// secretRetry, which it may wait for, see refresh), and all alike. One
-// past its expiry is not: it may have been spent, and its record then
-// answers (a replay, or a wait while it runs); the claim refuses it only
-// when nothing was recorded (ErrTokenExpired).
+// before Redis is asked, and all alike. One past its expiry is not: it may
+// have been spent, and its record then answers (a replay, or a wait while
+// it runs); the claim refuses it only when nothing was recorded
+// (ErrTokenExpired).
 func (m *Middleware) tokenScope(c *call, token string) error {
 	var scopes []string
 	if m.cfg.scope != nil {
@@ -33,40 +31,16 @@ func (m *Middleware) tokenScope(c *call, token string) error {
 	} else {
 		scopes = m.sessions(c.r)
 	}
-	if len(scopes) == 0 {
-		// Without a session a token cannot be anyone's, which is answered
-		// like any unknown token.
-		return ErrTokenNotFound
-	}
-	for pass := 0; ; pass++ {
-		checked := time.Now()
-		for _, scope := range scopes {
-			got, err := m.tokens.check(c.ctx, scope, token)
-			if err != nil {
-				return err
-			}
-			if got.state != tokenInvalid {
-				c.scope, c.tokenExpires, c.tokenSecret = scope, got.expires, got.shared
-				c.lookupOnly = got.state == tokenRetired
-				return nil
-			}
-		}
-		if pass > 0 {
-			return ErrTokenNotFound
-		}
-		// The fleet may have moved to a secret this instance has not read
-		// yet (a new instance made one after a Redis restart), or retired
-		// one it never held: one of its tokens, maybe spent, must not be
-		// told not-found. Read them, at most once per secretRetry whatever
-		// the number of such tokens, and check again.
-		again, err := m.tokens.refresh(c.ctx, checked)
-		if err != nil {
-			return err
-		}
-		if !again {
-			return ErrTokenNotFound
+	for _, scope := range scopes {
+		if got := m.tokens.check(scope, token); got.state != tokenInvalid {
+			c.scope, c.tokenExpires = scope, got.expires
+			c.lookupOnly = got.state == tokenRevoked
+			return nil
 		}
 	}
+	// Without a session a token cannot be anyone's, which is answered like
+	// any unknown token.
+	return ErrTokenNotFound
 }
 
 // sessions are the scopes of every non-empty session cookie of the

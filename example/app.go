@@ -45,7 +45,7 @@ type app struct {
 // payments and for the transfers of accounts (nil: no transfer routes).
 // Its middlewares are drained once the server has stopped.
 func newApp(rdb redis.UniversalClient, cfg config, accounts *bank.Bank) (http.Handler, middlewares) {
-	a := &app{idem: idempotency.New(rdb), store: shopStore{rdb: rdb}, cfg: cfg, provider: chargerOf(cfg)}
+	a := &app{idem: idempotency.New(rdb, cfg.tokenKeys...), store: shopStore{rdb: rdb}, cfg: cfg, provider: chargerOf(cfg)}
 	// Payments are API calls: a client library may serialize the same JSON
 	// with other key order or spacing on a retry, which is still the same
 	// payment. A transient failure (a 5xx of the provider or of our store)

@@ -7,7 +7,10 @@
 // (redis://host:port/0) selects a real one and REDIS_CLUSTER_ADDRS
 // (host:port,host:port,…) a Redis Cluster. ADDR (default :8080) is where it
 // listens, ORDER_LATENCY (default 0) and PAYMENT_LATENCY (default 300ms) how
-// slow its back ends are. Payments charge a fake payment provider that runs
+// slow its back ends are. IDEMPOTENCY_TOKEN_KEYS (sign=<base64> …, see
+// idempotency.ParseTokenKeys) is the key ring of the order forms' tokens,
+// which instances that share a Redis must share; without it each process
+// draws a random key. Payments charge a fake payment provider that runs
 // in the process, or the one at PROVIDER_URL (example/internal/provider
 // serves one): a payment whose instance dies mid-way is resumed by the
 // retry, and the provider charges once.
@@ -34,6 +37,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/example/internal/bank"
 	"github.com/redis/go-redis/v9"
 )
@@ -130,6 +134,9 @@ type config struct {
 	// providerURL is the payment provider's base URL (PROVIDER_URL); ""
 	// runs one in this process, PAYMENT_LATENCY slow.
 	providerURL string
+	// tokenKeys sign and check the order forms' tokens
+	// (IDEMPOTENCY_TOKEN_KEYS); nil: a random key of this process.
+	tokenKeys []idempotency.Option
 }
 
 func configFromEnv() (config, error) {
@@ -137,6 +144,13 @@ func configFromEnv() (config, error) {
 		providerURL: os.Getenv("PROVIDER_URL")}
 	if v := os.Getenv("ADDR"); v != "" {
 		cfg.addr = v
+	}
+	if v := os.Getenv("IDEMPOTENCY_TOKEN_KEYS"); v != "" {
+		ring, err := idempotency.ParseTokenKeys(v)
+		if err != nil {
+			return cfg, fmt.Errorf("IDEMPOTENCY_TOKEN_KEYS: %w", err)
+		}
+		cfg.tokenKeys = []idempotency.Option{idempotency.WithTokenKeys(ring)}
 	}
 	for name, dst := range map[string]*time.Duration{
 		"ORDER_LATENCY": &cfg.orderLatency, "PAYMENT_LATENCY": &cfg.paymentLatency,

@@ -23,6 +23,10 @@ Usage:
                                        Redis, so that retries replay it (needs -db)
   idemctl [flags] resolve -forget KEY  delete KEY's record, so that a retry runs
                                        the handler again
+  idemctl [flags] token-keys           print the token secret that versions before
+                                       the key ring kept in Redis, and those it
+                                       retired, as a ring for ParseTokenKeys
+                                       (sign=… revoked=…); it holds secrets
 
 KEY is a record's Redis key as the middleware logs it (the "key" attribute,
 PREFIX:{...}:r, which is also Execution.Key and sqlidem's record_key), or
@@ -144,14 +148,14 @@ func parse(args []string, getenv func(string) string) (*command, error) {
 		}
 	})
 	if len(words) == 0 {
-		return nil, usagef("no command: show, interrupted or resolve")
+		return nil, usagef("no command: show, interrupted, resolve or token-keys")
 	}
 	c.name = words[0]
-	want := map[string]int{"show": 1, "interrupted": 0, "resolve": 1}
+	want := map[string]int{"show": 1, "interrupted": 0, "resolve": 1, "token-keys": 0}
 	n, known := want[c.name]
 	switch {
 	case !known:
-		return nil, usagef("unknown command %q: show, interrupted or resolve", c.name)
+		return nil, usagef("unknown command %q: show, interrupted, resolve or token-keys", c.name)
 	case len(words)-1 != n:
 		return nil, usagef("%s takes %d argument(s), got %d", c.name, n, len(words)-1)
 	case n == 1:
@@ -211,6 +215,8 @@ func (c *command) run(ctx context.Context, stdin io.Reader, stdout, stderr io.Wr
 		return s.show(ctx, stdout, c.key, c.opts.minAge)
 	case "interrupted":
 		return s.listInterrupted(ctx, stdout, stderr, c.opts.limit)
+	case "token-keys":
+		return s.tokenKeys(ctx, stdout, c.opts.prefix)
 	}
 	return s.resolve(ctx, stdin, stdout, c.key, c.opts)
 }

@@ -4,11 +4,14 @@
 package shopproc
 
 import (
+	"crypto/rand"
+	"encoding/base64"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -33,6 +36,15 @@ func Build(t testing.TB, dir string, race bool) string {
 	}
 	return bin
 }
+
+// tokenKeys is the key ring every shop of this test process shares, as the
+// instances of one deployment do: a form issued by one is spent on another,
+// and after a restart.
+var tokenKeys = sync.OnceValue(func() string {
+	key := make([]byte, 32)
+	rand.Read(key)
+	return "sign=" + base64.RawURLEncoding.EncodeToString(key)
+})
 
 // A Shop is one running instance of the example.
 type Shop struct {
@@ -59,7 +71,7 @@ func Start(t testing.TB, bin, ready string, within time.Duration, env ...string)
 	addr := freeAddr(t)
 	s := &Shop{URL: "http://" + addr, Out: &syncbuf.Buffer{}}
 	cmd := exec.Command(bin)
-	cmd.Env = append(append(os.Environ(), "ADDR="+addr, "REDIS_CLUSTER_ADDRS="), env...)
+	cmd.Env = append(append(os.Environ(), "ADDR="+addr, "REDIS_CLUSTER_ADDRS=", "IDEMPOTENCY_TOKEN_KEYS="+tokenKeys()), env...)
 	cmd.Stdout, cmd.Stderr = s.Out, s.Out
 	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"strings"
-	"time"
 )
 
 // A mutant is one small edit that breaks one promise of the middleware.
@@ -26,9 +25,6 @@ type mutant struct {
 	tests  string
 	module string
 	pkgs   []string
-	// duration, when set, is how long the fault checker needs at least
-	// (a revocation's phase takes half a minute).
-	duration time.Duration
 	// unseen says why no interleaving of the fault checker can show the
 	// mutant: the checker does not run it, and the unit tests must kill it.
 	unseen string
@@ -113,8 +109,8 @@ var mutants = []mutant{
 	{
 		name: "claim-spends-retired-token", file: "lua/claim.lua",
 		from: "if ARGV[4] == 'r' then", to: "if ARGV[4] == '-' then",
-		breaks: "a token whose signing secret was retired is spent",
-		faults: "revoke", duration: 150 * time.Second, tests: "Token|Secret|Retired",
+		breaks: "a token of a revoked key that was never spent is spent",
+		faults: "revoke", tests: "Token|Revoked",
 	},
 	{
 		name: "claim-spends-expired-token", file: "lua/claim.lua",
@@ -265,7 +261,7 @@ var mutants = []mutant{
 	},
 	{
 		name: "rule-store-failure-dropped", file: "lifecycle.go",
-		from:   "\t\tl.storeLater(rec, ttl, c.tokenSecret)\n\t\treturn verdict{outcome: Executed, err: err}",
+		from:   "\t\tl.storeLater(rec, ttl)\n\t\treturn verdict{outcome: Executed, err: err}",
 		to:     "\t\treturn verdict{outcome: Executed, err: err}",
 		breaks: "an answer Redis did not take is dropped instead of stored from the background",
 		faults: "redis-stop,blackhole,drop-reply", tests: "Background|Later|Store|Outage",
@@ -323,6 +319,25 @@ var mutants = []mutant{
 		breaks: "a token issued to one session is spent by another, whose request runs as its own",
 		tests:  "Token|Scope|Session",
 		unseen: "the fault checker's callers never present a token issued to another caller",
+	},
+	{
+		name: "ring-spends-revoked", file: "tokensign.go",
+		from: "return tokenCheck{expires: expires, state: tokenRevoked}", to: "return tokenCheck{expires: expires, state: tokenValid}",
+		breaks: "a token of a revoked key that was never spent is spent",
+		faults: "revoke", tests: "Token|Revoked",
+	},
+	{
+		name: "ring-forgets-revoked", file: "tokensign.go",
+		from: "for _, key := range s.keys.Revoked {", to: "for _, key := range s.keys.Revoked[:0] {",
+		breaks: "a form spent before its key was revoked is told token-not-found, and the form orders again",
+		faults: "revoke", tests: "Token|Revoked",
+	},
+	{
+		name: "ring-ignores-accepted", file: "tokensign.go",
+		from: "for _, key := range s.keys.Accept {", to: "for _, key := range s.keys.Accept[:0] {",
+		breaks: "during a rotation, a token signed by the other key is told token-not-found, and later spent elsewhere",
+		tests:  "Token|Rotation",
+		unseen: "the fault checker's rings change by revocation only, never by a rotation",
 	},
 	{
 		name: "identity-ignores-scope", file: "keys.go",

@@ -280,7 +280,7 @@ func (r *runner) faultCheck(m mutant) (rules []string, other string) {
 	if out, err := r.goCmd(r.tree, 10*time.Minute, append(build, ".")...); err != nil {
 		return nil, "build failed: " + firstLines(out, 3)
 	}
-	checkFor := max(r.checkFor, m.duration)
+	checkFor := r.checkFor
 	args := []string{"-test.run=^" + m.checker() + "$", "-test.v", "-test.count=1", "-idem.first",
 		fmt.Sprintf("-idem.seed=%d", r.seed), fmt.Sprintf("-idem.duration=%v", checkFor)}
 	if m.faults != "" && !m.steps {

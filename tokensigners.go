@@ -1,0 +1,124 @@
+package idempotency
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Instances that sign with different keys refuse each other's tokens as
+// unknown: a form served by one and submitted to another fails. That is a
+// configuration mistake (WithTokenKeys differs, or is missing and each
+// process drew its own key), and it is told once, at start-up, rather
+// than per request.
+//
+// So a Middleware that deals in tokens names its signing key in Redis by a
+// fingerprint (never the key): PREFIX:token-signers, a sorted set scored
+// by when each key last signed, in Unix milliseconds. It does so at its
+// first Protect or IssueToken, and again at most once per signersEvery
+// while it issues tokens, in the background. The first time, it also reads
+// which keys signed within the token TTL (their tokens may still be out):
+// one its own ring does not hold is logged, once. Nothing of this is on a
+// request's way: a Redis that does not answer costs a debug line.
+
+// signersEvery is how often a signing instance renews its entry.
+const signersEvery = time.Minute
+
+// signerWatch announces a Middleware's signing key and checks the others'.
+type signerWatch struct {
+	m     *Middleware
+	start sync.Once
+	last  atomic.Int64 // Unix nanoseconds of the last announcement
+}
+
+// started runs the start-up announcement and check once, and warns about
+// a random key.
+func (w *signerWatch) started() {
+	w.start.Do(func() {
+		m := w.m
+		if !m.cfg.tokenKeys.configured() {
+			m.cfg.logger.Warn("idempotency: no token keys are configured (WithTokenKeys), so this process signs " +
+				"tokens with a random key of its own: other instances refuse its tokens as unknown, and so does " +
+				"this one after a restart, even a spent token's resubmission (whose form then orders again). " +
+				"Give every instance the same WithTokenKeys")
+		}
+		w.last.Store(time.Now().UnixNano())
+		go w.announce(true)
+	})
+}
+
+// signed renews the announcement, at most once per signersEvery.
+func (w *signerWatch) signed() {
+	w.started()
+	last := w.last.Load()
+	if time.Since(time.Unix(0, last)) >= signersEvery && w.last.CompareAndSwap(last, time.Now().UnixNano()) {
+		go w.announce(false)
+	}
+}
+
+// announce writes this instance's entry, drops those too old to matter,
+// and, when check is set, logs the keys of others that this ring lacks.
+func (w *signerWatch) announce(check bool) {
+	m := w.m
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.storeTimeout)
+	defer cancel()
+	name := m.cfg.prefix + ":token-signers"
+	now := time.Now()
+	recent := now.Add(-m.cfg.tokenTTL)
+	var others *redis.StringSliceCmd
+	_, err := m.store.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		if check {
+			others = p.ZRangeByScore(ctx, name, &redis.ZRangeBy{Min: unixMilli(recent), Max: "+inf"})
+		}
+		p.ZAdd(ctx, name, redis.Z{Score: float64(now.UnixMilli()), Member: keyID(m.tokens.keys.Sign, m.cfg.prefix)})
+		p.ZRemRangeByScore(ctx, name, "-inf", "("+unixMilli(recent))
+		p.PExpire(ctx, name, m.cfg.tokenTTL+signersEvery)
+		return nil
+	})
+	if err != nil {
+		m.cfg.logger.Debug("idempotency: could not name this instance's token key in Redis; instances that sign "+
+			"with different keys go unnoticed", "error", err)
+		return
+	}
+	if !check {
+		return
+	}
+	known := m.tokens.keys.ids(m.cfg.prefix)
+	foreign := slices.DeleteFunc(others.Val(), func(id string) bool { return slices.Contains(known, id) })
+	if len(foreign) > 0 {
+		m.cfg.logger.Error("idempotency: tokens for this key prefix were signed within the token TTL by "+
+			strconv.Itoa(len(foreign))+" key(s) this instance's ring lacks (another instance, or this process "+
+			"before a restart, with other WithTokenKeys or none); it refuses their tokens as unknown (422). "+
+			"Give every instance the same WithTokenKeys", "prefix", m.cfg.prefix, "keys", foreign)
+	}
+}
+
+// keyID names a key without revealing it: 8 bytes of an HMAC under the
+// key, bound to the prefix, in hex.
+func keyID(key []byte, prefix string) string {
+	mac := hmac.New(sha256.New, key)
+	mac.Write([]byte("idempotency/key-id\x00"))
+	mac.Write([]byte(prefix))
+	return hex.EncodeToString(mac.Sum(nil)[:8])
+}
+
+// ids are the names of every key of the ring.
+func (k TokenKeys) ids(prefix string) []string {
+	ids := []string{keyID(k.Sign, prefix)}
+	for _, key := range slices.Concat(k.Accept, k.Revoked) {
+		ids = append(ids, keyID(key, prefix))
+	}
+	return ids
+}
+
+func unixMilli(t time.Time) string {
+	return strconv.FormatInt(t.UnixMilli(), 10)
+}

@@ -23,7 +23,9 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 		}
 		left := time.Until(c.deadline)
 		if left <= 0 {
-			return nil, refuse(m.inProgress())
+			var running stillRunning
+			errors.As(v.err, &running)
+			return nil, refuse(retryAfter{ErrInProgress, max(m.cfg.lease, running.horizonIn)})
 		}
 		began := time.Now()
 		err := m.pause(c.ctx, nil, min(pause, left))
@@ -49,6 +51,15 @@ func (m *Middleware) storeUnavailable(c *call, err error) verdict {
 // errStillRunning: the key's lock lapsed, and its executor may still
 // store; the claim waits.
 var errStillRunning = errors.New("idempotency: the key's executor may still store")
+
+// stillRunning is errStillRunning, and how long the executor may still
+// store: the answer changes then at the latest (interrupted, or taken
+// over), and its owner most likely crashed, so that is when a client
+// should ask again, not every lease.
+type stillRunning struct{ horizonIn time.Duration }
+
+func (stillRunning) Error() string        { return errStillRunning.Error() }
+func (stillRunning) Is(target error) bool { return target == errStillRunning }
 
 // claimOnce is one attempt of claim.
 func (m *Middleware) claimOnce(c *call, k keys) (*lease, verdict) {
@@ -135,7 +146,7 @@ func (m *Middleware) claimOnce(c *call, k keys) (*lease, verdict) {
 	case outcomeUnreadable:
 		err = ErrUnreadableRecord
 	case outcomeRunning:
-		err = errStillRunning
+		err = stillRunning{cl.horizonIn}
 	default: // outcomeLost: Redis was slower than the whole lease
 		err = unavailable(errors.New("lock lease ran out before the claim"))
 	}

@@ -117,9 +117,11 @@ type retryAfter struct {
 func (e retryAfter) Unwrap() error { return e.error }
 
 // RetryAfter reports how long a client should wait before it retries the
-// request that err answered: for ErrInProgress the lock lease (the pace at
-// which to ask again; a crashed owner's key reads in progress until the
-// claim horizon, then interrupted), for ErrStoreUnavailable one second,
+// request that err answered: for ErrInProgress the lock lease while the
+// key's owner holds it (the pace at which to ask again), or the time left
+// until the claim horizon once its lock lapsed (a crashed owner's key reads
+// in progress until then, and interrupted after), for ErrStoreUnavailable
+// one second,
 // and 0 for errors that a retry cannot fix. DefaultErrorHandler sends it as
 // Retry-After; a custom error handler may do the same.
 func RetryAfter(err error) time.Duration {

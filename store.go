@@ -87,6 +87,10 @@ type claim struct {
 	// never take anything over).
 	journal *string
 	rec     *record // outcomeDone only
+	// horizonIn is, for outcomeRunning, how long the executor whose lock
+	// lapsed may still store: then the key reads interrupted, or is taken
+	// over.
+	horizonIn time.Duration
 }
 
 // obtain takes the key's lock with a fresh random value, or returns
@@ -187,7 +191,8 @@ func (s *store) claimReply(k keys, cmd *redis.Cmd) (claim, error) {
 	case "lost":
 		return claim{outcome: outcomeLost}, nil
 	case "running":
-		return claim{outcome: outcomeRunning}, nil
+		left, _ := strconv.ParseInt(text, 10, 64)
+		return claim{outcome: outcomeRunning, horizonIn: time.Duration(max(left, 0)) * time.Millisecond}, nil
 	}
 	return claim{}, fmt.Errorf("idempotency: unexpected claim reply %q", word)
 }

@@ -32,8 +32,8 @@
 -- Replies: {'claimed', f} run the handler ({'claimed', f, 'retaken',
 -- journal} when it takes an abandoned execution over); {'done', record, ttl} replay
 -- (ttl: the record's remaining milliseconds);
--- {'unknown'}, {'mismatch'}, {'big'}, {'abandoned'}, {'running'} (the
--- lock lapsed, but its executor may still store: wait), {'lost'},
+-- {'unknown'}, {'mismatch'}, {'big'}, {'abandoned'}, {'running', ms} (the
+-- lock lapsed, but its executor may still store for ms more: wait), {'lost'},
 -- {'corrupt'}, {'expired'}.
 -- Every reply but 'claimed' releases our lock. Running the script again with
 -- the same ARGV (go-redis resends when a reply is lost) gives the same reply:
@@ -119,7 +119,9 @@ if st then
       local t = redis.call('TIME')
       local age = tonumber(t[1]) * 1000000 + tonumber(t[2]) - (tonumber(f) or 0)
       if string.sub(o, 1, 1) ~= '!' and age < tonumber(ARGV[6]) * 1000 then
-        reply = {'running'}
+        -- with the milliseconds left until the horizon, when the answer
+        -- changes unless the executor stores first
+        reply = {'running', string.format('%.0f', tonumber(ARGV[6]) - age / 1000)}
       elseif ARGV[5] == '2' then
         -- Nothing can store for that executor any more: resume its run.
         return takeOver(holder)

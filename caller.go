@@ -90,12 +90,19 @@ var credentialHeaders = []string{"Authorization", "Proxy-Authorization"}
 // WithCallerCredentials: every value of each credential header (the
 // standard ones, then the declared ones), in order; every cookie, sorted
 // by name and value so that neither their order nor their split over
-// several Cookie lines (HTTP/2 sends one per cookie) counts; the TLS client
-// certificate; the query string, in canonical order, where some APIs carry
-// a key. ok is false for a request with none of them, which costs nothing
-// to find.
+// several Cookie lines (HTTP/2 sends one per cookie) counts, but for those
+// WithIgnoredCookies names; the TLS client certificate; the query string,
+// in canonical order, where some APIs carry a key. ok is false for a
+// request with none of them, which costs nothing to find.
 func (c *config) callerDigest(r *http.Request) (sum callerSum, ok bool) {
-	present := len(r.Header["Cookie"]) > 0 || r.URL.RawQuery != "" ||
+	var cookies []*http.Cookie
+	if len(r.Header["Cookie"]) > 0 {
+		cookies = r.Cookies()
+		if len(c.ignoredCookies) > 0 {
+			cookies = slices.DeleteFunc(cookies, func(k *http.Cookie) bool { return c.ignoredCookies[k.Name] })
+		}
+	}
+	present := len(cookies) > 0 || r.URL.RawQuery != "" ||
 		(r.TLS != nil && len(r.TLS.PeerCertificates) > 0)
 	for _, headers := range [2][]string{credentialHeaders, c.callerHeaders} {
 		for _, h := range headers {
@@ -116,16 +123,12 @@ func (c *config) callerDigest(r *http.Request) (sum callerSum, ok bool) {
 			}
 		}
 	}
-	var cookies []*http.Cookie
-	if len(r.Header["Cookie"]) > 0 {
-		cookies = r.Cookies()
-		slices.SortFunc(cookies, func(a, b *http.Cookie) int {
-			if c := strings.Compare(a.Name, b.Name); c != 0 {
-				return c
-			}
-			return strings.Compare(a.Value, b.Value)
-		})
-	}
+	slices.SortFunc(cookies, func(a, b *http.Cookie) int {
+		if c := strings.Compare(a.Name, b.Name); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Value, b.Value)
+	})
 	b = appendCount(b, len(cookies))
 	for _, c := range cookies {
 		b = appendParts(b, c.Name, c.Value)

@@ -151,3 +151,25 @@ func TestReadyMadeScopes(t *testing.T) {
 	_, err = ScopeByClientCertificate()(req)
 	require.ErrorIs(t, err, ErrNoScope)
 }
+
+// A load balancer's sticky cookie renewed on every response changes a
+// client's cookies between two tries: bound, the retry is refused
+// key-reused; left out with WithIgnoredCookies, the retry replays. The
+// cookies that remain still tell callers apart, and a request whose only
+// cookie is ignored is one without cookies.
+func TestIgnoredCookiesAreNoCredential(t *testing.T) {
+	bound := newShop(t)
+	ignoring := newShop(t, WithCallerCredentials(), WithIgnoredCookies("AWSALB"))
+	first := bound.postAs("/payments", "k", `{}`, "Cookie", "session=alice; AWSALB=one")
+	require.Equal(t, http.StatusCreated, first.status)
+	requireProblem(t, bound.postAs("/payments", "k", `{}`, "Cookie", "session=alice; AWSALB=two"), 422, "key-reused")
+
+	require.Equal(t, http.StatusCreated, ignoring.postAs("/payments", "k2", `{}`, "Cookie", "session=alice; AWSALB=one").status)
+	again := ignoring.postAs("/payments", "k2", `{}`, "Cookie", "AWSALB=two; session=alice")
+	require.Equal(t, "true", again.header.Get(ReplayedHeader), again.body)
+	requireProblem(t, ignoring.postAs("/payments", "k2", `{}`, "Cookie", "session=bob; AWSALB=one"), 422, "key-reused")
+
+	require.Equal(t, http.StatusCreated, ignoring.postAs("/payments", "anon", `{}`).status)
+	anon := ignoring.postAs("/payments", "anon", `{}`, "Cookie", "AWSALB=three")
+	require.Equal(t, "true", anon.header.Get(ReplayedHeader), anon.body)
+}

@@ -104,6 +104,7 @@
 //	outcome.go       Outcome: what the middleware did with a request
 //	observe.go       Event, WithObserver's reports, LogObserver
 //	outage.go        Outage: protected routes refusing because Redis does not answer, for the log and the observer
+//	ready.go         Ready, ReadyHandler: whether the middleware can serve now, for a readiness probe
 //	operator.go      the records handed to package admin
 //	context.go       the private context key type
 //	costswitch.go    turning a guarantee off, in a benchmark build, to measure what it costs

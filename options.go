@@ -30,6 +30,7 @@ type config struct {
 	scope           func(*http.Request) (string, error)
 	keyCaller       keyCaller
 	callerHeaders   []string // canonical
+	ignoredCookies  map[string]bool
 	extractor       KeyExtractor
 	errorHandler    func(http.ResponseWriter, *http.Request, error)
 	logger          *slog.Logger
@@ -162,6 +163,22 @@ func WithCallerCredentials(headers ...string) Option {
 		c.callerHeaders = c.callerHeaders[:0]
 		for _, h := range headers {
 			c.callerHeaders = append(c.callerHeaders, http.CanonicalHeaderKey(h))
+		}
+	}
+}
+
+// WithIgnoredCookies leaves the named cookies out of what
+// WithCallerCredentials binds: cookies that say nothing about who the
+// caller is and change between two tries, such as a load balancer's
+// sticky-session cookie renewed on every response (AWS's AWSALB and
+// AWSALBCORS, GCP's GCLB) or an analytics cookie. Bound, they turn a
+// client's retry into 422 key-reused. Never name a cookie that
+// authenticates.
+func WithIgnoredCookies(names ...string) Option {
+	return func(c *config) {
+		c.ignoredCookies = make(map[string]bool, len(names))
+		for _, n := range names {
+			c.ignoredCookies[n] = true
 		}
 	}
 }

@@ -63,6 +63,7 @@ func newApp(rdb redis.UniversalClient, cfg config, accounts *bank.Bank) (http.Ha
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
 	r.Get("/", a.home)
+	r.Method(http.MethodGet, "/readyz", a.idem.ReadyHandler()) // a load balancer's readiness probe
 	routeStatic(r)
 	r.Get("/idempotency/token", a.idem.TokenHandler().ServeHTTP)
 	r.With(ordersGuard(a.idem)).Post("/orders", a.createOrder)

@@ -25,6 +25,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -96,22 +97,34 @@ func run() error {
 	}
 	// In-flight requests finish and protected handlers store their answers
 	// before the process exits: a retry on another instance then replays
-	// them instead of finding them interrupted. The bound is the
-	// middleware's execution timeout, plus time to store.
+	// them instead of finding them interrupted. All of it within grace,
+	// under Kubernetes' default termination grace period (30 s), after
+	// which the process is killed.
 	slog.Info("example: shutting down; waiting for requests in flight")
-	shutdown, cancel := context.WithTimeout(context.Background(), 35*time.Second)
+	deadline := time.Now().Add(grace)
+	shutdown, cancel := context.WithDeadline(context.Background(), deadline.Add(-drainShare))
 	defer cancel()
-	if err := srv.Shutdown(shutdown); err != nil {
-		return fmt.Errorf("shutdown: %w", err)
-	}
+	stopped := srv.Shutdown(shutdown)
 	// Then the stores and releases that Redis did not take at once (a
-	// blip during the last requests) are done before the process exits.
-	if err := protections.Shutdown(shutdown); err != nil {
-		return fmt.Errorf("shutdown: draining the idempotency middleware: %w", err)
+	// blip during the last requests) are done before the process exits,
+	// also when requests were still running: the middleware waits for
+	// those too, and names the keys it could not finish.
+	drain, cancelDrain := context.WithDeadline(context.Background(), deadline)
+	defer cancelDrain()
+	drained := protections.Shutdown(drain)
+	if stopped != nil || drained != nil {
+		return fmt.Errorf("shutdown: %w", errors.Join(stopped, drained))
 	}
 	slog.Info("example: stopped")
 	return nil
 }
+
+// grace bounds a shutdown, within Kubernetes' default 30 s; drainShare of
+// it is kept for the middleware's drain after the server's.
+const (
+	grace      = 28 * time.Second
+	drainShare = 3 * time.Second
+)
 
 // browsable is a clickable address for a listener: localhost for a
 // wildcard address.

@@ -55,6 +55,12 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 			"set ContextTimeoutEnabled: true in its options")
 	}
 	m.warnIfEvictable(client)
+	if failoverClient(client) && m.cfg.replicaAcks == 0 {
+		m.cfg.logger.Warn("idempotency: a Sentinel failover client without WithReplicaAcks: a failover loses the " +
+			"claims the old primary took and did not replicate, and their retries run again (a planned SENTINEL " +
+			"FAILOVER, about a second of them). WithReplicaAcks(1, timeout) runs no handler before a replica has " +
+			"its claim; see docs/redis.md#sentinel")
+	}
 	remember(m)
 	return m
 }
@@ -100,6 +106,13 @@ func evictionPolicy(ctx context.Context, client redis.UniversalClient) (string, 
 		}
 	}
 	return "", nil
+}
+
+// failoverClient reports whether client is go-redis's Sentinel-backed
+// FailoverClient, which names its address so.
+func failoverClient(client redis.UniversalClient) bool {
+	c, ok := client.(*redis.Client)
+	return ok && c.Options().Addr == "FailoverClient"
 }
 
 // contextTimeouts reports whether go-redis will honour our step deadlines:

@@ -77,8 +77,8 @@
 //	fingerprint.go   Fingerprinter: DefaultFingerprint, CanonicalJSON, JSONFields, IncludeHeaders
 //	canonical.go     the canonical JSON form
 //	keys.go          the Redis key names and their hash tags
-//	pipeline.go      one request's steps: cache, in-process flight, claim, run
-//	answer.go        the verdict a step reaches, written once
+//	serve.go         one request's way: cache, in-process flight, claim, run
+//	verdict.go       the verdict a step reaches, written once
 //	cache.go         completed answers in this process's memory
 //	cacheclock.go    the cache's clock, which idemtest moves with FastForward
 //	inflight.go      duplicates inside this process wait for the first
@@ -106,7 +106,7 @@
 //	outage.go        Outage: protected routes refusing because Redis does not answer, for the log and the observer
 //	ready.go         Ready, ReadyHandler: whether the middleware can serve now, for a readiness probe
 //	operator.go      the records handed to package admin
-//	context.go       the private context key type
+//	fence.go         FencingToken, and the private context key type
 //	costswitch.go    turning a guarantee off, in a benchmark build, to measure what it costs
 //	costswitch_on.go  the benchmark build (tag idemcost)
 //	costswitch_off.go every other build: the switches compile away

@@ -301,7 +301,7 @@ var mutants = []mutant{
 		faults: "impostor,disconnect", tests: "Wait|Wake|Duplicate",
 	},
 	{
-		name: "flight-follows-other-body", file: "pipeline.go",
+		name: "flight-follows-other-body", file: "serve.go",
 		from: "\t\tcase fl.fp != c.fp:\n", to: "\t\tcase false:\n",
 		breaks: "a request with another body waits for the key's request running in this process, instead of 422 at once",
 		tests:  "TestAnotherBodyIsRefusedAtOnceWhileTheKeyRunsHere|TestEveryReplayPathChecksTheFingerprint",

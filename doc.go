@@ -86,7 +86,8 @@
 //	ride.go          the claim sent in one pipeline with the lock
 //	waiter.go        waiting for a holder on another instance, on one shared subscription
 //	replicas.go      WithReplicaAcks: WAIT for replicas before running
-//	lifecycle.go     a key's life from claim to end, and the release rule
+//	lifecycle.go     a key's life from claim to end
+//	releaserule.go   the release rule: what becomes of a key when its run ends, one pure function
 //	execution.go     Release, Execution, ExecutionOf: what a handler's context carries
 //	step.go          Step, StepKey, Permanent: a resumable run's steps (WithResume)
 //	journal.go       the steps' journal, kept in the run's record

@@ -141,13 +141,16 @@ func (l *lease) execute(c *call) verdict {
 	defer l.endRun()
 	returned, settled := false, false
 	defer func() {
-		switch {
-		case settled:
-		case !returned && !c.work.committed() && cutOff(ctx) == nil && !x.tookEffect():
-			l.release(c.ctx)
-		default: // after its status, after it returned, or once cut off
-			l.keep(ErrHandlerPanicked)
+		if settled {
+			return
 		}
+		fate, why := releaseRule(runEnd{panicked: true, committed: returned || c.work.committed(),
+			cut: cutOff(ctx), tookEffect: x.tookEffect()})
+		if fate == fateRelease {
+			l.release(c.ctx)
+			return
+		}
+		l.keep(why)
 	}()
 	rec := c.work.run(ctx, x)
 	returned = true
@@ -219,24 +222,14 @@ func cutOff(ctx context.Context) error {
 	return context.Cause(ctx)
 }
 
-// settle applies the release rule to a run that returned.
+// settle applies the release rule (releaserule.go) to a run that returned.
 func (l *lease) settle(c *call, x *execution, cut error, rec *record, d StoreDecision) verdict {
-	switch {
-	case (x.released() || d.Release) && x.tookEffect():
-		// Its steps did take effect, whatever the rest did: a release
-		// would drop their journal (or, in a run that is not resumable,
-		// let the retry run them again), and the retry would repeat them.
-		// A run cut off says why it ended.
-		if cut != nil {
-			return l.keep(cut)
-		}
-		return l.keep(errStepsJournaled)
-	case x.released(): // the work said so itself: it did nothing
-	case cut != nil && (d.Release || !c.work.succeeded()):
-		return l.keep(cut)
-	case l.steps != nil && l.steps.lostStep() && !c.work.succeeded():
-		return l.keep(errStepNotJournaled)
-	case !d.Release:
+	fate, why := releaseRule(runEnd{cut: cut, released: x.released(), policyReleases: d.Release,
+		tookEffect: x.tookEffect(), lostStep: l.steps != nil && l.steps.lostStep(), succeeded: c.work.succeeded()})
+	switch fate {
+	case fateKeep:
+		return l.keep(why)
+	case fateStore:
 		return l.store(c, rec, d.TTL)
 	}
 	l.release(c.ctx)

@@ -34,9 +34,10 @@ const signersEvery = time.Minute
 
 // signerWatch announces a Middleware's signing key and checks the others'.
 type signerWatch struct {
-	m     *Middleware
-	start sync.Once
-	last  atomic.Int64 // Unix nanoseconds of the last announcement
+	m       *Middleware
+	start   sync.Once
+	last    atomic.Int64  // Unix nanoseconds of the last announcement
+	checked chan struct{} // closed once the start-up check ended
 }
 
 // started runs the start-up announcement and check once, and warns about
@@ -51,7 +52,11 @@ func (w *signerWatch) started() {
 				"Give every instance the same WithTokenKeys")
 		}
 		w.last.Store(time.Now().UnixNano())
-		go w.announce(true)
+		w.checked = make(chan struct{})
+		go func() {
+			defer close(w.checked)
+			w.announce(true)
+		}()
 	})
 }
 

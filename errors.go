@@ -27,11 +27,13 @@ var (
 	ErrInterrupted      = errors.New("idempotency: original execution was interrupted")
 	ErrUnreadableRecord = errors.New("idempotency: stored response cannot be read")
 	ErrStoreUnavailable = errors.New("idempotency: store unavailable")
-	// ErrLockLost is never answered to a client. It is the cause of a run's
-	// context when the lease was lost while another executor could take the
-	// key over (see context.Cause), what Do returns with the function's
-	// error then, and what is logged when a handler's answer could not be
-	// stored because another execution owns the key now.
+	// ErrLockLost is the cause of a run's context when the lease was lost
+	// while another executor could take the key over (see context.Cause),
+	// what Do returns with the function's error then, what Step returns
+	// once the run's key is another execution's, and what is logged when a
+	// handler's answer could not be stored because another execution owns
+	// the key now. WriteError and ClientError answer it as ErrInProgress
+	// (409, Retry-After): the retry gets the other execution's answer.
 	ErrLockLost = errors.New("idempotency: lock lost before the response was stored")
 	// ErrExecutionTimeout is the cause of a run's context when
 	// WithExecutionTimeout ends it, and what Do returns with the function's
@@ -233,12 +235,30 @@ func ClientError(ctx context.Context, err error) error {
 // is not the key's (it would be replayed for good), so x is marked as a
 // Release marks it, which keeps a run whose steps took effect.
 func (x *execution) truthful(err error) error {
+	if err != nil && errors.Is(err, ErrLockLost) && !errors.Is(err, ErrInProgress) {
+		// Another execution owns the key now (a takeover after this one's
+		// lease ran out): a retry gets its answer. Said as in-progress, not
+		// as an internal error, and never stored as the key's answer.
+		x.state.CompareAndSwap(execRunning, execReleased)
+		return errOwnedElsewhere{err}
+	}
 	if err == nil || !errors.Is(err, ErrStoreUnavailable) || errors.Is(err, ErrInProgress) || !x.tookEffect() {
 		return err
 	}
 	x.state.CompareAndSwap(execRunning, execReleased)
 	return errStepsTookEffect{err}
 }
+
+// errOwnedElsewhere is ErrLockLost as a client may be told it: the key is
+// another execution's now, in progress or answered, and a retry gets that
+// answer.
+type errOwnedElsewhere struct{ cause error }
+
+func (e errOwnedElsewhere) Error() string {
+	return "idempotency: another execution owns the key now; a retry gets its answer: " + e.cause.Error()
+}
+
+func (e errOwnedElsewhere) Unwrap() []error { return []error{ErrInProgress, e.cause} }
 
 // errStepsTookEffect is an error of a run whose steps took effect: it is
 // ErrInProgress (a retry resumes the run), and says what happened, but no

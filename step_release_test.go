@@ -173,3 +173,21 @@ func TestAResumedRunNeverAnswersNotExecuted(t *testing.T) {
 	require.Equal(t, http.StatusCreated, third.status, third.body)
 	require.EqualValues(t, 3, runs.Load())
 }
+
+// A handler whose step found the key another execution's answers the error
+// through WriteError: the client is told in-progress (its retry gets the
+// other execution's answer), never an internal error, and the answer is not
+// the key's.
+func TestALostLockIsAnsweredInProgress(t *testing.T) {
+	s := newShop(t, WithLogger(slog.New(slog.DiscardHandler)))
+	s.handler = func(w http.ResponseWriter, r *http.Request) {
+		if s.execs.Load() == 1 {
+			WriteError(w, r, fmt.Errorf("charging: %w", ErrLockLost))
+			return
+		}
+		s.defaultHandler(w, r)
+	}
+	c := s.client()
+	requireProblem(t, s.post(c, "/payments", "k", `{}`), http.StatusConflict, "in-progress")
+	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "k", `{}`).status, "the 409 was not stored")
+}

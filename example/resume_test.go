@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -89,4 +90,47 @@ func TestSIGKILLMidPaymentIsResumedOnAnotherInstance(t *testing.T) {
 		}
 	}
 	require.Equal(t, n, countOf[Payment](t, b.URL, "/payments"))
+}
+
+// A retry of a payment whose instance was killed is told when to ask
+// again: Retry-After is the time left until nothing can store for the dead
+// run (its claim horizon), not one lease; a client that waits that long
+// then gets its payment, resumed, instead of a dozen 409s.
+func TestRetryAfterAKilledInstanceSaysWhenToAskAgain(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the example")
+	}
+	redis := redistest.Private(t)
+	charges := &provider.Provider{Latency: 500 * time.Millisecond}
+	srv := httptest.NewServer(charges)
+	t.Cleanup(srv.Close)
+	env := []string{"REDIS_URL=redis://" + redis.Addr(), "PROVIDER_URL=" + srv.URL, "PAYMENT_LATENCY=500ms"}
+	a, b := startProcess(t, env...), startProcess(t, env...)
+	go pay(t, a.URL, "killed") // its answer never comes
+	time.Sleep(250 * time.Millisecond)
+	require.NoError(t, a.Signal(syscall.SIGKILL))
+	<-a.Exited()
+
+	ask := func() (int, time.Duration) {
+		req, _ := http.NewRequest(http.MethodPost, b.URL+"/payments", strings.NewReader(`{"amount":500,"currency":"eur"}`))
+		req.Header.Set("Idempotency-Key", "killed")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+		return resp.StatusCode, time.Duration(secs) * time.Second
+	}
+	status, after := ask()
+	require.Equal(t, http.StatusConflict, status)
+	require.Greater(t, after, 2*time.Second, "more than the payments' lease (1 s): the dead run cannot answer")
+	require.LessOrEqual(t, after, 15*time.Second, "no more than the claim horizon")
+	time.Sleep(after)
+	tries := 1
+	for status, after = ask(); status == http.StatusConflict && tries < 3; status, after = ask() {
+		tries++
+		time.Sleep(after)
+	}
+	require.Equal(t, http.StatusCreated, status, "resumed once Retry-After had passed")
+	require.LessOrEqual(t, tries, 2, "at most one more 409 after waiting as told")
 }

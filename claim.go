@@ -18,13 +18,12 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 	k := m.redisKeys(c)
 	for pause := 50 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
 		l, v := m.claimOnce(c, k)
-		if l != nil || !errors.Is(v.err, errStillRunning) {
+		var running stillRunning
+		if l != nil || !errors.As(v.err, &running) {
 			return l, v
 		}
 		left := time.Until(c.deadline)
 		if left <= 0 {
-			var running stillRunning
-			errors.As(v.err, &running)
 			return nil, refuse(retryAfter{ErrInProgress, max(m.cfg.lease, running.horizonIn)})
 		}
 		began := time.Now()
@@ -48,18 +47,13 @@ func (m *Middleware) storeUnavailable(c *call, err error) verdict {
 	return v
 }
 
-// errStillRunning: the key's lock lapsed, and its executor may still
-// store; the claim waits.
-var errStillRunning = errors.New("idempotency: the key's executor may still store")
-
-// stillRunning is errStillRunning, and how long the executor may still
-// store: the answer changes then at the latest (interrupted, or taken
-// over), and its owner most likely crashed, so that is when a client
-// should ask again, not every lease.
+// stillRunning: the key's lock lapsed, and its executor may still store
+// for horizonIn; the claim waits. The answer changes then at the latest
+// (interrupted, or taken over), and the owner most likely crashed, so that
+// is when a client should ask again, not every lease.
 type stillRunning struct{ horizonIn time.Duration }
 
-func (stillRunning) Error() string        { return errStillRunning.Error() }
-func (stillRunning) Is(target error) bool { return target == errStillRunning }
+func (stillRunning) Error() string { return "idempotency: the key's executor may still store" }
 
 // claimOnce is one attempt of claim.
 func (m *Middleware) claimOnce(c *call, k keys) (*lease, verdict) {

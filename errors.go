@@ -123,9 +123,8 @@ func (e retryAfter) Unwrap() error { return e.error }
 // key's owner holds it (the pace at which to ask again), or the time left
 // until the claim horizon once its lock lapsed (a crashed owner's key reads
 // in progress until then, and interrupted after), for ErrStoreUnavailable
-// one second,
-// and 0 for errors that a retry cannot fix. DefaultErrorHandler sends it as
-// Retry-After; a custom error handler may do the same.
+// one second, and 0 for errors that a retry cannot fix. DefaultErrorHandler
+// sends it as Retry-After; a custom error handler may do the same.
 func RetryAfter(err error) time.Duration {
 	var ra retryAfter
 	if errors.As(err, &ra) {

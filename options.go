@@ -463,6 +463,10 @@ func setDefault[T comparable](v *T, def T) {
 }
 
 func (c *config) validate() error {
+	var ringErr error
+	if c.tokenKeys.configured() {
+		ringErr = c.tokenKeys.validate()
+	}
 	switch {
 	case strings.ContainsAny(c.prefix, "{}"):
 		return fmt.Errorf("key prefix %q contains a hash tag brace", c.prefix)
@@ -489,8 +493,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("WithExpiryHeader(%q) is not a header name", c.expiryHeader)
 	case c.unprotected[""]:
 		return fmt.Errorf("WithUnprotectedMethods names an empty method")
-	case c.tokenKeys.configured() && c.tokenKeys.validate() != nil:
-		return c.tokenKeys.validate()
+	case ringErr != nil:
+		return ringErr
 	case c.failOpen && c.outcomes != nil:
 		return fmt.Errorf("WithFailOpen cannot be combined with WithOutcomeStore: a request run unprotected while " +
 			"Redis is unreachable commits its writes without an outcome, and its retry runs them again")

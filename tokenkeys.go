@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
@@ -129,21 +130,14 @@ func randomKey() []byte {
 var processKey = sync.OnceValue(randomKey)
 
 func (k TokenKeys) clone() TokenKeys {
-	c := TokenKeys{Sign: cloneKey(k.Sign)}
+	c := TokenKeys{Sign: bytes.Clone(k.Sign)}
 	for _, a := range k.Accept {
-		c.Accept = append(c.Accept, cloneKey(a))
+		c.Accept = append(c.Accept, bytes.Clone(a))
 	}
 	for _, r := range k.Revoked {
-		c.Revoked = append(c.Revoked, cloneKey(r))
+		c.Revoked = append(c.Revoked, bytes.Clone(r))
 	}
 	return c
-}
-
-func cloneKey(b []byte) []byte {
-	if b == nil {
-		return nil
-	}
-	return append([]byte{}, b...)
 }
 
 // configured reports whether the application gave a ring.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/onceonly/idempotency/example/internal/provider"
 	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/onceonly/idempotency/internal/shopproc"
 	"github.com/stretchr/testify/require"
 )
 
@@ -26,13 +27,7 @@ func TestSIGKILLMidPaymentIsResumedOnAnotherInstance(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the example")
 	}
-	redis := redistest.Private(t)
-	charges := &provider.Provider{Latency: 500 * time.Millisecond}
-	srv := httptest.NewServer(charges)
-	t.Cleanup(srv.Close)
-	env := []string{"REDIS_URL=redis://" + redis.Addr(), "PROVIDER_URL=" + srv.URL, "PAYMENT_LATENCY=500ms"}
-	a := startProcess(t, env...)
-	b := startProcess(t, env...)
+	a, b, charges, srv := twoShopsOfAProvider(t)
 
 	const n = 5
 	// The payments start 120 ms apart, so that the kill finds each at
@@ -100,12 +95,7 @@ func TestRetryAfterAKilledInstanceSaysWhenToAskAgain(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the example")
 	}
-	redis := redistest.Private(t)
-	charges := &provider.Provider{Latency: 500 * time.Millisecond}
-	srv := httptest.NewServer(charges)
-	t.Cleanup(srv.Close)
-	env := []string{"REDIS_URL=redis://" + redis.Addr(), "PROVIDER_URL=" + srv.URL, "PAYMENT_LATENCY=500ms"}
-	a, b := startProcess(t, env...), startProcess(t, env...)
+	a, b, _, _ := twoShopsOfAProvider(t)
 	go pay(t, a.URL, "killed") // its answer never comes
 	time.Sleep(250 * time.Millisecond)
 	require.NoError(t, a.Signal(syscall.SIGKILL))
@@ -133,4 +123,17 @@ func TestRetryAfterAKilledInstanceSaysWhenToAskAgain(t *testing.T) {
 	}
 	require.Equal(t, http.StatusCreated, status, "resumed once Retry-After had passed")
 	require.LessOrEqual(t, tries, 2, "at most one more 409 after waiting as told")
+}
+
+// twoShopsOfAProvider starts two shop processes on a private Redis, whose
+// payments charge one payment provider that runs apart from them (500 ms
+// a charge), served at srv.
+func twoShopsOfAProvider(t *testing.T) (a, b *shopproc.Shop, charges *provider.Provider, srv *httptest.Server) {
+	t.Helper()
+	redis := redistest.Private(t)
+	charges = &provider.Provider{Latency: 500 * time.Millisecond}
+	srv = httptest.NewServer(charges)
+	t.Cleanup(srv.Close)
+	env := []string{"REDIS_URL=redis://" + redis.Addr(), "PROVIDER_URL=" + srv.URL, "PAYMENT_LATENCY=500ms"}
+	return startProcess(t, env...), startProcess(t, env...), charges, srv
 }

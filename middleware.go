@@ -40,7 +40,7 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 	}
 	m.later = newLater(m)
 	m.tokens = &tokenSigner{prefix: m.cfg.prefix, keys: m.cfg.tokenKeys}
-	if !m.cfg.tokenKeys.configured() {
+	if !m.cfg.tokenKeysSet {
 		m.tokens.keys = TokenKeys{Sign: processKey()}
 	}
 	m.signers.m = m

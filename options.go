@@ -26,6 +26,7 @@ type config struct {
 	maxRequest      int64
 	maxKeyLen       int
 	tokenKeys       TokenKeys
+	tokenKeysSet    bool            // WithTokenKeys was given: else a random key per process
 	replayHeaders   map[string]bool // nil: everything but Set-Cookie and hop-by-hop
 	scope           func(*http.Request) (string, error)
 	keyCaller       keyCaller
@@ -464,7 +465,7 @@ func setDefault[T comparable](v *T, def T) {
 
 func (c *config) validate() error {
 	var ringErr error
-	if c.tokenKeys.configured() {
+	if c.tokenKeysSet {
 		ringErr = c.tokenKeys.validate()
 	}
 	switch {

@@ -43,10 +43,11 @@ const minTokenKey = 32
 // with (TokenKeys). Without it, or WithTokenSecret, each process signs with
 // a random key of its own, and the first Protect or IssueToken logs a
 // warning: the tokens it issues are refused by every other instance and
-// after a restart. New panics when a key is shorter than 32 bytes or
-// appears twice.
+// after a restart. New panics when the ring has no Sign key (an empty ring
+// or a nil secret, as a failed load of the configuration gives), or a key
+// is shorter than 32 bytes or appears twice.
 func WithTokenKeys(keys TokenKeys) Option {
-	return func(c *config) { c.tokenKeys = keys.clone() }
+	return func(c *config) { c.tokenKeys, c.tokenKeysSet = keys.clone(), true }
 }
 
 // WithTokenSecret sets the one key issued tokens are signed with: the same
@@ -61,17 +62,20 @@ func WithTokenSecret(secret []byte) Option {
 //
 //	sign=<key> accept=<key> revoked=<key> revoked=<key>
 //
-// Exactly one sign is required; accept and revoked may repeat.
+// Exactly one sign is required; accept and revoked may repeat. An error
+// names a malformed field by its place, never by its text, which may hold
+// a key.
 func ParseTokenKeys(s string) (TokenKeys, error) {
 	var ring TokenKeys
-	for _, field := range strings.Fields(s) {
+	for i, field := range strings.Fields(s) {
 		role, text, ok := strings.Cut(field, "=")
-		if !ok {
-			return TokenKeys{}, fmt.Errorf("idempotency: token key %q is not role=base64", redactKey(field))
+		if !ok || (role != "sign" && role != "accept" && role != "revoked") {
+			return TokenKeys{}, fmt.Errorf("idempotency: token key field %d is not sign=, accept= or revoked= "+
+				"followed by a key in base64", i+1)
 		}
 		key, err := decodeKey(text)
 		if err != nil {
-			return TokenKeys{}, fmt.Errorf("idempotency: the %s token key is not base64", role)
+			return TokenKeys{}, fmt.Errorf("idempotency: token key field %d (%s) is not base64", i+1, role)
 		}
 		switch role {
 		case "sign":
@@ -81,10 +85,8 @@ func ParseTokenKeys(s string) (TokenKeys, error) {
 			ring.Sign = key
 		case "accept":
 			ring.Accept = append(ring.Accept, key)
-		case "revoked":
-			ring.Revoked = append(ring.Revoked, key)
 		default:
-			return TokenKeys{}, fmt.Errorf("idempotency: unknown token key role %q (sign, accept, revoked)", role)
+			ring.Revoked = append(ring.Revoked, key)
 		}
 	}
 	if ring.Sign == nil {
@@ -94,14 +96,6 @@ func ParseTokenKeys(s string) (TokenKeys, error) {
 		return TokenKeys{}, fmt.Errorf("idempotency: %w", err)
 	}
 	return ring, nil
-}
-
-// redactKey keeps a malformed field's role, never its key material.
-func redactKey(field string) string {
-	if len(field) > 8 {
-		return field[:8] + "…"
-	}
-	return field
 }
 
 func decodeKey(text string) ([]byte, error) {
@@ -140,15 +134,10 @@ func (k TokenKeys) clone() TokenKeys {
 	return c
 }
 
-// configured reports whether the application gave a ring.
-func (k TokenKeys) configured() bool {
-	return k.Sign != nil || len(k.Accept) > 0 || len(k.Revoked) > 0
-}
-
 // validate refuses short keys, a ring without a signing key, and a key in
 // two places (a key both accepted and revoked would mean two things).
 func (k TokenKeys) validate() error {
-	if k.Sign == nil {
+	if len(k.Sign) == 0 {
 		return errors.New("the token key ring has no Sign key")
 	}
 	seen := make(map[string]string)

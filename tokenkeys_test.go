@@ -206,9 +206,11 @@ func TestTokenKeyRingsAreValidatedAtNew(t *testing.T) {
 		"short revoked":    {Sign: ringKey('s'), Revoked: [][]byte{[]byte("x")}},
 		"sign accepted":    {Sign: ringKey('s'), Accept: [][]byte{ringKey('s')}},
 		"accepted+revoked": {Sign: ringKey('s'), Accept: [][]byte{ringKey('a')}, Revoked: [][]byte{ringKey('a')}},
+		"empty":            {},
 	} {
 		require.Panics(t, func() { New(rdb, WithTokenKeys(keys)) }, name)
 	}
+	require.Panics(t, func() { New(rdb, WithTokenSecret(nil)) }, "a secret that failed to load")
 	require.Panics(t, func() { New(rdb, WithTokenSecret(make([]byte, 31))) })
 	require.NotPanics(t, func() { New(rdb, WithTokenSecret(make([]byte, 32))) })
 }
@@ -226,12 +228,17 @@ func TestParseTokenKeys(t *testing.T) {
 	require.NoError(t, err, "standard base64 too")
 	require.Equal(t, ring.Sign, got.Sign)
 
+	stdB := base64.StdEncoding.EncodeToString(ring.Accept[0]) // padded, as base64 tools print it
 	for _, bad := range []string{
 		"", "accept=" + a, "sign=" + a + " sign=" + b, "sign=!!!", "sign=" + a + " other=" + b,
 		"sign=" + a + " " + b, "sign=c2hvcnQ", "sign=" + a + " revoked=" + a,
+		"sign=" + a + " " + stdB, // a role forgotten before a padded key
+		"sign=" + a + " " + b + "=junk!", "sign:" + b,
 	} {
 		_, err := ParseTokenKeys(bad)
 		require.Error(t, err, bad)
-		require.NotContains(t, err.Error(), b, "an error never echoes a key")
+		for _, key := range []string{b, stdB} {
+			require.NotContains(t, err.Error(), key[:6], "an error never echoes a key, not even in part: %v", err)
+		}
 	}
 }

@@ -45,7 +45,7 @@ type signerWatch struct {
 func (w *signerWatch) started() {
 	w.start.Do(func() {
 		m := w.m
-		if !m.cfg.tokenKeys.configured() {
+		if !m.cfg.tokenKeysSet {
 			m.cfg.logger.Warn("idempotency: no token keys are configured (WithTokenKeys), so this process signs " +
 				"tokens with a random key of its own: other instances refuse its tokens as unknown, and so does " +
 				"this one after a restart, even a spent token's resubmission (whose form then orders again). " +

@@ -4,11 +4,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
+	"slices"
 )
 
 // tokenScope finds the scope that token (an issued one) was issued to
-// among the caller's: the scope function's answer, or else every session
-// cookie the request carries. A browser sends every cookie of the name
+// among the caller's: the scope function's answer, or else the session
+// cookies the request carries (the first maxSessionCookies distinct ones). A browser sends every cookie of the name
 // whose domain and path match, and one of them may have been planted (by
 // a sibling subdomain, or a network attacker over plain HTTP, with a more
 // specific path, so that it comes first): a token bound to any of them is
@@ -45,18 +46,32 @@ func (m *Middleware) tokenScope(c *call, token string) error {
 
 // sessions are the scopes of every non-empty session cookie of the
 // request, in order.
+// Each value is checked against every key of the ring, so a request that
+// repeats the cookie thousands of times would cost as many digests: values
+// are taken once each, and no more than maxSessionCookies of them (a
+// browser sends one per domain and path that set it).
 func (m *Middleware) sessions(r *http.Request) []string {
 	if len(r.Header["Cookie"]) == 0 { // skip parsing what is not there
 		return nil
 	}
-	var scopes []string
+	var values []string
 	for _, c := range r.CookiesNamed(m.cfg.sessionCookie) {
-		if c.Value != "" {
-			scopes = append(scopes, sessionScope(c.Value))
+		if c.Value == "" || slices.Contains(values, c.Value) {
+			continue
+		}
+		if values = append(values, c.Value); len(values) == maxSessionCookies {
+			break
 		}
 	}
-	return scopes
+	for i, v := range values {
+		values[i] = sessionScope(v)
+	}
+	return values
 }
+
+// maxSessionCookies is how many distinct session cookies of one request
+// are tried as the token's scope.
+const maxSessionCookies = 16
 
 // sessionScope is the scope a session cookie's value names: the value
 // itself when it is a session the token endpoint started, or else a

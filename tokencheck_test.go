@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/idempotency/internal/redistest"
 )
 
 // A token spent before it expired is answered from its record after: the
@@ -148,4 +151,21 @@ func mustURL(t *testing.T, raw string) *url.URL {
 	u, err := url.Parse(raw)
 	require.NoError(t, err)
 	return u
+}
+
+// A request that repeats its session cookie thousands of times costs no
+// more digests than a handful: values are tried once each, at most
+// maxSessionCookies of them, and a genuine one among the first is found.
+func TestRepeatedSessionCookiesAreTriedOnce(t *testing.T) {
+	m := New(redistest.Client(t, "test-"+t.Name()), WithTokenKeys(TokenKeys{Sign: ringKey('k')}))
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.Header.Set("Cookie", strings.Repeat("idempotency_session=a; ", 2700)+"idempotency_session=b")
+	require.Equal(t, []string{sessionScope("a"), sessionScope("b")}, m.sessions(r))
+
+	var many []string
+	for i := range 100 {
+		many = append(many, fmt.Sprintf("idempotency_session=v%d", i))
+	}
+	r.Header.Set("Cookie", strings.Join(many, "; "))
+	require.Len(t, m.sessions(r), maxSessionCookies)
 }

@@ -353,7 +353,13 @@ type stepsHistory struct {
 	exchanges []*stepsExchange
 	traces    map[*stepsKey][]stepTrace
 	states    map[*stepsKey]string            // the record's state at the end ("" for none)
+	records   map[*stepsKey]string            // the record's Redis key
 	effects   map[*stepsKey]map[string]string // each step key's effect, as the database holds it
+	// undecided are the keys whose store from the background had not
+	// landed when the check gave up waiting for their instance to be
+	// quiet; claimedForGood those whose 201's process was killed after
+	// it answered, before its store landed.
+	undecided, claimedForGood map[*stepsKey]bool
 }
 
 // runSteps runs p: each key's first request (and the faults aimed at its
@@ -412,8 +418,8 @@ func (r *rig) runSteps(p *stepsPlan) *stepsHistory {
 	}
 	wg.Wait()
 	r.settle(h.run)
-	r.collectSteps(h)
 	h.run.faults = r.timeline.between(h.run.began, h.run.settled)
+	r.collectSteps(h)
 	return h
 }
 
@@ -468,6 +474,7 @@ func (r *rig) collectSteps(h *stepsHistory) {
 	defer cancel()
 	prefix := h.plan.cfg.Prefix
 	h.traces, h.states, h.effects = map[*stepsKey][]stepTrace{}, map[*stepsKey]string{}, map[*stepsKey]map[string]string{}
+	h.records, h.undecided, h.claimedForGood = map[*stepsKey]string{}, map[*stepsKey]bool{}, map[*stepsKey]bool{}
 	for _, k := range h.plan.keys {
 		lines, err := r.effectsDB.LRange(ctx, stepsTraceKey(prefix, k.scope, k.id), 0, -1).Result()
 		if err != nil {
@@ -486,12 +493,57 @@ func (r *rig) collectSteps(h *stepsHistory) {
 			case tr.Kind == stepRun:
 				h.effects[k][tr.StepKey] = r.effectsDB.Get(ctx, "fc:"+prefix+":effect:"+tr.StepKey).Val()
 			case tr.Kind == stepStart && h.states[k] == "":
-				text := r.storeDB.Get(ctx, tr.Record).Val()
-				h.states[k], _, _ = strings.Cut(text, " ")
+				h.records[k] = tr.Record
+				h.states[k] = r.recordState(ctx, tr.Record)
 			}
 		}
 		r.effectsDB.Del(ctx, stepsTraceKey(prefix, k.scope, k.id))
+		r.awaitStepsStore(ctx, h, k)
 	}
+}
+
+// recordState is the state a record's text begins with ("" for none).
+func (r *rig) recordState(ctx context.Context, record string) string {
+	state, _, _ := strings.Cut(r.storeDB.Get(ctx, record).Val(), " ")
+	return state
+}
+
+// awaitStepsStore gives the answer of a run that answered 201 on a process
+// that lives on the time to land from its background queue, which the
+// history's settling does not wait for (as awaitStores does for the key
+// workload): the record reads "run" until then. It waits until the
+// instance has been free of faults for storeQuiet, for awaitStoresBound
+// at most; a key still waiting then is left undecided. A run whose process
+// was killed after its 201 leaves the key claimed for good, and the next
+// retry resumes it from the journal: that key reads "run" by right.
+func (r *rig) awaitStepsStore(ctx context.Context, h *stepsHistory, k *stepsKey) {
+	if h.states[k] != "run" {
+		return
+	}
+	exec, inst := "", ""
+	for _, x := range h.exchanges {
+		var a stepsAnswer
+		if x.key == k && x.err == nil && x.status == http.StatusCreated && json.Unmarshal(x.body, &a) == nil {
+			exec, inst = a.Exec, x.instance
+		}
+	}
+	if exec == "" {
+		return // no 201: nothing of the key waits to be stored
+	}
+	if h.run.ended(exec) {
+		h.claimedForGood[k] = true
+		return
+	}
+	deadline := time.Now().Add(awaitStoresBound)
+	for h.states[k] == "run" && !r.quiet(instanceIndex(inst), storeQuiet) {
+		if time.Now().After(deadline) {
+			h.undecided[k] = true
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+		h.states[k] = r.recordState(ctx, h.records[k])
+	}
+	h.states[k] = r.recordState(ctx, h.records[k])
 }
 
 func TestFaultCheckSteps(t *testing.T) {

@@ -115,8 +115,15 @@ func checkSteps(h *stepsHistory) []stepsViolation {
 				}
 			}
 		}
-		if first == nil || h.states[k] != "done" {
+		switch {
+		case first == nil:
 			fail(ruleStepUnanswered, "no 201 within %v (the record ends %q)", stepsBound, h.states[k])
+		case h.states[k] == "done", h.claimedForGood[k], h.undecided[k]:
+			// Stored, or left claimed by a process killed after its 201
+			// (a retry resumes it), or undecided (tallied).
+		default:
+			fail(ruleStepUnanswered, "a 201 was answered, but the record ends %q although the process "+
+				"that answered lived on, quiet for %v", h.states[k], storeQuiet)
 		}
 	}
 	return found
@@ -290,6 +297,12 @@ func tallySteps(h *stepsHistory, into map[string]int) {
 		}
 		into["older runs that started a step after their key was taken over"] += staleStarts(h.traces[k])
 		into["201s built by another run than the key's other 201s"] += otherBuilders(h.exchanges, k)
+		if h.undecided[k] {
+			into["keys whose 201's store had not landed when the check stopped waiting for a quiet moment"]++
+		}
+		if h.claimedForGood[k] {
+			into["keys left claimed by a process killed after its 201"]++
+		}
 		for _, x := range h.exchanges {
 			var a stepsAnswer
 			if x.key != k || x.err != nil || x.status != http.StatusCreated || x.replayed() || json.Unmarshal(x.body, &a) != nil {

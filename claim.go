@@ -2,10 +2,10 @@ package idempotency
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"time"
-
-	"github.com/bsm/redislock"
 )
 
 // claim takes the key's lease and claims the key in Redis. It returns the
@@ -57,26 +57,9 @@ func (stillRunning) Error() string { return "idempotency: the key's executor may
 
 // claimOnce is one attempt of claim.
 func (m *Middleware) claimOnce(c *call, k keys) (*lease, verdict) {
-	l, r, err := m.acquire(c, k)
+	l, cl, err := m.acquire(c, k)
 	switch {
-	case errors.Is(err, ErrStoreUnavailable):
-		return nil, m.storeUnavailable(c, err)
-	case errors.Is(err, errCallerDone):
-		return nil, m.callerDone(c)
-	case err != nil:
-		return nil, refuse(err)
-	}
-	var cl claim
-	switch {
-	case l == nil: // the claim that rode with someone else's lock decided
-		cl = r.claim
-	case r != nil:
-		l.endStep()
-		cl, err = r.claim, r.err
-	default:
-		cl, err = m.claimKey(c, l)
-	}
-	if err != nil {
+	case l != nil && err != nil:
 		// The claim may have run without us hearing back, or run without
 		// reaching enough replicas. Undo it. When the primary answers (too
 		// few replicas) the undo goes first, so that the next request finds
@@ -87,15 +70,19 @@ func (m *Middleware) claimOnce(c *call, k keys) (*lease, verdict) {
 		switch {
 		case errors.Is(err, errTooFewReplicas):
 			l.release(c.ctx)
+			return nil, refuse(unavailable(err)) // the claim stood on the primary: no running unprotected
 		case neverSent(err):
-			l.end() // nothing to undo; the lock runs out by itself
+			l.end() // nothing to undo
 		default:
 			l.releaseLater()
 		}
-		return nil, refuse(unavailable(err))
-	}
-	if l != nil && cl.outcome != outcomeClaimed {
-		l.end() // every other reply let the lock go
+		return nil, m.storeUnavailable(c, unavailable(err))
+	case errors.Is(err, ErrStoreUnavailable):
+		return nil, m.storeUnavailable(c, err)
+	case errors.Is(err, errCallerDone):
+		return nil, m.callerDone(c)
+	case err != nil:
+		return nil, refuse(err)
 	}
 	switch cl.outcome {
 	case outcomeClaimed:
@@ -139,36 +126,33 @@ func (m *Middleware) claimOnce(c *call, k keys) (*lease, verdict) {
 		err = ErrInterrupted
 	case outcomeUnreadable:
 		err = ErrUnreadableRecord
-	case outcomeRunning:
+	default: // outcomeRunning (acquire waits out outcomeHeld)
 		err = stillRunning{cl.horizonIn}
-	default: // outcomeLost: Redis was slower than the whole lease
-		err = unavailable(errors.New("lock lease ran out before the claim"))
 	}
 	return nil, refuse(err)
 }
 
-// claimKey runs the claim under l, within the store timeout of the exchange
-// that obtained the lock; with WithReplicaAcks it then waits for replicas.
+// claimKey sends l's claim, within the store timeout; with
+// WithReplicaAcks it then waits for replicas.
 func (m *Middleware) claimKey(c *call, l *lease) (claim, error) {
-	defer l.endStep()
-	l.watch() // the claim and a replica wait are renewed
+	ctx, cancel := m.store.stepContext(c.ctx)
+	defer cancel()
 	if m.cfg.replicaAcks > 0 {
-		return m.claimReplicated(l.step, c, l)
+		return m.claimReplicated(ctx, c, l)
 	}
-	return m.store.claim(l.step, l.k, l.token, l.fpText)
+	return m.store.claim(ctx, l.k, l.token, l.fpText)
 }
 
-// acquire takes the key's lock and starts its lease, waiting while another
-// instance holds it, until the deadline (ErrInProgress) or the client leaves
-// (context.Canceled). Unless replicas must acknowledge the claim (the claim
-// is then followed by WAIT on its own connection), the claim rides with each
-// attempt (see ride.go) and comes back as r: with the lease when the lock
-// was ours, or alone when it decided the request without the lock.
+// acquire claims the key, waiting while another executor holds its lock,
+// until the deadline (ErrInProgress) or the client leaves (errCallerDone).
+// It returns the lease whose claim claimed; or the claim that decided the
+// request without the lock (a replay, a refusal, a run that may still
+// store); or, with the lease its claim tried to take, the claim's failure.
 //
 // A waiter subscribes to the key's release and tries again when the holder
 // publishes, or after a growing pause (50 ms up to 500 ms) in case a message
 // is lost; without a subscription it falls back to the pauses alone.
-func (m *Middleware) acquire(c *call, k keys) (l *lease, r *rode, err error) {
+func (m *Middleware) acquire(c *call, k keys) (*lease, claim, error) {
 	var sub *watcher
 	defer func() {
 		if sub != nil {
@@ -182,57 +166,32 @@ func (m *Middleware) acquire(c *call, k keys) (l *lease, r *rode, err error) {
 			c.waited += time.Since(waitStart)
 		}
 	}()
-	riding := m.cfg.replicaAcks == 0
 	fp := c.fp.text() // once for every attempt and the lease's scripts
 	for {
 		began := time.Now()
-		ctx, cancel := m.store.stepContext(c.ctx)
-		var lock *redislock.Lock
-		if riding {
-			lock, r, err = m.store.obtainClaiming(ctx, k, fp)
-		} else {
-			lock, err = m.store.obtain(ctx, k)
+		l, err := m.newLease(k, fp, began)
+		if err != nil {
+			return nil, claim{}, err
 		}
-		if err == nil {
-			l = m.startLease(k, lock, began, ctx, cancel)
-			l.fpText = fp
-			return l, r, nil
-		}
-		cancel()
-		if !errors.Is(err, redislock.ErrNotObtained) {
-			if r != nil && !neverSent(err) {
-				// The lock's reply was lost, but the claim behind it may
-				// have run under it: undo it, as a claim that failed.
-				m.orphanClaim(k, r.value).releaseLater()
-			}
-			return nil, nil, unavailable(err)
-		}
-		if r != nil && r.err == nil && r.claim.outcome == outcomeClaimed {
-			// go-redis resent the pipeline after our lock ran out: the first
-			// claim stands under our lock value, with nobody to run it. Redis
-			// answers, so it is undone now, before this request tries again
-			// and would find it abandoned.
-			m.orphanClaim(k, r.value).release(c.ctx)
-		}
-		if r != nil && r.err == nil && decisive(r.claim.outcome) {
-			return nil, r, nil
+		cl, err := m.claimKey(c, l)
+		switch {
+		case err != nil:
+			return l, claim{}, err
+		case cl.outcome == outcomeClaimed:
+			return l, cl, nil
+		case cl.outcome != outcomeHeld:
+			return nil, cl, nil
 		}
 		if waitStart.IsZero() {
 			waitStart = began
-			// A request that differs from the one running is refused at
-			// once: waiting could not make it the same. (A riding claim
-			// has told already.)
-			if !riding && m.differsFromRecord(c, k) {
-				return nil, nil, ErrKeyReused
-			}
 		}
 		left := time.Until(c.deadline)
 		if left <= 0 {
-			return nil, nil, m.inProgress()
+			return nil, claim{}, m.inProgress()
 		}
 		if !subscribed {
-			// Subscribe, then try the lock once more at once: the holder may
-			// have let go before the flag was up, and then nobody publishes.
+			// Subscribe, then try once more at once: the holder may have
+			// let go before the flag was up, and then nobody publishes.
 			subscribed = true
 			ctx, cancel := m.store.stepContext(c.ctx)
 			sub, _ = m.store.watch(ctx, k, left)
@@ -240,20 +199,19 @@ func (m *Middleware) acquire(c *call, k keys) (l *lease, r *rode, err error) {
 			continue
 		}
 		if err := m.pause(c.ctx, sub, min(pause, left)); err != nil {
-			return nil, nil, err
+			return nil, claim{}, err
 		}
 		pause = min(2*pause, 500*time.Millisecond)
 	}
 }
 
-// differsFromRecord reports whether the key's record is for another
-// request. A failure to ask is no answer: the wait goes on and the claim
-// decides.
-func (m *Middleware) differsFromRecord(c *call, k keys) bool {
-	ctx, cancel := m.store.stepContext(c.ctx)
-	defer cancel()
-	fp, err := m.store.fingerprintOf(ctx, k)
-	return err == nil && fp != "" && fp != c.fp.text()
+// lockToken is a fresh lock value: 16 random bytes, base64url.
+func lockToken() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return base64.RawURLEncoding.EncodeToString(b[:]), nil
 }
 
 // pause waits for a release message on sub (or plain time without one), or

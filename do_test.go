@@ -393,13 +393,15 @@ func TestEveryQueuedUndoIsDone(t *testing.T) {
 		c := &call{ctx: context.Background(), scope: "s", key: fmt.Sprint("k", i)}
 		c.id = identityOfKind('f', c.scope, c.key)
 		k := m.redisKeys(c)
-		lock, r, err := m.store.obtainClaiming(context.Background(), k, "fp")
+		lock, err := newTestLock()
 		require.NoError(t, err)
-		require.Equal(t, outcomeClaimed, r.claim.outcome)
+		cl, err := m.store.claim(context.Background(), k, lock.Token(), "fp")
+		require.NoError(t, err)
+		require.Equal(t, outcomeClaimed, cl.outcome)
 		claimed, values = append(claimed, k), append(values, lock.Token())
 	}
 	for i, k := range claimed {
-		m.orphanClaim(k, values[i]).releaseLater()
+		(&lease{m: m, k: k, token: values[i]}).releaseLater()
 	}
 	require.Eventually(t, func() bool {
 		for _, k := range claimed {

@@ -82,8 +82,7 @@
 //	cache.go         completed answers in this process's memory
 //	cacheclock.go    the cache's clock, which idemtest moves with FastForward
 //	inflight.go      duplicates inside this process wait for the first
-//	claim.go         taking the lease and claiming the key
-//	ride.go          the claim sent in one pipeline with the lock
+//	claim.go         taking the lease and claiming the key, in one script
 //	waiter.go        waiting for a holder on another instance, on one shared subscription
 //	replicas.go      WithReplicaAcks: WAIT for replicas before running
 //	lifecycle.go     a key's life from claim to end

@@ -16,13 +16,11 @@ import (
 // dependencies are listed with go list -deps, as a program that imports the
 // package would compile them, tests aside.
 func TestPackagesCompileOnlyWhatTheyNeed(t *testing.T) {
-	// What the protocol runs on: go-redis, redislock, uuid and what they
-	// bring. Nothing of gRPC, OpenTelemetry or a SQL driver belongs here.
+	// What the protocol runs on: go-redis, uuid and what they bring. Nothing of gRPC, OpenTelemetry or a SQL driver belongs here.
 	protocol := []string{
 		"github.com/onceonly/idempotency",
 		"github.com/onceonly/idempotency/internal/",
 		"github.com/redis/go-redis/v9",
-		"github.com/bsm/redislock",
 		"github.com/google/uuid",
 		"github.com/cespare/xxhash/v2",
 		"go.uber.org/atomic",

@@ -3,7 +3,6 @@ module github.com/onceonly/idempotency
 go 1.26.0
 
 require (
-	github.com/bsm/redislock v0.10.0
 	github.com/google/uuid v1.6.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1

@@ -105,6 +105,9 @@ func (k keys) waiters() string { return k.names[2] }
 // redisKeys are claim.lua's KEYS: the record and the lock.
 func (k keys) redisKeys() []string { return k.names[:2:2] }
 
+// lockKey is unlock.lua's KEYS: the lock.
+func (k keys) lockKey() []string { return k.names[1:2:2] }
+
 // flagged are the KEYS of the scripts that end a lease: the record, the
 // lock and the waiters flag.
 func (k keys) flagged() []string { return k.names[:] }

@@ -5,14 +5,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"time"
-
-	"github.com/bsm/redislock"
 )
 
 // A key's life, from its claim to its end, and the one rule that decides it.
 //
-// The request (or Do call) that obtains a key's lock holds a lease: the
-// lock, renewed by a watchdog, and the claim made under it (claim.go). From
+// The request (or Do call) whose claim takes a key's lock holds a lease:
+// the lock, renewed by a watchdog, and the claim (claim.go). From
 // then on the lease owns the key's fate, and every transition is one of its
 // methods below; nothing else runs the scripts that store an answer or
 // release a claim.
@@ -55,29 +53,23 @@ import (
 // background (later.go), so a brief outage neither turns a released key
 // into an interrupted one nor loses an answer; Shutdown drains it.
 
-// A lease is one call's hold on a key. It begins when the lock is obtained
-// and ends when the lock is let go: by a claim that did not claim, by the
-// store of the answer, by a release or by keep. Its watchdog renews the
-// lock exactly that long, so neither a slow claim, a replica wait nor a
-// slow handler outlives it, while a crashed instance frees the key within
-// one lease. The watchdog starts (watch) once the lease is to outlast its
-// claim's round trip, on the schedule it would have had from the obtain:
-// a claim that rode with the lock and did not claim (a replay, a refusal)
-// ends the lease before any renewal is due, and then costs no timer.
+// A lease is one call's hold on a key. It begins when its claim takes the
+// key's lock and ends when the lock is let go: by the store of the answer,
+// by a release or by keep. Its watchdog renews the lock exactly that long,
+// so neither a replica wait nor a slow handler outlives it, while a crashed
+// instance frees the key within one lease. The watchdog starts (watch)
+// once the claim has claimed, on the schedule it would have had from the
+// claim's start: a claim that did not claim (a replay, a refusal) took no
+// lock, and costs no timer.
 type lease struct {
-	m     *Middleware
-	k     keys
-	token string          // the lock's value, which the scripts check
-	lock  *redislock.Lock // nil for a claim whose lock reply never came
-	wd    *watchdog       // nil until watch, and without lock
-	began time.Time       // when the attempt that obtained the lock began
-	// step bounds the exchange that obtained the lock; the claim shares it,
-	// so the store timeout bounds the two together.
-	step    context.Context
-	endStep context.CancelFunc
-	fpText  string   // the claiming request's fingerprint, as the scripts take it
-	fence   uint64   // the claim's fencing token, once claimed
-	steps   *journal // a resumable run's journal (WithResume), once claimed
+	m      *Middleware
+	k      keys
+	token  string    // the lock's value, which the scripts check
+	wd     *watchdog // nil until watch
+	began  time.Time // when the claim that took the lock was sent
+	fpText string    // the claiming request's fingerprint, as the scripts take it
+	fence  uint64    // the claim's fencing token, once claimed
+	steps  *journal  // a resumable run's journal (WithResume), once claimed
 
 	// The run's context: cancelled with ErrLockLost or, by its timer, with
 	// ErrExecutionTimeout.
@@ -85,33 +77,28 @@ type lease struct {
 	stopRun context.CancelFunc
 }
 
-// startLease starts the lease of a lock obtained by an attempt that began
-// at began.
-func (m *Middleware) startLease(k keys, lock *redislock.Lock, began time.Time, step context.Context, endStep context.CancelFunc) *lease {
-	return &lease{m: m, k: k, token: lock.Token(), lock: lock, step: step, endStep: endStep, began: began}
+// newLease is the lease a claim sent at began tries to take under a fresh
+// lock value.
+func (m *Middleware) newLease(k keys, fp string, began time.Time) (*lease, error) {
+	token, err := lockToken()
+	if err != nil {
+		return nil, err
+	}
+	return &lease{m: m, k: k, token: token, fpText: fp, began: began}, nil
 }
 
-// watch starts the lease's watchdog, counting from the obtain.
+// watch starts the lease's watchdog, counting from the claim.
 func (l *lease) watch() {
-	if l.wd == nil && l.lock != nil {
-		var r retaker
-		if !l.m.cfg.takeover() {
-			r = l // nobody else may run the key: a live run takes its lapsed lock back
-		}
-		l.wd = startWatchdog(l.lock, l.m.cfg.lease, l.m.cfg.storeTimeout, l.began, r)
+	if l.wd == nil {
+		// Where nobody else may run the key, a live run takes its lapsed
+		// lock back.
+		l.wd = startWatchdog(l, l.m.cfg.lease, l.m.cfg.storeTimeout, l.began, !l.m.cfg.takeover())
 	}
 }
 
-// retake takes the lease's lapsed lock back while the record names its
-// run (see retaker).
-func (l *lease) retake(ctx context.Context) (bool, error) {
-	return l.m.store.retake(ctx, l.k, l.token)
-}
-
-// orphanClaim is the lease of a claim made under a lock value whose lock
-// reply never came: all that can be done with it is to undo it.
-func (m *Middleware) orphanClaim(k keys, token string) *lease {
-	return &lease{m: m, k: k, token: token, endStep: func() {}}
+// renew renews the lease's lock (see renewer).
+func (l *lease) renew(ctx context.Context, retake bool) (bool, error) {
+	return l.m.store.renew(ctx, l.k, l.token, retake)
 }
 
 // A runner runs a call's work: a handler (handlerRun) or a function
@@ -384,14 +371,12 @@ func (l *lease) resumeFrom(handed *string) verdict {
 	return verdict{}
 }
 
-// letGo frees the key's lock and leaves its record as it is.
+// letGo frees the key's lock and leaves its record as it is. When Redis
+// does not answer, the lock runs out by itself within a lease.
 func (l *lease) letGo() {
-	if l.lock == nil {
-		return
-	}
 	ctx, cancel := l.m.store.stepContext(context.Background())
 	defer cancel()
-	l.lock.Release(ctx)
+	l.m.store.unlock(ctx, l.k, l.token)
 }
 
 // end stops renewing the lock. Every transition ends the lease; ending it
@@ -400,7 +385,6 @@ func (l *lease) end() {
 	if l.wd != nil {
 		l.wd.stop()
 	}
-	l.endStep()
 }
 
 // recoverAbandoned settles an abandoned execution that the lease has just

@@ -187,7 +187,7 @@ func TestUndoingATakeoverHandsTheKeyBack(t *testing.T) {
 	s := newShop(t, WithRetryAbandoned())
 	k := clientKeys(s.idem.cfg.prefix, paymentID("k"))
 	stalled, c := crashAfterClaim(t, s, k, "fp")
-	lock, err := s.idem.store.obtain(t.Context(), k)
+	lock, err := newTestLock()
 	require.NoError(t, err)
 	taken, err := s.idem.store.claim(t.Context(), k, lock.Token(), "fp")
 	require.NoError(t, err)
@@ -538,7 +538,8 @@ func TestRecordVanishingMidRunNeverRunsTwice(t *testing.T) {
 }
 
 // Even in a full Redis (maxmemory reached), a record that vanished is
-// written back with the answer: the retry replays.
+// written back with the answer: the retry replays, while Redis is still
+// full (a duplicate's claim writes nothing), and a new key is refused.
 func TestRecordVanishingInAFullRedis(t *testing.T) {
 	srv := redistest.Private(t)
 	rdb := srv.Client(t)
@@ -553,12 +554,11 @@ func TestRecordVanishingInAFullRedis(t *testing.T) {
 	c := s.client()
 	first := s.post(c, "/payments", "full", `{}`)
 	require.Equal(t, http.StatusCreated, first.status)
-	// A full Redis refuses new locks (503, nothing runs); once it has room,
-	// the retry finds the answer.
-	requireProblem(t, s.post(c, "/payments", "full", `{}`), http.StatusServiceUnavailable, "store-unavailable")
-	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory", "0").Err())
 	retry := s.post(c, "/payments", "full", `{}`)
 	require.Equal(t, "true", retry.header.Get(ReplayedHeader), retry.body)
 	require.Equal(t, first.body, retry.body)
+	// A full Redis refuses a new claim (503, nothing runs).
+	requireProblem(t, s.post(c, "/payments", "full-new", `{}`), http.StatusServiceUnavailable, "store-unavailable")
+	require.NoError(t, rdb.ConfigSet(ctx, "maxmemory", "0").Err())
 	require.EqualValues(t, 1, s.execs.Load())
 }

@@ -36,7 +36,7 @@ func runningPayment(t *testing.T, s *shop, key string) keys {
 	t.Helper()
 	k := clientKeys(s.idem.cfg.prefix, paymentID(key))
 	live := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix), WithLockLease(time.Minute)).store
-	lock, err := live.obtain(t.Context(), k)
+	lock, err := newTestLock()
 	require.NoError(t, err)
 	c, err := live.claim(t.Context(), k, lock.Token(), "fp")
 	require.NoError(t, err)

@@ -103,7 +103,7 @@ func TestResentTakeoverSaysRetaken(t *testing.T) {
 	ctx := t.Context()
 	fp := abandonedPayment(t, s)
 	k := clientKeys(s.idem.cfg.prefix, paymentID("k"))
-	lock, err := s.idem.store.obtain(ctx, k)
+	lock, err := newTestLock()
 	require.NoError(t, err)
 	for range 2 {
 		c, err := s.idem.store.claim(ctx, k, lock.Token(), fp)

@@ -2,17 +2,12 @@ package idempotency
 
 import (
 	"strconv"
-	"strings"
 
 	"github.com/onceonly/idempotency/internal/keyspace"
 )
 
 // A key's record in Redis is one string (keyspace.Record lays it out),
 // which the scripts in lua/ write and read.
-
-// recordHeadBytes is enough of a record's start to hold its state and
-// fingerprint.
-const recordHeadBytes = 128
 
 // decodeRecord reads a stored answer from the record text a claim replied.
 func decodeRecord(text string) (*record, error) {
@@ -78,13 +73,3 @@ type (
 
 func (t *storedText) MarshalBinary() ([]byte, error)  { return t.buf[t.claimed:], nil }
 func (t *claimedText) MarshalBinary() ([]byte, error) { return t.buf[:t.claimed], nil }
-
-// recordFingerprint is the fingerprint field of a record's start, or "".
-func recordFingerprint(head string) string {
-	_, rest, _ := strings.Cut(head, " ")
-	fp, _, ok := strings.Cut(rest, " ")
-	if !ok {
-		return ""
-	}
-	return fp
-}

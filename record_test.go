@@ -5,8 +5,6 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"testing"
-
-	"github.com/stretchr/testify/require"
 )
 
 // The stored-record decoder meets whatever Redis hands back: it must refuse
@@ -34,15 +32,4 @@ func FuzzDecodeRecord(f *testing.F) {
 			t.Fatalf("replayed body differs")
 		}
 	})
-}
-
-func TestRecordFingerprint(t *testing.T) {
-	for head, want := range map[string]string{
-		"run 0a1b lockvalue 17 1    \n": "0a1b",
-		"forgotten        f:lock\n":     "",
-		"done ":                         "",
-		"":                              "",
-	} {
-		require.Equal(t, want, recordFingerprint(head), "%q", head)
-	}
 }

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bsm/redislock"
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -218,13 +217,12 @@ func TestStaleExecutorTrials(t *testing.T) {
 // nothing, so no stale executor exists and the trial starts again on a new
 // key; late counts those.
 func staleExecutorTrial(ctx context.Context, rdb redis.UniversalClient, stale, fresh *store, prefix string, trial int, late *atomic.Int64) error {
-	// A deadline of the test's own: without one redislock bounds the
-	// obtain by the lease, and a busy client pool can outlast 100 ms.
+	// A deadline of the test's own: a busy client pool can outlast 100 ms.
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	for attempt := range 100 {
 		k := clientKeys(prefix, paymentID(fmt.Sprintf("stale-%d-%d", trial, attempt)))
-		staleLock, err := stale.obtain(ctx, k)
+		staleLock, err := newTestLock()
 		if err != nil {
 			return fmt.Errorf("trial %d: the stale executor's lock: %w", trial, err)
 		}
@@ -232,7 +230,7 @@ func staleExecutorTrial(ctx context.Context, rdb redis.UniversalClient, stale, f
 		if err != nil {
 			return fmt.Errorf("trial %d: the stale executor's claim: %w", trial, err)
 		}
-		if sc.outcome == outcomeLost {
+		if sc.outcome == outcomeHeld {
 			late.Add(1)
 			continue
 		}
@@ -242,11 +240,7 @@ func staleExecutorTrial(ctx context.Context, rdb redis.UniversalClient, stale, f
 		// The stale executor pauses: nothing renews its lease. The other
 		// executor takes the key over once the lease has run out, however
 		// long the machine took to get there.
-		freshLock, err := obtainWhenFree(ctx, rdb, fresh, k)
-		if err != nil {
-			return fmt.Errorf("trial %d: the takeover's lock: %w", trial, err)
-		}
-		fc, err := fresh.claim(ctx, k, freshLock.Token(), "fp")
+		freshLock, fc, err := claimWhenFree(ctx, fresh, k)
 		switch {
 		case err != nil:
 			return fmt.Errorf("trial %d: the takeover's claim: %w", trial, err)
@@ -290,21 +284,22 @@ func staleExecutorTrial(ctx context.Context, rdb redis.UniversalClient, stale, f
 	return fmt.Errorf("trial %d: in 100 attempts no stale claim ran within its lease", trial)
 }
 
-// obtainWhenFree takes k's lock for s as soon as its holder lets it go or
+// claimWhenFree claims k for s as soon as its lock's holder lets it go or
 // its lease runs out, as an instance that found the key taken waits.
-func obtainWhenFree(ctx context.Context, rdb redis.UniversalClient, s *store, k keys) (*redislock.Lock, error) {
+func claimWhenFree(ctx context.Context, s *store, k keys) (testLock, claim, error) {
 	for {
-		lock, err := s.obtain(ctx, k)
-		if !errors.Is(err, redislock.ErrNotObtained) {
-			return lock, err
+		lock, err := newTestLock()
+		if err != nil {
+			return "", claim{}, err
 		}
-		// Sleep for what the lease has left (PTTL answers a negative
-		// number once the lock has gone), then try again.
-		left := rdb.PTTL(ctx, k.lock).Val()
+		c, err := s.claim(ctx, k, lock.Token(), "fp")
+		if err != nil || c.outcome != outcomeHeld {
+			return lock, c, err
+		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(min(max(left, time.Millisecond), 100*time.Millisecond)):
+			return "", claim{}, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
 		}
 	}
 }

@@ -39,21 +39,25 @@ func (m *Middleware) claimReplicated(ctx context.Context, c *call, l *lease) (cl
 	cl, err := m.store.claimOn(ctx, conn, l.k, l.token, l.fpText)
 	// During a reshard the slot's keys move to another master: MOVED when
 	// the slot has moved (this client's map is behind), ASK while it is
-	// moving and the keys are not here, TRYAGAIN while they are split
-	// between the two (the lock made on the new master, the record not
-	// moved yet). The claim follows, on a connection to the master that
-	// answers, so that WAIT still counts the claim's replicas.
+	// moving and the keys are not here, TRYAGAIN while the claim's two keys
+	// are not together on one master (one moved, or one not made yet: the
+	// lock of a key that is not running). The claim follows, on a
+	// connection to the master that answers, so that WAIT still counts the
+	// claim's replicas; TRYAGAIN it waits out, within its step's time.
 	asking := false
-	for tries := 0; err != nil && tries < 50; tries++ {
+	for redirects := 0; err != nil; {
 		kind, addr := redirection(err)
 		switch kind {
-		case "TRYAGAIN": // the migration moves the rest soon
+		case "TRYAGAIN": // the migration moves the rest, or ends, soon
 			select {
 			case <-ctx.Done():
 				return claim{}, err
 			case <-time.After(20 * time.Millisecond):
 			}
 		case "MOVED", "ASK":
+			if redirects++; redirects > maxRedirects {
+				return claim{}, err
+			}
 			var end func()
 			if primary, end, err = m.store.masterAt(ctx, primary, addr); err != nil {
 				return claim{}, err
@@ -69,6 +73,7 @@ func (m *Middleware) claimReplicated(ctx context.Context, c *call, l *lease) (cl
 	if err != nil || cl.outcome != outcomeClaimed {
 		return cl, err
 	}
+	l.watch() // the lock is renewed while the replicas are waited for
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), m.cfg.replicaWait+m.cfg.storeTimeout)
 	defer cancel()
 	acked, err := conn.Wait(wctx, m.cfg.replicaAcks, m.cfg.replicaWait).Result()
@@ -80,6 +85,10 @@ func (m *Middleware) claimReplicated(ctx context.Context, c *call, l *lease) (cl
 	}
 	return cl, nil
 }
+
+// maxRedirects bounds how often one claim follows MOVED and ASK: a slot
+// moves once, and a map that is behind is corrected by one MOVED.
+const maxRedirects = 16
 
 // errTooFewReplicas: the claim is on the primary, which answers, but not on
 // enough replicas.

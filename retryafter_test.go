@@ -22,7 +22,7 @@ func TestRetryAfterACrashedOwnerIsTheTimeLeftToTheHorizon(t *testing.T) {
 	horizon := s.idem.cfg.claimHorizon()
 	k := clientKeys(s.idem.cfg.prefix, paymentID("k"))
 	ctx := t.Context()
-	lock, err := s.idem.store.obtain(ctx, k)
+	lock, err := newTestLock()
 	require.NoError(t, err)
 	c := s.client()
 	// The request's fingerprint, as the middleware makes it (the key is

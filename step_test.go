@@ -263,7 +263,7 @@ func TestAFencedOutExecutorCannotJournal(t *testing.T) {
 		10*time.Second, time.Millisecond, "the lease runs out")
 	require.NoError(t, redistest.Age(ctx, m.store.client, k.record, time.Hour))
 
-	lock, err := m.store.obtain(ctx, k)
+	lock, err := newTestLock()
 	require.NoError(t, err)
 	c, err := m.store.claim(ctx, k, lock.Token(), "fp")
 	require.NoError(t, err)
@@ -294,12 +294,12 @@ func TestAFencedOutExecutorCannotJournal(t *testing.T) {
 func claimFor(t *testing.T, m *Middleware, k keys, fp string) string {
 	t.Helper()
 	for range 100 {
-		lock, err := m.store.obtain(t.Context(), k)
+		lock, err := newTestLock()
 		require.NoError(t, err)
 		c, err := m.store.claim(t.Context(), k, lock.Token(), fp)
 		require.NoError(t, err)
-		if c.outcome == outcomeLost {
-			continue // the lease ran out before the claim ran (a slow machine)
+		if c.outcome == outcomeHeld {
+			continue // another executor's lock has not run out yet
 		}
 		require.Equal(t, outcomeClaimed, c.outcome)
 		return lock.Token()

@@ -5,11 +5,9 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"time"
 
-	"github.com/bsm/redislock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -22,8 +20,10 @@ var (
 	releaseSource string
 	//go:embed lua/keep.lua
 	keepSource string
-	//go:embed lua/retake.lua
-	retakeSource string
+	//go:embed lua/renew.lua
+	renewSource string
+	//go:embed lua/unlock.lua
+	unlockSource string
 	//go:embed lua/step.lua
 	stepSource string
 
@@ -31,22 +31,26 @@ var (
 	completeScript = redis.NewScript(completeSource)
 	releaseScript  = redis.NewScript(releaseSource)
 	keepScript     = redis.NewScript(keepSource)
-	retakeScript   = redis.NewScript(retakeSource)
+	renewScript    = redis.NewScript(renewSource)
+	unlockScript   = redis.NewScript(unlockSource)
 	stepScript     = redis.NewScript(stepSource)
 )
 
-// store is the Redis side of the middleware. Each method is one round trip
-// (two the first time a script meets a server that lacks it; obtainClaiming
-// sends the lock and the claim as one pipeline) and is safe to
-// repeat: go-redis resends a command whose reply was lost, so every script
-// answers a repeat the way it answered the original.
+// store is the Redis side of the middleware. Each method is one script and
+// one round trip (two the first time a script meets a server that lacks
+// it), and is safe to repeat: go-redis resends a command whose reply was
+// lost, so every script answers a repeat the way it answered the original.
+//
+// The key's lease is a lock key holding a random value for a lease, owned
+// by these scripts alone: claim.lua takes it as it claims, renew.lua
+// renews it (and takes a lapsed one back), and complete.lua, release.lua,
+// keep.lua and unlock.lua let it go.
 type store struct {
 	client redis.UniversalClient
-	locks  *redislock.Client
 	cfg    *config
 	waits  *waitRoom // every cross-instance wait, on one connection
 	// Script arguments that never change, boxed once instead of per call.
-	recordTTL, retryAbandoned, horizon any
+	recordTTL, retryAbandoned, horizon, lease any
 }
 
 func newStore(client redis.UniversalClient, cfg *config) *store {
@@ -55,10 +59,10 @@ func newStore(client redis.UniversalClient, cfg *config) *store {
 		retry = "1"
 	}
 	return &store{
-		client: client, locks: redislock.New(ridingScripter{client}), cfg: cfg,
+		client: client, cfg: cfg,
 		waits:     &waitRoom{client: client, timeout: cfg.storeTimeout},
 		recordTTL: cfg.recordTTL.Milliseconds(), retryAbandoned: retry,
-		horizon: cfg.claimHorizon().Milliseconds(),
+		horizon: cfg.claimHorizon().Milliseconds(), lease: cfg.lease.Milliseconds(),
 	}
 }
 
@@ -72,7 +76,7 @@ const (
 	outcomeMismatch                       // key used before for a different request
 	outcomeBig                            // executed, response not replayable
 	outcomeAbandoned                      // claimed by an executor that vanished
-	outcomeLost                           // our lock expired before the claim ran
+	outcomeHeld                           // another executor holds the key's lock: wait
 	outcomeUnreadable                     // executed, stored answer cannot be decoded
 	outcomeRunning                        // its lock lapsed, but its executor may still store
 	outcomeExpired                        // token expired, never spent
@@ -93,16 +97,33 @@ type claim struct {
 	horizonIn time.Duration
 }
 
-// obtain takes the key's lock with a fresh random value, or returns
-// redislock.ErrNotObtained while another request holds it.
-func (s *store) obtain(ctx context.Context, k keys) (*redislock.Lock, error) {
-	return s.locks.Obtain(ctx, k.lock, s.cfg.lease, nil)
+// claim runs claim.lua, which takes the key's lock under lockValue (a fresh
+// random value, lockToken) when it claims. Only outcomeClaimed holds the
+// lock.
+//
+// On a Cluster whose slot is migrating, Redis answers TRYAGAIN while the
+// claim's two keys are not together on one master (the record moved and
+// the lock not made yet, or the other way round); go-redis tries a few
+// times, and the claim goes on trying, within ctx, until the slot has
+// moved.
+func (s *store) claim(ctx context.Context, k keys, lockValue, fingerprint string) (claim, error) {
+	for {
+		cl, err := s.claimOn(ctx, s.client, k, lockValue, fingerprint)
+		if err == nil || !isTryAgain(err) {
+			return cl, err
+		}
+		select {
+		case <-ctx.Done():
+			return cl, err
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
-// claim runs claim.lua under the lock held with lockValue. Any outcome but
-// outcomeClaimed has released the lock.
-func (s *store) claim(ctx context.Context, k keys, lockValue, fingerprint string) (claim, error) {
-	return s.claimOn(ctx, s.client, k, lockValue, fingerprint)
+// isTryAgain reports whether err is a Cluster's TRYAGAIN.
+func isTryAgain(err error) bool {
+	kind, _ := redirection(err)
+	return kind == "TRYAGAIN"
 }
 
 // claimOn runs the claim through via: a dedicated connection when the claim
@@ -111,14 +132,9 @@ func (s *store) claimOn(ctx context.Context, via redis.Scripter, k keys, lockVal
 	return s.claimReply(k, claimScript.Run(ctx, via, k.redisKeys(), s.claimArgs(k, lockValue, fingerprint)...))
 }
 
-// claimArgs are claim.lua's ARGV.
-func (s *store) claimArgs(k keys, lockValue, fingerprint string) []any {
-	return s.claimArgsIn(new([6]any), k, lockValue, fingerprint)
-}
-
-// claimArgsIn writes claim.lua's ARGV into argv. The lock value and the
-// fingerprint may be strings or pointers to them (see complete).
-func (s *store) claimArgsIn(argv *[6]any, k keys, lockValue, fingerprint any) []any {
+// claimArgs are claim.lua's ARGV. The lock value and the fingerprint may
+// be strings or pointers to them (see complete).
+func (s *store) claimArgs(k keys, lockValue, fingerprint any) []any {
 	issued, ttl := argNotIssued, s.recordTTL
 	if k.token != "" {
 		issued = argIssued
@@ -136,8 +152,7 @@ func (s *store) claimArgsIn(argv *[6]any, k keys, lockValue, fingerprint any) []
 	if k.resume && !s.cfg.takeover() {
 		retry = argResume
 	}
-	*argv = [6]any{lockValue, fingerprint, ttl, issued, retry, s.horizon}
-	return argv[:]
+	return []any{lockValue, fingerprint, ttl, issued, retry, s.horizon, s.lease}
 }
 
 // claimReply reads claim.lua's reply.
@@ -188,8 +203,8 @@ func (s *store) claimReply(k keys, cmd *redis.Cmd) (claim, error) {
 		return claim{outcome: outcomeBig}, nil
 	case "abandoned":
 		return claim{outcome: outcomeAbandoned}, nil
-	case "lost":
-		return claim{outcome: outcomeLost}, nil
+	case "held":
+		return claim{outcome: outcomeHeld}, nil
 	case "running":
 		left, _ := strconv.ParseInt(text, 10, 64)
 		return claim{outcome: outcomeRunning, horizonIn: time.Duration(max(left, 0)) * time.Millisecond}, nil
@@ -240,18 +255,10 @@ func (s *store) complete(ctx context.Context, k keys, lockValue *string, fp stri
 }
 
 // Script arguments that are constants, boxed once.
-var argIssued, argExpired, argLookup, argNotIssued, argResume any = "t", "x", "r", "", "2"
-
-// fingerprintOf returns the fingerprint of the request that claimed the
-// key, or "" when nobody has. It reads the record's first fields only: the
-// answer after them may be large.
-func (s *store) fingerprintOf(ctx context.Context, k keys) (string, error) {
-	head, err := s.client.GetRange(ctx, k.record, 0, recordHeadBytes-1).Result()
-	if err != nil {
-		return "", err
-	}
-	return recordFingerprint(head), nil
-}
+var (
+	argIssued, argExpired, argLookup, argNotIssued, argResume any = "t", "x", "r", "", "2"
+	argRenewOnly, argRetake                                   any = "0", "1"
+)
 
 // release undoes a claim: the record goes (which gives an issued token
 // back), and the lock is freed. It does nothing to a record another
@@ -267,12 +274,22 @@ func (s *store) keep(ctx context.Context, k keys, lockValue string) error {
 	return keepScript.Run(ctx, s.client, k.redisKeys(), lockValue).Err()
 }
 
-// retake takes the key's lock back under lockValue, for a lease as long
-// as the lock's, when nobody holds it and the record still names a run
-// under lockValue.
-func (s *store) retake(ctx context.Context, k keys, lockValue string) (bool, error) {
-	n, err := retakeScript.Run(ctx, s.client, k.redisKeys(), lockValue, s.cfg.lease.Milliseconds()).Int()
+// renew extends the key's lock under lockValue by a lease, and reports
+// whether it is still ours. With retake, a lock that lapsed is taken back
+// when nobody holds it and the record still names a run under lockValue.
+func (s *store) renew(ctx context.Context, k keys, lockValue string, retake bool) (bool, error) {
+	mode := argRenewOnly
+	if retake {
+		mode = argRetake
+	}
+	n, err := renewScript.Run(ctx, s.client, k.redisKeys(), lockValue, s.lease, mode).Int()
 	return n == 1, err
+}
+
+// unlock lets the key's lock go if lockValue still holds it, and leaves the
+// record as it is.
+func (s *store) unlock(ctx context.Context, k keys, lockValue string) error {
+	return unlockScript.Run(ctx, s.client, k.lockKey(), lockValue).Err()
 }
 
 // A runProof is what step.lua found of a run: whether the key's record
@@ -291,7 +308,7 @@ func (s *store) journal(ctx context.Context, k keys, lockValue string, entry []b
 	retake := ""
 	if !s.cfg.takeover() {
 		// Nobody else may take the key while the record names the run: a
-		// lapsed lock is taken back, as the watchdog does (retake.lua).
+		// lapsed lock is taken back, as the watchdog does (renew.lua).
 		retake = strconv.FormatInt(s.cfg.lease.Milliseconds(), 10)
 	}
 	reply, err := stepScript.Run(ctx, s.client, k.redisKeys(), lockValue, entry, before, retake).Int64Slice()
@@ -319,16 +336,12 @@ func unavailable(err error) error {
 }
 
 // neverSent reports whether err says that a command never reached Redis:
-// its last attempt could not connect (Redis refuses connections, or is
-// gone), or no connection could be had from the pool. An undo of such a
-// claim is useless work, and is not queued. (go-redis may have sent an
-// earlier attempt on a connection that then broke; Redis was going down
-// then, and a claim that survived its restart reads in progress and then
-// interrupted, as for an instance that crashed.)
+// the application closed the client. Nothing else says so for sure: a
+// command whose connection broke is resent on a new one, and when that one
+// cannot even connect (Redis refuses connections, or is gone), the dial's
+// error is the one that comes back, although the first attempt may have
+// reached Redis and run. An undo of a claim that failed otherwise is
+// therefore always queued.
 func neverSent(err error) bool {
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
-		return true
-	}
-	return errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed)
+	return errors.Is(err, redis.ErrClosed)
 }

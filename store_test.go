@@ -24,9 +24,8 @@ func TestRoundTripBudget(t *testing.T) {
 	c := a.client()
 	a.post(c, "/orders", a.token(c), `{}`) // loads the scripts into the server
 
-	// Round trips, counted on the client: a command alone is one, and so is
-	// a pipeline (the lock and the claim that rides with it). MONITOR lists
-	// what reached the server, for the log.
+	// Round trips, counted on the client: a command alone is one, and so
+	// would be a pipeline. MONITOR lists what reached the server.
 	trips := &roundTrips{}
 	rdb.AddHook(trips)
 	mon := redistest.StartMonitor(t, srv.Addr())
@@ -74,17 +73,18 @@ func TestRoundTripBudget(t *testing.T) {
 	t.Logf("Redis round trips: issuance %d, first execution %d (key mode %d), duplicate on another instance %d (key mode %d), on the same instance %d, rejected %d, first + 10 concurrent duplicates on one instance %d",
 		issuance, first, keyFirst, dupOther, keyDup, dupSame, rejected, burst)
 	require.Zero(t, issuance, "a token is signed, not stored")
-	require.LessOrEqual(t, first, 2, "the lock with the claim, then the answer's store")
+	require.LessOrEqual(t, first, 2, "the claim, which takes the lock, then the answer's store")
 	require.LessOrEqual(t, keyFirst, 2)
-	require.LessOrEqual(t, dupOther, 1, "the lock with the claim, which finds the answer")
+	require.LessOrEqual(t, dupOther, 1, "the claim, which finds the answer")
 	require.LessOrEqual(t, keyDup, 1)
 	require.Zero(t, rejected)
 	require.Zero(t, dupSame, "answered from the in-process cache")
 	require.LessOrEqual(t, burst, 2)
-	// A token's claim reads no secret: the lock, the claim and the
-	// answer's store, and on another instance the lock and the claim.
-	require.Equal(t, []string{"evalsha", "evalsha", "evalsha"}, firstCommands)
-	require.Equal(t, []string{"evalsha", "evalsha"}, dupOtherCommands)
+	// Two commands for a first execution, one for a duplicate on another
+	// instance: the claim takes the lock itself, and a token's claim reads
+	// no secret.
+	require.Equal(t, []string{"evalsha", "evalsha"}, firstCommands)
+	require.Equal(t, []string{"evalsha"}, dupOtherCommands)
 }
 
 // roundTrips counts a client's round trips: each command sent alone, and
@@ -187,19 +187,17 @@ func TestWatchdogKeepsLockForSlowHandler(t *testing.T) {
 // lock value and claim.
 func crashAfterClaim(t *testing.T, s *shop, k keys, fp string) (string, claim) {
 	t.Helper()
-	// A deadline of the test's own: without one redislock bounds the obtain
-	// by the lease, which a stall of a loaded machine can outlast.
+	// A deadline of the test's own, which a stall of a loaded machine
+	// cannot outlast.
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	for range 100 {
-		lock, err := s.idem.store.obtain(ctx, k)
+		lock, err := newTestLock()
 		require.NoError(t, err)
 		c, err := s.idem.store.claim(ctx, k, lock.Token(), fp)
 		require.NoError(t, err)
-		if c.outcome == outcomeLost {
-			// Redis ran the claim only after the lease had run out (a stall
-			// between the two steps): it claimed nothing. Claim again.
-			continue
+		if c.outcome == outcomeHeld {
+			continue // the lock of an earlier attempt has not run out yet
 		}
 		require.Equal(t, outcomeClaimed, c.outcome)
 		require.Eventually(t, func() bool { return s.rdb.Exists(ctx, k.lock).Val() == 0 },
@@ -248,7 +246,7 @@ func TestStaleExecutorCannotOverwrite(t *testing.T) {
 	// The new executor's lease does not run out during the test, however
 	// slow the machine: this test is about the stale one's.
 	fresh := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix), WithLockLease(time.Minute), WithRetryAbandoned()).store
-	lock, err := fresh.obtain(ctx, k)
+	lock, err := newTestLock()
 	require.NoError(t, err)
 	c, err := fresh.claim(ctx, k, lock.Token(), "fp")
 	require.NoError(t, err)
@@ -397,7 +395,7 @@ func TestResentClaimAfterAbandoned(t *testing.T) {
 	crashAfterClaim(t, s, k, "fp")
 	time.Sleep(150 * time.Millisecond)
 	ctx := t.Context()
-	lock, err := s.idem.store.obtain(ctx, k)
+	lock, err := newTestLock()
 	require.NoError(t, err)
 	for range 2 {
 		cl, err := s.idem.store.claim(ctx, k, lock.Token(), "fp")

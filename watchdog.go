@@ -2,11 +2,8 @@ package idempotency
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
-
-	"github.com/bsm/redislock"
 )
 
 // watchdog renews a lease's lock every third of the lease. It lives exactly
@@ -14,7 +11,7 @@ import (
 // timer rather than a goroutine: most leases end before their first
 // renewal, and then a watchdog costs one timer.
 type watchdog struct {
-	lock         *redislock.Lock
+	lock         renewer
 	lease        time.Duration
 	renewTimeout time.Duration // bounds one renewal
 
@@ -24,9 +21,9 @@ type watchdog struct {
 	renewing sync.WaitGroup
 	lost     bool
 	onLost   func()
-	// retaker takes a lapsed lock back while the key's record still names
-	// the run (nil where another executor could take the key over).
-	retaker retaker
+	// retakes: a lapsed lock is taken back while the key's record still
+	// names the run (false where another executor could take the key over).
+	retakes bool
 
 	// expires is when the lock runs out unless renewed: a lease after the
 	// start of the last attempt that renewed it (or obtained it), since
@@ -34,9 +31,19 @@ type watchdog struct {
 	expires time.Time // written by one renewal at a time, under mu
 }
 
-func startWatchdog(lock *redislock.Lock, lease, stepTimeout time.Duration, obtainedSince time.Time, r retaker) *watchdog {
+// A renewer renews a lease's lock (renew.lua): it reports whether the lock
+// is ours for a lease from the call. With retake, a lapsed lock is taken
+// back when nobody holds it and the key's record still names the run: a
+// stalled Redis let the lock run out under a live run, whose answer is
+// still the key's, and claims then wait for it again instead of reading it
+// abandoned.
+type renewer interface {
+	renew(ctx context.Context, retake bool) (bool, error)
+}
+
+func startWatchdog(lock renewer, lease, stepTimeout time.Duration, obtainedSince time.Time, retakes bool) *watchdog {
 	wd := &watchdog{lock: lock, lease: lease, renewTimeout: min(stepTimeout, lease/3),
-		expires: obtainedSince.Add(lease), retaker: r}
+		expires: obtainedSince.Add(lease), retakes: retakes}
 	// Renewals come every third of a lease, the first once two thirds of
 	// it are left: at once when the obtain's reply was slow, so that a lock
 	// started on late never runs out before its first renewal.
@@ -55,7 +62,9 @@ func startWatchdog(lock *redislock.Lock, lease, stepTimeout time.Duration, obtai
 // expire without a renewal (Redis unreachable or slow), a tenth of a lease
 // before it does: the handler must know before another instance may take
 // the key. Until then a failed renewal is tried again, sooner as the
-// expiry nears, and no attempt waits past that point.
+// expiry nears, and no attempt waits past that point. Where nobody else
+// may take the key over, a lost lease is no end: the renewals go on every
+// third of a lease, and one that takes the lock back wins it again.
 func (wd *watchdog) renew() {
 	wd.mu.Lock()
 	if wd.stopped {
@@ -67,18 +76,21 @@ func (wd *watchdog) renew() {
 	defer wd.renewing.Done()
 
 	margin := wd.lease / 10
-	ctx, cancel := context.WithTimeout(context.Background(),
-		max(min(wd.renewTimeout, time.Until(wd.expires)-margin), time.Millisecond))
+	timeout := wd.renewTimeout
+	if !wd.isLost() {
+		timeout = min(timeout, time.Until(wd.expires)-margin)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), max(timeout, time.Millisecond))
 	attempt := time.Now()
-	err := wd.lock.Refresh(ctx, wd.lease, nil)
+	ours, err := wd.lock.renew(ctx, wd.retakes)
 	cancel()
 	next := wd.lease / 3
 	switch {
-	case err == nil:
+	case err == nil && ours:
 		wd.mu.Lock()
-		wd.expires = attempt.Add(wd.lease)
+		wd.expires, wd.lost = attempt.Add(wd.lease), false
 		wd.mu.Unlock()
-	case errors.Is(err, redislock.ErrNotObtained):
+	case err == nil:
 		if !wd.lapse() {
 			return
 		}
@@ -100,34 +112,16 @@ func (wd *watchdog) renew() {
 	wd.mu.Unlock()
 }
 
-// A retaker takes its lapsed lock back, with the same value, when the
-// key's record still names its run and nobody holds the lock: a stalled
-// Redis let the lock run out under a live run, whose answer is still the
-// key's. Claims then wait for it again instead of reading it abandoned.
-type retaker interface {
-	retake(ctx context.Context) (bool, error)
-}
-
-// lapse handles a lock that ran out or is gone, and reports whether the
-// watchdog goes on. Where another executor could take the key over, the
-// lease is lost for good. Otherwise the lock is taken back if it can be,
-// and tried again every third of a lease while the run lives.
+// lapse marks the lease lost, and reports whether the watchdog goes on:
+// only where a lapsed lock may be taken back.
 func (wd *watchdog) lapse() bool {
-	if wd.retaker == nil {
+	if !wd.retakes {
 		wd.fail()
 		return false
 	}
-	attempt := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), wd.renewTimeout)
-	ok, err := wd.retaker.retake(ctx)
-	cancel()
 	wd.mu.Lock()
-	defer wd.mu.Unlock()
-	if err == nil && ok {
-		wd.expires, wd.lost = attempt.Add(wd.lease), false
-	} else {
-		wd.lost = true
-	}
+	wd.lost = true
+	wd.mu.Unlock()
 	return true
 }
 

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bsm/redislock"
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
@@ -16,11 +15,15 @@ import (
 // key; and not much before.
 func TestWatchdogReportsLossBeforeTheLockExpires(t *testing.T) {
 	srv := redistest.Private(t)
-	rdb := srv.Client(t)
+	m := New(srv.Client(t), WithLockLease(1500*time.Millisecond))
+	k := clientKeys(m.cfg.prefix, identityOf(false, "watchdog", "test"))
 	began := time.Now()
-	lock, err := redislock.New(rdb).Obtain(t.Context(), "watchdog-test", 1500*time.Millisecond, nil)
+	l, err := m.newLease(k, "fp", began)
 	require.NoError(t, err)
-	wd := startWatchdog(lock, 1500*time.Millisecond, time.Second, began, nil)
+	c, err := m.store.claim(t.Context(), k, l.token, "fp")
+	require.NoError(t, err)
+	require.Equal(t, outcomeClaimed, c.outcome)
+	wd := startWatchdog(l, 1500*time.Millisecond, time.Second, began, false)
 	defer wd.stop()
 	lost := make(chan time.Duration, 1)
 	wd.notify(func() { lost <- time.Since(began) })
@@ -35,23 +38,26 @@ func TestWatchdogReportsLossBeforeTheLockExpires(t *testing.T) {
 	}
 }
 
-// A lapsed lock is taken back (retake.lua) only by the run its key's
-// record names, and only while nobody holds the lock: a claim that holds
-// it keeps it, and a run the record no longer names (resumed elsewhere, or
-// settled by an operator) gets nothing back.
+// A lapsed lock is taken back (renew.lua) only by the run its key's record
+// names, and only while nobody holds the lock and the lease may be taken
+// back: a claim that holds it keeps it, and a run the record no longer
+// names (resumed elsewhere, or settled by an operator) gets nothing back.
+// A lock still ours is renewed either way.
 func TestALapsedLockIsRetakenOnlyByTheRunItsRecordNames(t *testing.T) {
 	s := newShop(t)
 	st := s.idem.store
 	for _, tc := range []struct {
 		name, owner, holder string
-		taken               bool
+		retake, taken       bool
 		lockAfter           string
 	}{
-		{"the record names us, nobody holds the lock", "us", "", true, "us"},
-		{"the record names us, we still hold the lock", "us", "us", true, "us"},
-		{"the record names us, a claim holds the lock", "us", "them", false, "them"},
-		{"the record names another run, nobody holds the lock", "them", "", false, ""},
-		{"the record is gone", "", "", false, ""},
+		{"the record names us, nobody holds the lock", "us", "", true, true, "us"},
+		{"the record names us, nobody holds the lock, renewal only", "us", "", false, false, ""},
+		{"the record names us, we still hold the lock", "us", "us", true, true, "us"},
+		{"the record names us, we still hold the lock, renewal only", "us", "us", false, true, "us"},
+		{"the record names us, a claim holds the lock", "us", "them", true, false, "them"},
+		{"the record names another run, nobody holds the lock", "them", "", true, false, ""},
+		{"the record is gone", "", "", true, false, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := t.Context()
@@ -63,7 +69,7 @@ func TestALapsedLockIsRetakenOnlyByTheRunItsRecordNames(t *testing.T) {
 			if tc.holder != "" {
 				require.NoError(t, st.client.Set(ctx, k.lock, tc.holder, time.Minute).Err())
 			}
-			taken, err := st.retake(ctx, k, "us")
+			taken, err := st.renew(ctx, k, "us", tc.retake)
 			require.NoError(t, err)
 			require.Equal(t, tc.taken, taken)
 			lock, err := st.client.Get(ctx, k.lock).Result()

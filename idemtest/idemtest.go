@@ -11,10 +11,10 @@
 //		// POST twice with one Idempotency-Key: one order, two equal answers.
 //	}
 //
-// Every script the library runs works on it: the claim, the store and the
-// release (claim.lua, complete.lua, release.lua), the operator's inspect
-// and settle (Inspect, Interrupted, Resolve, Forget), and bsm/redislock's
-// obtain, refresh and release; so do waiting duplicates on another
+// Every script the library runs works on it: the claim, which takes the
+// lock, the store and the release (claim.lua, complete.lua, release.lua),
+// the lock's renewal (renew.lua), the operator's inspect and settle
+// (Inspect, Interrupted, Resolve, Forget); so do waiting duplicates on another
 // instance (pub/sub), Do, and issued tokens. This package's tests run each
 // of them.
 //

@@ -1,6 +1,6 @@
--- claim.lua: decide what a request holding the key's lock does next.
+-- claim.lua: take the key's lease and claim the key, or say why not.
 -- KEYS[1] record, KEYS[2] lock
--- ARGV[1] our lock value, ARGV[2] request fingerprint (hex), ARGV[3] record
+-- ARGV[1] our lock value (fresh and random for each attempt), ARGV[2] request fingerprint (hex), ARGV[3] record
 -- TTL ms, ARGV[4] 't' for an issued token (whose signature the caller
 -- checked), 'x' for one past its expiry, which may be answered from its
 -- record but never spent, 'r' for one that only its record may answer (its
@@ -8,7 +8,14 @@
 -- lock lapsed, '2' to resume them once nothing can store for them any more
 -- (past the horizon, or kept), '0' for neither, ARGV[6]
 -- the claim horizon in ms: how long after its claim an executor may still
--- store an answer (its execution timeout, then the retries of its store)
+-- store an answer (its execution timeout, then the retries of its store),
+-- ARGV[7] the lease in ms
+--
+-- The lease is the lock: a key that holds our lock value for a lease, taken
+-- here (SET NX PX) only when the claim writes, and renewed, released and
+-- taken back by the other scripts. Nobody else takes it: a claim, a store
+-- and a release are one script each. Reading a finished record needs no
+-- lock, so a duplicate writes nothing, also on a Redis at maxmemory.
 --
 -- A record is one string: a line of nine space-separated fields, then the
 -- answer (see record.go). The fields: state (run, done, big, forgotten),
@@ -33,14 +40,15 @@
 -- journal} when it takes an abandoned execution over); {'done', record, ttl} replay
 -- (ttl: the record's remaining milliseconds);
 -- {'unknown'}, {'mismatch'}, {'big'}, {'abandoned'}, {'running', ms} (the
--- lock lapsed, but its executor may still store for ms more: wait), {'lost'},
--- {'corrupt'}, {'expired'}.
--- Every reply but 'claimed' releases our lock. Running the script again with
--- the same ARGV (go-redis resends when a reply is lost) gives the same reply:
+-- lock lapsed, but its executor may still store for ms more: wait),
+-- {'held'} (another executor holds the lock: wait), {'corrupt'},
+-- {'expired'}.
+-- Only 'claimed' leaves our lock held. Running the script again with the
+-- same ARGV (go-redis resends when a reply is lost) gives the same reply:
 -- a repeated claim answers 'claimed' to the same executor, and every other
--- answer is decided from what the record and the lock say, without needing
--- our lock a second time.
+-- answer is decided from what the record and the lock say.
 local rec = redis.pcall('GET', KEYS[1])
+local holder = redis.call('GET', KEYS[2])
 local st, fp, o, f, n, p, q, w, s, j
 if rec then
   if type(rec) == 'string' then
@@ -50,9 +58,6 @@ if rec then
   if not st then
     -- A record this script cannot read (or a hash, as versions before
     -- the string record stored): executed, its answer lost to us.
-    if redis.call('GET', KEYS[2]) == ARGV[1] then
-      redis.call('DEL', KEYS[2])
-    end
     return {'corrupt'}
   end
   if st == 'forgotten' and ARGV[4] == '' then
@@ -60,8 +65,18 @@ if rec then
   end
 end
 
--- takeOver claims an abandoned run for us, holding the lock (holder is who
--- does), with a fence above the abandoned one's. The abandoned executor's
+-- lease takes the lock for us unless another executor holds it, and
+-- reports whether it is ours.
+local function lease()
+  if not holder then
+    redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[7])
+    holder = ARGV[1]
+  end
+  return holder == ARGV[1]
+end
+
+-- takeOver claims an abandoned run for us, taking the lock, with a fence
+-- above the abandoned one's. The abandoned executor's
 -- lock value and token stay on the record, so that undoing this takeover
 -- (release.lua) hands the key back to it rather than free: that executor
 -- may be stalled, not gone, and still store. Its journal stays too, and
@@ -69,9 +84,9 @@ end
 -- a record TTL from the takeover, as from a fresh claim: what was left of
 -- the abandoned run's (a kept run may be resumed near its end) could run
 -- out under the resumed run's steps.
-local function takeOver(holder)
-  if holder ~= ARGV[1] then
-    return {'lost'} -- taking over writes, and writes need our lock
+local function takeOver()
+  if not lease() then
+    return {'held'} -- taking over writes, and writes need our lock
   end
   local t = redis.call('TIME')
   local fence = string.format('%.0f', math.max((tonumber(f) or 0) + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
@@ -83,6 +98,9 @@ end
 
 if st then
   if st == 'run' and o == ARGV[1] then
+    if not lease() then
+      return {'held'}
+    end
     if n ~= '1' then
       -- Our own takeover, resent: it says so again (a fresh claim writes
       -- one execution, and only a takeover adds one).
@@ -104,9 +122,8 @@ if st then
     -- as it holds the lock; once nobody holds it under that value, the
     -- execution was abandoned: its lease ran out before it stored an
     -- answer.
-    local holder = redis.call('GET', KEYS[2])
     if holder == o then
-      return {'lost'} -- our lease ran out and that executor holds the key
+      return {'held'} -- that executor holds the key
     end
     if ARGV[5] ~= '1' then
       -- Without a takeover the executor's answer is the key's whenever it
@@ -124,41 +141,37 @@ if st then
         reply = {'running', string.format('%.0f', tonumber(ARGV[6]) - age / 1000)}
       elseif ARGV[5] == '2' then
         -- Nothing can store for that executor any more: resume its run.
-        return takeOver(holder)
+        return takeOver()
       else
         reply = {'abandoned'}
       end
     else
-      return takeOver(holder)
+      return takeOver()
     end
-  end
-  if redis.call('GET', KEYS[2]) == ARGV[1] then
-    redis.call('DEL', KEYS[2])
   end
   return reply
 end
--- Everything below writes, so it needs the lock.
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then
-  return {'lost'}
+-- No record. While another executor holds the lock, its claim may still be
+-- on its way (an instance of an earlier version takes the lock and claims
+-- in two scripts): wait for it.
+if holder and holder ~= ARGV[1] then
+  return {'held'}
 end
 if ARGV[4] == 'r' then
   -- A token of a retired secret is never spent now: only its record could
   -- answer it.
-  redis.call('DEL', KEYS[2])
   return {'unknown'}
 end
 
 -- An expired token with no record was never spent, and never will be.
--- (Checked under our lock: while another holds it, its claim may still be
--- writing the record.)
 if ARGV[4] == 'x' then
-  redis.call('DEL', KEYS[2])
   return {'expired'}
 end
 
--- SET is the script's only write: under maxmemory it is refused before
--- anything changed, so a full Redis fails the claim and the handler never
--- starts. TIME's microseconds are padded to six digits.
+-- The lock's SET is the script's first write: under maxmemory it is
+-- refused before anything changed, so a full Redis fails the claim and the
+-- handler never starts. TIME's microseconds are padded to six digits.
+lease()
 local t = redis.call('TIME')
 local fence = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
 redis.call('SET', KEYS[1], 'run ' .. ARGV[2] .. ' ' .. ARGV[1] .. ' ' .. fence .. ' 1    \n', 'PX', ARGV[3])

@@ -5,7 +5,7 @@
 -- out; '' to prove ownership only, before a step runs), ARGV[3] how long
 -- the journal was before it, in bytes, ARGV[4] the lease in ms, to take a
 -- lapsed lock back while the record names our run ('' where another
--- executor may take the key over as soon as the lock lapses: retake.lua's
+-- executor may take the key over as soon as the lock lapses: renew.lua's
 -- rule)
 -- The journal follows the line of a run's record (claim.lua's layout): a
 -- takeover keeps it, and the store of the answer, a release or an

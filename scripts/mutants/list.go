@@ -66,7 +66,7 @@ const (
 	claimFaults  = redisFaults + "," + clientFaults
 )
 
-// retakeUnseen is why the fault checker cannot show a mutant of retake.lua:
+// retakeUnseen is why the fault checker cannot show a mutant of renew.lua:
 // a lock is retaken only where no other executor may take the key over
 // (without WithRetryAbandoned), and there a run whose lock lapsed reads
 // running until its claim horizon, which outlasts the run, whether or not
@@ -99,6 +99,12 @@ var mutants = []mutant{
 		from: "fence .. ' 1    \\n', 'PX', ARGV[3])", to: "fence .. ' 1    \\n', 'PX', 300)",
 		breaks: "a running key's record expires under it, and a retry runs the handler again",
 		faults: "kill,redis-stop,impostor", tests: "Record|TTL|Claim",
+	},
+	{
+		name: "claim-takes-no-lock", file: "lua/claim.lua",
+		from: "redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[7])", to: "redis.call('GET', KEYS[2])",
+		breaks: "a claim runs its handler without the key's lock, and a duplicate on another instance finds the key free to take over or abandoned",
+		faults: "impostor,takeover", tests: "Takeover|Abandoned|Lock|Lease|Concurrent",
 	},
 	{
 		name: "claim-fence-not-above", file: "lua/claim.lua",
@@ -158,16 +164,16 @@ var mutants = []mutant{
 		breaks: "a key kept without an answer reads in progress until the claim horizon instead of interrupted",
 		faults: "panic-after,deadline,outer-timeout,do-cutoff", tests: "Keep|Interrupted|Kept",
 	},
-	// retake.lua and the watchdog: renewal.
+	// renew.lua and the watchdog: renewal.
 	{
-		name: "retake-from-holder", file: "lua/retake.lua",
+		name: "retake-from-holder", file: "lua/renew.lua",
 		from: "if holder then\n  return 0\nend", to: "if false then\n  return 0\nend",
 		breaks: "a lapsed executor takes the lock from a claim that holds it",
 		tests:  "TestALapsedLockIsRetakenOnlyByTheRunItsRecordNames",
 		unseen: retakeUnseen,
 	},
 	{
-		name: "retake-after-takeover", file: "lua/retake.lua",
+		name: "retake-after-takeover", file: "lua/renew.lua",
 		from: "if o ~= ARGV[1] then\n  return 0\nend", to: "if false then\n  return 0\nend",
 		breaks: "a lapsed executor takes back the lock of a key whose record names another run",
 		tests:  "TestALapsedLockIsRetakenOnlyByTheRunItsRecordNames",

@@ -67,8 +67,8 @@ func duplicateDuringSlowStep(t *testing.T, a, b *shop, entered <-chan struct{}, 
 	return (<-done).must(t), dup
 }
 
-// A claim rides in one pipeline with the lock (ride.go), so no pause can
-// fall between the two. What can be slow is their reply: one that comes
+// The claim takes the lock in one script (claim.lua), so no pause can fall
+// between the two. What can be slow is their reply: one that comes
 // back after the whole lease lets the key go to a duplicate on another
 // instance, and then the slow request must not start its handler. It
 // answers 503, and its retry gets the duplicate's answer: one execution.
@@ -120,7 +120,7 @@ func TestLockRenewedAtOnceAfterALateReply(t *testing.T) {
 func slowClaimReplies(t *testing.T, prefix string, d time.Duration) (*redis.Client, <-chan struct{}) {
 	slow := redistest.Client(t, prefix).(*redis.Client)
 	claiming := make(chan struct{}, 1)
-	slow.AddHook(afterPipeline{
+	slow.AddHook(afterReply{
 		match: func(cmd redis.Cmder) bool {
 			args := cmd.Args()
 			return len(args) > 1 && (args[1] == claimScript.Hash() || args[1] == claimSource)
@@ -139,15 +139,23 @@ func warmScripts(t *testing.T, prefix string) {
 	require.Equal(t, http.StatusCreated, s.post(s.client(), "/payments", "warm-scripts", `{}`).status)
 }
 
-// afterPipeline runs do once a pipeline holding a matching command has had
-// its replies: a reply that is slow to arrive.
-type afterPipeline beforeCommand
+// afterReply runs do once a matching command, alone or in a pipeline,
+// has had its reply: a reply that is slow to arrive.
+type afterReply beforeCommand
 
-func (afterPipeline) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (afterReply) DialHook(next redis.DialHook) redis.DialHook { return next }
 
-func (afterPipeline) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h afterReply) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if h.match(cmd) {
+			h.do(ctx)
+		}
+		return err
+	}
+}
 
-func (h afterPipeline) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h afterReply) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
 		if slices.ContainsFunc(cmds, h.match) {

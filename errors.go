@@ -57,7 +57,8 @@ type problem struct {
 	title      string
 	detail     string
 	retryAfter bool
-	body       []byte
+	body       []byte      // application/problem+json
+	html       problemPage // for a browser (problempage.go)
 }
 
 var problems = []*problem{
@@ -98,6 +99,7 @@ func init() {
 	for _, p := range append(problems, internalProblem) {
 		p.body = []byte(`{"type":"` + ProblemTypeBase + p.slug + `","title":"` + p.title +
 			`","status":` + strconv.Itoa(p.status) + `,"detail":"` + p.detail + `"}`)
+		p.html = newProblemPage(p)
 	}
 }
 
@@ -143,15 +145,26 @@ func (m *Middleware) inProgress() error {
 
 // DefaultErrorHandler answers err as an RFC 9457 application/problem+json
 // body with a stable type URI per sentinel error. The body is fixed per error
-// and never contains err's text, so a Redis failure leaks nothing.
-func DefaultErrorHandler(w http.ResponseWriter, _ *http.Request, err error) {
+// and never contains err's text, so a Redis failure leaks nothing. A request
+// that prefers HTML (a browser's navigation: its Accept names text/html
+// before any JSON type) gets a page of the same title and detail instead,
+// under the same status and headers, with the time to wait spelled out.
+func DefaultErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	p := problemFor(err)
 	h := w.Header()
-	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
-	if after := RetryAfter(err); after > 0 {
-		h.Set("Retry-After", strconv.FormatInt(int64((after+time.Second-1)/time.Second), 10))
+	h.Add("Vary", "Accept")
+	after := RetryAfter(err)
+	if after > 0 {
+		h.Set("Retry-After", retryAfterSeconds(after))
 	}
+	if prefersHTML(r) {
+		h.Set("Content-Type", "text/html; charset=utf-8")
+		w.WriteHeader(p.status)
+		w.Write(p.page(after))
+		return
+	}
+	h.Set("Content-Type", "application/problem+json")
 	w.WriteHeader(p.status)
 	w.Write(p.body)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -111,10 +112,35 @@ func TestRetryAfterAKilledInstanceSaysWhenToAskAgain(t *testing.T) {
 		secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
 		return resp.StatusCode, time.Duration(secs) * time.Second
 	}
+	type pageAnswer struct {
+		status                        int
+		contentType, retryAfter, page string
+	}
+	browsed := make(chan pageAnswer, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, b.URL+"/payments", strings.NewReader(`{"amount":500,"currency":"eur"}`))
+		req.Header.Set("Idempotency-Key", "killed")
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			browsed <- pageAnswer{page: err.Error()}
+			return
+		}
+		page, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		browsed <- pageAnswer{resp.StatusCode, resp.Header.Get("Content-Type"), resp.Header.Get("Retry-After"), string(page)}
+	}()
 	status, after := ask()
+	browser := <-browsed
 	require.Equal(t, http.StatusConflict, status)
 	require.Greater(t, after, 2*time.Second, "more than the payments' lease (1 s): the dead run cannot answer")
 	require.LessOrEqual(t, after, 15*time.Second, "no more than the claim horizon")
+	// A browser, asking at the same time, is told the same as a page a
+	// person can read.
+	require.Equal(t, http.StatusConflict, browser.status, "%s", browser.page)
+	require.Equal(t, "text/html; charset=utf-8", browser.contentType)
+	require.Contains(t, browser.page, "Try again in "+browser.retryAfter+" seconds")
 	time.Sleep(after)
 	tries := 1
 	for status, after = ask(); status == http.StatusConflict && tries < 3; status, after = ask() {

@@ -45,6 +45,7 @@ const (
 	ruleSlowWakeups         = "duplicates waiting on another instance replayed long after the key's answer (the run's median)"
 	ruleReplayedRelease     = "a request got a replay of an execution that gave its key up"
 	ruleTakenFromLive       = "a key was taken over from a live executor that Redis could reach"
+	ruleLeaseLostLive       = "a live executor that Redis could reach lost its lease"
 )
 
 // checkedRules are the rules TestFaultCheck holds every history to, in the
@@ -53,7 +54,7 @@ var checkedRules = []string{
 	ruleTwoEffects, ruleRanAfterStored, ruleReleasedAfterEffect, ruleForeignAnswer, ruleOtherRequest, ruleOtherBody,
 	ruleAnswerWithoutEffect, ruleReplayDiffers, ruleReplayedRelease, ruleLeftRunning, ruleFinalState, ruleEmpty200, ruleUndocumented,
 	ruleUncaused, ruleWaitedPastAnswer, ruleSlowWakeups, ruleLostLeaseCancel, ruleSpuriousKeyReused, ruleReleaseLeftClaimed, ruleHung,
-	ruleUnfinished, ruleUnprotected, ruleSharedFence, ruleTakenFromLive, ruleAnswerLost,
+	ruleUnfinished, ruleUnprotected, ruleSharedFence, ruleTakenFromLive, ruleLeaseLostLive, ruleAnswerLost,
 	ruleDrainLost, ruleDrainRanAgain, ruleDrainInterrupted, ruleDrainNoExit,
 	ruleRefusedRan, ruleCrowdWaiter, ruleCrowdFresh,
 	ruleRefusedTokenRan, ruleSpentTokenRefused, ruleRevokedTokenSpent,
@@ -415,8 +416,13 @@ func (c *keyCase) hasApplied(exec string) bool {
 
 // checkCancellations: without WithRetryAbandoned nobody can take a key
 // over from an executor whose lease ran out, so its handler must run on.
+// With it, a lease is lost only when its renewals cannot reach Redis: an
+// execution cut off with ErrLockLost while nothing came between its
+// instance and Redis, from a lease before it started until the cut, lost a
+// lease that was never at risk (its lock was gone, or never taken).
 func (c *keyCase) checkCancellations() {
 	if c.cfg.RetryAbandoned {
+		c.checkLeasesOfLiveExecutors()
 		return
 	}
 	if len(c.starts) > 0 && c.h.stalled() {
@@ -425,6 +431,29 @@ func (c *keyCase) checkCancellations() {
 	for exec, tr := range c.cancelled {
 		if tr.Cause == causeLockLost {
 			c.fail(ruleLostLeaseCancel, "execution %s was cancelled with ErrLockLost", c.describe(exec))
+		}
+	}
+}
+
+// checkLeasesOfLiveExecutors holds every execution that ran past its
+// first renewal (a third of a lease) with nothing between its instance and
+// Redis to its lease: the watchdog renewed it, so no ErrLockLost cut it.
+func (c *keyCase) checkLeasesOfLiveExecutors() {
+	for exec, s := range c.starts {
+		began := time.Unix(0, s.At)
+		end, ok := c.ownAnswer(exec)
+		tr, cut := c.cancelled[exec]
+		if cut {
+			end, ok = time.Unix(0, tr.At), true
+		}
+		if !ok || end.Sub(began) < c.cfg.Lease/3 ||
+			c.h.disturbed(instanceIndex(s.Instance), began.Add(-c.cfg.Lease), end) {
+			continue
+		}
+		c.h.arm(ruleLeaseLostLive)
+		if cut && tr.Cause == causeLockLost {
+			c.fail(ruleLeaseLostLive, "execution %s was cut off with ErrLockLost %v after it started, with nothing "+
+				"between its instance and Redis", c.describe(exec), end.Sub(began).Round(time.Millisecond))
 		}
 	}
 }
@@ -465,7 +494,9 @@ const waitSlack = 500 * time.Millisecond
 // Once the key's first caller has its answer, the answer is stored, and a
 // duplicate waiting then is woken and replays it: one that is still told
 // in progress well after, with Redis in its instance's reach, waited past
-// the answer.
+// the answer. Unless the answering instance lost its way to Redis around
+// its answer: then its store waits in its background queue (later.go), and
+// the key runs until it lands.
 func (c *keyCase) checkWaits() {
 	if !c.stored() {
 		return
@@ -485,7 +516,8 @@ func (c *keyCase) checkWaits() {
 			continue
 		}
 		c.h.arm(ruleWaitedPastAnswer)
-		if x.done.Sub(first.done) > waitSlack && !c.h.disturbed(instanceIndex(x.instance), first.done.Add(-time.Second), x.done) {
+		if x.done.Sub(first.done) > waitSlack && !c.h.disturbed(instanceIndex(x.instance), first.done.Add(-time.Second), x.done) &&
+			!c.h.disturbed(instanceIndex(first.instance), first.done.Add(-time.Second), x.done) {
 			c.fail(ruleWaitedPastAnswer, "%s on %s was told in progress %v after %s got the key's answer",
 				x.req.name, x.instance, x.done.Sub(first.done).Round(time.Millisecond), first.req.name)
 		}

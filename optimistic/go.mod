@@ -15,7 +15,6 @@ require github.com/jackc/pgx/v5 v5.12.0 // indirect
 
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
-	github.com/bsm/redislock v0.10.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/dustin/go-humanize v1.1.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect

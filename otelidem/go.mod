@@ -14,7 +14,6 @@ require (
 )
 
 require (
-	github.com/bsm/redislock v0.10.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect

@@ -62,6 +62,7 @@
 //	middleware.go    New, Middleware, Protect, ProtectKey, KeyHeader
 //	options.go       Option and every With option, their defaults and checks
 //	errors.go        the sentinel errors, their problem types, DefaultErrorHandler
+//	problempage.go   a refusal as a page, for a browser's form submission
 //	token.go         TokenHandler, FormField, IssueToken: issuing tokens
 //	tokenkeys.go     TokenKeys, WithTokenKeys, ParseTokenKeys: the key ring, configuration
 //	tokensign.go     how an issued token is signed, and checked against the ring

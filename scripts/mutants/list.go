@@ -183,7 +183,7 @@ var mutants = []mutant{
 		name: "watchdog-never-renews", file: "watchdog.go",
 		from: "wd.timer = time.AfterFunc(first, wd.renew)", to: "wd.timer = time.AfterFunc(first+time.Hour, wd.renew)",
 		breaks: "a slow handler's lease is not renewed, and its key is taken over while it runs",
-		faults: "impostor", tests: "Watchdog|Renew|Lease|Slow",
+		faults: "takeover,impostor", tests: "Watchdog|Renew|Lease|Slow",
 	},
 	{
 		name: "watchdog-renews-late", file: "watchdog.go",

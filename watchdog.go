@@ -76,9 +76,12 @@ func (wd *watchdog) renew() {
 	defer wd.renewing.Done()
 
 	margin := wd.lease / 10
-	timeout := wd.renewTimeout
-	if !wd.isLost() {
-		timeout = min(timeout, time.Until(wd.expires)-margin)
+	// No renewal waits past the point where the run must know its lease is
+	// lost; only a retake, of a lock that ran out already where nobody else
+	// may take the key over, gets the whole renewal timeout.
+	timeout := min(wd.renewTimeout, time.Until(wd.expires)-margin)
+	if wd.retakes && wd.lapsed() {
+		timeout = wd.renewTimeout
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), max(timeout, time.Millisecond))
 	attempt := time.Now()
@@ -110,6 +113,14 @@ func (wd *watchdog) renew() {
 		wd.timer.Reset(next)
 	}
 	wd.mu.Unlock()
+}
+
+// lapsed reports whether a renewal found the lock gone, or found it only
+// when it had run out.
+func (wd *watchdog) lapsed() bool {
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	return wd.lost
 }
 
 // lapse marks the lease lost, and reports whether the watchdog goes on:

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -49,10 +48,8 @@ func (m *Middleware) claimReplicated(ctx context.Context, c *call, l *lease) (cl
 		kind, addr := redirection(err)
 		switch kind {
 		case "TRYAGAIN": // the migration moves the rest, or ends, soon
-			select {
-			case <-ctx.Done():
+			if !awaitMigration(ctx) {
 				return claim{}, err
-			case <-time.After(20 * time.Millisecond):
 			}
 		case "MOVED", "ASK":
 			if redirects++; redirects > maxRedirects {

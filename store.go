@@ -109,21 +109,21 @@ type claim struct {
 func (s *store) claim(ctx context.Context, k keys, lockValue, fingerprint string) (claim, error) {
 	for {
 		cl, err := s.claimOn(ctx, s.client, k, lockValue, fingerprint)
-		if err == nil || !isTryAgain(err) {
+		if kind, _ := redirection(err); kind != "TRYAGAIN" || !awaitMigration(ctx) {
 			return cl, err
-		}
-		select {
-		case <-ctx.Done():
-			return cl, err
-		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }
 
-// isTryAgain reports whether err is a Cluster's TRYAGAIN.
-func isTryAgain(err error) bool {
-	kind, _ := redirection(err)
-	return kind == "TRYAGAIN"
+// awaitMigration pauses a claim that met TRYAGAIN before it tries again,
+// and reports false when ctx ended first.
+func awaitMigration(ctx context.Context) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(20 * time.Millisecond):
+		return true
+	}
 }
 
 // claimOn runs the claim through via: a dedicated connection when the claim

@@ -169,10 +169,7 @@ func (m *Middleware) acquire(c *call, k keys) (*lease, claim, error) {
 	fp := c.fp.text() // once for every attempt and the lease's scripts
 	for {
 		began := time.Now()
-		l, err := m.newLease(k, fp, began)
-		if err != nil {
-			return nil, claim{}, err
-		}
+		l := m.newLease(k, fp, began)
 		cl, err := m.claimKey(c, l)
 		switch {
 		case err != nil:
@@ -205,13 +202,12 @@ func (m *Middleware) acquire(c *call, k keys) (*lease, claim, error) {
 	}
 }
 
-// lockToken is a fresh lock value: 16 random bytes, base64url.
-func lockToken() (string, error) {
+// lockToken is a fresh lock value: 16 random bytes, base64url. crypto/rand
+// never fails (it crashes the program rather than return short).
+func lockToken() string {
 	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", err
-	}
-	return base64.RawURLEncoding.EncodeToString(b[:]), nil
+	rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
 // pause waits for a release message on sub (or plain time without one), or

@@ -138,6 +138,12 @@ func RetryAfter(err error) time.Duration {
 	return 0
 }
 
+// retryAfterSeconds is after in whole seconds, rounded up, as Retry-After
+// says it.
+func retryAfterSeconds(after time.Duration) string {
+	return strconv.FormatInt(int64((after+time.Second-1)/time.Second), 10)
+}
+
 // inProgress is ErrInProgress, to be retried after a lease.
 func (m *Middleware) inProgress() error {
 	return retryAfter{ErrInProgress, m.cfg.lease}

@@ -79,12 +79,8 @@ type lease struct {
 
 // newLease is the lease a claim sent at began tries to take under a fresh
 // lock value.
-func (m *Middleware) newLease(k keys, fp string, began time.Time) (*lease, error) {
-	token, err := lockToken()
-	if err != nil {
-		return nil, err
-	}
-	return &lease{m: m, k: k, token: token, fpText: fp, began: began}, nil
+func (m *Middleware) newLease(k keys, fp string, began time.Time) *lease {
+	return &lease{m: m, k: k, token: lockToken(), fpText: fp, began: began}
 }
 
 // watch starts the lease's watchdog, counting from the claim.

@@ -32,7 +32,7 @@ func prefersHTML(r *http.Request) bool {
 	return json < 0 || page < json
 }
 
-// problemPages are each problem's page, cut where the retry advice goes.
+// problemPage is a problem's page, cut where the retry advice goes.
 type problemPage struct{ head, tail string }
 
 func newProblemPage(p *problem) problemPage {
@@ -58,10 +58,4 @@ func (p *problem) page(after time.Duration) []byte {
 			" seconds: go back and submit the form again, or reload this page.</p>\n"
 	}
 	return []byte(p.html.head + advice + p.html.tail)
-}
-
-// retryAfterSeconds is after in whole seconds, rounded up, as Retry-After
-// says it.
-func retryAfterSeconds(after time.Duration) string {
-	return strconv.FormatInt(int64((after+time.Second-1)/time.Second), 10)
 }

@@ -22,6 +22,9 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 		if l != nil || !errors.As(v.err, &running) {
 			return l, v
 		}
+		if c.flight != nil {
+			c.flight.heard(running.horizonIn)
+		}
 		left := time.Until(c.deadline)
 		if left <= 0 {
 			return nil, refuse(retryAfter{ErrInProgress, max(m.cfg.lease, running.horizonIn)})

@@ -1,6 +1,10 @@
 package idempotency
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
 
 // flights coalesces concurrent requests for one key inside this process: the
 // first (the leader) goes to Redis, and the rest wait in memory for its
@@ -16,6 +20,25 @@ type flight struct {
 	rec    *record // the replayable answer, when the leader got one
 	owner  *flights
 	landed bool
+	// changesAt is when the key's answer can next change, as the leader
+	// last heard from Redis (Unix nanoseconds; 0 while it has heard
+	// nothing): the claim horizon of an owner whose lock lapsed.
+	changesAt atomic.Int64
+}
+
+// heard records that the leader found the key's answer cannot change for
+// another d.
+func (fl *flight) heard(d time.Duration) {
+	fl.changesAt.Store(time.Now().Add(d).UnixNano())
+}
+
+// retryIn is how long a follower whose wait ended should wait before it
+// asks again: what its leader would be told, at least one lease. A
+// follower that joined a moment after its leader may time out first, while
+// the leader still asks Redis; it is told the same time as the leader, not
+// a shorter one in which nothing can change.
+func (fl *flight) retryIn(lease time.Duration) time.Duration {
+	return max(lease, time.Until(time.Unix(0, fl.changesAt.Load())))
 }
 
 // wait returns a channel closed when the flight lands.

@@ -179,6 +179,7 @@ type call struct {
 	tokenMode bool
 	start     time.Time
 	deadline  time.Time // for waiting on another request with the same key
+	flight    *flight   // the in-process flight this call leads, if any
 
 	scope        string
 	key          string

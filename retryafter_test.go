@@ -54,3 +54,50 @@ func TestRetryAfterACrashedOwnerIsTheTimeLeftToTheHorizon(t *testing.T) {
 	requireProblem(t, s.post(c, "/payments", "k", `{}`), http.StatusConflict, "interrupted")
 	require.EqualValues(t, 1, s.execs.Load(), "only the probe ran")
 }
+
+// A request that waits behind another of its key in the same process is
+// told what that one is told. Its wait may end a moment before its
+// leader's, while the leader still asks Redis (here, a slow Redis): it
+// too is told the time left to the horizon, not one lease in which
+// nothing can change.
+func TestRetryAfterOfAFollowerIsItsLeaders(t *testing.T) {
+	srv := redistest.Private(t)
+	proxy := redistest.NewProxy(t, srv.Addr())
+	s := newShopOn(t, clientTo(t, proxy.Addr()), WithKeyPrefix("follower-retry-after"),
+		WithLockLease(200*time.Millisecond), WithWaitTimeout(600*time.Millisecond), WithResponseCache(0, 0))
+	horizon := s.idem.cfg.claimHorizon()
+	k := clientKeys(s.idem.cfg.prefix, paymentID("k"))
+	ctx := t.Context()
+	lock, err := newTestLock()
+	require.NoError(t, err)
+	c := s.client()
+	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "probe", `{}`).status)
+	probe, err := redistest.ReadRecord(ctx, s.rdb, clientKeys(s.idem.cfg.prefix, paymentID("probe")).record)
+	require.NoError(t, err)
+	cl, err := s.idem.store.claim(ctx, k, lock.Token(), probe.Fingerprint)
+	require.NoError(t, err)
+	require.Equal(t, outcomeClaimed, cl.outcome)
+	require.NoError(t, s.rdb.Del(ctx, k.lock).Err()) // the owner crashed; its lease ran out
+
+	// Each claim now takes 250 ms: the leader hears of the horizon at
+	// +250 ms and +550 ms, and is refused at about +850 ms; the follower,
+	// which joins at once, is refused when its 600 ms wait ends.
+	proxy.SetDelay(250 * time.Millisecond)
+	leader := s.postAsync(c, "/payments", "k", `{}`)
+	require.Eventually(t, func() bool {
+		s.idem.flights.mu.Lock()
+		defer s.idem.flights.mu.Unlock()
+		return len(s.idem.flights.m) == 1
+	}, 5*time.Second, time.Millisecond, "the first request leads the key's flight")
+	follower := s.postAsync(c, "/payments", "k", `{}`)
+
+	for name, ch := range map[string]<-chan asyncAnswer{"leader": leader, "follower": follower} {
+		a := (<-ch).must(t)
+		requireProblem(t, a, http.StatusConflict, "in-progress")
+		secs, err := strconv.Atoi(a.header.Get("Retry-After"))
+		require.NoError(t, err)
+		require.Greater(t, time.Duration(secs)*time.Second, horizon-10*time.Second,
+			"the %s is told the horizon, not a lease", name)
+	}
+	require.EqualValues(t, 1, s.execs.Load(), "only the probe ran")
+}

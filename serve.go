@@ -106,7 +106,7 @@ func (m *Middleware) follow(c *call, fl *flight) verdict {
 	case <-fl.wait():
 	case <-timer.C:
 		c.waited += time.Since(began)
-		return refuse(m.inProgress())
+		return refuse(retryAfter{ErrInProgress, fl.retryIn(m.cfg.lease)})
 	case <-c.ctx.Done():
 		c.waited += time.Since(began)
 		return m.callerDone(c)
@@ -138,6 +138,7 @@ func (m *Middleware) callerDone(c *call) verdict {
 // (then with nothing to share).
 func (m *Middleware) lead(c *call, fl *flight) (v verdict) {
 	if fl != nil {
+		c.flight = fl
 		defer func() { m.flights.land(c.id, fl, v.shared()) }()
 	}
 	// A call that may leave work for the background is admitted first:

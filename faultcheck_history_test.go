@@ -113,6 +113,13 @@ func (r *rig) run(p *plan) *history {
 			h.sent[q], h.answered[q] = make(chan struct{}), make(chan struct{})
 		}
 	}
+	if p.alone {
+		r.lanes.Lock()
+		defer r.lanes.Unlock()
+	} else {
+		r.lanes.RLock()
+		defer r.lanes.RUnlock()
+	}
 	r.issueTokens(p)
 	h.began = time.Now()
 	var wg sync.WaitGroup

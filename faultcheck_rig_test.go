@@ -51,6 +51,9 @@ type rig struct {
 	// (faultcheck_late_test.go): a restart then would lose what it is to
 	// judge.
 	restarts sync.RWMutex
+	// lanes is held shared by every history while it runs, and alone by
+	// a history that must run without any other beside it (plan.alone).
+	lanes sync.RWMutex
 	// broken is set when the rig itself failed (an instance that does not
 	// start, a database that does not answer): the run stops.
 	broken atomic.Bool

@@ -43,6 +43,9 @@ func (d drawer) takeover(p *plan) {
 	if d.rng.IntN(4) == 0 {
 		// No fault at all: the first executor, slow and live, renews its
 		// lease past the retry's claim, which must wait for its answer.
+		// Any fault on the way to Redis, this history's or another's,
+		// would excuse a takeover, so the history runs alone.
+		p.alone = true
 		p.cfg.RetryAbandoned = true
 		p.cfg.ExecTimeout = max(p.cfg.ExecTimeout, 3*lease)
 		first.deaf, first.pause = false, 2*lease+d.between(100*time.Millisecond, 300*time.Millisecond)

@@ -99,7 +99,7 @@
 //	negotiate.go     a replay under the replaying request's Accept-Encoding and Vary
 //	nested.go        a route protected twice: the inner layer steps aside
 //	header.go        the stored header block
-//	record.go        a record as Redis holds it: one string, read and written whole
+//	record.go        a record as Redis holds it: one string in keyspace's one layout, read and written whole
 //	store.go         the Redis store, one method per script in lua/
 //	outcomestore.go  OutcomeStore, Answer: answers committed with the handler's writes
 //	outcome.go       Outcome: what the middleware did with a request

@@ -6,8 +6,10 @@ import (
 	"github.com/onceonly/idempotency/internal/keyspace"
 )
 
-// A key's record in Redis is one string (keyspace.Record lays it out),
-// which the scripts in lua/ write and read.
+// A key's record in Redis is one string, laid out once in each language:
+// internal/keyspace's lua/record.lua, built into every script that reads
+// or writes one, and keyspace.Record in Go. testdata/records holds a
+// record of each state as the scripts write it (recordgolden_test.go).
 
 // decodeRecord reads a stored answer from the record text a claim replied.
 func decodeRecord(text string) (*record, error) {
@@ -44,24 +46,14 @@ func newCompletionTexts(fp, lockValue string, fence uint64, rec *record) *comple
 		state, status, header, body = "done", rec.status, rec.header, rec.body
 	}
 	headerLen := headerSize(header)
-	fields := len(fp) + len(lockValue) + 30 // with the fence, the executions and the separators
-	b := make([]byte, 0, 2*fields+len(state)+16+headerLen+len(body))
-	b = appendClaimFields(append(b, "run"...), fp, lockValue, fence)
+	line := len(fp) + len(lockValue) + 30 // with the fence, the executions and the separators
+	b := make([]byte, 0, 2*line+len(state)+16+headerLen+len(body))
+	b = keyspace.AppendClaimLine(b, "run", fp, lockValue, fence)
 	claimed := len(b)
-	b = append(append(b, state...), b[len("run"):claimed]...)
-	b = append(strconv.AppendInt(b, int64(status), 10), ' ')
-	b = append(strconv.AppendInt(b, int64(headerLen), 10), '\n')
+	b = keyspace.AppendClaimLine(b, state, fp, lockValue, fence)
+	b = keyspace.AppendAnswerHead(b, status, headerLen)
 	b = append(appendHeader(b, header), body...)
 	return &completionTexts{buf: b, claimed: claimed}
-}
-
-// appendClaimFields appends the fields a fresh claim writes after its
-// state (claim.lua): a space, then the fingerprint, the lock value, the
-// fence, one execution, four empty fields, and the line's end.
-func appendClaimFields(b []byte, fp, lockValue string, fence uint64) []byte {
-	b = append(append(append(append(b, ' '), fp...), ' '), lockValue...)
-	b = strconv.AppendUint(append(b, ' '), fence, 10)
-	return append(b, " 1    \n"...)
 }
 
 // The texts as script arguments, without boxing a slice: go-redis writes

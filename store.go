@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/idempotency/internal/keyspace"
 )
 
 var (
@@ -27,13 +29,13 @@ var (
 	//go:embed lua/step.lua
 	stepSource string
 
-	claimScript    = redis.NewScript(claimSource)
-	completeScript = redis.NewScript(completeSource)
-	releaseScript  = redis.NewScript(releaseSource)
-	keepScript     = redis.NewScript(keepSource)
-	renewScript    = redis.NewScript(renewSource)
+	claimScript    = keyspace.RecordScript(claimSource)
+	completeScript = keyspace.RecordScript(completeSource)
+	releaseScript  = keyspace.RecordScript(releaseSource)
+	keepScript     = keyspace.RecordScript(keepSource)
+	renewScript    = keyspace.RecordScript(renewSource)
 	unlockScript   = redis.NewScript(unlockSource)
-	stepScript     = redis.NewScript(stepSource)
+	stepScript     = keyspace.RecordScript(stepSource)
 )
 
 // store is the Redis side of the middleware. Each method is one script and

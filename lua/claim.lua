@@ -17,16 +17,9 @@
 -- and a release are one script each. Reading a finished record needs no
 -- lock, so a duplicate writes nothing, also on a Redis at maxmemory.
 --
--- A record is one string: a line of nine space-separated fields, then the
--- answer (see record.go). The fields: state (run, done, big, forgotten),
--- fingerprint, lock value of the executor, fencing token, executions, the
--- lock value and token of the executor a takeover took the key from, '1'
--- when the store wrote a vanished record back, and the claim an operator
--- settled (settle.lua). The answer: status, the header block's length, a
--- newline, the header block and the body. A run's record has no answer;
--- after its line comes the journal of its steps (journal.go, step.lua),
--- which a takeover keeps and hands to the executor that resumes. A record in state 'forgotten' is
--- read as no record, except for a token, which it keeps spent.
+-- The record's layout is record.lua's (internal/keyspace), which is built
+-- in front of this script. A record in state 'forgotten' is read as no
+-- record, except for a token, which it keeps spent.
 --
 -- A token's record is what marks it spent: it outlives the token, so a
 -- token with no record has never been spent (or was given back).
@@ -52,8 +45,7 @@ local holder = redis.call('GET', KEYS[2])
 local st, fp, o, f, n, p, q, w, s, j
 if rec then
   if type(rec) == 'string' then
-    st, fp, o, f, n, p, q, w, s, j = string.match(rec,
-      '^(%l+) ([^ ]*) ([^ ]*) (%d*) (%d*) ([^ ]*) (%d*) (%d*) ([^ \n]*)\n()')
+    st, fp, o, f, n, p, q, w, s, j = readRecord(rec)
   end
   if not st then
     -- A record this script cannot read (or a hash, as versions before
@@ -91,8 +83,8 @@ local function takeOver()
   local t = redis.call('TIME')
   local fence = string.format('%.0f', math.max((tonumber(f) or 0) + 1, tonumber(t[1]) * 1000000 + tonumber(t[2])))
   local journal = string.sub(rec, j)
-  redis.call('SET', KEYS[1], 'run ' .. fp .. ' ' .. ARGV[1] .. ' ' .. fence .. ' ' .. ((tonumber(n) or 1) + 1) ..
-    ' ' .. o .. ' ' .. f .. ' ' .. w .. ' ' .. s .. '\n' .. journal, 'PX', ARGV[3])
+  redis.call('SET', KEYS[1], recordLine('run', fp, ARGV[1], fence, (tonumber(n) or 1) + 1, o, f, w, s) .. journal,
+    'PX', ARGV[3])
   return {'claimed', fence, 'retaken', journal}
 end
 
@@ -174,5 +166,5 @@ end
 lease()
 local t = redis.call('TIME')
 local fence = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-redis.call('SET', KEYS[1], 'run ' .. ARGV[2] .. ' ' .. ARGV[1] .. ' ' .. fence .. ' 1    \n', 'PX', ARGV[3])
+redis.call('SET', KEYS[1], recordLine('run', ARGV[2], ARGV[1], fence, '1', '', '', '', ''), 'PX', ARGV[3])
 return {'claimed', fence}

@@ -3,8 +3,9 @@
 -- ARGV[1] our lock value, ARGV[2] the record to store: its state (done or
 -- big), our claim's fields and the answer; ARGV[3] record TTL ms, ARGV[4]
 -- the record as our claim wrote it (state run, the same fields, no answer).
--- The caller builds both texts, so that this script compares and stores
--- whole strings rather than building them (the layout is claim.lua's).
+-- The caller builds both texts (keyspace.AppendClaimLine), so that this
+-- script compares and stores whole strings rather than building them; the
+-- layout is record.lua's.
 -- Returns 1 when the answer is stored, 2 when it is stored although the
 -- record had vanished while the handler ran (evicted, expired, flushed), and
 -- 0 when another executor owns the key now, or an operator settled it
@@ -16,23 +17,19 @@ if rec == ARGV[4] then
   -- The record as our claim left it: the common case.
   stored, text = 1, ARGV[2]
 else
-  local st, fields, o, w
+  local st, fp, o, f, n, p, q, w, s
   if rec then
-    st, fields = string.match(rec, '^(%l+)( [^\n]*\n)')
-    if fields then
-      o, w = string.match(fields, '^ [^ ]* ([^ ]*) %d* %d* [^ ]* %d* (%d*) ')
-    end
+    st, fp, o, f, n, p, q, w, s = readRecord(rec)
   end
-  -- Where the answer starts in ARGV[2], after its state and our fields
-  -- (ARGV[4] less its 'run'). Our fields end in four empty ones, as a
-  -- fresh claim writes them: ' 1    \n' (record.go, appendClaimFields).
-  local answer = string.find(ARGV[2], ' ', 1, true) + #ARGV[4] - 3
+  -- Our answer, and the line it is stored under.
+  local ourState, ourFP, ourOwner, ourFence, ourExecutions, _, _, _, _, answer = readRecord(ARGV[2])
   if not st or st == 'forgotten' then
     -- No record is claimed now (a claim writes one; an operator forgot the
     -- claim, taking our executor for gone), so our answer is the key's:
     -- writing it back keeps a retry from running the handler a second
     -- time. The written-back field tells a resend that it was.
-    stored, text = 2, string.sub(ARGV[2], 1, answer - 3) .. '1 \n' .. string.sub(ARGV[2], answer)
+    stored, text = 2, recordLine(ourState, ourFP, ourOwner, ourFence, ourExecutions, '', '', '1', '') ..
+      string.sub(ARGV[2], answer)
   elseif o == ARGV[1] then
     stored = 1
     if w ~= '' then
@@ -40,7 +37,7 @@ else
     end
     if st == 'run' then
       -- Ours after a takeover: the record keeps its own fields.
-      text = string.sub(ARGV[2], 1, answer - #ARGV[4] + 2) .. fields .. string.sub(ARGV[2], answer)
+      text = recordLine(ourState, fp, o, f, n, p, q, w, s) .. string.sub(ARGV[2], answer)
     end
   end
 end

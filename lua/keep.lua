@@ -5,13 +5,13 @@
 -- value), and our lock is freed. Without the mark, a claim that finds the
 -- lock gone waits out the claim horizon (claim.lua), since the executor
 -- might still store; a kept run never will, so its key reads interrupted
--- (or is taken over) at once. The record's layout is claim.lua's. Safe to
+-- (or is taken over) at once. The record's layout is record.lua's. Safe to
 -- run twice.
 local rec = redis.call('GET', KEYS[1])
 if rec then
-  local head, o, tail = string.match(rec, '^(run [^ ]* )([^ ]*)( .*)$')
-  if o == ARGV[1] then
-    redis.call('SET', KEYS[1], head .. '!' .. o .. tail, 'KEEPTTL')
+  local st, fp, o, f, n, p, q, w, s, j = readRecord(rec)
+  if st == 'run' and o == ARGV[1] then
+    redis.call('SET', KEYS[1], recordLine(st, fp, '!' .. o, f, n, p, q, w, s) .. string.sub(rec, j), 'KEEPTTL')
   end
 end
 if redis.call('GET', KEYS[2]) == ARGV[1] then

@@ -5,20 +5,18 @@
 -- An issued token's record is what marks it spent, so deleting the record
 -- gives the token back until it expires. A takeover is undone by handing
 -- the key back to the executor it was taken from. The record's layout is
--- claim.lua's.
+-- record.lua's.
 local rec = redis.call('GET', KEYS[1])
 if rec then
-  local fp, o, n, p, q, w, s, j = string.match(rec,
-    '^run ([^ ]*) ([^ ]*) %d* (%d*) ([^ ]*) (%d*) (%d*) ([^ \n]*)\n()')
-  if o == ARGV[1] then
+  local st, fp, o, f, n, p, q, w, s, j = readRecord(rec)
+  if st == 'run' and o == ARGV[1] then
     if p ~= '' then
       -- Our claim took the key over from an executor whose lease had run
       -- out. Undoing it frees nothing: the key goes back to that executor,
       -- which may have taken effect and may still store its answer; the
       -- next retry finds it abandoned again.
       -- The steps it journaled stay with it (step.lua).
-      redis.call('SET', KEYS[1], 'run ' .. fp .. ' ' .. p .. ' ' .. q .. ' ' .. n .. '   ' .. w .. ' ' .. s .. '\n' ..
-        string.sub(rec, j), 'KEEPTTL')
+      redis.call('SET', KEYS[1], recordLine('run', fp, p, q, n, '', '', w, s) .. string.sub(rec, j), 'KEEPTTL')
     else
       redis.call('DEL', KEYS[1])
     end

@@ -25,8 +25,8 @@ local rec = redis.call('GET', KEYS[1])
 if not rec then
   return 0
 end
-local o = string.match(rec, '^run [^ ]* ([^ ]*) ')
-if o ~= ARGV[1] then
+local st, _, o = readRecord(rec)
+if st ~= 'run' or o ~= ARGV[1] then
   return 0
 end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])

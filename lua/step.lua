@@ -7,7 +7,7 @@
 -- lapsed lock back while the record names our run ('' where another
 -- executor may take the key over as soon as the lock lapses: renew.lua's
 -- rule)
--- The journal follows the line of a run's record (claim.lua's layout): a
+-- The journal follows the line of a run's record (record.lua's layout): a
 -- takeover keeps it, and the store of the answer, a release or an
 -- operator's settle drops it with the rest of the record. Only the run the
 -- record names may write it: an executor whose key was taken over, settled
@@ -41,8 +41,8 @@ local head = redis.call('GETRANGE', KEYS[1], 0, 1023)
 if not string.find(head, '\n', 1, true) then
   head = redis.call('GET', KEYS[1]) -- a line longer than our scripts write: read it whole
 end
-local o, j = string.match(head, '^run [^ ]* ([^ ]*) [^\n]*\n()')
-if o ~= ARGV[1] then
+local st, _, o, _, _, _, _, _, _, j = readRecord(head)
+if st ~= 'run' or o ~= ARGV[1] then
   return {0, 0}
 end
 if ARGV[2] == '' then

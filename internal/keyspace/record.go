@@ -5,9 +5,9 @@ import (
 	"strings"
 )
 
-// Record is a key's record as the scripts lay it out (lua/claim.lua in
-// the root): one string, a line of nine space-separated fields, then the
-// answer.
+// Record is a key's record as the scripts lay it out (lua/record.lua,
+// built into every script that reads or writes one): one string, a line of
+// nine space-separated fields, then the answer.
 //
 //	state fingerprint owner fence executions prev-owner prev-fence written-back settled\n
 //	status header-length\n header-block body
@@ -74,20 +74,45 @@ func ParseRecord(text string) (r Record, ok bool) {
 
 // String is the record's text, as the scripts write it.
 func (r Record) String() string {
-	var b strings.Builder
-	for i, f := range []string{r.State, r.Fingerprint, r.Owner, r.Fence, r.Executions,
-		r.PrevOwner, r.PrevFence, r.WrittenBack, r.Settled} {
-		if i > 0 {
-			b.WriteByte(' ')
-		}
-		b.WriteString(f)
-	}
-	b.WriteByte('\n')
+	b := appendLine(nil, [...]string{r.State, r.Fingerprint, r.Owner, r.Fence, r.Executions,
+		r.PrevOwner, r.PrevFence, r.WrittenBack, r.Settled})
 	if r.State == "run" {
-		b.WriteString(r.Journal)
+		b = append(b, r.Journal...)
 	}
 	if r.Status != "" || r.Header != "" || r.Body != "" {
-		b.WriteString(r.Status + " " + strconv.Itoa(len(r.Header)) + "\n" + r.Header + r.Body)
+		b = append(append(append(b, r.Status...), ' '), strconv.Itoa(len(r.Header))...)
+		b = append(append(append(b, '\n'), r.Header...), r.Body...)
 	}
-	return b.String()
+	return string(b)
+}
+
+// appendLine appends a record's line: its nine fields, as record.lua's
+// recordLine writes them.
+func appendLine(b []byte, fields [9]string) []byte {
+	for i, f := range fields {
+		if i > 0 {
+			b = append(b, ' ')
+		}
+		b = append(b, f...)
+	}
+	return append(b, '\n')
+}
+
+// AppendClaimLine appends the line of a record that a fresh claim wrote
+// (claim.lua), in state: the fingerprint, the owner's lock value, the
+// fence and one execution, and empty the fields that only a takeover, a
+// write-back or a settle fills. What the middleware stores over its own
+// claim (complete.lua) is built from it, without boxing nine strings.
+func AppendClaimLine(b []byte, state, fp, owner string, fence uint64) []byte {
+	b = append(append(append(append(append(b, state...), ' '), fp...), ' '), owner...)
+	b = strconv.AppendUint(append(b, ' '), fence, 10)
+	return append(b, " 1    \n"...)
+}
+
+// AppendAnswerHead appends the head of a finished record's answer, which
+// follows its line: the status and the header block's length, then a
+// newline. The header block and the body come after it.
+func AppendAnswerHead(b []byte, status, headerLen int) []byte {
+	b = append(strconv.AppendInt(b, int64(status), 10), ' ')
+	return append(strconv.AppendInt(b, int64(headerLen), 10), '\n')
 }

@@ -28,3 +28,17 @@ func TestRecordRoundTrip(t *testing.T) {
 		require.False(t, ok, "%q", text)
 	}
 }
+
+// The middleware builds the record it stores over its own claim from
+// AppendClaimLine and AppendAnswerHead: the same text as the record those
+// fields make.
+func TestAppendedRecordIsTheRecord(t *testing.T) {
+	b := AppendClaimLine(nil, "done", "ab12", "lock-value", 1795545899564249)
+	b = append(AppendAnswerHead(b, 201, 4), "\x01\x01a\x00body"...)
+	want := Record{State: "done", Fingerprint: "ab12", Owner: "lock-value", Fence: "1795545899564249",
+		Executions: "1", Status: "201", Header: "\x01\x01a\x00", Body: "body"}
+	require.Equal(t, want.String(), string(b))
+	got, ok := ParseRecord(string(b))
+	require.True(t, ok)
+	require.Equal(t, want, got)
+}

@@ -27,8 +27,8 @@ var (
 	//go:embed lua/settle.lua
 	settleSource string
 
-	inspectScript = redis.NewScript(inspectSource)
-	settleScript  = redis.NewScript(settleSource)
+	inspectScript = RecordScript(inspectSource)
+	settleScript  = RecordScript(settleSource)
 )
 
 // A Store is one middleware's records, as the operator sees them.

@@ -96,7 +96,8 @@ var mutants = []mutant{
 	},
 	{
 		name: "claim-record-short-ttl", file: "lua/claim.lua",
-		from: "fence .. ' 1    \\n', 'PX', ARGV[3])", to: "fence .. ' 1    \\n', 'PX', 300)",
+		from:   "recordLine('run', ARGV[2], ARGV[1], fence, '1', '', '', '', ''), 'PX', ARGV[3])",
+		to:     "recordLine('run', ARGV[2], ARGV[1], fence, '1', '', '', '', ''), 'PX', 300)",
 		breaks: "a running key's record expires under it, and a retry runs the handler again",
 		faults: "kill,redis-stop,impostor", tests: "Record|TTL|Claim",
 	},
@@ -140,10 +141,18 @@ var mutants = []mutant{
 	},
 	{
 		name: "complete-forgets-writeback", file: "lua/complete.lua",
-		from:   "stored, text = 2, string.sub(ARGV[2], 1, answer - 3) .. '1 \\n' .. string.sub(ARGV[2], answer)",
-		to:     "stored = 2",
+		from: "    stored, text = 2, recordLine(ourState, ourFP, ourOwner, ourFence, ourExecutions, '', '', '1', '') ..\n" +
+			"      string.sub(ARGV[2], answer)",
+		to:     "    stored = 2",
 		breaks: "an answer whose record vanished while the handler ran is not written back, and a retry runs again",
 		faults: "redis-restart", tests: "Vanish|WriteBack|Written|Rewritten",
+	},
+	// record.lua: the record's layout, which every script above is built with.
+	{
+		name: "record-forgets-previous-owner", file: "internal/keyspace/lua/record.lua",
+		from: "executions .. ' ' .. prevOwner .. ' ' ..", to: "executions .. ' ' .. '' .. ' ' ..",
+		breaks: "a takeover forgets whom it took the key from, and undoing it frees a key whose first executor may have taken effect",
+		faults: "takeover,drop-reply", tests: "Golden|Release|Takeover|Undo|HandBack|Abandoned",
 	},
 	// release.lua and keep.lua: letting a key go.
 	{
@@ -154,13 +163,13 @@ var mutants = []mutant{
 	},
 	{
 		name: "release-anyones-record", file: "lua/release.lua",
-		from: "  if o == ARGV[1] then", to: "  if true then",
+		from: "  if st == 'run' and o == ARGV[1] then", to: "  if st == 'run' then",
 		breaks: "a stale executor's release deletes the record of the execution that owns the key now",
 		faults: redisFaults + ",release,panic-before", tests: "Release|Stale|Takeover",
 	},
 	{
 		name: "keep-unmarked", file: "lua/keep.lua",
-		from: "head .. '!' .. o .. tail", to: "head .. o .. tail",
+		from: "recordLine(st, fp, '!' .. o,", to: "recordLine(st, fp, o,",
 		breaks: "a key kept without an answer reads in progress until the claim horizon instead of interrupted",
 		faults: "panic-after,deadline,outer-timeout,do-cutoff", tests: "Keep|Interrupted|Kept",
 	},
@@ -174,7 +183,7 @@ var mutants = []mutant{
 	},
 	{
 		name: "retake-after-takeover", file: "lua/renew.lua",
-		from: "if o ~= ARGV[1] then\n  return 0\nend", to: "if false then\n  return 0\nend",
+		from: "if st ~= 'run' or o ~= ARGV[1] then\n  return 0\nend", to: "if false then\n  return 0\nend",
 		breaks: "a lapsed executor takes back the lock of a key whose record names another run",
 		tests:  "TestALapsedLockIsRetakenOnlyByTheRunItsRecordNames",
 		unseen: retakeUnseen,
@@ -194,7 +203,7 @@ var mutants = []mutant{
 	// step.lua and the journal: resumable steps.
 	{
 		name: "step-journals-for-stale", file: "lua/step.lua",
-		from: "if o ~= ARGV[1] then\n  return {0, 0}\nend", to: "if false then\n  return {0, 0}\nend",
+		from: "if st ~= 'run' or o ~= ARGV[1] then\n  return {0, 0}\nend", to: "if false then\n  return {0, 0}\nend",
 		breaks: "an executor whose run was taken over journals a step into the new run",
 		steps:  true, tests: "Step|Journal|Resum",
 	},
@@ -295,7 +304,7 @@ var mutants = []mutant{
 	},
 	{
 		name: "inspect-swaps-fence", file: "internal/keyspace/lua/inspect.lua",
-		from: "st, fp, o, f, n, meta = string.match(", to: "st, fp, o, n, f, meta = string.match(",
+		from: "st, fp, o, f, n, _, _, _, _, meta = readRecord(rec)", to: "st, fp, o, n, f, _, _, _, _, meta = readRecord(rec)",
 		breaks: "inspecting a key shows its execution count as its fencing token",
 		faults: "impostor", tests: "Inspect", pkgs: []string{"./admin/", "./internal/keyspace/"},
 	},

@@ -1,7 +1,7 @@
 -- inspect.lua: read what Redis holds for one key in one step, so that an
 -- operator never sees a record from before a store and a lock from after it.
 -- KEYS[1] record, KEYS[2] lock, KEYS[3] waiters flag
--- The record's layout is claim.lua's (lua/claim.lua in the root).
+-- The record's layout is record.lua's.
 -- Reply: {state, executor's lock value, fingerprint, status, executions,
 -- fence, body length, record PTTL, lock value, lock PTTL, waiters flag
 -- exists}; '' for what is missing (a Lua false would end the reply array
@@ -12,10 +12,10 @@ if type(rec) == 'table' then
   rec = '' -- not a string: a hash, as versions before the string record stored
 end
 if rec then
-  local meta
-  st, fp, o, f, n, meta = string.match(rec, '^(%l+) ([^ ]*) ([^ ]*) (%d*) (%d*) [^\n]*\n()')
+  local _, meta
+  st, fp, o, f, n, _, _, _, _, meta = readRecord(rec)
   if st then
-    c, hl, at = string.match(rec, '^(%d*) (%d+)\n()', meta)
+    c, hl, at = readAnswer(rec, meta)
   else
     st, fp, o, f, n = 'corrupt', '', '', '', ''
   end

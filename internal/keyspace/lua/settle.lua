@@ -13,7 +13,7 @@
 -- or a takeover that runs just before sees its own result kept, one that
 -- runs just after sees the settled record.
 --
--- The record's layout is claim.lua's (lua/claim.lua in the root). A
+-- The record's layout is record.lua's. A
 -- settled record names what settled it (its last field) and no executor
 -- (an empty lock value): the executor of that claim, stalled rather than
 -- gone, finds the key no longer its own when it wakes and stores nothing
@@ -34,9 +34,9 @@
 -- anew since the operator looked: that claim may be running, stalled past
 -- its lease).
 local rec = redis.pcall('GET', KEYS[1])
-local st, fp, o, rest, s
+local st, fp, o, f, n, p, q, w, s
 if type(rec) == 'string' then
-  st, fp, o, rest, s = string.match(rec, '^(%l+) ([^ ]*) ([^ ]*) (%d* %d* [^ ]* %d* %d*) ([^ \n]*)\n')
+  st, fp, o, f, n, p, q, w, s = readRecord(rec)
   if not st then
     return 'corrupt'
   end
@@ -78,15 +78,15 @@ if ARGV[1] == 'forget' then
   -- rather than a form's token coming back to life hours later.
   -- DEL first: under maxmemory a script that has written may grow memory.
   redis.call('DEL', KEYS[1])
-  redis.call('SET', KEYS[1], 'forgotten        ' .. mark .. '\n', 'PX', ttl)
+  redis.call('SET', KEYS[1], recordLine('forgotten', '', '', '', '', '', '', '', mark), 'PX', ttl)
 else
   if ARGV[8] ~= '' and ARGV[8] ~= fp then
     return 'mismatch'
   end
   -- The fence and the executions stay; the executor goes. SET first: under
   -- maxmemory it is refused before anything else ran.
-  redis.call('SET', KEYS[1], ARGV[4] .. ' ' .. fp .. '  ' .. rest .. ' ' .. mark .. '\n' ..
-    ARGV[5] .. ' ' .. #ARGV[6] .. '\n' .. ARGV[6] .. ARGV[7], 'PX', ttl)
+  redis.call('SET', KEYS[1], recordLine(ARGV[4], fp, '', f, n, p, q, w, mark) .. answerText(ARGV[5], ARGV[6], ARGV[7]),
+    'PX', ttl)
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('PUBLISH', KEYS[3], 'settled')

@@ -171,7 +171,7 @@ func Do[T any](ctx context.Context, m *Middleware, key Key, fn func(ctx context.
 		}
 		c.id = identityOfKind('f', key.Scope, key.ID)
 		c.fp = inputFingerprint(key.Input)
-		return m.settle(c)
+		return m.throughKey(c)
 	})
 	if cfg.outcome != nil {
 		*cfg.outcome = v.outcome

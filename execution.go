@@ -108,9 +108,9 @@ var executionKey = &contextKey{"execution"}
 // released reports whether the work gave its key up with Release.
 func (e *execution) released() bool { return e.state.Load() == execReleased }
 
-// settle ends the handler's say in what becomes of its answer: a Release
-// after it returned takes no effect.
-func (e *execution) settle() {
+// closeRelease ends the handler's say in what becomes of its answer: a
+// Release after it returned takes no effect.
+func (e *execution) closeRelease() {
 	e.state.CompareAndSwap(execRunning, execDecided)
 }
 

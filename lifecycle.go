@@ -122,9 +122,9 @@ type runner interface {
 func (l *lease) execute(c *call) verdict {
 	ctx, x := l.startRun(c)
 	defer l.endRun()
-	returned, settled := false, false
+	returned, ruled := false, false
 	defer func() {
-		if settled {
+		if ruled {
 			return
 		}
 		fate, why := releaseRule(runEnd{panicked: true, committed: returned || c.work.committed(),
@@ -137,9 +137,9 @@ func (l *lease) execute(c *call) verdict {
 	}()
 	rec := c.work.run(ctx, x)
 	returned = true
-	x.settle() // a Release from now on takes no effect
-	v := l.settle(c, x, cutOff(ctx), rec, c.work.decide(x))
-	settled = true
+	x.closeRelease() // a Release from now on takes no effect
+	v := l.applyReleaseRule(c, x, cutOff(ctx), rec, c.work.decide(x))
+	ruled = true
 	return v
 }
 
@@ -205,8 +205,9 @@ func cutOff(ctx context.Context) error {
 	return context.Cause(ctx)
 }
 
-// settle applies the release rule (releaserule.go) to a run that returned.
-func (l *lease) settle(c *call, x *execution, cut error, rec *record, d StoreDecision) verdict {
+// applyReleaseRule applies the release rule (releaserule.go) to a run that
+// returned.
+func (l *lease) applyReleaseRule(c *call, x *execution, cut error, rec *record, d StoreDecision) verdict {
 	fate, why := releaseRule(runEnd{cut: cut, released: x.released(), policyReleases: d.Release,
 		tookEffect: x.tookEffect(), lostStep: l.steps != nil && l.steps.lostStep(), succeeded: c.work.succeeded()})
 	switch fate {

@@ -54,13 +54,13 @@ func (m *Middleware) decide(c *call, extract KeyExtractor) verdict {
 	if m.nestedOnSameRecord(c) {
 		return m.runUnprotected(c, nil)
 	}
-	return m.settle(c)
+	return m.throughKey(c)
 }
 
-// settle decides an identified call: an HTTP request, or a function call
-// (Do). From here on both are the same protocol; only c.work, the handler
+// throughKey takes an identified call through its key: an HTTP request,
+// or a function call (Do). From here on both are the same protocol; only c.work, the handler
 // or the function that the lease runs, differs.
-func (m *Middleware) settle(c *call) verdict {
+func (m *Middleware) throughKey(c *call) verdict {
 	for {
 		if v := m.fromCache(c); v.decided() {
 			return v

@@ -18,46 +18,73 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// A failover under Sentinel, through go-redis's FailoverClient, of two
+// A failover under Sentinel, through go-redis's FailoverClient, of three
 // kinds. Killed: the primary is killed with SIGKILL mid-traffic, Sentinel
-// promotes the replica, a supervisor restarts the dead server as the new
-// primary's replica. Planned: an operator's SENTINEL FAILOVER; the old
-// primary stays up and takes writes until the clients switch, then
-// Sentinel makes it the new primary's replica, which wipes what it took
-// meanwhile. Either way the traffic goes on. With WithReplicaAcks no key
-// runs twice, and every answer stored before the failover is replayed
-// after it. Without, a claim that the old primary acknowledged and the new
-// one never got is lost, and a retry of its key runs again: the test counts
-// how often that happened ([docs/redis.md#sentinel]).
+// promotes a replica, and with one replica a supervisor restarts the dead
+// server as the new primary's replica. Planned: an operator's SENTINEL
+// FAILOVER; the old primary stays up and takes writes until the clients
+// switch, then Sentinel makes it the new primary's replica, which wipes
+// what it took meanwhile. Split: the network between the primary and the
+// Sentinels and replicas is cut; the callers, on the primary's side, keep
+// writing to it until the Sentinels tell them of the new primary; then the
+// network heals, and Sentinel makes the old primary a replica, as after a
+// planned failover. Either way the traffic goes on, and every answer
+// stored before the failover is replayed after it. A claim that the old
+// primary acknowledged and the new one never got is lost, and a retry of
+// its key runs again. WithReplicaAcks rules that out where no replica but
+// the promoted one can acknowledge the old primary's claims (once, below);
+// elsewhere the test counts how often it happened, and in every case how
+// long requests were refused 503 ([docs/redis.md#sentinel]).
 func TestSentinelFailover(t *testing.T) {
+	const (
+		killed = iota
+		planned
+		split
+	)
 	for _, tc := range []struct {
-		name          string
-		planned, acks bool
+		name     string
+		failover int
+		replicas int
+		acks     int // WithReplicaAcks(acks, 500ms); 0: without
+		// once: no key runs twice. A claim that only a replica which is
+		// not promoted acknowledged is lost: with two replicas and one
+		// acknowledgement, a planned failover leaves the old primary a
+		// replica that acknowledges it until Sentinel turns that replica to
+		// the new primary, which wipes what it took; and a primary killed
+		// leaves such claims within the lag between the two replicas.
+		once bool
 	}{
-		{"killed/with replica acks", false, true},
-		{"killed/asynchronous", false, false},
-		{"planned/with replica acks", true, true},
-		{"planned/asynchronous", true, false},
+		{"killed/with replica acks", killed, 1, 1, true},
+		{"killed/asynchronous", killed, 1, 0, false},
+		{"killed/two replicas/with replica acks", killed, 2, 1, false},
+		{"planned/with replica acks", planned, 1, 1, true},
+		{"planned/asynchronous", planned, 1, 0, false},
+		{"planned/two replicas/with replica acks", planned, 2, 1, false},
+		{"planned/two replicas/with two replica acks", planned, 2, 2, true},
+		// Both replicas are on the Sentinels' side of the split.
+		{"split/two replicas/with replica acks", split, 2, 1, true},
+		{"split/two replicas/asynchronous", split, 2, 0, false},
 	} {
-		acks := tc.acks
+		acks := tc.acks > 0
 		t.Run(tc.name, func(t *testing.T) {
-			set := redistest.Sentinel(t)
-			rdb := set.Client(t)
+			set := redistest.SentinelWith(t, redistest.SentinelOptions{Replicas: tc.replicas,
+				Splittable: tc.failover == split})
+			rdb := set.PrimarySideClient(t)
 			sentinel := redis.NewClient(&redis.Options{Addr: set.Sentinels[0].Addr()})
 			server, _ := redistest.Version(t.Context(), rdb)
 			sv, _ := redistest.Version(t.Context(), sentinel)
 			sentinel.Close()
-			t.Logf("primary and replica: %s; Sentinels: %s", server, sv)
+			t.Logf("primary and %d replicas: %s; Sentinels: %s", tc.replicas, server, sv)
 			// The kill makes stores fail and retry in the background; they are
 			// expected, and not worth a log line each.
 			opts := []Option{WithKeyPrefix("sentinel"), WithLogger(slog.New(slog.DiscardHandler)),
 				WithScope(func(*http.Request) (string, error) { return "sentinel", nil })}
 			if acks {
-				opts = append(opts, WithReplicaAcks(1, 500*time.Millisecond))
+				opts = append(opts, WithReplicaAcks(tc.acks, 500*time.Millisecond))
 			}
 			f := newFailoverTraffic(t, rdb, opts)
 			callers := 8
-			if tc.planned && !acks {
+			if tc.failover != killed && !acks {
 				// Every key the old primary took after the failover began
 				// runs again: fewer callers keep the final pass short.
 				callers = 2
@@ -69,28 +96,34 @@ func TestSentinelFailover(t *testing.T) {
 			// replication stream, so the replica has them all.
 			require.Eventually(t, func() bool { return f.completed() >= 40 }, 20*time.Second, 10*time.Millisecond,
 				"traffic flows before the kill")
-			checkpointed := f.checkpoint(set.Primary)
+			checkpointed := f.checkpoint(set.Primary, tc.replicas)
 
-			// Mid-traffic, the primary dies, or the operator fails over.
-			old := set.Primary.Addr()
-			inFlight := f.inFlight()
+			// Mid-traffic, the primary dies, or the operator fails over, or
+			// the network splits the primary off.
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 			defer cancel()
-			if tc.planned {
+			old, err := set.Master(ctx) // behind the Link, in a split
+			require.NoError(t, err)
+			inFlight := f.inFlight()
+			began := time.Now()
+			switch tc.failover {
+			case planned:
 				s := redis.NewClient(&redis.Options{Addr: set.Sentinels[0].Addr()})
 				require.NoError(t, s.Do(ctx, "SENTINEL", "FAILOVER", set.Name).Err())
 				s.Close()
-			} else {
+			case killed:
 				require.NoError(t, set.Primary.Signal(syscall.SIGKILL))
+			case split:
+				set.Link.StartBlackhole()
 			}
-			began := time.Now()
 			promoted, err := set.AwaitFailover(ctx, old)
 			require.NoError(t, err)
 			took := time.Since(began)
-			if !tc.planned {
+			if tc.failover == killed && tc.replicas == 1 {
 				// The supervisor restarts the dead server, as a replica of
 				// the new primary: WithReplicaAcks needs one again. (Sentinel
-				// demotes a primary that a planned failover left up itself.)
+				// demotes a primary that a planned failover left up itself,
+				// and with two replicas the new primary has one still.)
 				redistest.RestartAsReplica(t, set.Primary, promoted)
 			}
 			after := f.completed()
@@ -98,10 +131,27 @@ func TestSentinelFailover(t *testing.T) {
 				"traffic flows on the promoted primary")
 			flowing := time.Since(began)
 			f.stop()
+			refused, firstRefused, lastRefused := f.refusedSince(began)
+			demoted := time.Duration(0)
+			if tc.failover == split {
+				// The network heals; Sentinel makes the old primary a
+				// replica of the new one, which wipes what it took while
+				// split off.
+				healed := time.Now()
+				set.Link.EndBlackhole()
+				old := set.Primary.Client(t)
+				require.Eventually(t, func() bool {
+					role, err := old.Do(t.Context(), "ROLE").Slice()
+					return err == nil && len(role) > 0 && role[0] == "slave"
+				}, 30*time.Second, 50*time.Millisecond, "Sentinel demotes the old primary once the split heals")
+				demoted = time.Since(healed)
+			}
 
 			// Every answer, asked again through a fresh instance (no
 			// response cache) on the promoted primary.
-			again := newShopOn(t, rdb, opts...)
+			// A key whose claim outlived its answer is in progress: a short
+			// wait for it keeps the pass short.
+			again := newShopOn(t, rdb, slices.Concat(opts, []Option{WithWaitTimeout(200 * time.Millisecond)})...)
 			again.handler = f.handler
 			c := again.client()
 			replayed, interrupted := 0, 0
@@ -118,7 +168,7 @@ func TestSentinelFailover(t *testing.T) {
 					require.True(t, strings.Contains(a.body, "#problem-interrupted") ||
 						strings.Contains(a.body, "#problem-in-progress"), "key %s: %s", key, a.body)
 					interrupted++
-				case !acks && a.status == http.StatusCreated:
+				case !tc.once && a.status == http.StatusCreated:
 					// Ran again: counted below.
 				default:
 					t.Fatalf("key %s (checkpointed %v): %d %s", key, checkpointed[key], a.status, a.body)
@@ -126,16 +176,23 @@ func TestSentinelFailover(t *testing.T) {
 			}
 			twice := f.ranTwice()
 			t.Logf("%s: Sentinel named the new primary %v after the failover began, 40 more keys answered by %v; "+
+				"%d answers 503, from %v to %v after it began; "+
 				"%d keys answered, %d of them checkpointed before the failover, "+
 				"%d in flight then; asked again after the failover: %d replayed, %d interrupted or in progress "+
 				"(claimed, answer not replicated); %d ran twice %v", tc.name,
-				took.Round(10*time.Millisecond), flowing.Round(10*time.Millisecond), len(f.answers), len(checkpointed),
+				took.Round(10*time.Millisecond), flowing.Round(10*time.Millisecond),
+				refused, firstRefused.Round(10*time.Millisecond), lastRefused.Round(10*time.Millisecond),
+				len(f.answers), len(checkpointed),
 				len(inFlight), replayed, interrupted, len(twice), twice[:min(len(twice), 10)])
+			if tc.failover == split {
+				t.Logf("%s: the old primary was a replica %v after the split healed", tc.name,
+					demoted.Round(10*time.Millisecond))
+			}
 			for key := range checkpointed {
 				require.Contains(t, f.answers, key)
 			}
-			if acks {
-				require.Empty(t, twice, "with replica acks no key runs twice")
+			if tc.once {
+				require.Empty(t, twice, "no key runs twice")
 			}
 			require.Empty(t, f.unexpected(), "every answer was a 201, a 503 or a 409")
 		})
@@ -156,6 +213,7 @@ type failoverTraffic struct {
 	answers map[string]string // a key's first 201 body
 	current map[int]string    // what each caller is sending now
 	odd     []string          // answers that are neither 201, 503 nor 409
+	refused []time.Time       // when each 503 came
 	done    atomic.Int64
 	halt    chan struct{}
 	wg      sync.WaitGroup
@@ -226,6 +284,11 @@ func (f *failoverTraffic) caller(id int) {
 				f.mu.Unlock()
 				break
 			}
+			if err == nil && a.status == http.StatusServiceUnavailable {
+				f.mu.Lock()
+				f.refused = append(f.refused, time.Now())
+				f.mu.Unlock()
+			}
 			time.Sleep(20 * time.Millisecond) // Redis is failing over
 		}
 	}
@@ -260,11 +323,12 @@ func (f *failoverTraffic) inFlight() []string {
 	return keys
 }
 
-// checkpoint makes sure that the replica has the stored answer of every
+// checkpoint makes sure that every replica has the stored answer of every
 // key answered so far: it waits until each record is stored on the
-// primary, then writes and waits for the replica to acknowledge that write,
-// which the replication stream carries after them. It returns those keys.
-func (f *failoverTraffic) checkpoint(primary *redistest.Server) map[string]bool {
+// primary, then writes and waits for the replicas to acknowledge that
+// write, which the replication stream carries after them. It returns those
+// keys.
+func (f *failoverTraffic) checkpoint(primary *redistest.Server, replicas int) map[string]bool {
 	f.t.Helper()
 	f.mu.Lock()
 	keys := map[string]bool{}
@@ -281,8 +345,26 @@ func (f *failoverTraffic) checkpoint(primary *redistest.Server) map[string]bool 
 			5*time.Millisecond, "key %s is stored", k)
 	}
 	require.NoError(f.t, c.Set(ctx, "sentinel-checkpoint", "1", time.Minute).Err())
-	require.EqualValues(f.t, 1, c.Wait(ctx, 1, 5*time.Second).Val(), "the replica acknowledges the checkpoint")
+	require.EqualValues(f.t, replicas, c.Wait(ctx, replicas, 5*time.Second).Val(), "the replicas acknowledge the checkpoint")
 	return keys
+}
+
+// refusedSince counts the 503 answers since t, and says when the first
+// and the last came, after t.
+func (f *failoverTraffic) refusedSince(t time.Time) (n int, first, last time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, at := range f.refused {
+		if at.Before(t) {
+			continue
+		}
+		if n == 0 {
+			first = at.Sub(t)
+		}
+		n++
+		last = at.Sub(t)
+	}
+	return n, first, last
 }
 
 // keys are the keys that got a 201, in order.

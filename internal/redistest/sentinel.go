@@ -15,27 +15,50 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// SentinelSet is a primary, a replica of it and three Sentinels that
-// monitor them, all private to one test, on loopback. The Sentinels judge
-// the primary down after a second without an answer, and two of them
-// agreeing is enough to fail over to the replica.
+// SentinelSet is a primary, its replicas and three Sentinels that monitor
+// them, all private to one test, on loopback. The Sentinels judge the
+// primary down after a second without an answer, and two of them agreeing
+// is enough to fail over to a replica.
 type SentinelSet struct {
 	Name      string // the primary's name in the Sentinels' configuration
 	Primary   *Server
-	Replica   *Server
+	Replica   *Server   // the first of Replicas
+	Replicas  []*Server // in the order they were started
 	Sentinels []*Server
+	// Link, in a set started with SentinelOptions.Splittable, is the
+	// network between the primary and the rest of the set: the Sentinels
+	// and the replicas reach the primary through it, and its StartBlackhole
+	// splits the primary off. Nil otherwise.
+	Link *Proxy
+}
+
+// SentinelOptions shape a SentinelSet.
+type SentinelOptions struct {
+	// Replicas is how many replicas the primary has (default 1).
+	Replicas int
+	// Splittable puts a proxy, Link, between the primary and the Sentinels
+	// and replicas, so that a test can split the primary off while clients
+	// made by PrimarySideClient still reach it.
+	Splittable bool
 }
 
 // SentinelDownAfter is how long the Sentinels of a SentinelSet wait for a
 // primary that does not answer before they judge it down.
 const SentinelDownAfter = time.Second
 
-// Sentinel starts a SentinelSet and returns once each Sentinel knows the
-// replica and the other two Sentinels, and the replica acknowledges the
-// primary's writes: from then on a failover can happen. Everything is
-// stopped when t ends. Without a Sentinel program (SentinelCommand) the
-// test is skipped, unless real Redis is required.
+// Sentinel starts a SentinelSet with one replica: SentinelWith with the
+// default options.
 func Sentinel(t testing.TB) *SentinelSet {
+	t.Helper()
+	return SentinelWith(t, SentinelOptions{})
+}
+
+// SentinelWith starts a SentinelSet and returns once each Sentinel knows
+// every replica and the other two Sentinels, and every replica
+// acknowledges the primary's writes: from then on a failover can happen.
+// Everything is stopped when t ends. Without a Sentinel program
+// (SentinelCommand) the test is skipped, unless real Redis is required.
+func SentinelWith(t testing.TB, opts SentinelOptions) *SentinelSet {
 	t.Helper()
 	program, _ := SentinelCommand()
 	if _, err := exec.LookPath(program); err != nil {
@@ -43,6 +66,9 @@ func Sentinel(t testing.TB) *SentinelSet {
 	}
 	if _, err := exec.LookPath(ServerCommand()); err != nil {
 		requireOrSkip(t, ServerCommand()+" is not on PATH, so no Sentinel")
+	}
+	if opts.Replicas < 1 {
+		opts.Replicas = 1
 	}
 	set := &SentinelSet{Name: "idempotency"}
 	var err error
@@ -52,12 +78,32 @@ func Sentinel(t testing.TB) *SentinelSet {
 		t.Fatalf("redistest: %v", err)
 	}
 	t.Cleanup(set.Primary.Stop)
-	if set.Replica, err = StartReplica(set.Primary.Addr()); err != nil {
-		t.Fatalf("redistest: %v", err)
+	// The address by which the Sentinels and replicas know the primary.
+	reach := set.Primary.Addr()
+	if opts.Splittable {
+		set.Link = NewProxy(t, set.Primary.Addr())
+		reach = set.Link.Addr()
+		// Once demoted, the old primary names itself to its new primary,
+		// and so to the Sentinels, by the address they reach it by.
+		_, port, _ := net.SplitHostPort(reach)
+		c := redis.NewClient(&redis.Options{Addr: set.Primary.Addr()})
+		err := c.ConfigSet(context.Background(), "replica-announce-port", port).Err()
+		c.Close()
+		if err != nil {
+			t.Fatalf("redistest: %v", err)
+		}
 	}
-	t.Cleanup(set.Replica.Stop)
+	for range opts.Replicas {
+		r, err := StartReplica(reach)
+		if err != nil {
+			t.Fatalf("redistest: %v", err)
+		}
+		t.Cleanup(r.Stop)
+		set.Replicas = append(set.Replicas, r)
+	}
+	set.Replica = set.Replicas[0]
 	for range 3 {
-		s, err := startSentinel(set.Name, set.Primary.Addr())
+		s, err := startSentinel(set.Name, reach)
 		if err != nil {
 			t.Fatalf("redistest: %v", err)
 		}
@@ -167,6 +213,33 @@ func (s *SentinelSet) Client(t testing.TB) *redis.Client {
 	return c
 }
 
+// PrimarySideClient is Client for a client on the primary's side of a
+// split: asked for the primary's address behind Link, it dials the primary
+// itself, so it keeps reaching the primary while Link is cut, and follows
+// the Sentinels like any FailoverClient when they name another. Without
+// Link it is Client.
+func (s *SentinelSet) PrimarySideClient(t testing.TB) *redis.Client {
+	if s.Link == nil {
+		return s.Client(t)
+	}
+	behind, primary := s.Link.Addr(), s.Primary.Addr()
+	dialer := &net.Dialer{Timeout: time.Second}
+	c := redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName:            s.Name,
+		SentinelAddrs:         s.Addrs(),
+		ContextTimeoutEnabled: true,
+		DialTimeout:           time.Second,
+		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if addr == behind {
+				addr = primary
+			}
+			return dialer.DialContext(ctx, network, addr)
+		},
+	})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // Master is the primary's address as the Sentinels name it, when a
 // majority of them agree.
 func (s *SentinelSet) Master(ctx context.Context) (string, error) {
@@ -208,8 +281,8 @@ func (s *SentinelSet) AwaitFailover(ctx context.Context, old string) (string, er
 	}
 }
 
-// awaitReady waits until every Sentinel sees the primary up, with one
-// replica and two other Sentinels, and the replica acknowledges writes.
+// awaitReady waits until every Sentinel sees the primary up, with its
+// replicas and two other Sentinels, and every replica acknowledges writes.
 func (s *SentinelSet) awaitReady(limit time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
@@ -218,7 +291,7 @@ func (s *SentinelSet) awaitReady(limit time.Duration) error {
 		c := redis.NewSentinelClient(&redis.Options{Addr: sn.Addr(), MaxRetries: -1})
 		for {
 			m, err := c.Master(ctx, s.Name).Result()
-			if err == nil && m["flags"] == "master" && m["num-slaves"] == "1" && m["num-other-sentinels"] == "2" {
+			if err == nil && m["flags"] == "master" && m["num-slaves"] == strconv.Itoa(len(s.Replicas)) && m["num-other-sentinels"] == "2" {
 				break
 			}
 			last = fmt.Sprintf("Sentinel %s: %v %v", sn.Addr(), m, err)
@@ -237,12 +310,12 @@ func (s *SentinelSet) awaitReady(limit time.Duration) error {
 	defer c.Close()
 	for {
 		if c.Set(ctx, "redistest-replica-probe", "1", time.Minute).Err() == nil &&
-			c.Wait(ctx, 1, 100*time.Millisecond).Val() == 1 {
+			c.Wait(ctx, len(s.Replicas), 100*time.Millisecond).Val() == int64(len(s.Replicas)) {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("the replica never acknowledged a write")
+			return fmt.Errorf("the replicas never all acknowledged a write")
 		case <-time.After(20 * time.Millisecond):
 		}
 	}

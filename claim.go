@@ -143,7 +143,7 @@ func (m *Middleware) claimKey(c *call, l *lease) (claim, error) {
 	if m.cfg.replicaAcks > 0 {
 		return m.claimReplicated(ctx, c, l)
 	}
-	return m.store.claim(ctx, l.k, l.token, l.fpText)
+	return m.store.claim(ctx, l.k, l.lockValue, l.fpText)
 }
 
 // acquire claims the key, waiting while another executor holds its lock,
@@ -205,9 +205,10 @@ func (m *Middleware) acquire(c *call, k keys) (*lease, claim, error) {
 	}
 }
 
-// lockToken is a fresh lock value: 16 random bytes, base64url. crypto/rand
-// never fails (it crashes the program rather than return short).
-func lockToken() string {
+// newLockValue is a fresh lock value: 16 random bytes, base64url.
+// crypto/rand never fails (it crashes the program rather than return
+// short).
+func newLockValue() string {
 	var b [16]byte
 	rand.Read(b[:])
 	return base64.RawURLEncoding.EncodeToString(b[:])

@@ -395,13 +395,13 @@ func TestEveryQueuedUndoIsDone(t *testing.T) {
 		k := m.redisKeys(c)
 		lock, err := newTestLock()
 		require.NoError(t, err)
-		cl, err := m.store.claim(context.Background(), k, lock.Token(), "fp")
+		cl, err := m.store.claim(context.Background(), k, lock.Value(), "fp")
 		require.NoError(t, err)
 		require.Equal(t, outcomeClaimed, cl.outcome)
-		claimed, values = append(claimed, k), append(values, lock.Token())
+		claimed, values = append(claimed, k), append(values, lock.Value())
 	}
 	for i, k := range claimed {
-		(&lease{m: m, k: k, token: values[i]}).releaseLater()
+		(&lease{m: m, k: k, lockValue: values[i]}).releaseLater()
 	}
 	require.Eventually(t, func() bool {
 		for _, k := range claimed {

@@ -205,7 +205,7 @@ func (j *journal) ask(ctx context.Context, entry []byte) (runProof, error) {
 		}
 		sent := time.Now() // Redis read the lock's time left after this
 		step, cancel := l.m.store.stepContext(ctx)
-		p, err = l.m.store.journal(step, l.k, l.token, entry, j.size)
+		p, err = l.m.store.journal(step, l.k, l.lockValue, entry, j.size)
 		cancel()
 		if err == nil {
 			j.proven(sent, p)

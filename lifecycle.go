@@ -62,14 +62,14 @@ import (
 // claim's start: a claim that did not claim (a replay, a refusal) took no
 // lock, and costs no timer.
 type lease struct {
-	m      *Middleware
-	k      keys
-	token  string    // the lock's value, which the scripts check
-	wd     *watchdog // nil until watch
-	began  time.Time // when the claim that took the lock was sent
-	fpText string    // the claiming request's fingerprint, as the scripts take it
-	fence  uint64    // the claim's fencing token, once claimed
-	steps  *journal  // a resumable run's journal (WithResume), once claimed
+	m         *Middleware
+	k         keys
+	lockValue string    // the lock's value, which the scripts check
+	wd        *watchdog // nil until watch
+	began     time.Time // when the claim that took the lock was sent
+	fpText    string    // the claiming request's fingerprint, as the scripts take it
+	fence     uint64    // the claim's fencing token, once claimed
+	steps     *journal  // a resumable run's journal (WithResume), once claimed
 
 	// The run's context: cancelled with ErrLockLost or, by its timer, with
 	// ErrExecutionTimeout.
@@ -80,7 +80,7 @@ type lease struct {
 // newLease is the lease a claim sent at began tries to take under a fresh
 // lock value.
 func (m *Middleware) newLease(k keys, fp string, began time.Time) *lease {
-	return &lease{m: m, k: k, token: lockToken(), fpText: fp, began: began}
+	return &lease{m: m, k: k, lockValue: newLockValue(), fpText: fp, began: began}
 }
 
 // watch starts the lease's watchdog, counting from the claim.
@@ -94,7 +94,7 @@ func (l *lease) watch() {
 
 // renew renews the lease's lock (see renewer).
 func (l *lease) renew(ctx context.Context, retake bool) (bool, error) {
-	return l.m.store.renew(ctx, l.k, l.token, retake)
+	return l.m.store.renew(ctx, l.k, l.lockValue, retake)
 }
 
 // A runner runs a call's work: a handler (handlerRun) or a function
@@ -256,7 +256,7 @@ func (l *lease) complete(ctx context.Context, rec *record, ttl time.Duration) (h
 			time.Sleep(pause)
 		}
 		step, cancel := l.m.store.stepContext(ctx)
-		how, err = l.m.store.complete(step, l.k, &l.token, l.fpText, l.fence, rec, ttl)
+		how, err = l.m.store.complete(step, l.k, &l.lockValue, l.fpText, l.fence, rec, ttl)
 		cancel()
 		if err == nil || errors.Is(err, ErrLockLost) {
 			return how, err
@@ -271,7 +271,7 @@ func (l *lease) complete(ctx context.Context, rec *record, ttl time.Duration) (h
 func (l *lease) release(ctx context.Context) {
 	l.end()
 	step, cancel := l.m.store.stepContext(ctx)
-	err := l.m.store.release(step, l.k, l.token)
+	err := l.m.store.release(step, l.k, l.lockValue)
 	cancel()
 	if err != nil {
 		l.releaseLater()
@@ -288,7 +288,7 @@ func (l *lease) release(ctx context.Context) {
 func (l *lease) releaseLater() {
 	l.end()
 	l.m.later.add(l.k, "release", 0, time.Time{}, func(ctx context.Context) error {
-		return l.m.store.release(ctx, l.k, l.token)
+		return l.m.store.release(ctx, l.k, l.lockValue)
 	})
 }
 
@@ -311,7 +311,7 @@ func (l *lease) storeLater(rec *record, ttl time.Duration) {
 		size = rec.size()
 	}
 	l.m.later.add(l.k, "store", size, l.laterDeadline(), func(ctx context.Context) error {
-		_, err := l.m.store.complete(ctx, l.k, &l.token, l.fpText, l.fence, rec, ttl)
+		_, err := l.m.store.complete(ctx, l.k, &l.lockValue, l.fpText, l.fence, rec, ttl)
 		if errors.Is(err, ErrLockLost) {
 			return nil // another executor owns the key: nothing of ours to store
 		}
@@ -326,7 +326,7 @@ func (l *lease) storeLater(rec *record, ttl time.Duration) {
 func (l *lease) keep(why error) verdict {
 	l.end()
 	ctx, cancel := l.m.store.stepContext(context.Background())
-	if err := l.m.store.keep(ctx, l.k, l.token); err != nil {
+	if err := l.m.store.keep(ctx, l.k, l.lockValue); err != nil {
 		// Unmarked, the key reads in progress until the claim horizon
 		// has passed, and interrupted then.
 		l.letGo()
@@ -373,7 +373,7 @@ func (l *lease) resumeFrom(handed *string) verdict {
 func (l *lease) letGo() {
 	ctx, cancel := l.m.store.stepContext(context.Background())
 	defer cancel()
-	l.m.store.unlock(ctx, l.k, l.token)
+	l.m.store.unlock(ctx, l.k, l.lockValue)
 }
 
 // end stops renewing the lock. Every transition ends the lease; ending it

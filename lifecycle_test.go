@@ -189,12 +189,12 @@ func TestUndoingATakeoverHandsTheKeyBack(t *testing.T) {
 	stalled, c := crashAfterClaim(t, s, k, "fp")
 	lock, err := newTestLock()
 	require.NoError(t, err)
-	taken, err := s.idem.store.claim(t.Context(), k, lock.Token(), "fp")
+	taken, err := s.idem.store.claim(t.Context(), k, lock.Value(), "fp")
 	require.NoError(t, err)
 	require.Equal(t, outcomeClaimed, taken.outcome)
 	require.True(t, taken.retaken)
 
-	require.NoError(t, s.idem.store.release(t.Context(), k, lock.Token()))
+	require.NoError(t, s.idem.store.release(t.Context(), k, lock.Value()))
 	got, err := redistest.ReadRecord(t.Context(), s.rdb, k.record)
 	require.NoError(t, err)
 	require.Equal(t, []string{"run", stalled, strconv.FormatUint(c.fence, 10)}, []string{got.State, got.Owner, got.Fence},

@@ -38,7 +38,7 @@ func runningPayment(t *testing.T, s *shop, key string) keys {
 	live := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix), WithLockLease(time.Minute)).store
 	lock, err := newTestLock()
 	require.NoError(t, err)
-	c, err := live.claim(t.Context(), k, lock.Token(), "fp")
+	c, err := live.claim(t.Context(), k, lock.Value(), "fp")
 	require.NoError(t, err)
 	require.Equal(t, outcomeClaimed, c.outcome)
 	return k

@@ -445,7 +445,7 @@ func newConfig(opts []Option) config {
 
 // validToken reports whether s is an HTTP token (RFC 9110), as a header
 // name must be.
-func validToken(s string) bool {
+func isHTTPToken(s string) bool {
 	for i := 0; i < len(s); i++ {
 		ch := s[i]
 		if ch <= ' ' || ch >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, ch) >= 0 {
@@ -490,7 +490,7 @@ func (c *config) validate() error {
 		return fmt.Errorf("max key length %d is outside 1..4096", c.maxKeyLen)
 	case c.replicaAcks < 0 || (c.replicaAcks > 0 && c.replicaWait <= 0):
 		return fmt.Errorf("replica acks %d need a positive timeout, got %v", c.replicaAcks, c.replicaWait)
-	case c.expiryHeader != "" && !validToken(c.expiryHeader):
+	case c.expiryHeader != "" && !isHTTPToken(c.expiryHeader):
 		return fmt.Errorf("WithExpiryHeader(%q) is not a header name", c.expiryHeader)
 	case c.unprotected[""]:
 		return fmt.Errorf("WithUnprotectedMethods names an empty method")
@@ -501,12 +501,12 @@ func (c *config) validate() error {
 			"Redis is unreachable commits its writes without an outcome, and its retry runs them again")
 	case c.sessionCookie == "" || c.formField == "":
 		return fmt.Errorf("session cookie and form field names must not be empty")
-	case !validToken(c.sessionCookie):
+	case !isHTTPToken(c.sessionCookie):
 		return fmt.Errorf("session cookie name %q is not a cookie name", c.sessionCookie)
 	case prefixedCookie(c.sessionCookie) && c.secureCookieSet && !c.secureCookie:
 		return fmt.Errorf("WithSecureCookie(false) with the session cookie %q: browsers refuse a cookie of "+
 			"that prefix without Secure, so no session would ever stick", c.sessionCookie)
-	case slices.ContainsFunc(c.callerHeaders, func(h string) bool { return !validToken(h) }):
+	case slices.ContainsFunc(c.callerHeaders, func(h string) bool { return !isHTTPToken(h) }):
 		return fmt.Errorf("WithCallerCredentials names a header that is not a header name: %q", c.callerHeaders)
 	}
 	return nil

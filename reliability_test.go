@@ -226,7 +226,7 @@ func staleExecutorTrial(ctx context.Context, rdb redis.UniversalClient, stale, f
 		if err != nil {
 			return fmt.Errorf("trial %d: the stale executor's lock: %w", trial, err)
 		}
-		sc, err := stale.claim(ctx, k, staleLock.Token(), "fp")
+		sc, err := stale.claim(ctx, k, staleLock.Value(), "fp")
 		if err != nil {
 			return fmt.Errorf("trial %d: the stale executor's claim: %w", trial, err)
 		}
@@ -250,7 +250,7 @@ func staleExecutorTrial(ctx context.Context, rdb redis.UniversalClient, stale, f
 			return fmt.Errorf("trial %d: the takeover's fencing token %d does not outrank the stale %d", trial, fc.fence, sc.fence)
 		}
 		staleWrite := func() error {
-			_, err := stale.completeWith(ctx, k, staleLock.Token(), fingerprintSum{}, 1, newRecord(500, nil, []byte("stale")), time.Hour)
+			_, err := stale.completeWith(ctx, k, staleLock.Value(), fingerprintSum{}, 1, newRecord(500, nil, []byte("stale")), time.Hour)
 			if !errors.Is(err, ErrLockLost) {
 				return fmt.Errorf("trial %d: the stale executor's write answered %v, want ErrLockLost", trial, err)
 			}
@@ -262,7 +262,7 @@ func staleExecutorTrial(ctx context.Context, rdb redis.UniversalClient, stale, f
 				return err
 			}
 		}
-		done, err := fresh.completeWith(ctx, k, freshLock.Token(), fingerprintSum{}, 1, newRecord(201, nil, []byte("fresh")), time.Hour)
+		done, err := fresh.completeWith(ctx, k, freshLock.Value(), fingerprintSum{}, 1, newRecord(201, nil, []byte("fresh")), time.Hour)
 		if err != nil || done != completed {
 			return fmt.Errorf("trial %d: the takeover's write: %v, %v", trial, done, err)
 		}
@@ -276,7 +276,7 @@ func staleExecutorTrial(ctx context.Context, rdb redis.UniversalClient, stale, f
 			return fmt.Errorf("trial %d: reading the record: %w", trial, err)
 		}
 		got := []string{rec.State, rec.Status, rec.Body, rec.Owner}
-		if want := []string{"done", "201", "fresh", freshLock.Token()}; fmt.Sprint(got) != fmt.Sprint(want) {
+		if want := []string{"done", "201", "fresh", freshLock.Value()}; fmt.Sprint(got) != fmt.Sprint(want) {
 			return fmt.Errorf("trial %d: the record holds %q, want the takeover's %q", trial, got, want)
 		}
 		return nil
@@ -292,7 +292,7 @@ func claimWhenFree(ctx context.Context, s *store, k keys) (testLock, claim, erro
 		if err != nil {
 			return "", claim{}, err
 		}
-		c, err := s.claim(ctx, k, lock.Token(), "fp")
+		c, err := s.claim(ctx, k, lock.Value(), "fp")
 		if err != nil || c.outcome != outcomeHeld {
 			return lock, c, err
 		}

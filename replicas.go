@@ -35,7 +35,7 @@ func (m *Middleware) claimReplicated(ctx context.Context, c *call, l *lease) (cl
 			end()
 		}
 	}()
-	cl, err := m.store.claimOn(ctx, conn, l.k, l.token, l.fpText)
+	cl, err := m.store.claimOn(ctx, conn, l.k, l.lockValue, l.fpText)
 	// During a reshard the slot's keys move to another master: MOVED when
 	// the slot has moved (this client's map is behind), ASK while it is
 	// moving and the keys are not here, TRYAGAIN while the claim's two keys
@@ -104,7 +104,7 @@ func (s *store) claimRedirected(ctx context.Context, conn *redis.Conn, l *lease,
 			return claim{}, err
 		}
 	}
-	return s.claimOn(ctx, conn, l.k, l.token, l.fpText)
+	return s.claimOn(ctx, conn, l.k, l.lockValue, l.fpText)
 }
 
 // redirection reads a Cluster's MOVED, ASK or TRYAGAIN error: its kind,

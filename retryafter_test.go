@@ -30,7 +30,7 @@ func TestRetryAfterACrashedOwnerIsTheTimeLeftToTheHorizon(t *testing.T) {
 	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "probe", `{}`).status)
 	probe, err := redistest.ReadRecord(ctx, s.rdb, clientKeys(s.idem.cfg.prefix, paymentID("probe")).record)
 	require.NoError(t, err)
-	cl, err := s.idem.store.claim(ctx, k, lock.Token(), probe.Fingerprint)
+	cl, err := s.idem.store.claim(ctx, k, lock.Value(), probe.Fingerprint)
 	require.NoError(t, err)
 	require.Equal(t, outcomeClaimed, cl.outcome)
 	require.NoError(t, s.rdb.Del(ctx, k.lock).Err()) // the owner crashed; its lease ran out
@@ -74,7 +74,7 @@ func TestRetryAfterOfAFollowerIsItsLeaders(t *testing.T) {
 	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "probe", `{}`).status)
 	probe, err := redistest.ReadRecord(ctx, s.rdb, clientKeys(s.idem.cfg.prefix, paymentID("probe")).record)
 	require.NoError(t, err)
-	cl, err := s.idem.store.claim(ctx, k, lock.Token(), probe.Fingerprint)
+	cl, err := s.idem.store.claim(ctx, k, lock.Value(), probe.Fingerprint)
 	require.NoError(t, err)
 	require.Equal(t, outcomeClaimed, cl.outcome)
 	require.NoError(t, s.rdb.Del(ctx, k.lock).Err()) // the owner crashed; its lease ran out

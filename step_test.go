@@ -265,7 +265,7 @@ func TestAFencedOutExecutorCannotJournal(t *testing.T) {
 
 	lock, err := newTestLock()
 	require.NoError(t, err)
-	c, err := m.store.claim(ctx, k, lock.Token(), "fp")
+	c, err := m.store.claim(ctx, k, lock.Value(), "fp")
 	require.NoError(t, err)
 	require.Equal(t, outcomeClaimed, c.outcome)
 	require.True(t, c.retaken)
@@ -275,10 +275,10 @@ func TestAFencedOutExecutorCannotJournal(t *testing.T) {
 	ok, err = m.store.journal(ctx, k, stale, appendEntry(nil, entryResult, "b", []byte("2")), len(*c.journal))
 	require.NoError(t, err)
 	require.Equal(t, 0, ok.owned, "the stale executor is fenced out")
-	ok, err = m.store.journal(ctx, k, lock.Token(), appendEntry(nil, entryResult, "b", []byte("3")), len(*c.journal))
+	ok, err = m.store.journal(ctx, k, lock.Value(), appendEntry(nil, entryResult, "b", []byte("3")), len(*c.journal))
 	require.NoError(t, err)
 	require.Equal(t, 1, ok.owned)
-	ok, err = m.store.journal(ctx, k, lock.Token(), appendEntry(nil, entryResult, "b", []byte("3")), len(*c.journal))
+	ok, err = m.store.journal(ctx, k, lock.Value(), appendEntry(nil, entryResult, "b", []byte("3")), len(*c.journal))
 	require.NoError(t, err)
 	require.Equal(t, 1, ok.owned, "a resend finds its entry written")
 	rec, err := redistest.ReadRecord(ctx, m.store.client, k.record)
@@ -296,13 +296,13 @@ func claimFor(t *testing.T, m *Middleware, k keys, fp string) string {
 	for range 100 {
 		lock, err := newTestLock()
 		require.NoError(t, err)
-		c, err := m.store.claim(t.Context(), k, lock.Token(), fp)
+		c, err := m.store.claim(t.Context(), k, lock.Value(), fp)
 		require.NoError(t, err)
 		if c.outcome == outcomeHeld {
 			continue // another executor's lock has not run out yet
 		}
 		require.Equal(t, outcomeClaimed, c.outcome)
-		return lock.Token()
+		return lock.Value()
 	}
 	t.Fatal("in 100 attempts no claim ran within its lease")
 	return ""

@@ -100,7 +100,7 @@ type claim struct {
 }
 
 // claim runs claim.lua, which takes the key's lock under lockValue (a fresh
-// random value, lockToken) when it claims. Only outcomeClaimed holds the
+// random value, newLockValue) when it claims. Only outcomeClaimed holds the
 // lock.
 //
 // On a Cluster whose slot is migrating, Redis answers TRYAGAIN while the

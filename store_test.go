@@ -194,7 +194,7 @@ func crashAfterClaim(t *testing.T, s *shop, k keys, fp string) (string, claim) {
 	for range 100 {
 		lock, err := newTestLock()
 		require.NoError(t, err)
-		c, err := s.idem.store.claim(ctx, k, lock.Token(), fp)
+		c, err := s.idem.store.claim(ctx, k, lock.Value(), fp)
 		require.NoError(t, err)
 		if c.outcome == outcomeHeld {
 			continue // the lock of an earlier attempt has not run out yet
@@ -207,7 +207,7 @@ func crashAfterClaim(t *testing.T, s *shop, k keys, fp string) (string, claim) {
 			// store. (A takeover does not wait for it.)
 			require.NoError(t, redistest.Age(ctx, s.rdb, k.record, time.Hour))
 		}
-		return lock.Token(), c
+		return lock.Value(), c
 	}
 	t.Fatal("in 100 attempts no claim ran within its lease")
 	return "", claim{}
@@ -248,10 +248,10 @@ func TestStaleExecutorCannotOverwrite(t *testing.T) {
 	fresh := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix), WithLockLease(time.Minute), WithRetryAbandoned()).store
 	lock, err := newTestLock()
 	require.NoError(t, err)
-	c, err := fresh.claim(ctx, k, lock.Token(), "fp")
+	c, err := fresh.claim(ctx, k, lock.Value(), "fp")
 	require.NoError(t, err)
 	require.Equal(t, outcomeClaimed, c.outcome, "the new executor took over")
-	_, err = fresh.completeWith(ctx, k, lock.Token(), fingerprintSum{}, 1, &record{status: 201, body: []byte("fresh")}, time.Hour)
+	_, err = fresh.completeWith(ctx, k, lock.Value(), fingerprintSum{}, 1, &record{status: 201, body: []byte("fresh")}, time.Hour)
 	require.NoError(t, err)
 
 	_, err = s.idem.store.completeWith(ctx, k, stale, fingerprintSum{}, 1, &record{status: 500, body: []byte("stale")}, time.Hour)
@@ -398,7 +398,7 @@ func TestResentClaimAfterAbandoned(t *testing.T) {
 	lock, err := newTestLock()
 	require.NoError(t, err)
 	for range 2 {
-		cl, err := s.idem.store.claim(ctx, k, lock.Token(), "fp")
+		cl, err := s.idem.store.claim(ctx, k, lock.Value(), "fp")
 		require.NoError(t, err)
 		require.Equal(t, outcomeAbandoned, cl.outcome)
 	}

@@ -5,8 +5,8 @@ package idempotency
 type testLock string
 
 func newTestLock() (testLock, error) {
-	return testLock(lockToken()), nil
+	return testLock(newLockValue()), nil
 }
 
-// Token is the lock value, which the scripts check.
-func (l testLock) Token() string { return string(l) }
+// Value is the lock value, which the scripts check.
+func (l testLock) Value() string { return string(l) }

@@ -146,13 +146,3 @@ func isSession(s string) bool {
 	_, err := uuid.Parse(s)
 	return err == nil
 }
-
-// newToken draws a version 4 UUID: 122 bits from crypto/rand, for a key
-// the client side makes up (Transport).
-func newToken() (string, error) {
-	id, err := uuid.NewRandom()
-	if err != nil {
-		return "", err
-	}
-	return id.String(), nil
-}

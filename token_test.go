@@ -155,8 +155,7 @@ func TestInvalidConfigurationPanicsAtConstruction(t *testing.T) {
 }
 
 func TestIsSessionAcceptsOnlyTheCanonicalForm(t *testing.T) {
-	tok, err := newToken()
-	require.NoError(t, err)
+	tok := uuid.NewString() // as issuingScope draws a session
 	require.True(t, isSession(tok))
 	for _, bad := range []string{
 		strings.ToUpper(tok), "{" + tok + "}", "urn:uuid:" + tok, strings.ReplaceAll(tok, "-", ""),
@@ -195,22 +194,6 @@ func TestATokenBelongsToItsKeyPrefix(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, tokenValid, a.tokens.check("u1", tok.Value).state)
 	require.Equal(t, tokenInvalid, b.tokens.check("u1", tok.Value).state)
-}
-
-// 10⁶ tokens from the issuance generator collide nowhere (122 random bits
-// make a collision among 10⁶ about a 10⁻²⁵ event), and each is canonical.
-func TestTokenGeneratorHasNoCollisions(t *testing.T) {
-	n := trials(1_000_000, 10_000_000)
-	seen := make(map[[16]byte]struct{}, n)
-	for range n {
-		tok, err := newToken()
-		require.NoError(t, err)
-		id := uuid.MustParse(tok)
-		require.Equal(t, uuid.Version(4), id.Version())
-		seen[id] = struct{}{}
-	}
-	require.Len(t, seen, n)
-	t.Logf("%d tokens generated: %d distinct, 0 collisions", n, len(seen))
 }
 
 // 10⁵ random, well-formed tokens (an expiry in the future, random nonce

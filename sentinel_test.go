@@ -142,7 +142,7 @@ func TestSentinelFailover(t *testing.T) {
 				old := set.Primary.Client(t)
 				require.Eventually(t, func() bool {
 					role, err := old.Do(t.Context(), "ROLE").Slice()
-					return err == nil && len(role) > 0 && role[0] == "slave"
+					return err == nil && len(role) > 0 && (role[0] == "slave" || role[0] == "replica")
 				}, 30*time.Second, 50*time.Millisecond, "Sentinel demotes the old primary once the split heals")
 				demoted = time.Since(healed)
 			}

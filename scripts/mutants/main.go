@@ -283,8 +283,8 @@ func (r *runner) faultCheck(m mutant) (rules []string, other string) {
 	checkFor := r.checkFor
 	args := []string{"-test.run=^" + m.checker() + "$", "-test.v", "-test.count=1", "-idem.first",
 		fmt.Sprintf("-idem.seed=%d", r.seed), fmt.Sprintf("-idem.duration=%v", checkFor)}
-	if m.faults != "" && !m.steps {
-		args = append(args, "-idem.faults="+m.faults)
+	if m.faults != "" {
+		args = append(args, "-idem.faults="+m.faults) // the steps checker's kinds, for a steps mutant
 	}
 	out, err := r.command(r.tree, checkFor+5*time.Minute, bin, args...)
 	rules = brokenRules(out)

@@ -212,7 +212,7 @@ var mutants = []mutant{
 		name: "step-proof-overstated", file: "lua/step.lua",
 		from: "if holder == ARGV[1] then\n    return redis.call('PTTL', KEYS[2])", to: "if holder == ARGV[1] then\n    return 60000",
 		breaks: "a journal write proves the run its key for longer than its lock lasts, and a paused executor runs a step after a takeover",
-		steps:  true, tests: "Paused|Proof|Proven|StepCost",
+		steps:  true, faults: "pause", tests: "Paused|Proof|Proven|StepCost",
 	},
 	{
 		name: "step-runs-again", file: "step.go",

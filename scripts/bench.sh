@@ -9,13 +9,21 @@
 #     net/http under wrk, in one run against one private redis-server
 #     (bench/sidebyside.json, the section between the sidebyside markers of
 #     docs/benchmarks.md, and the short table between the
-#     sidebyside-summary markers of README.md);
+#     sidebyside-summary markers of README.md). IDEMLEASE_DIR, when set,
+#     names an extracted tree of github.com/repenguin22/idemlease v1.1.0
+#     (its redistore at redistore/v1.1.0 in redistore/), which the module
+#     proxy does not serve; it is passed on as -idemlease, and the run
+#     measures idemlease itself too (bench/peers/idemlease). Unset, the
+#     run leaves idemlease out and says so. From a clone of idemlease:
+#       mkdir -p /tmp/idemlease && git -C idemlease archive v1.1.0 | tar -x -C /tmp/idemlease
+#       rm -rf /tmp/idemlease/redistore
+#       git -C idemlease archive redistore/v1.1.0 redistore | tar -x -C /tmp/idemlease
 #  4. the server matrix: this library alone on Redis 7.0, Redis 8.0 and
 #     Valkey 8.1 (scripts/trixie.sh makes the last two ready), first
 #     executions in one run (bench/servers.json, and the section between the
 #     servers markers of docs/benchmarks.md). BENCH_SERVERS=0 leaves it out.
-# Bounded: about 9 minutes in all. Every process it starts stops with it,
-# on failure and on Ctrl-C too.
+# Bounded: about 9 minutes in all (11 with idemlease). Every process it
+# starts stops with it, on failure and on Ctrl-C too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v redis-server >/dev/null || { echo "bench.sh: install redis-server first (./scripts/test.sh does)"; exit 1; }
@@ -46,8 +54,12 @@ fi
 if grep -q '<!-- sidebyside-summary:begin -->' README.md; then
 	docs+=(-readme README.md)
 fi
-go run ./bench/sidebyside -rounds 3 -duration 6s -warmup 2s -threads 1 -conns 16 -timeout 6m \
-	-out bench/sidebyside.json "${docs[@]}"
+idemlease=()
+if [ -n "${IDEMLEASE_DIR:-}" ]; then
+	idemlease=(-idemlease "$IDEMLEASE_DIR")
+fi
+go run ./bench/sidebyside -rounds 3 -duration 6s -warmup 2s -threads 1 -conns 16 -timeout 8m \
+	-out bench/sidebyside.json "${docs[@]}" "${idemlease[@]}"
 echo "bench.sh: docs/bench.svg, bench/results.json and bench/sidebyside.json updated"
 
 if [ "${BENCH_SERVERS:-1}" != 0 ]; then

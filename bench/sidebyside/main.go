@@ -1,7 +1,10 @@
 // Command sidebyside measures, in one run on one machine, this library in
 // key mode, the floor (bench/peers/floor: the fewest Redis commands that
-// keep its lock, lease, fence and fingerprint), Fiber v3's idempotency
-// middleware with its Redis storage, and net/http with no middleware,
+// keep its lock, lease, fence and fingerprint), a middleware of
+// github.com/repenguin22/idemlease's design (bench/peers/lease), Fiber v3's
+// idempotency middleware with its Redis storage, net/http with no
+// middleware and, when -idemlease or IDEMLEASE_DIR names an extracted tree
+// of it, idemlease v1.1.0 itself (bench/peers/idemlease, see idemlease.go),
 // each a server of its own in front of the same trivial handler and the
 // same private redis-server, loaded by wrk on loopback. Rounds interleave
 // the servers, so that whatever else the machine does falls on all of them
@@ -11,6 +14,7 @@
 // included) and, for one request, exactly what was sent (MONITOR).
 //
 //	go run ./bench/sidebyside -out bench/sidebyside.json -docs docs/benchmarks.md
+//	IDEMLEASE_DIR=/tmp/idemlease go run ./bench/sidebyside -out bench/sidebyside.json -docs docs/benchmarks.md
 //
 // -server names the Redis: redis7 (redis-server from PATH, the default),
 // redis8 or valkey8 (Redis 8.0 and Valkey 8.1 from the Debian trixie root
@@ -81,10 +85,21 @@ func main() {
 	flag.DurationVar(&cfg.timeout, "timeout", 5*time.Minute, "give up after this long")
 	server := flag.String("server", "redis7", "the Redis: redis7, redis8 or valkey8; several, comma-separated, compare them")
 	trixie := flag.String("trixie", defaultTrixieBin(), "where scripts/trixie.sh put the redis8 and valkey8 wrappers")
+	idemlease := flag.String("idemlease", os.Getenv("IDEMLEASE_DIR"),
+		"an extracted github.com/repenguin22/idemlease "+idemleaseVersion+" tree, its redistore in redistore/: measure it too")
 	flag.Parse()
 	var err error
 	if cfg.servers, err = redisServers(*server, *trixie); err != nil {
 		log.Fatalf("sidebyside: %v", err)
+	}
+	switch {
+	case len(cfg.servers) > 1:
+	case *idemlease == "":
+		log.Printf("sidebyside: IDEMLEASE_DIR is not set: idemlease is left out (the module proxy does not serve it; docs/benchmarks.md says how to add it)")
+	default:
+		if kinds, err = withIdemlease(kinds, *idemlease); err != nil {
+			log.Fatalf("sidebyside: %v", err)
+		}
 	}
 	outSet := false
 	flag.Visit(func(f *flag.Flag) { outSet = outSet || f.Name == "out" })
@@ -250,7 +265,7 @@ func countRedis(ctx context.Context, cfg config, dir, redisAddr string, rdb *red
 				return nil, err
 			}
 			counts = append(counts, rc)
-			log.Printf("  %-5s %-9s %5.2f round trips, %5.2f commands in Redis per request", k.Name, c.name, rc.RoundTrips, rc.Commands)
+			log.Printf("  %-9s %-9s %5.2f round trips, %5.2f commands in Redis per request", k.Name, c.name, rc.RoundTrips, rc.Commands)
 		}
 		a.stop()
 		if b != nil {
@@ -394,7 +409,7 @@ func throughput(ctx context.Context, cfg config, dir, redisAddr string, rdb *red
 					return nil, err
 				}
 				runs = append(runs, r)
-				log.Printf("  round %d %-5s %-10s %8.0f req/s  p50 %6.3f ms  non-2xx %d  %s",
+				log.Printf("  round %d %-9s %-10s %8.0f req/s  p50 %6.3f ms  non-2xx %d  %s",
 					round, k.Name, workload, r.RPS, r.P50ms, r.Non2xx, map[bool]string{true: "ok", false: "NOT OK: " + r.Problem}[r.OK])
 			}
 		}

@@ -57,10 +57,12 @@ type median struct {
 	RPS      float64   `json:"rps"`
 	Rounds   []float64 `json:"rps_per_round"`
 	Non2xx   []int64   `json:"non_2xx_per_round"`
-	// VsLease, VsFiber and VsBare are this server's median over theirs.
-	VsLease float64 `json:"vs_lease"`
-	VsFiber float64 `json:"vs_fiber"`
-	VsBare  float64 `json:"vs_bare"`
+	// VsIdemlease, VsLease, VsFiber and VsBare are this server's median
+	// over theirs (VsIdemlease 0 when idemlease was not measured).
+	VsIdemlease float64 `json:"vs_idemlease,omitempty"`
+	VsLease     float64 `json:"vs_lease"`
+	VsFiber     float64 `json:"vs_fiber"`
+	VsBare      float64 `json:"vs_bare"`
 	// CPU per request in microseconds, medians of the rounds: the
 	// server's process, redis-server and wrk.
 	ServerCPU float64 `json:"server_cpu_us_per_request"`
@@ -86,7 +88,7 @@ func newReport(ctx context.Context, cfg config, rdb *redis.Client, builds map[st
 		Measured: "wrk " + strings.Join(wrkArgs(cfg.threads, cfg.conns, cfg.duration, true, "SCRIPT", "URL", "ARG"), " "),
 		Warmup:   "wrk " + strings.Join(wrkArgs(cfg.threads, cfg.conns, cfg.warmup, false, "SCRIPT", "URL", "ARG"), " "),
 		Rounds:   cfg.rounds,
-		Order:    "round r starts with server r (ours, floor, lease, fiber, bare), each server's two workloads back to back on an emptied Redis",
+		Order:    "round r starts with server r (" + kindNames() + "), each server's two workloads back to back on an emptied Redis",
 		First:    "bench/sidebyside/newkey.lua: POST /payments, a new Idempotency-Key per request (ARG: a prefix per round)",
 		Dups:     "bench/sidebyside/samekey.lua: POST /payments, every connection repeating one key (ARG) after one first call",
 		Counts: fmt.Sprintf("%d sequential requests per case through a counting proxy (round trips) with INFO commandstats "+
@@ -157,6 +159,9 @@ func (rep *report) summarise() {
 	}
 	for i := range rep.Medians {
 		m := &rep.Medians[i]
+		if il, ok := byKey["idemlease/"+m.Workload]; ok && il.RPS > 0 {
+			m.VsIdemlease = m.RPS / il.RPS
+		}
 		if l := byKey["lease/"+m.Workload].RPS; l > 0 {
 			m.VsLease = m.RPS / l
 		}
@@ -223,12 +228,17 @@ func (rep *report) markdown() string {
 		title[k.Name] = k.Title
 	}
 	fiber := rep.Versions["fiber"]
+	idemlease := ""
+	if il, ok := rep.Versions["idemlease"]; ok {
+		idemlease = fmt.Sprintf("; idemlease %s with redistore %s (go-redis %s), built from an extracted tree of that release",
+			il["github.com/repenguin22/idemlease"], il["github.com/repenguin22/idemlease/redistore"], il["github.com/redis/go-redis/v9"])
+	}
 	fmt.Fprintf(&b, "Measured %s on %s, %d cores shared by the servers, Redis and wrk; %s, %s, %s. "+
-		"Fiber %s with storage/redis/v3 %s (go-redis %s, fasthttp %s); this library at %s (go-redis %s).\n\n",
+		"Fiber %s with storage/redis/v3 %s (go-redis %s, fasthttp %s); this library at %s (go-redis %s)%s.\n\n",
 		rep.Date[:10], rep.Machine.CPU, rep.Machine.Cores, rep.Redis, rep.Go, rep.Wrk,
 		fiber["github.com/gofiber/fiber/v3"], fiber["github.com/gofiber/storage/redis/v3"],
 		fiber["github.com/redis/go-redis/v9"], fiber["github.com/valyala/fasthttp"],
-		rep.Library, rep.Versions["ours"]["github.com/redis/go-redis/v9"])
+		rep.Library, rep.Versions["ours"]["github.com/redis/go-redis/v9"], idemlease)
 	fmt.Fprintf(&b, "Load, per server and workload, in %d interleaved rounds: `%s` (a warm-up, not "+
 		"measured), then `%s`, against `http://127.0.0.1:PORT/payments`. First executions run "+
 		"[newkey.lua](../bench/sidebyside/newkey.lua) (a new key per request; the argument after `--` is "+
@@ -247,13 +257,7 @@ func (rep *report) markdown() string {
 			ratios = append(ratios, k)
 		}
 	}
-	peers := []struct {
-		title string
-		of    func(median) float64
-	}{
-		{"lease in record", func(m median) float64 { return m.VsLease }},
-		{"Fiber", func(m median) float64 { return m.VsFiber }},
-	}
+	peers := ratioPeers()
 	b.WriteString("| workload |" + kindColumns() + "")
 	for _, k := range ratios {
 		for _, p := range peers {
@@ -354,7 +358,13 @@ func (rep *report) markdown() string {
 			fmt.Fprintf(&b, "- %s, %s: %s\n", k.Title, c.what, sentSummary(rc))
 		}
 	}
-	b.WriteString("\nThe lease-in-record server has no lock apart from its record: a hash holding a lease " +
+	if hasKind("idemlease") {
+		b.WriteString("\nidemlease is the library itself, with its Redis store, as its README wires it; the " +
+			"lease-in-record server is the same design written from its documentation. ")
+	} else {
+		b.WriteString("\n")
+	}
+	b.WriteString("The lease-in-record server has no lock apart from its record: a hash holding a lease " +
 		"token, claimed by one script and completed by another; it renews no lease and fences no " +
 		"executor. ")
 	b.WriteString("Fiber's lock is its default, in the " +
@@ -370,6 +380,36 @@ type perRequestRow struct {
 	what  string
 	of    func(median) float64
 	redis bool
+}
+
+// A ratioPeer is a server the middlewares of ours are compared with.
+type ratioPeer struct {
+	title string
+	of    func(median) float64
+}
+
+// ratioPeers are idemlease (when measured), the lease in record and Fiber.
+func ratioPeers() []ratioPeer {
+	var peers []ratioPeer
+	if hasKind("idemlease") {
+		peers = append(peers, ratioPeer{"idemlease", func(m median) float64 { return m.VsIdemlease }})
+	}
+	return append(peers,
+		ratioPeer{"lease in record", func(m median) float64 { return m.VsLease }},
+		ratioPeer{"Fiber", func(m median) float64 { return m.VsFiber }})
+}
+
+func hasKind(name string) bool {
+	return slices.ContainsFunc(kinds, func(k kind) bool { return k.Name == name })
+}
+
+// kindNames is the servers' names, comma-separated, in kinds' order.
+func kindNames() string {
+	var names []string
+	for _, k := range kinds {
+		names = append(names, k.Name)
+	}
+	return strings.Join(names, ", ")
 }
 
 // kindColumns is a table header's column per server, in kinds' order.

@@ -31,6 +31,10 @@ type kind struct {
 	Replay func(resp *http.Response, body, first []byte) bool `json:"-"`
 	// ReplayHeader marks a replay in an answer; "" for this library's.
 	ReplayHeader string `json:"-"`
+	// source is, for a server that no module of the repository builds,
+	// its file in the bench module, and tree the tree of what it
+	// requires (see idemlease.go).
+	source, tree string
 }
 
 var kinds = []kind{
@@ -136,7 +140,7 @@ func stopChildren() {
 func buildServers(ctx context.Context, dir string) (map[string]map[string]string, error) {
 	args := []string{"build", "-o", dir + string(filepath.Separator)}
 	for _, k := range kinds {
-		if !slices.Contains(args, k.Package) {
+		if k.source == "" && !slices.Contains(args, k.Package) {
 			args = append(args, k.Package)
 		}
 	}
@@ -144,6 +148,13 @@ func buildServers(ctx context.Context, dir string) (map[string]map[string]string
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("go %s: %w", strings.Join(args, " "), err)
+	}
+	for _, k := range kinds {
+		if k.source != "" {
+			if err := buildIdemlease(ctx, dir, k); err != nil {
+				return nil, err
+			}
+		}
 	}
 	versions := map[string]map[string]string{}
 	for _, k := range kinds {

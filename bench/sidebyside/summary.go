@@ -30,13 +30,16 @@ func (rep *report) summary() string {
 	for _, w := range []string{"first", "duplicates"} {
 		row(shortWorkloadTitles[w]+", req/s", func(k kind) string {
 			m := rep.median(k.Name, w)
-			if k.Name == "fiber" || k.Name == "lease" || m.VsFiber == 0 {
+			if k.Name == "fiber" || k.Name == "lease" || k.Name == "idemlease" || m.VsFiber == 0 {
 				return thousands(m.RPS)
 			}
-			if m.VsLease == 0 {
-				return fmt.Sprintf("%s (%.2f× Fiber)", thousands(m.RPS), m.VsFiber)
+			switch {
+			case m.VsIdemlease > 0:
+				return fmt.Sprintf("%s (%.2f× idemlease, %.2f× Fiber)", thousands(m.RPS), m.VsIdemlease, m.VsFiber)
+			case m.VsLease > 0:
+				return fmt.Sprintf("%s (%.2f× lease, %.2f× Fiber)", thousands(m.RPS), m.VsLease, m.VsFiber)
 			}
-			return fmt.Sprintf("%s (%.2f× lease, %.2f× Fiber)", thousands(m.RPS), m.VsLease, m.VsFiber)
+			return fmt.Sprintf("%s (%.2f× Fiber)", thousands(m.RPS), m.VsFiber)
 		})
 	}
 	row("first execution, CPU µs: server + Redis", func(k kind) string {
@@ -55,7 +58,12 @@ func (rep *report) summary() string {
 		return trim(first.RoundTrips) + " / " + trim(other.RoundTrips)
 	})
 	b.WriteString("\nThe floor is the fewest Redis commands that keep this library's lock, lease, fence and " +
-		"fingerprint ([bench/peers/floor](bench/peers/floor/main.go)); the lease in record is a middleware of " +
+		"fingerprint ([bench/peers/floor](bench/peers/floor/main.go)); ")
+	if hasKind("idemlease") {
+		b.WriteString("idemlease is github.com/repenguin22/idemlease " + rep.Versions["idemlease"]["github.com/repenguin22/idemlease"] +
+			" itself with its Redis store ([bench/peers/idemlease](bench/peers/idemlease/main.go)); ")
+	}
+	b.WriteString("the lease in record is a middleware of " +
 		"github.com/repenguin22/idemlease's shape ([bench/peers/lease](bench/peers/lease/main.go)); Fiber's lock lives in one process's " +
 		"memory. The whole run: [benchmarks](docs/benchmarks.md#against-idemleases-design-and-fiber-side-by-side).\n")
 	return b.String()

@@ -836,7 +836,7 @@ func (h *history) disturbed(i int, from, to time.Time) bool {
 		}
 		switch f.kind {
 		case kindRedisStop, kindBlackhole, kindDelay, kindDropReply, kindRedisRestart, kindSaturate, kindCrowd,
-			kindKill, kindDrain:
+			kindKill, kindDrain, kindStarved:
 			return true
 		}
 	}

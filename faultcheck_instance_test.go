@@ -239,6 +239,7 @@ func TestFaultCheckInstance(t *testing.T) {
 		t.Fatal(err)
 	}
 	fmt.Println(listeningLine + ln.Addr().String())
+	go watchScheduling(nil, printStarved) // until the process ends
 	s := newInstance(spec)
 	srv := &http.Server{
 		Handler: s,

@@ -54,6 +54,8 @@ type rig struct {
 	// lanes is held shared by every history while it runs, and alone by
 	// a history that must run without any other beside it (plan.alone).
 	lanes sync.RWMutex
+	// starved counts the windows watchStarvation marked.
+	starved atomic.Int64
 	// broken is set when the rig itself failed (an instance that does not
 	// start, a database that does not answer): the run stops.
 	broken atomic.Bool
@@ -68,18 +70,30 @@ func (r *rig) fail(format string, args ...any) {
 func newRig(t *testing.T) *rig {
 	r := &rig{t: t, store: redistest.Private(t), effects: redistest.Private(t)}
 	r.storeDB, r.effectsDB = r.store.Client(t), r.effects.Client(t)
-	transport := &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}
+	// Few idle connections: net/http resends a request that carries an
+	// Idempotency-Key on every reused connection that closes without an
+	// answer, as a handler's panic closes it; with a crowd's connections
+	// idle, one request panicking before any effect ran its handler 60
+	// times over 15 s, each run released and resent.
+	transport := &http.Transport{MaxIdleConnsPerHost: 8, DisableCompression: true}
 	r.http = &http.Client{Transport: transport}
 	t.Cleanup(transport.CloseIdleConnections)
-	for _, name := range []string{"a", "b"} {
+	for i, name := range []string{"a", "b"} {
 		proxy := redistest.NewProxy(t, r.store.Addr())
-		p := &instanceProc{name: name, proxy: proxy, effects: r.effects.Addr(), drain: drainDeadline}
+		p := &instanceProc{name: name, proxy: proxy, effects: r.effects.Addr(), drain: drainDeadline,
+			starved: func(from, to time.Time) { r.markStarved(i, from, to) }}
 		if err := p.start(); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(p.stop)
 		r.instances = append(r.instances, p)
 	}
+	stop := make(chan struct{})
+	go watchScheduling(stop, func(from, to time.Time) { r.markStarved(-1, from, to) })
+	t.Cleanup(func() {
+		close(stop)
+		t.Logf("a process of the check went %v or more unscheduled %d times", starvedAfter, r.starved.Load())
+	})
 	return r
 }
 
@@ -90,6 +104,9 @@ type instanceProc struct {
 	proxy   *redistest.Proxy
 	effects string
 	drain   time.Duration // the deadline of its drain after SIGTERM
+	// starved is told each window its process reports it was not
+	// scheduled in (faultcheck_starved_test.go).
+	starved func(from, to time.Time)
 
 	// lifecycle serializes kills and restarts; proxyFaults the delays
 	// and blackholes of its proxy.
@@ -117,7 +134,7 @@ func (p *instanceProc) start() error {
 	cmd.Env = append(os.Environ(), instanceEnv+"="+string(spec))
 	cmd.SysProcAttr = instanceProcAttr()
 	out := &syncbuf.Buffer{}
-	listening := &listenWatch{out: out, addr: make(chan string, 1)}
+	listening := &listenWatch{out: out, addr: make(chan string, 1), starved: p.starved}
 	cmd.Stdout, cmd.Stderr = listening, out
 	if err := cmd.Start(); err != nil {
 		return err
@@ -148,20 +165,18 @@ func (p *instanceProc) start() error {
 	}
 }
 
-// listenWatch keeps an instance's standard output and passes on the
-// address in its listening line.
+// listenWatch keeps an instance's standard output, passes on the address
+// in its listening line, and the windows in which it was not scheduled.
 type listenWatch struct {
 	out     *syncbuf.Buffer
 	addr    chan string
+	starved func(from, to time.Time)
 	pending []byte // the line being written
 	told    bool
 }
 
 func (w *listenWatch) Write(b []byte) (int, error) {
 	w.out.Write(b)
-	if w.told {
-		return len(b), nil
-	}
 	w.pending = append(w.pending, b...)
 	for {
 		line, rest, ok := bytes.Cut(w.pending, []byte("\n"))
@@ -169,10 +184,11 @@ func (w *listenWatch) Write(b []byte) (int, error) {
 			return len(b), nil
 		}
 		w.pending = rest
-		if a, ok := strings.CutPrefix(string(line), listeningLine); ok {
+		if a, ok := strings.CutPrefix(string(line), listeningLine); ok && !w.told {
 			w.addr <- a
-			w.told, w.pending = true, nil
-			return len(b), nil
+			w.told = true
+		} else if from, to, ok := readStarved(string(line)); ok && w.starved != nil {
+			w.starved(from, to)
 		}
 	}
 }

@@ -206,7 +206,7 @@ var mutants = []mutant{
 		name: "step-journals-for-stale", file: "lua/step.lua",
 		from: "if st ~= 'run' or o ~= ARGV[1] then\n  return {0, 0}\nend", to: "if false then\n  return {0, 0}\nend",
 		breaks: "an executor whose run was taken over journals a step into the new run",
-		steps:  true, tests: "Step|Journal|Resum",
+		steps:  true, faults: "pause", tests: "Step|Journal|Resum",
 	},
 	{
 		name: "step-proof-overstated", file: "lua/step.lua",

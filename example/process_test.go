@@ -116,9 +116,13 @@ func TestSIGTERMDuringARedisBlipStoresTheAnswer(t *testing.T) {
 	proxy := redistest.NewProxy(t, redis.Addr())
 	a := startProcess(t, "REDIS_URL=redis://"+proxy.Addr(), "PAYMENT_LATENCY=100ms")
 	b := startProcess(t, "REDIS_URL=redis://"+redis.Addr())
+	// The store's script is complete.lua with the record's layout in front
+	// (keyspace.RecordScript); its digest names it on the wire.
+	layout, err := os.ReadFile("../internal/keyspace/lua/record.lua")
+	require.NoError(t, err)
 	complete, err := os.ReadFile("../lua/complete.lua")
 	require.NoError(t, err)
-	proxy.BlackholeAt(fmt.Sprintf("%x", sha1.Sum(complete))) // the blip begins at the store
+	proxy.BlackholeAt(fmt.Sprintf("%x", sha1.Sum(append(layout, complete...)))) // the blip begins at the store
 
 	status, paid, err := pay(t, a.URL, "blip")
 	require.NoError(t, err)

@@ -58,12 +58,12 @@ func contenders(b *testing.B) []contender {
 		if err != nil {
 			b.Fatal(err)
 		}
-		return redis.NewScript(string(src))
+		return keyspace.RecordScript(string(src)) // as the middleware builds it
 	}
 	return []contender{
 		{
 			name: "library", claim: read("claim.lua"), complete: read("complete.lua"), completeKeys: 3,
-			claimArgs: func(lock string) []any { return []any{lock, fingerprint, ttlMS, "", "0"} },
+			claimArgs: func(lock string) []any { return []any{lock, fingerprint, ttlMS, "", "0", 37000, 3000} },
 			completeArgs: func(lock string, claimed *redis.Cmd) []any {
 				reply, _ := claimed.Slice()
 				fence, _ := reply[1].(string)

@@ -527,11 +527,17 @@ func (c *keyCase) checkWaits() {
 // wokeAfter records how long after the key's first answer x, a duplicate
 // on the other instance already sent then, got its replay, Redis in reach:
 // a waiter is woken by the answer's message, within a round trip. One late
-// wake-up may be a busy machine; the run's median is judged (ruleSlowWakeups).
+// wake-up may be a busy machine; the run's median is judged
+// (ruleSlowWakeups), against what a duplicate sent after the answer took
+// to replay it, as x would have once woken.
 func (c *keyCase) wokeAfter(x, first *exchange) {
 	a := read(x).answer
 	if a == nil || !x.replayed() || a.Fence != c.state.Fence || x.instance == first.instance ||
-		!x.sent.Before(first.done) || c.h.disturbed(instanceIndex(x.instance), x.sent, x.done) {
+		c.h.disturbed(instanceIndex(x.instance), x.sent, x.done) {
+		return
+	}
+	if !x.sent.Before(first.done) {
+		c.h.replays = append(c.h.replays, x.done.Sub(x.sent))
 		return
 	}
 	c.h.arm(ruleSlowWakeups)

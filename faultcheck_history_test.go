@@ -49,6 +49,10 @@ type history struct {
 	// how long after their key's answer duplicates waiting on the other
 	// instance replayed it (checkWaits)
 	lags []time.Duration
+	// how long duplicates sent to the other instance after their key's
+	// answer took to replay it: what a replay costs on this machine now
+	// (checkWaits)
+	replays []time.Duration
 	// keys whose answer may still have been on its way (awaitStores)
 	undecided map[*keyPlan]bool
 	// the late phase: when its key ring revoked the one that signed the

@@ -22,9 +22,7 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 		if l != nil || !errors.As(v.err, &running) {
 			return l, v
 		}
-		if c.flight != nil {
-			c.flight.heard(running.horizonIn)
-		}
+		c.heard(running.horizonIn)
 		left := time.Until(c.deadline)
 		if left <= 0 {
 			return nil, refuse(retryAfter{ErrInProgress, max(m.cfg.lease, running.horizonIn)})
@@ -33,7 +31,7 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 		err := m.pause(c.ctx, nil, min(pause, left))
 		c.waited += time.Since(began)
 		if err != nil {
-			return nil, m.callerDone(c)
+			return nil, m.callerDone(c, nil)
 		}
 	}
 }
@@ -83,7 +81,7 @@ func (m *Middleware) claimOnce(c *call, k keys) (*lease, verdict) {
 	case errors.Is(err, ErrStoreUnavailable):
 		return nil, m.storeUnavailable(c, err)
 	case errors.Is(err, errCallerDone):
-		return nil, m.callerDone(c)
+		return nil, m.callerDone(c, nil)
 	case err != nil:
 		return nil, refuse(err)
 	}

@@ -32,6 +32,15 @@ func (fl *flight) heard(d time.Duration) {
 	fl.changesAt.Store(time.Now().Add(d).UnixNano())
 }
 
+// heard records that the key's answer cannot change for another d, for
+// the call's own Retry-After and, when it leads a flight, its followers'.
+func (c *call) heard(d time.Duration) {
+	c.changesAt = time.Now().Add(d)
+	if c.flight != nil {
+		c.flight.heard(d)
+	}
+}
+
 // retryIn is how long a follower whose wait ended should wait before it
 // asks again: what its leader would be told, at least one lease. A
 // follower that joined a moment after its leader may time out first, while

@@ -180,6 +180,9 @@ type call struct {
 	start     time.Time
 	deadline  time.Time // for waiting on another request with the same key
 	flight    *flight   // the in-process flight this call leads, if any
+	// changesAt is when the key's answer can next change, as the call
+	// last heard from Redis (zero: it heard nothing of it).
+	changesAt time.Time
 
 	scope        string
 	key          string

@@ -1,7 +1,10 @@
 package idempotency
 
 import (
+	"context"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"testing"
 	"time"
@@ -59,45 +62,63 @@ func TestRetryAfterACrashedOwnerIsTheTimeLeftToTheHorizon(t *testing.T) {
 // told what that one is told. Its wait may end a moment before its
 // leader's, while the leader still asks Redis (here, a slow Redis): it
 // too is told the time left to the horizon, not one lease in which
-// nothing can change.
+// nothing can change. So is either of them when an outer timeout (a
+// router's, shorter than the wait) ends the wait first.
 func TestRetryAfterOfAFollowerIsItsLeaders(t *testing.T) {
-	srv := redistest.Private(t)
-	proxy := redistest.NewProxy(t, srv.Addr())
-	s := newShopOn(t, clientTo(t, proxy.Addr()), WithKeyPrefix("follower-retry-after"),
-		WithLockLease(200*time.Millisecond), WithWaitTimeout(600*time.Millisecond), WithResponseCache(0, 0))
-	horizon := s.idem.cfg.claimHorizon()
-	k := clientKeys(s.idem.cfg.prefix, paymentID("k"))
-	ctx := t.Context()
-	lock, err := newTestLock()
-	require.NoError(t, err)
-	c := s.client()
-	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "probe", `{}`).status)
-	probe, err := redistest.ReadRecord(ctx, s.rdb, clientKeys(s.idem.cfg.prefix, paymentID("probe")).record)
-	require.NoError(t, err)
-	cl, err := s.idem.store.claim(ctx, k, lock.Value(), probe.Fingerprint)
-	require.NoError(t, err)
-	require.Equal(t, outcomeClaimed, cl.outcome)
-	require.NoError(t, s.rdb.Del(ctx, k.lock).Err()) // the owner crashed; its lease ran out
+	for _, outer := range []time.Duration{0, 400 * time.Millisecond} {
+		t.Run(fmt.Sprintf("outer timeout %v", outer), func(t *testing.T) {
+			srv := redistest.Private(t)
+			proxy := redistest.NewProxy(t, srv.Addr())
+			s := newShopOn(t, clientTo(t, proxy.Addr()), WithKeyPrefix("follower-retry-after"),
+				WithLockLease(200*time.Millisecond), WithWaitTimeout(600*time.Millisecond), WithResponseCache(0, 0))
+			horizon := s.idem.cfg.claimHorizon()
+			k := clientKeys(s.idem.cfg.prefix, paymentID("k"))
+			ctx := t.Context()
+			lock, err := newTestLock()
+			require.NoError(t, err)
+			c := s.client()
+			require.Equal(t, http.StatusCreated, s.post(c, "/payments", "probe", `{}`).status)
+			probe, err := redistest.ReadRecord(ctx, s.rdb, clientKeys(s.idem.cfg.prefix, paymentID("probe")).record)
+			require.NoError(t, err)
+			cl, err := s.idem.store.claim(ctx, k, lock.Value(), probe.Fingerprint)
+			require.NoError(t, err)
+			require.Equal(t, outcomeClaimed, cl.outcome)
+			require.NoError(t, s.rdb.Del(ctx, k.lock).Err()) // the owner crashed; its lease ran out
+			if outer > 0 {
+				// The same route on a server of its own, behind a timeout
+				// that ends the request's context before its wait ends.
+				routed := s.idem.ProtectKey(http.HandlerFunc(s.count))
+				timed := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					ctx, cancel := context.WithTimeout(r.Context(), outer)
+					defer cancel()
+					routed.ServeHTTP(w, r.WithContext(ctx))
+				}))
+				t.Cleanup(timed.Close)
+				s.srv = timed
+			}
 
-	// Each claim now takes 250 ms: the leader hears of the horizon at
-	// +250 ms and +550 ms, and is refused at about +850 ms; the follower,
-	// which joins at once, is refused when its 600 ms wait ends.
-	proxy.SetDelay(250 * time.Millisecond)
-	leader := s.postAsync(c, "/payments", "k", `{}`)
-	require.Eventually(t, func() bool {
-		s.idem.flights.mu.Lock()
-		defer s.idem.flights.mu.Unlock()
-		return len(s.idem.flights.m) == 1
-	}, 5*time.Second, time.Millisecond, "the first request leads the key's flight")
-	follower := s.postAsync(c, "/payments", "k", `{}`)
+			// Each claim now takes 250 ms: the leader hears of the horizon
+			// at +250 ms and +550 ms, and is refused at about +850 ms (+400
+			// ms with the outer timeout); the follower, which joins at
+			// once, is refused when its 600 ms wait ends (its 400 ms).
+			proxy.SetDelay(250 * time.Millisecond)
+			leader := s.postAsync(c, "/payments", "k", `{}`)
+			require.Eventually(t, func() bool {
+				s.idem.flights.mu.Lock()
+				defer s.idem.flights.mu.Unlock()
+				return len(s.idem.flights.m) == 1
+			}, 5*time.Second, time.Millisecond, "the first request leads the key's flight")
+			follower := s.postAsync(c, "/payments", "k", `{}`)
 
-	for name, ch := range map[string]<-chan asyncAnswer{"leader": leader, "follower": follower} {
-		a := (<-ch).must(t)
-		requireProblem(t, a, http.StatusConflict, "in-progress")
-		secs, err := strconv.Atoi(a.header.Get("Retry-After"))
-		require.NoError(t, err)
-		require.Greater(t, time.Duration(secs)*time.Second, horizon-10*time.Second,
-			"the %s is told the horizon, not a lease", name)
+			for name, ch := range map[string]<-chan asyncAnswer{"leader": leader, "follower": follower} {
+				a := (<-ch).must(t)
+				requireProblem(t, a, http.StatusConflict, "in-progress")
+				secs, err := strconv.Atoi(a.header.Get("Retry-After"))
+				require.NoError(t, err)
+				require.Greater(t, time.Duration(secs)*time.Second, horizon-10*time.Second,
+					"the %s is told the horizon, not a lease", name)
+			}
+			require.EqualValues(t, 1, s.execs.Load(), "only the probe ran")
+		})
 	}
-	require.EqualValues(t, 1, s.execs.Load(), "only the probe ran")
 }

@@ -109,7 +109,7 @@ func (m *Middleware) follow(c *call, fl *flight) verdict {
 		return refuse(retryAfter{ErrInProgress, fl.retryIn(m.cfg.lease)})
 	case <-c.ctx.Done():
 		c.waited += time.Since(began)
-		return m.callerDone(c)
+		return m.callerDone(c, fl)
 	}
 	c.waited += time.Since(began)
 	if fl.rec == nil {
@@ -122,15 +122,20 @@ func (m *Middleware) follow(c *call, fl *flight) verdict {
 // client that left gets nothing (nothing ran for it), and a function's
 // caller its context's error; a request whose deadline passed (an outer
 // timeout) still gets an answer: the replay if it is here by now, else
-// in-progress, never an empty 200.
-func (m *Middleware) callerDone(c *call) verdict {
+// in-progress, never an empty 200, to be retried when the answer can
+// change, as the call (or fl, the flight it followed) last heard.
+func (m *Middleware) callerDone(c *call, fl *flight) verdict {
 	if c.w == nil || !errors.Is(c.ctx.Err(), context.DeadlineExceeded) {
 		return verdict{outcome: ClientGone}
 	}
 	if v := m.fromCache(c); v.decided() {
 		return v
 	}
-	return refuse(m.inProgress())
+	after := max(m.cfg.lease, time.Until(c.changesAt))
+	if fl != nil {
+		after = max(after, fl.retryIn(m.cfg.lease))
+	}
+	return refuse(retryAfter{ErrInProgress, after})
 }
 
 // lead answers the call through Redis, and shares a stored answer with the

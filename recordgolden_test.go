@@ -237,3 +237,31 @@ func TestGoldenRecordsAreRead(t *testing.T) {
 	require.Contains(t, *cl.journal, `{"id":"ch_1"}`, "a takeover hands the journal on")
 	require.Equal(t, outcomeClaimed, claimOf(m, "forgotten", time.Hour).outcome, "a forgotten key runs again")
 }
+
+// A record the scripts cannot read, found where the claim's record was
+// when the answer is stored (one of a later version's layout, written by
+// another executor), is not the executor's: nothing is written over it,
+// and the store says the key is no longer its own.
+func TestAnUnreadableRecordIsNeverWrittenOver(t *testing.T) {
+	ctx := t.Context()
+	rdb := redistest.Client(t, "unreadable-over")
+	m := New(rdb, WithKeyPrefix("unreadable-over"), WithLockLease(time.Minute))
+	for _, text := range []string{
+		"done x\n",
+		"run " + goldenFP + " other 1796571590400512 1     extra\n", // ten fields
+		"done 0 o 1 1 p 2   \n201 0\nbody",
+	} {
+		k := functionKeys(m, text)
+		cl, err := m.store.claim(ctx, k, goldenOwner, goldenFP)
+		require.NoError(t, err)
+		require.Equal(t, outcomeClaimed, cl.outcome)
+		require.NoError(t, rdb.Set(ctx, k.record, text, time.Hour).Err())
+		owner := goldenOwner
+		_, err = m.store.complete(ctx, k, &owner, goldenFP, cl.fence, newRecord(http.StatusCreated, nil, []byte("ours")), time.Hour)
+		require.ErrorIs(t, err, ErrLockLost, "%q", text)
+		got, err := rdb.Get(ctx, k.record).Result()
+		require.NoError(t, err)
+		require.Equal(t, text, got, "the record is left as it was")
+		require.Zero(t, rdb.Exists(ctx, k.lock).Val(), "the executor's lock is freed")
+	}
+}

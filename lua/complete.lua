@@ -20,6 +20,9 @@ else
   local st, fp, o, f, n, p, q, w, s
   if rec then
     st, fp, o, f, n, p, q, w, s = readRecord(rec)
+    -- A record this version cannot read (one of a later version's layout,
+    -- say) is not ours: nothing is written over it.
+    st = st or 'unreadable'
   end
   -- Our answer, and the line it is stored under.
   local ourState, ourFP, ourOwner, ourFence, ourExecutions, _, _, _, _, answer = readRecord(ARGV[2])

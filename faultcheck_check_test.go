@@ -529,11 +529,15 @@ func (c *keyCase) checkWaits() {
 // a waiter is woken by the answer's message, within a round trip. One late
 // wake-up may be a busy machine; the run's median is judged
 // (ruleSlowWakeups), against what a duplicate sent after the answer took
-// to replay it, as x would have once woken.
+// to replay it, as x would have once woken. A crowd's hundreds of
+// duplicates are left out: woken at once, they queue for the instance's
+// few connections to read the answer, which says nothing of whether they
+// were woken (its own rule holds them to the key's one answer), and they
+// would be most of a short run's waking duplicates.
 func (c *keyCase) wokeAfter(x, first *exchange) {
 	a := read(x).answer
 	if a == nil || !x.replayed() || a.Fence != c.state.Fence || x.instance == first.instance ||
-		c.h.disturbed(instanceIndex(x.instance), x.sent, x.done) {
+		c.k.role == roleCrowd || c.h.disturbed(instanceIndex(x.instance), x.sent, x.done) {
 		return
 	}
 	if !x.sent.Before(first.done) {

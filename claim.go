@@ -25,7 +25,7 @@ func (m *Middleware) claim(c *call) (*lease, verdict) {
 		c.heard(running.horizonIn)
 		left := time.Until(c.deadline)
 		if left <= 0 {
-			return nil, refuse(retryAfter{ErrInProgress, max(m.cfg.lease, running.horizonIn)})
+			return nil, refuse(m.inProgressAsHeard(c, nil))
 		}
 		began := time.Now()
 		err := m.pause(c.ctx, nil, min(pause, left))

@@ -149,6 +149,17 @@ func (m *Middleware) inProgress() error {
 	return retryAfter{ErrInProgress, m.cfg.lease}
 }
 
+// inProgressAsHeard is ErrInProgress, to be retried when the key's answer
+// can next change, as c last heard from Redis or, when c followed a
+// flight (fl), its leader did: at least a lease.
+func (m *Middleware) inProgressAsHeard(c *call, fl *flight) error {
+	after := max(m.cfg.lease, time.Until(c.changesAt))
+	if fl != nil {
+		after = max(after, fl.retryIn(m.cfg.lease))
+	}
+	return retryAfter{ErrInProgress, after}
+}
+
 // DefaultErrorHandler answers err as an RFC 9457 application/problem+json
 // body with a stable type URI per sentinel error. The body is fixed per error
 // and never contains err's text, so a Redis failure leaks nothing. A request

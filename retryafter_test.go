@@ -23,20 +23,9 @@ import (
 func TestRetryAfterACrashedOwnerIsTheTimeLeftToTheHorizon(t *testing.T) {
 	s := newShop(t, WithLockLease(200*time.Millisecond), WithWaitTimeout(300*time.Millisecond))
 	horizon := s.idem.cfg.claimHorizon()
-	k := clientKeys(s.idem.cfg.prefix, paymentID("k"))
 	ctx := t.Context()
-	lock, err := newTestLock()
-	require.NoError(t, err)
 	c := s.client()
-	// The request's fingerprint, as the middleware makes it (the key is
-	// not part of it), so that the claim below is this request's.
-	require.Equal(t, http.StatusCreated, s.post(c, "/payments", "probe", `{}`).status)
-	probe, err := redistest.ReadRecord(ctx, s.rdb, clientKeys(s.idem.cfg.prefix, paymentID("probe")).record)
-	require.NoError(t, err)
-	cl, err := s.idem.store.claim(ctx, k, lock.Value(), probe.Fingerprint)
-	require.NoError(t, err)
-	require.Equal(t, outcomeClaimed, cl.outcome)
-	require.NoError(t, s.rdb.Del(ctx, k.lock).Err()) // the owner crashed; its lease ran out
+	k := crashedOwner(t, s, c, "k")
 
 	retryAfter := func() time.Duration {
 		a := s.post(c, "/payments", "k", `{}`)
@@ -72,18 +61,8 @@ func TestRetryAfterOfAFollowerIsItsLeaders(t *testing.T) {
 			s := newShopOn(t, clientTo(t, proxy.Addr()), WithKeyPrefix("follower-retry-after"),
 				WithLockLease(200*time.Millisecond), WithWaitTimeout(600*time.Millisecond), WithResponseCache(0, 0))
 			horizon := s.idem.cfg.claimHorizon()
-			k := clientKeys(s.idem.cfg.prefix, paymentID("k"))
-			ctx := t.Context()
-			lock, err := newTestLock()
-			require.NoError(t, err)
 			c := s.client()
-			require.Equal(t, http.StatusCreated, s.post(c, "/payments", "probe", `{}`).status)
-			probe, err := redistest.ReadRecord(ctx, s.rdb, clientKeys(s.idem.cfg.prefix, paymentID("probe")).record)
-			require.NoError(t, err)
-			cl, err := s.idem.store.claim(ctx, k, lock.Value(), probe.Fingerprint)
-			require.NoError(t, err)
-			require.Equal(t, outcomeClaimed, cl.outcome)
-			require.NoError(t, s.rdb.Del(ctx, k.lock).Err()) // the owner crashed; its lease ran out
+			crashedOwner(t, s, c, "k")
 			if outer > 0 {
 				// The same route on a server of its own, behind a timeout
 				// that ends the request's context before its wait ends.
@@ -121,4 +100,25 @@ func TestRetryAfterOfAFollowerIsItsLeaders(t *testing.T) {
 			require.EqualValues(t, 1, s.execs.Load(), "only the probe ran")
 		})
 	}
+}
+
+// crashedOwner claims the payment with key as c's request would, and lets
+// the claim's lease run out, as the owner's crash would: its record stays
+// claimed, nobody holds its lock. It returns the key's Redis keys.
+func crashedOwner(t *testing.T, s *shop, c *http.Client, key string) keys {
+	t.Helper()
+	ctx := t.Context()
+	k := clientKeys(s.idem.cfg.prefix, paymentID(key))
+	lock, err := newTestLock()
+	require.NoError(t, err)
+	// The request's fingerprint, as the middleware makes it (the key is
+	// not part of it), so that the claim below is the request's.
+	require.Equal(t, http.StatusCreated, s.post(c, "/payments", key+"-probe", `{}`).status)
+	probe, err := redistest.ReadRecord(ctx, s.rdb, clientKeys(s.idem.cfg.prefix, paymentID(key+"-probe")).record)
+	require.NoError(t, err)
+	cl, err := s.idem.store.claim(ctx, k, lock.Value(), probe.Fingerprint)
+	require.NoError(t, err)
+	require.Equal(t, outcomeClaimed, cl.outcome)
+	require.NoError(t, s.rdb.Del(ctx, k.lock).Err())
+	return k
 }

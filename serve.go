@@ -106,7 +106,7 @@ func (m *Middleware) follow(c *call, fl *flight) verdict {
 	case <-fl.wait():
 	case <-timer.C:
 		c.waited += time.Since(began)
-		return refuse(retryAfter{ErrInProgress, fl.retryIn(m.cfg.lease)})
+		return refuse(m.inProgressAsHeard(c, fl))
 	case <-c.ctx.Done():
 		c.waited += time.Since(began)
 		return m.callerDone(c, fl)
@@ -131,11 +131,7 @@ func (m *Middleware) callerDone(c *call, fl *flight) verdict {
 	if v := m.fromCache(c); v.decided() {
 		return v
 	}
-	after := max(m.cfg.lease, time.Until(c.changesAt))
-	if fl != nil {
-		after = max(after, fl.retryIn(m.cfg.lease))
-	}
-	return refuse(retryAfter{ErrInProgress, after})
+	return refuse(m.inProgressAsHeard(c, fl))
 }
 
 // lead answers the call through Redis, and shares a stored answer with the

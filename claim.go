@@ -136,12 +136,12 @@ func (m *Middleware) claimOnce(c *call, k keys) (*lease, verdict) {
 // claimKey sends l's claim, within the store timeout; with
 // WithReplicaAcks it then waits for replicas.
 func (m *Middleware) claimKey(c *call, l *lease) (claim, error) {
-	ctx, cancel := m.store.stepContext(c.ctx)
+	ctx, cancel := m.stepContext(c.ctx)
 	defer cancel()
 	if m.cfg.replicaAcks > 0 {
 		return m.claimReplicated(ctx, c, l)
 	}
-	return m.store.claim(ctx, l.k, l.lockValue, l.fpText)
+	return m.keyStore.claim(ctx, l.k, l.lockValue, l.fpText)
 }
 
 // acquire claims the key, waiting while another executor holds its lock,
@@ -191,8 +191,8 @@ func (m *Middleware) acquire(c *call, k keys) (*lease, claim, error) {
 			// Subscribe, then try once more at once: the holder may have
 			// let go before the flag was up, and then nobody publishes.
 			subscribed = true
-			ctx, cancel := m.store.stepContext(c.ctx)
-			sub, _ = m.store.watch(ctx, k, left)
+			ctx, cancel := m.stepContext(c.ctx)
+			sub, _ = m.keyStore.watch(ctx, k, left)
 			cancel()
 			continue
 		}

@@ -204,8 +204,8 @@ func (j *journal) ask(ctx context.Context, entry []byte) (runProof, error) {
 			time.Sleep(pause)
 		}
 		sent := time.Now() // Redis read the lock's time left after this
-		step, cancel := l.m.store.stepContext(ctx)
-		p, err = l.m.store.journal(step, l.k, l.lockValue, entry, j.size)
+		step, cancel := l.m.stepContext(ctx)
+		p, err = l.m.keyStore.journal(step, l.k, l.lockValue, entry, j.size)
 		cancel()
 		if err == nil {
 			j.proven(sent, p)

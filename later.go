@@ -168,7 +168,7 @@ func (q *later) signal() {
 // the Redis client, which nothing will answer any more.
 func (q *later) do(job *laterJob) {
 	for pause := 50 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
-		ctx, cancel := q.m.store.stepContext(context.Background())
+		ctx, cancel := q.m.stepContext(context.Background())
 		err := job.try(ctx)
 		cancel()
 		q.mu.Lock()

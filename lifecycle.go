@@ -94,7 +94,7 @@ func (l *lease) watch() {
 
 // renew renews the lease's lock (see renewer).
 func (l *lease) renew(ctx context.Context, retake bool) (bool, error) {
-	return l.m.store.renew(ctx, l.k, l.lockValue, retake)
+	return l.m.keyStore.renew(ctx, l.k, l.lockValue, retake)
 }
 
 // A runner runs a call's work: a handler (handlerRun) or a function
@@ -255,8 +255,8 @@ func (l *lease) complete(ctx context.Context, rec *record, ttl time.Duration) (h
 		if attempt > 0 {
 			time.Sleep(pause)
 		}
-		step, cancel := l.m.store.stepContext(ctx)
-		how, err = l.m.store.complete(step, l.k, &l.lockValue, l.fpText, l.fence, rec, ttl)
+		step, cancel := l.m.stepContext(ctx)
+		how, err = l.m.keyStore.complete(step, l.k, &l.lockValue, l.fpText, l.fence, rec, ttl)
 		cancel()
 		if err == nil || errors.Is(err, ErrLockLost) {
 			return how, err
@@ -270,8 +270,8 @@ func (l *lease) complete(ctx context.Context, rec *record, ttl time.Duration) (h
 // does not answer, the release goes on in the background.
 func (l *lease) release(ctx context.Context) {
 	l.end()
-	step, cancel := l.m.store.stepContext(ctx)
-	err := l.m.store.release(step, l.k, l.lockValue)
+	step, cancel := l.m.stepContext(ctx)
+	err := l.m.keyStore.release(step, l.k, l.lockValue)
 	cancel()
 	if err != nil {
 		l.releaseLater()
@@ -288,7 +288,7 @@ func (l *lease) release(ctx context.Context) {
 func (l *lease) releaseLater() {
 	l.end()
 	l.m.later.add(l.k, "release", 0, time.Time{}, func(ctx context.Context) error {
-		return l.m.store.release(ctx, l.k, l.lockValue)
+		return l.m.keyStore.release(ctx, l.k, l.lockValue)
 	})
 }
 
@@ -311,7 +311,7 @@ func (l *lease) storeLater(rec *record, ttl time.Duration) {
 		size = rec.size()
 	}
 	l.m.later.add(l.k, "store", size, l.laterDeadline(), func(ctx context.Context) error {
-		_, err := l.m.store.complete(ctx, l.k, &l.lockValue, l.fpText, l.fence, rec, ttl)
+		_, err := l.m.keyStore.complete(ctx, l.k, &l.lockValue, l.fpText, l.fence, rec, ttl)
 		if errors.Is(err, ErrLockLost) {
 			return nil // another executor owns the key: nothing of ours to store
 		}
@@ -325,8 +325,8 @@ func (l *lease) storeLater(rec *record, ttl time.Duration) {
 // WithRetryAbandoned or an outcome store).
 func (l *lease) keep(why error) verdict {
 	l.end()
-	ctx, cancel := l.m.store.stepContext(context.Background())
-	if err := l.m.store.keep(ctx, l.k, l.lockValue); err != nil {
+	ctx, cancel := l.m.stepContext(context.Background())
+	if err := l.m.keyStore.keep(ctx, l.k, l.lockValue); err != nil {
 		// Unmarked, the key reads in progress until the claim horizon
 		// has passed, and interrupted then.
 		l.letGo()
@@ -371,9 +371,9 @@ func (l *lease) resumeFrom(handed *string) verdict {
 // letGo frees the key's lock and leaves its record as it is. When Redis
 // does not answer, the lock runs out by itself within a lease.
 func (l *lease) letGo() {
-	ctx, cancel := l.m.store.stepContext(context.Background())
+	ctx, cancel := l.m.stepContext(context.Background())
 	defer cancel()
-	l.m.store.unlock(ctx, l.k, l.lockValue)
+	l.m.keyStore.unlock(ctx, l.k, l.lockValue)
 }
 
 // end stops renewing the lock. Every transition ends the lease; ending it

@@ -17,14 +17,15 @@ const KeyHeader = "Idempotency-Key"
 // once, replaying the stored response to every duplicate. It is safe for
 // concurrent use; create one per application and share it.
 type Middleware struct {
-	cfg     config
-	store   *store
-	flights flights
-	cache   *responseCache
-	later   *later
-	tokens  *tokenSigner
-	signers signerWatch // names the signing key in Redis, and finds other instances' (tokensigners.go)
-	outage  outageWatch // when protected routes refuse because Redis does not answer
+	cfg      config
+	keyStore keyStore // where keys live: store (Redis) or an sqlStore
+	store    *store   // the Redis store; nil when keys live in SQL (NewSQL)
+	flights  flights
+	cache    *responseCache
+	later    *later
+	tokens   *tokenSigner
+	signers  signerWatch // names the signing key in Redis, and finds other instances' (tokensigners.go)
+	outage   outageWatch // when protected routes refuse because Redis does not answer
 }
 
 // New returns a Middleware that keeps its state in client, which may be a
@@ -34,21 +35,12 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 	if client == nil {
 		panic("idempotency: nil Redis client")
 	}
-	m := &Middleware{cfg: newConfig(opts)}
+	m := newMiddleware(opts)
 	if m.cfg.replicaAcks > 0 {
 		mustSupportReplicaAcks(client)
 	}
-	m.later = newLater(m)
-	m.tokens = &tokenSigner{prefix: m.cfg.prefix, keys: m.cfg.tokenKeys}
-	if !m.cfg.tokenKeysSet {
-		m.tokens.keys = TokenKeys{Sign: processKey()}
-	}
-	m.signers.m = m
 	m.store = newStore(client, &m.cfg)
-	m.cache = newResponseCache(m.cfg.cacheEntries, m.cfg.cacheBytes)
-	if m.cache != nil {
-		m.cache.clock = m.cfg.cacheClock
-	}
+	m.keyStore = m.store
 	if known, enabled := contextTimeouts(client); known && !enabled {
 		m.cfg.logger.Warn("idempotency: the Redis client has ContextTimeoutEnabled off, so a stalled " +
 			"Redis is cut short by go-redis's ReadTimeout (3 s by default), not by WithStoreTimeout; " +
@@ -62,6 +54,23 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 			"its claim; see docs/redis.md#sentinel")
 	}
 	remember(m)
+	return m
+}
+
+// newMiddleware is what New and NewSQL share: the configuration, and every
+// part that does not depend on where keys live.
+func newMiddleware(opts []Option) *Middleware {
+	m := &Middleware{cfg: newConfig(opts)}
+	m.later = newLater(m)
+	m.tokens = &tokenSigner{prefix: m.cfg.prefix, keys: m.cfg.tokenKeys}
+	if !m.cfg.tokenKeysSet {
+		m.tokens.keys = TokenKeys{Sign: processKey()}
+	}
+	m.signers.m = m
+	m.cache = newResponseCache(m.cfg.cacheEntries, m.cfg.cacheBytes)
+	if m.cache != nil {
+		m.cache.clock = m.cfg.cacheClock
+	}
 	return m
 }
 

@@ -3,6 +3,8 @@ package idempotency
 import (
 	"net/http"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/onceonly/idempotency/internal/keyspace"
 )
 
@@ -15,8 +17,12 @@ func init() {
 
 // operated is the middleware's records as an operator sees them.
 func (m *Middleware) operated() *keyspace.Store {
+	var client redis.UniversalClient // none for SQL: the operator's calls say so
+	if m.store != nil {
+		client = m.store.client
+	}
 	return &keyspace.Store{
-		Client:    m.store.client,
+		Client:    client,
 		Prefix:    m.cfg.prefix,
 		RecordTTL: m.cfg.recordTTL,
 		KeyReused: ErrKeyReused,

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"cmp"
 	"errors"
 	"log/slog"
 	"sync"
@@ -57,6 +58,7 @@ func (p OutagePhase) String() string {
 // outageWatch follows one Middleware's outages.
 type outageWatch struct {
 	on       atomic.Bool // an outage goes on: answers need the lock only then
+	store    string      // what does not answer, for the log: "Redis" unless named
 	mu       sync.Mutex
 	since    time.Time // when the first refusal came; zero when routes answer
 	refused  int64     // requests refused since then
@@ -102,22 +104,23 @@ func (o *outageWatch) note(logger *slog.Logger, v verdict, fromRedis bool, now t
 		o.since, o.refused = time.Time{}, 0
 		o.on.Store(false)
 	}
-	news.log(logger, v.err)
+	news.log(logger, v.err, cmp.Or(o.store, "Redis"))
 	return news
 }
 
-// log logs o; cause is why this request was refused, when it was.
-func (o *Outage) log(logger *slog.Logger, cause error) {
+// log logs o; cause is why this request was refused, when it was, and
+// store what did not answer.
+func (o *Outage) log(logger *slog.Logger, cause error, store string) {
 	took := o.Duration.Round(time.Millisecond)
 	switch o.Phase {
 	case OutageBegan:
-		logger.Warn("idempotency: protected routes are refusing requests (503): Redis does not answer",
+		logger.Warn("idempotency: protected routes are refusing requests (503): "+store+" does not answer",
 			"refused", o.Refused, "error", cause)
 	case OutageOngoing:
-		logger.Warn("idempotency: protected routes are still refusing requests (503): Redis does not answer",
+		logger.Warn("idempotency: protected routes are still refusing requests (503): "+store+" does not answer",
 			"refused", o.Refused, "since", o.Since, "for", took, "error", cause)
 	case OutageEnded:
-		logger.Info("idempotency: protected routes answer again: Redis answers",
+		logger.Info("idempotency: protected routes answer again: "+store+" answers",
 			"refused", o.Refused, "for", took)
 	}
 }

@@ -6,15 +6,16 @@ import (
 )
 
 // Ready reports whether the middleware can serve protected requests now:
-// nil once Redis answered a PING within the store timeout, and otherwise
-// an error that matches ErrStoreUnavailable. A load balancer's readiness
-// probe that asks it takes an instance cut off from Redis out of rotation,
+// nil once the store answered (Redis a PING, a database a ping) within the
+// store timeout, and otherwise an error that matches ErrStoreUnavailable.
+// A load balancer's readiness probe that asks it takes an instance cut off
+// from its store out of rotation,
 // rather than leave it answering its share of requests 503. It writes
 // nothing, so probes never add to what Redis keeps.
 func (m *Middleware) Ready(ctx context.Context) error {
-	ctx, cancel := m.store.stepContext(ctx)
+	ctx, cancel := m.stepContext(ctx)
 	defer cancel()
-	if err := m.store.client.Ping(ctx).Err(); err != nil {
+	if err := m.keyStore.ping(ctx); err != nil {
 		return unavailable(err)
 	}
 	return nil

@@ -137,24 +137,49 @@ func (s *store) claimOn(ctx context.Context, via redis.Scripter, k keys, lockVal
 // claimArgs are claim.lua's ARGV. The lock value and the fingerprint may
 // be strings or pointers to them (see complete).
 func (s *store) claimArgs(k keys, lockValue, fingerprint any) []any {
-	issued, ttl := argNotIssued, s.recordTTL
-	if k.token != "" {
+	token, life, abandoned := s.cfg.claimTerms(k)
+	issued, ttl, retry := argNotIssued, s.recordTTL, s.retryAbandoned
+	switch token {
+	case "t":
 		issued = argIssued
-		switch {
-		case k.lookupOnly:
-			issued = argLookup
-		case !time.Now().Before(k.tokenExpires):
-			issued = argExpired
-		}
-		if life := k.lifetime(s.cfg.recordTTL); life > s.cfg.recordTTL {
-			ttl = life.Milliseconds()
-		}
+	case "r":
+		issued = argLookup
+	case "x":
+		issued = argExpired
 	}
-	retry := s.retryAbandoned
-	if k.resume && !s.cfg.takeover() {
+	if life != s.cfg.recordTTL {
+		ttl = life.Milliseconds()
+	}
+	if abandoned == "2" {
 		retry = argResume
 	}
 	return []any{lockValue, fingerprint, ttl, issued, retry, s.horizon, s.lease}
+}
+
+// claimTerms are what a claim of k asks beyond its lock value and
+// fingerprint (claim.lua's ARGV 3 to 5): how its token stands ("" none,
+// "t" issued, "x" past its expiry, "r" lookup only), how long its record
+// lives, and what becomes of a run it finds abandoned ("0" refused, "1"
+// taken over, "2" resumed once nothing can store for it).
+func (c *config) claimTerms(k keys) (token string, life time.Duration, abandoned string) {
+	life, abandoned = c.recordTTL, "0"
+	if c.takeover() {
+		abandoned = "1"
+	}
+	if k.token != "" {
+		token = "t"
+		switch {
+		case k.lookupOnly:
+			token = "r"
+		case !time.Now().Before(k.tokenExpires):
+			token = "x"
+		}
+		life = max(life, k.lifetime(c.recordTTL))
+	}
+	if k.resume && !c.takeover() {
+		abandoned = "2"
+	}
+	return token, life, abandoned
 }
 
 // claimReply reads claim.lua's reply.
@@ -184,17 +209,17 @@ func (s *store) claimReply(k keys, cmd *redis.Cmd) (claim, error) {
 		return cl, nil
 	case "done":
 		if len(reply) != 3 {
-			return s.unreadable(k, errCorruptRecord), nil
+			return unreadableClaim(s.cfg, k, errCorruptRecord), nil
 		}
 		ttl, _ := reply[2].(int64)
 		rec, err := decodeRecord(text)
 		if err != nil {
-			return s.unreadable(k, err), nil
+			return unreadableClaim(s.cfg, k, err), nil
 		}
 		rec.expires = time.Now().Add(time.Duration(ttl) * time.Millisecond)
 		return claim{outcome: outcomeDone, rec: rec}, nil
 	case "corrupt":
-		return s.unreadable(k, errCorruptRecord), nil
+		return unreadableClaim(s.cfg, k, errCorruptRecord), nil
 	case "unknown":
 		return claim{outcome: outcomeUnknown}, nil
 	case "expired":
@@ -217,8 +242,8 @@ func (s *store) claimReply(k keys, cmd *redis.Cmd) (claim, error) {
 // unreadable is the claim of a key whose record cannot be read. The
 // handler ran; what it answered is lost to us. Retrying cannot help, so
 // this is no store failure.
-func (s *store) unreadable(k keys, err error) claim {
-	s.cfg.logger.Error("idempotency: stored answer cannot be decoded; duplicates get the "+
+func unreadableClaim(cfg *config, k keys, err error) claim {
+	cfg.logger.Error("idempotency: stored answer cannot be decoded; duplicates get the "+
 		"unreadable-record problem until the record expires", "key", k.record, "error", err)
 	return claim{outcome: outcomeUnreadable}
 }
@@ -323,11 +348,8 @@ func (s *store) journal(ctx context.Context, k keys, lockValue string, entry []b
 	return runProof{owned: int(reply[0]), left: time.Duration(reply[1]) * time.Millisecond}, nil
 }
 
-// stepContext bounds one Redis step. It outlives the request's own context:
-// a step that started must finish even when the client has gone.
-func (s *store) stepContext(parent context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(parent), s.cfg.storeTimeout)
-}
+// ping asks Redis for a PONG.
+func (s *store) ping(ctx context.Context) error { return s.client.Ping(ctx).Err() }
 
 var errCorruptRecord = errors.New("idempotency: corrupt stored record")
 

@@ -73,6 +73,9 @@ func (w *signerWatch) signed() {
 // and, when check is set, logs the keys of others that this ring lacks.
 func (w *signerWatch) announce(check bool) {
 	m := w.m
+	if m.store == nil {
+		return // keys in SQL: instances are not compared; each signs as configured
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.storeTimeout)
 	defer cancel()
 	name := m.cfg.prefix + ":token-signers"

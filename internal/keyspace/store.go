@@ -56,6 +56,11 @@ func LoadScripts(ctx context.Context, c redis.Scripter) error {
 	return settleScript.Load(ctx, c).Err()
 }
 
+// ErrNotRedis is returned for a middleware that keeps its keys in an SQL
+// database: the operator's API reads and settles Redis records only.
+var ErrNotRedis = errors.New("idempotency/admin: this middleware keeps its keys in SQL (NewSQL); " +
+	"the operator's API reads Redis only")
+
 // ErrNotInterrupted is returned by Resolve and Forget for a key that is not
 // interrupted by the claim they were given (it has no record or a
 // forgotten one, its answer is stored, its executor holds its lock, or it
@@ -98,6 +103,9 @@ type State struct {
 // Inspect reads the key named key: its record's name (State.Key), or
 // the name of its lock or waiters flag.
 func (s *Store) Inspect(ctx context.Context, key string) (State, error) {
+	if s.Client == nil {
+		return State{}, ErrNotRedis
+	}
 	k, err := Parse(s.Prefix, key)
 	if err != nil {
 		return State{}, err
@@ -113,6 +121,10 @@ const scanPage = 1000
 // per step on every master (admin.Operator.Interrupted).
 func (s *Store) Interrupted(ctx context.Context) iter.Seq2[State, error] {
 	return func(yield func(State, error) bool) {
+		if s.Client == nil {
+			yield(State{}, ErrNotRedis)
+			return
+		}
 		nodes, err := keyspaces(ctx, s.Client)
 		if err != nil {
 			yield(State{}, err)
@@ -262,6 +274,9 @@ func (s *Store) Forget(ctx context.Context, st State) error {
 // settle runs settle.lua on the key st describes, for the claim
 // st saw: a key claimed anew since may be running, stalled past its lease.
 func (s *Store) settle(ctx context.Context, st State, mode string, answer ...any) error {
+	if s.Client == nil {
+		return ErrNotRedis
+	}
 	k, err := Parse(s.Prefix, st.Key)
 	if err != nil {
 		return err

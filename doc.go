@@ -100,7 +100,11 @@
 //	nested.go        a route protected twice: the inner layer steps aside
 //	header.go        the stored header block
 //	record.go        a record as Redis holds it: one string in keyspace's one layout, read and written whole
+//	keystore.go      the store port: what a key's life needs from storage
 //	store.go         the Redis store, one method per script in lua/
+//	sqlstore.go      NewSQL, WithSQLTable: the SQL store, one transaction per operation
+//	sqlrow.go        a key's row, and the Go twins of the scripts that change it
+//	sqlstatements.go the SQL store's table and statements, per dialect
 //	outcomestore.go  OutcomeStore, Answer: answers committed with the handler's writes
 //	outcome.go       Outcome: what the middleware did with a request
 //	observe.go       Event, WithObserver's reports, LogObserver

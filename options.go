@@ -40,6 +40,7 @@ type config struct {
 	resume          bool
 	outcomes        OutcomeStore
 	replicaAcks     int
+	sqlTable        string // NewSQL's table (WithSQLTable)
 	replicaWait     time.Duration
 	sessionCookie   string
 	formField       string

@@ -1,0 +1,158 @@
+package sqlstoretest
+
+import (
+	"database/sql"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/onceonly/idempotency/internal/sqltest"
+)
+
+// viaProxy opens the database of d again through a TCP proxy, which a
+// test can cut or make lose a reply.
+func viaProxy(t *testing.T, d *sqltest.DB) (*sql.DB, *redistest.Proxy) {
+	var server string
+	dsn := d.DSN
+	switch d.Kind {
+	case sqltest.PostgreSQL:
+		u, err := url.Parse(d.DSN)
+		require.NoError(t, err)
+		server = u.Host
+		proxy := redistest.NewProxy(t, server)
+		u.Host = proxy.Addr()
+		db, err := sql.Open(d.Driver, u.String())
+		require.NoError(t, err)
+		t.Cleanup(func() { db.Close() })
+		return db, proxy
+	case sqltest.MySQL:
+		at := regexp.MustCompile(`tcp\(([^)]*)\)`).FindStringSubmatch(dsn)
+		require.NotNil(t, at, "MYSQL_DSN names no tcp(host:port)")
+		proxy := redistest.NewProxy(t, at[1])
+		db, err := sql.Open(d.Driver, strings.Replace(dsn, at[0], "tcp("+proxy.Addr()+")", 1))
+		require.NoError(t, err)
+		t.Cleanup(func() { db.Close() })
+		return db, proxy
+	}
+	t.Skip("SQLite has no connection to cut")
+	return nil, nil
+}
+
+// eachServer runs fn on PostgreSQL and MySQL/MariaDB, the databases with a
+// connection to cut.
+func eachServer(t *testing.T, fn func(t *testing.T, d *sqltest.DB)) {
+	for _, kind := range []sqltest.Kind{sqltest.PostgreSQL, sqltest.MySQL} {
+		t.Run(string(kind), func(t *testing.T) { fn(t, sqltest.Open(t, kind)) })
+	}
+}
+
+// shop is a key-mode route on m that counts its runs.
+func shop(t *testing.T, m *idempotency.Middleware) (*httptest.Server, *atomic.Int32) {
+	runs := new(atomic.Int32)
+	srv := httptest.NewServer(m.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "paid "+r.Header.Get("Idempotency-Key"))
+	})))
+	t.Cleanup(srv.Close)
+	return srv, runs
+}
+
+func post(t *testing.T, srv *httptest.Server, key string) *http.Response {
+	req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{"amount":5}`))
+	require.NoError(t, err)
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	return resp
+}
+
+// A database that does not answer is 503 store-unavailable with
+// Retry-After, as a Redis that does not: nothing runs, and once it answers
+// again the request runs once and what was stored before replays.
+func TestDatabaseCutOffIsStoreUnavailable(t *testing.T) {
+	eachServer(t, func(t *testing.T, d *sqltest.DB) {
+		db, proxy := viaProxy(t, d)
+		m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_cut")),
+			idempotency.WithSharedKeys(), idempotency.WithStoreTimeout(300*time.Millisecond))
+		srv, runs := shop(t, m)
+		require.Equal(t, http.StatusCreated, post(t, srv, "before").StatusCode)
+
+		proxy.StartBlackhole()
+		resp := post(t, srv, "during")
+		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+		require.Contains(t, resp.Header.Get("Content-Type"), "application/problem+json")
+		require.NotEmpty(t, resp.Header.Get("Retry-After"))
+		require.Error(t, m.Ready(t.Context()), "Ready says so too")
+		require.EqualValues(t, 1, runs.Load(), "nothing ran while the database was cut off")
+		proxy.EndBlackhole()
+
+		require.Eventually(t, func() bool { return post(t, srv, "during").StatusCode == http.StatusCreated },
+			10*time.Second, 100*time.Millisecond)
+		require.EqualValues(t, 2, runs.Load())
+		replay := post(t, srv, "before")
+		require.Equal(t, http.StatusCreated, replay.StatusCode)
+		require.Equal(t, "true", replay.Header.Get(idempotency.ReplayedHeader))
+		require.NoError(t, m.Ready(t.Context()))
+	})
+}
+
+// A claim whose COMMIT reply is lost may or may not have committed: the
+// request is refused (503), its claim undone in the background, and the
+// retry runs the handler exactly once.
+func TestLostCommitReplyRunsOnce(t *testing.T) {
+	eachServer(t, func(t *testing.T, d *sqltest.DB) {
+		db, proxy := viaProxy(t, d)
+		m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_lost")),
+			idempotency.WithSharedKeys(), idempotency.WithLockLease(time.Second))
+		srv, runs := shop(t, m)
+		require.Equal(t, http.StatusCreated, post(t, srv, "warm").StatusCode) // the table exists
+
+		proxy.DropNextReply("commit")
+		resp := post(t, srv, "k")
+		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+		require.EqualValues(t, 1, proxy.Dropped(), "the claim's COMMIT reply was lost")
+		require.EqualValues(t, 1, runs.Load(), "the handler did not run")
+
+		require.Eventually(t, func() bool { return post(t, srv, "k").StatusCode == http.StatusCreated },
+			15*time.Second, 100*time.Millisecond)
+		require.EqualValues(t, 2, runs.Load(), "the retry ran the handler once")
+		require.Equal(t, "true", post(t, srv, "k").Header.Get(idempotency.ReplayedHeader))
+		require.EqualValues(t, 2, runs.Load())
+	})
+}
+
+// The store of an answer whose reply is lost is tried again in the
+// background: the caller still gets its answer, and every retry replays
+// it without running the handler again.
+func TestLostStoreReplyKeepsTheAnswer(t *testing.T) {
+	eachServer(t, func(t *testing.T, d *sqltest.DB) {
+		db, proxy := viaProxy(t, d)
+		m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_store")),
+			idempotency.WithSharedKeys())
+		srv, runs := shop(t, m)
+		// The table exists, and no connection has prepared the store's
+		// UPDATE yet: its text goes out with the first one.
+		require.NoError(t, m.Ready(t.Context()))
+
+		proxy.DropNextReply("case when holder") // the store's UPDATE
+		require.Equal(t, http.StatusCreated, post(t, srv, "k").StatusCode)
+		require.EqualValues(t, 1, proxy.Dropped())
+		require.Eventually(t, func() bool {
+			resp := post(t, srv, "k")
+			return resp.StatusCode == http.StatusCreated && resp.Header.Get(idempotency.ReplayedHeader) == "true"
+		}, 15*time.Second, 100*time.Millisecond)
+		require.EqualValues(t, 1, runs.Load(), "the handler ran once")
+	})
+}

@@ -1,0 +1,83 @@
+package idempotency
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/onceonly/idempotency/sqldialect"
+)
+
+// sqlStatements are the SQL store's statements for one dialect and table.
+// The table, one row per key:
+//
+//	id            the key's record name (keys.go), as Redis names it
+//	record        the record's text (internal/keyspace's layout), NULL for none
+//	record_until  when the record expires: the database's clock, µs since 1970
+//	holder        the lock value whose lease holds the key, '' for none
+//	holder_until  when that lease lapses, µs
+//
+// Every time comes from the database's clock (now), read in the statement
+// that uses it, so that instances whose clocks disagree still agree on
+// when a lease lapses.
+type sqlStatements struct {
+	create []string
+	insert string // the key's row, unless it exists (its lock, on MySQL)
+	read   string // the row, unlocked
+	lock   string // the row, locked until the transaction ends
+	update string // the row, written back
+	store  string // an answer over the claim as it was written, in one statement
+	purge  string // up to purgeBatch rows with neither a record nor a lease
+}
+
+func statementsFor(d sqldialect.Dialect, table string) sqlStatements {
+	var now, insert, forUpdate, create, purge string
+	index := strings.ReplaceAll(strings.ReplaceAll(table, `"`, ""), ".", "_") + "_until"
+	switch d {
+	case sqldialect.PostgreSQL:
+		now = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000 AS BIGINT)"
+		insert = "INSERT INTO " + table + " (id) VALUES (?) ON CONFLICT (id) DO NOTHING"
+		forUpdate = " FOR UPDATE"
+		create = "CREATE TABLE IF NOT EXISTS " + table + " (id TEXT PRIMARY KEY, record BYTEA, " +
+			"record_until BIGINT NOT NULL DEFAULT 0, holder TEXT NOT NULL DEFAULT '', holder_until BIGINT NOT NULL DEFAULT 0)"
+	case sqldialect.MySQL:
+		now = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
+		// ON DUPLICATE KEY UPDATE locks an existing row at once: INSERT
+		// IGNORE would take a shared lock, and two of them upgrading to
+		// FOR UPDATE deadlock.
+		insert = "INSERT INTO " + table + " (id) VALUES (?) ON DUPLICATE KEY UPDATE id = id"
+		forUpdate = " FOR UPDATE"
+		create = "CREATE TABLE IF NOT EXISTS " + table + " (id VARBINARY(512) NOT NULL PRIMARY KEY, record LONGBLOB NULL, " +
+			"record_until BIGINT NOT NULL DEFAULT 0, holder VARBINARY(64) NOT NULL DEFAULT '', " +
+			"holder_until BIGINT NOT NULL DEFAULT 0, KEY " + d.Quote(strings.ReplaceAll(index, "`", "")) +
+			" (record_until)) ENGINE=InnoDB"
+	default: // SQLite: its clock has milliseconds
+		now = "CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)"
+		insert = "INSERT OR IGNORE INTO " + table + " (id) VALUES (?)"
+		create = "CREATE TABLE IF NOT EXISTS " + table + " (id TEXT PRIMARY KEY, record BLOB, " +
+			"record_until INTEGER NOT NULL DEFAULT 0, holder TEXT NOT NULL DEFAULT '', holder_until INTEGER NOT NULL DEFAULT 0)"
+	}
+	q := sqlStatements{create: []string{create}}
+	if d != sqldialect.MySQL {
+		q.create = append(q.create, "CREATE INDEX IF NOT EXISTS "+d.Quote(strings.ReplaceAll(index, "`", ""))+
+			" ON "+table+" (record_until)")
+	}
+	expired := "record_until <= " + now + " AND holder_until <= " + now
+	if d == sqldialect.MySQL {
+		purge = "DELETE FROM " + table + " WHERE " + expired + " LIMIT " + strconv.Itoa(purgeBatch)
+	} else {
+		purge = "DELETE FROM " + table + " WHERE id IN (SELECT id FROM " + table + " WHERE " + expired + " LIMIT " + strconv.Itoa(purgeBatch) + ")"
+	}
+	read := "SELECT record, record_until, holder, holder_until, " + now + " FROM " + table + " WHERE id = ?"
+	q.insert = d.Bind(insert)
+	q.read = d.Bind(read)
+	q.lock = d.Bind(read + forUpdate)
+	q.update = d.Bind("UPDATE " + table + " SET record = ?, record_until = ?, holder = ?, holder_until = ? WHERE id = ?")
+	// MySQL assigns left to right, each assignment seeing the ones before:
+	// holder_until goes before the holder it tests.
+	q.store = d.Bind("UPDATE " + table + " SET record = ?, record_until = " + now + " + ?, " +
+		"holder_until = CASE WHEN holder = ? THEN 0 ELSE holder_until END, " +
+		"holder = CASE WHEN holder = ? THEN '' ELSE holder END " +
+		"WHERE id = ? AND record = ? AND record_until > " + now)
+	q.purge = d.Bind(purge)
+	return q
+}

@@ -1,0 +1,359 @@
+package idempotency
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/onceonly/idempotency/sqldialect"
+)
+
+// SQLDialect is the SQL flavour of the database NewSQL keeps keys in: the
+// same value as sqlidem's and optimistic's Dialect.
+type SQLDialect = sqldialect.Dialect
+
+// The databases NewSQL speaks to.
+const (
+	// SQLite, for one process: every operation of the store takes a lock
+	// of the process, and SQLite's own locking covers no second writer.
+	// Open it with a busy timeout (modernc.org/sqlite:
+	// ?_pragma=busy_timeout(5000)).
+	SQLite = sqldialect.SQLite
+	// PostgreSQL.
+	PostgreSQL = sqldialect.PostgreSQL
+	// MySQL and MariaDB (InnoDB).
+	MySQL = sqldialect.MySQL
+)
+
+// DefaultSQLTable is the table NewSQL keeps keys in unless WithSQLTable
+// names another.
+const DefaultSQLTable = "idempotency_keys"
+
+// NewSQL returns a Middleware that keeps its keys in db, a PostgreSQL,
+// MySQL/MariaDB or (for one process) SQLite database, with no Redis at
+// all: every promise of New holds, each Redis script becoming one
+// transaction on the key's row. It creates its table (DefaultSQLTable, or
+// WithSQLTable's) when it first reaches the database, and purges expired
+// rows as it goes, with no job of its own to schedule.
+//
+// What Redis gives and a database does not: a waiting duplicate polls
+// (50 ms, growing to 500 ms) rather than being told, WithReplicaAcks has
+// no meaning (use the database's own synchronous replication), and the
+// operator's package admin reads Redis only. It panics when an option is
+// invalid, as New does; a database that does not answer is 503
+// store-unavailable per request, not a failure at start-up.
+func NewSQL(db *sql.DB, dialect SQLDialect, opts ...Option) *Middleware {
+	if db == nil {
+		panic("idempotency: nil database")
+	}
+	if !dialect.Valid() {
+		panic(fmt.Sprintf("idempotency: NewSQL: unknown dialect %v", dialect))
+	}
+	m := newMiddleware(opts)
+	if m.cfg.replicaAcks > 0 {
+		panic("idempotency: WithReplicaAcks waits for Redis replicas; NewSQL keeps keys in a database, " +
+			"whose own synchronous replication does that")
+	}
+	table := m.cfg.sqlTable
+	if table == "" {
+		table = DefaultSQLTable
+	}
+	if !sqldialect.ValidName(table, dialect != SQLite) {
+		panic(fmt.Sprintf("idempotency: WithSQLTable(%q): not a table name", table))
+	}
+	m.keyStore = newSQLStore(db, dialect, table, &m.cfg)
+	m.outage.store = "the database"
+	remember(m)
+	return m
+}
+
+// WithSQLTable names the table NewSQL keeps keys in (DefaultSQLTable when
+// not set): a name, or schema.name. Two middlewares that share a database
+// and a key prefix may share it.
+func WithSQLTable(name string) Option { return func(c *config) { c.sqlTable = name } }
+
+// sqlStore keeps keys in a database: one row per key, the record and the
+// lease in it (keyRow), each operation one transaction that reads the row
+// under a lock (SELECT … FOR UPDATE; SQLite, a lock of the process) and
+// writes it back when it changed. A duplicate of a finished key is one
+// SELECT, and storing an answer over the claim as it was written is one
+// UPDATE.
+type sqlStore struct {
+	db      *sql.DB
+	dialect SQLDialect
+	cfg     *config
+	q       sqlStatements
+	serial  sync.Mutex // SQLite: one operation at a time
+
+	schema    sync.Mutex
+	ready     atomic.Bool  // the table exists
+	lastPurge atomic.Int64 // unix nanoseconds of the last purge
+}
+
+func newSQLStore(db *sql.DB, d SQLDialect, table string, cfg *config) *sqlStore {
+	return &sqlStore{db: db, dialect: d, cfg: cfg, q: statementsFor(d, d.Quote(table))}
+}
+
+// ensureTable creates the table the first time the database answers.
+func (s *sqlStore) ensureTable(ctx context.Context) error {
+	if s.ready.Load() {
+		return nil
+	}
+	s.schema.Lock()
+	defer s.schema.Unlock()
+	if s.ready.Load() {
+		return nil
+	}
+	for _, stmt := range s.q.create {
+		if _, err := s.db.ExecContext(ctx, stmt); err != nil && !sqldialect.DuplicateIndex(err) {
+			return fmt.Errorf("idempotency: creating the keys table: %w", err)
+		}
+	}
+	s.ready.Store(true)
+	return nil
+}
+
+// errSQLRetries: a transaction met a deadlock or a serialization failure
+// too many times in a row.
+var errSQLRetries = errors.New("idempotency: the database kept refusing the transaction as a conflict")
+
+// withRow runs fn on the key's row in one transaction, read under a lock,
+// and writes the row back when fn changed it. A transaction the database
+// refuses as a conflict (a deadlock, a serialization failure) runs again:
+// nothing of it was written.
+func (s *sqlStore) withRow(ctx context.Context, id string, fn func(r *keyRow)) error {
+	if err := s.ensureTable(ctx); err != nil {
+		return err
+	}
+	s.purgeNow()
+	if s.dialect == SQLite {
+		s.serial.Lock()
+		defer s.serial.Unlock()
+	}
+	for range 5 {
+		err := s.rowTx(ctx, id, fn)
+		// No row after the insert: a purge deleted it between the two.
+		if !sqldialect.Retryable(err) && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+	}
+	return errSQLRetries
+}
+
+func (s *sqlStore) rowTx(ctx context.Context, id string, fn func(r *keyRow)) (err error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			tx.Rollback()
+		}
+	}()
+	// The row exists before it is locked, so that two claims of a fresh
+	// key queue on one row lock rather than both insert.
+	if _, err = tx.ExecContext(ctx, s.q.insert, id); err != nil {
+		return err
+	}
+	var r keyRow
+	if err = s.scanRow(tx.QueryRowContext(ctx, s.q.lock, id), &r); err != nil {
+		return err
+	}
+	fn(&r)
+	if r.changed {
+		var record any // NULL for none
+		if r.record != "" {
+			record = []byte(r.record)
+		}
+		if _, err = tx.ExecContext(ctx, s.q.update, record, r.recordUntil, r.holder, r.holderUntil, id); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// scanRow reads a row as the store's statements select it, and drops what
+// has expired: a record past its life, a lease past its end.
+func (s *sqlStore) scanRow(row *sql.Row, r *keyRow) error {
+	var record []byte
+	if err := row.Scan(&record, &r.recordUntil, &r.holder, &r.holderUntil, &r.now); err != nil {
+		return err
+	}
+	if r.recordUntil > r.now {
+		r.record = string(record)
+	} else {
+		r.recordUntil = 0
+	}
+	if r.holderUntil <= r.now {
+		r.holder, r.holderUntil = "", 0
+	}
+	return nil
+}
+
+// claim runs keyRow.claim. A key whose record is finished (the common
+// duplicate) is answered by one SELECT, without a transaction: nothing
+// changes a finished record but its expiry.
+func (s *sqlStore) claim(ctx context.Context, k keys, lockValue, fingerprint string) (claim, error) {
+	token, life, abandoned := s.cfg.claimTerms(k)
+	ask := claimAsk{lockValue: lockValue, fingerprint: fingerprint, token: token, abandoned: abandoned,
+		life: life.Microseconds(), horizon: s.cfg.claimHorizon().Microseconds(), lease: s.cfg.lease.Microseconds()}
+	if s.ready.Load() {
+		var r keyRow
+		err := s.scanRow(s.db.QueryRowContext(ctx, s.q.read, k.record), &r)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return claim{}, err
+		default:
+			if found := r.claim(ask); !r.changed && found.word != "claimed" && found.word != "held" &&
+				found.word != "running" {
+				return s.claimOf(k, found)
+			}
+		}
+	}
+	var found claimFound
+	if err := s.withRow(ctx, k.record, func(r *keyRow) { found = r.claim(ask) }); err != nil {
+		return claim{}, err
+	}
+	return s.claimOf(k, found)
+}
+
+// claimOf is the claim a row's claim found, as store.claimReply reads
+// claim.lua's reply.
+func (s *sqlStore) claimOf(k keys, f claimFound) (claim, error) {
+	switch f.word {
+	case "claimed":
+		fence, err := strconv.ParseUint(f.fence, 10, 64)
+		if err != nil || fence == 0 {
+			return claim{}, fmt.Errorf("idempotency: bad fencing token %q", f.fence)
+		}
+		cl := claim{outcome: outcomeClaimed, fence: fence, retaken: f.retaken}
+		if f.retaken {
+			cl.journal = &f.journal
+		}
+		return cl, nil
+	case "done":
+		rec, err := decodeRecord(f.record)
+		if err != nil {
+			return unreadableClaim(s.cfg, k, err), nil
+		}
+		rec.expires = time.Now().Add(time.Duration(f.ttl) * time.Millisecond)
+		return claim{outcome: outcomeDone, rec: rec}, nil
+	case "corrupt":
+		return unreadableClaim(s.cfg, k, errCorruptRecord), nil
+	case "running":
+		return claim{outcome: outcomeRunning, horizonIn: time.Duration(max(f.horizonIn, 0)) * time.Millisecond}, nil
+	}
+	return claim{outcome: wordOutcomes[f.word]}, nil
+}
+
+// wordOutcomes are the claim's replies that carry nothing but their word.
+var wordOutcomes = map[string]claimOutcome{"unknown": outcomeUnknown, "expired": outcomeExpired,
+	"mismatch": outcomeMismatch, "big": outcomeBig, "abandoned": outcomeAbandoned, "held": outcomeHeld}
+
+// complete stores the answer. Over the record as the claim wrote it (the
+// common case) that is one conditional UPDATE; otherwise keyRow.complete
+// decides, in a transaction.
+func (s *sqlStore) complete(ctx context.Context, k keys, lockValue *string, fp string, fence uint64, rec *record, ttl time.Duration) (completion, error) {
+	texts := newCompletionTexts(fp, *lockValue, fence, rec)
+	stored, claimed := texts.buf[texts.claimed:], texts.buf[:texts.claimed]
+	life := k.lifetime(ttl).Microseconds()
+	if err := s.ensureTable(ctx); err != nil {
+		return 0, err
+	}
+	res, err := s.db.ExecContext(ctx, s.q.store, stored, life, *lockValue, *lockValue, k.record, claimed)
+	if err != nil {
+		return 0, err
+	}
+	if n, err := res.RowsAffected(); err == nil && n == 1 {
+		return completed, nil
+	}
+	var result int
+	err = s.withRow(ctx, k.record, func(r *keyRow) {
+		result = r.complete(*lockValue, string(stored), string(claimed), life)
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case result == 0:
+		return 0, ErrLockLost
+	case result == 2:
+		return rewritten, nil
+	}
+	return completed, nil
+}
+
+func (s *sqlStore) release(ctx context.Context, k keys, lockValue string) error {
+	return s.withRow(ctx, k.record, func(r *keyRow) { r.release(lockValue) })
+}
+
+func (s *sqlStore) keep(ctx context.Context, k keys, lockValue string) error {
+	return s.withRow(ctx, k.record, func(r *keyRow) { r.keep(lockValue) })
+}
+
+func (s *sqlStore) renew(ctx context.Context, k keys, lockValue string, retake bool) (bool, error) {
+	var ours bool
+	err := s.withRow(ctx, k.record, func(r *keyRow) { ours = r.renew(lockValue, s.cfg.lease.Microseconds(), retake) })
+	return ours, err
+}
+
+func (s *sqlStore) unlock(ctx context.Context, k keys, lockValue string) error {
+	return s.withRow(ctx, k.record, func(r *keyRow) { r.letGo(lockValue) })
+}
+
+func (s *sqlStore) journal(ctx context.Context, k keys, lockValue string, entry []byte, before int) (runProof, error) {
+	var retake int64
+	if !s.cfg.takeover() {
+		retake = s.cfg.lease.Microseconds() // as for Redis: a live run takes its lapsed lease back
+	}
+	var p runProof
+	err := s.withRow(ctx, k.record, func(r *keyRow) {
+		owned, left := r.step(lockValue, string(entry), before, retake)
+		p = runProof{owned: owned, left: time.Duration(left) * time.Millisecond}
+	})
+	return p, err
+}
+
+// watch: a database tells nobody, so waiters poll.
+func (s *sqlStore) watch(context.Context, keys, time.Duration) (*watcher, error) { return nil, nil }
+
+func (s *sqlStore) ping(ctx context.Context) error {
+	if err := s.db.PingContext(ctx); err != nil {
+		return err
+	}
+	return s.ensureTable(ctx)
+}
+
+// purgeEvery is how often an instance deletes expired rows, and
+// purgeBatch how many at most each time: a purge never holds many row
+// locks, and a table that grows faster is caught up over the next ones.
+const (
+	purgeEvery = time.Minute
+	purgeBatch = 1000
+)
+
+// purgeNow starts a purge in the background when the last one is
+// purgeEvery old.
+func (s *sqlStore) purgeNow() {
+	last := s.lastPurge.Load()
+	now := time.Now().UnixNano()
+	if now-last < int64(purgeEvery) || !s.lastPurge.CompareAndSwap(last, now) {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*s.cfg.storeTimeout)
+		defer cancel()
+		if s.dialect == SQLite {
+			s.serial.Lock()
+			defer s.serial.Unlock()
+		}
+		if _, err := s.db.ExecContext(ctx, s.q.purge); err != nil {
+			s.cfg.logger.Warn("idempotency: purging expired keys failed; the next purge tries again", "error", err)
+		}
+	}()
+}

@@ -19,10 +19,11 @@ type SQLDialect = sqldialect.Dialect
 
 // The databases NewSQL speaks to.
 const (
-	// SQLite, for one process: every operation of the store takes a lock
-	// of the process, and SQLite's own locking covers no second writer.
-	// Open it with a busy timeout (modernc.org/sqlite:
-	// ?_pragma=busy_timeout(5000)).
+	// SQLite, for the processes of one machine, on a local file: a
+	// process runs one operation of the store at a time, and SQLite's file
+	// lock orders the processes' transactions. Open it with a busy timeout
+	// (modernc.org/sqlite: ?_pragma=busy_timeout(5000)), and in WAL mode
+	// so that duplicates read while a claim writes.
 	SQLite = sqldialect.SQLite
 	// PostgreSQL.
 	PostgreSQL = sqldialect.PostgreSQL
@@ -35,7 +36,7 @@ const (
 const DefaultSQLTable = "idempotency_keys"
 
 // NewSQL returns a Middleware that keeps its keys in db, a PostgreSQL,
-// MySQL/MariaDB or (for one process) SQLite database, with no Redis at
+// MySQL/MariaDB or (on one machine) SQLite database, with no Redis at
 // all: every promise of New holds, each Redis script becoming one
 // transaction on the key's row. It creates its table (DefaultSQLTable, or
 // WithSQLTable's) when it first reaches the database, and purges expired
@@ -86,6 +87,7 @@ func WithSQLTable(name string) Option { return func(c *config) { c.sqlTable = na
 type sqlStore struct {
 	db      *sql.DB
 	dialect SQLDialect
+	table   string
 	cfg     *config
 	q       sqlStatements
 	serial  sync.Mutex // SQLite: one operation at a time
@@ -96,7 +98,7 @@ type sqlStore struct {
 }
 
 func newSQLStore(db *sql.DB, d SQLDialect, table string, cfg *config) *sqlStore {
-	return &sqlStore{db: db, dialect: d, cfg: cfg, q: statementsFor(d, d.Quote(table))}
+	return &sqlStore{db: db, dialect: d, table: table, cfg: cfg, q: statementsFor(d, d.Quote(table))}
 }
 
 // ensureTable creates the table the first time the database answers.
@@ -109,12 +111,28 @@ func (s *sqlStore) ensureTable(ctx context.Context) error {
 	if s.ready.Load() {
 		return nil
 	}
-	for _, stmt := range s.q.create {
-		if _, err := s.db.ExecContext(ctx, stmt); err != nil && !sqldialect.DuplicateIndex(err) {
-			return fmt.Errorf("idempotency: creating the keys table: %w", err)
+	var err error
+	// Instances that start together race to create the table, and
+	// PostgreSQL may refuse the loser's CREATE ... IF NOT EXISTS (a
+	// duplicate type): its next attempt finds the table.
+	for range 3 {
+		if err = s.createTable(ctx); err == nil {
+			s.ready.Store(true)
+			return nil
+		}
+		if ctx.Err() != nil {
+			break
 		}
 	}
-	s.ready.Store(true)
+	return fmt.Errorf("idempotency: creating the keys table: %w", err)
+}
+
+func (s *sqlStore) createTable(ctx context.Context) error {
+	for _, stmt := range s.q.create {
+		if _, err := s.db.ExecContext(ctx, stmt); err != nil && !sqldialect.DuplicateIndex(err) {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -352,8 +370,34 @@ func (s *sqlStore) purgeNow() {
 			s.serial.Lock()
 			defer s.serial.Unlock()
 		}
-		if _, err := s.db.ExecContext(ctx, s.q.purge); err != nil {
+		var err error
+		for range 3 {
+			if err = s.purge(ctx); !sqldialect.Retryable(err) {
+				break
+			}
+		}
+		if err != nil {
 			s.cfg.logger.Warn("idempotency: purging expired keys failed; the next purge tries again", "error", err)
 		}
 	}()
+}
+
+// purge deletes up to purgeBatch expired rows. On PostgreSQL and MySQL it
+// reads committed rows only: under MySQL's default repeatable read, the
+// range it scans would lock the gaps that new keys' rows go into, and
+// claims would wait for it.
+func (s *sqlStore) purge(ctx context.Context) error {
+	if s.dialect == SQLite {
+		_, err := s.db.ExecContext(ctx, s.q.purge)
+		return err
+	}
+	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, s.q.purge); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
 }

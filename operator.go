@@ -15,14 +15,23 @@ func init() {
 	keyspace.StoreOf = func(m any) *keyspace.Store { return m.(*Middleware).operated() }
 }
 
-// operated is the middleware's records as an operator sees them.
+// operated is the middleware's records as an operator sees them: in Redis,
+// or in NewSQL's table.
 func (m *Middleware) operated() *keyspace.Store {
-	var client redis.UniversalClient // none for SQL: the operator's calls say so
+	var (
+		client redis.UniversalClient
+		rows   *keyspace.SQLRows
+	)
 	if m.store != nil {
 		client = m.store.client
+	} else if s, ok := m.keyStore.(*sqlStore); ok {
+		// SQLite: the operator's settle takes the lock of the process that
+		// the store's own operations take.
+		rows = &keyspace.SQLRows{DB: s.db, Dialect: s.dialect, Table: s.table, Serial: &s.serial}
 	}
 	return &keyspace.Store{
 		Client:    client,
+		SQL:       rows,
 		Prefix:    m.cfg.prefix,
 		RecordTTL: m.cfg.recordTTL,
 		KeyReused: ErrKeyReused,

@@ -3,7 +3,9 @@
 // before storing an answer) and settles them. Without an outcome store such
 // a key is answered 409 interrupted for its record's whole TTL, because
 // only a person can find out whether the request took effect; cmd/idemctl
-// is a command over this package.
+// is a command over this package. It reads and settles the keys where the
+// middleware keeps them: in Redis (idempotency.New), or in its SQL table
+// (idempotency.NewSQL), with the same rules.
 //
 //	ops := admin.New(idem) // idem is the *idempotency.Middleware of the routes
 //	for st, err := range ops.Interrupted(ctx) {
@@ -28,31 +30,36 @@ import (
 // was claimed anew); they have changed nothing.
 var ErrNotInterrupted = keyspace.ErrNotInterrupted
 
-// KeyState is what Redis holds for one key, read in one step: the key's
+// KeyState is what Redis or the SQL table holds for one key, read in one
+// step: the key's
 // record name (Key), its state ("run", "done", "big", "none", or "corrupt"
 // for a record it cannot read), whether it is Interrupted, the claiming
 // request's Fingerprint, its Fence and Executions, the stored answer's
 // Status and BodySize, the record's TTL, the Owner it was claimed under
-// and the Lock held now, with its LockTTL, and whether another instance is
-// Waiting. Each field is documented on keyspace.State, which it names.
+// and the Lock held now (in SQL, the row's lease), with its LockTTL, and
+// whether another instance is Waiting (never, in SQL: waiters poll). Each
+// field is documented on keyspace.State, which it names.
 type KeyState = keyspace.State
 
 // An Operator reads and settles the keys of one middleware: its Redis
-// client, key prefix, record TTL, response limit and replay headers.
+// client or its database and table, key prefix, record TTL, response
+// limit and replay headers.
 type Operator struct {
 	store *keyspace.Store
 }
 
 // New returns the Operator of m's keys. m is configured as the middleware
-// that protects the routes is (at least its client, WithKeyPrefix,
-// WithRecordTTL, WithMaxResponseBytes and WithReplayHeaders); it need not
-// be the same value.
+// that protects the routes is (at least its client, or its database, SQL
+// dialect and WithSQLTable, and WithKeyPrefix, WithRecordTTL,
+// WithMaxResponseBytes and WithReplayHeaders); it need not be the same
+// value.
 func New(m *idempotency.Middleware) *Operator {
 	return &Operator{store: keyspace.StoreOf(m)}
 }
 
-// Inspect reads the key named key: its record's name (KeyState.Key), or
-// the name of its lock or waiters flag.
+// Inspect reads the key named key: its record's name (KeyState.Key, which
+// is also the id of its row in SQL), or the name of its lock or waiters
+// flag.
 func (o *Operator) Inspect(ctx context.Context, key string) (KeyState, error) {
 	return o.store.Inspect(ctx, key)
 }
@@ -60,9 +67,10 @@ func (o *Operator) Inspect(ctx context.Context, key string) (KeyState, error) {
 // Interrupted yields every interrupted key under the middleware's prefix,
 // read as Inspect reads it. It walks the keyspace with SCAN, on every
 // master of a Cluster, a page of keys per step, so that Redis is never
-// blocked for long: a key that becomes or stops being interrupted during
-// the walk may be missed. Break out of the loop to stop early; an error
-// ends the sequence.
+// blocked for long; in SQL it reads the table a page of rows per step, in
+// the order of their ids, and locks none. Either way a key that becomes
+// or stops being interrupted during the walk may be missed. Break out of
+// the loop to stop early; an error ends the sequence.
 func (o *Operator) Interrupted(ctx context.Context) iter.Seq2[KeyState, error] {
 	return o.store.Interrupted(ctx)
 }
@@ -87,8 +95,8 @@ func (o *Operator) Interrupted(ctx context.Context) iter.Seq2[KeyState, error] {
 // stalled, it finds that when it wakes and stores nothing.
 //
 // Resolve with the same st and a again, while the record is the one it
-// stored (go-redis resending a Resolve whose reply was lost, say), reports
-// success. Nothing else that finds the key settled does: a Resolve of a
+// stored (go-redis resending a Resolve whose reply was lost, or a commit
+// whose reply the database's connection lost, say), reports success. Nothing else that finds the key settled does: a Resolve of a
 // key already resolved with another answer, or forgotten, returns an error
 // wrapping ErrNotInterrupted, since the key does not replay a.
 //
@@ -107,7 +115,7 @@ func (o *Operator) Resolve(ctx context.Context, st KeyState, a idempotency.Answe
 // included, its executor holds the lock, or a retry claimed it anew since
 // it was forgotten), Forget returns an error wrapping ErrNotInterrupted
 // and has changed nothing. Forget with the same st again, while the record
-// is still the one it forgot (go-redis resending a Forget whose reply was
+// is still the one it forgot (a Forget sent again after its reply was
 // lost, say), reports success. Should the interrupted executor only have
 // stalled, and store its answer after all before a retry ran again, that
 // answer is the key's.

@@ -1,7 +1,8 @@
-// Package keyspace is the operator's view of the middleware's Redis
-// records: how a key's record, lock and waiters flag are named, what
-// inspect.lua reads of them and how settle.lua settles an interrupted one.
-// The middleware hands a Store to package admin; both read the layout here.
+// Package keyspace is the operator's view of the middleware's records, in
+// Redis or in an SQL table: how a key's record, lock and waiters flag are
+// named, what inspect.lua reads of them and how settle.lua settles an
+// interrupted one (sqlrows.go: their twins on a table's rows). The
+// middleware hands a Store to package admin; both read the layout here.
 package keyspace
 
 import (
@@ -31,9 +32,11 @@ var (
 	settleScript  = RecordScript(settleSource)
 )
 
-// A Store is one middleware's records, as the operator sees them.
+// A Store is one middleware's records, as the operator sees them: in
+// Redis (Client) or, for a middleware made by NewSQL, in a table (SQL).
 type Store struct {
 	Client    redis.UniversalClient
+	SQL       *SQLRows
 	Prefix    string
 	RecordTTL time.Duration
 	// Record turns an answer into the record fields the middleware would
@@ -56,10 +59,8 @@ func LoadScripts(ctx context.Context, c redis.Scripter) error {
 	return settleScript.Load(ctx, c).Err()
 }
 
-// ErrNotRedis is returned for a middleware that keeps its keys in an SQL
-// database: the operator's API reads and settles Redis records only.
-var ErrNotRedis = errors.New("idempotency/admin: this middleware keeps its keys in SQL (NewSQL); " +
-	"the operator's API reads Redis only")
+// errNoStore is returned by a Store that names neither Redis nor a table.
+var errNoStore = errors.New("admin: the middleware names no store (neither a Redis client nor an SQL table)")
 
 // ErrNotInterrupted is returned by Resolve and Forget for a key that is not
 // interrupted by the claim they were given (it has no record or a
@@ -67,7 +68,8 @@ var ErrNotRedis = errors.New("idempotency/admin: this middleware keeps its keys 
 // was claimed anew); they have changed nothing.
 var ErrNotInterrupted = errors.New("admin: key is not interrupted")
 
-// State is what Redis holds for one key, read in one step (admin.KeyState).
+// State is what Redis or the SQL table holds for one key, read in one
+// step (admin.KeyState).
 type State struct {
 	// Key names the key's record, as the middleware's log lines and
 	// idempotency.Execution.Key (an outcome store's primary key) do.
@@ -94,21 +96,27 @@ type State struct {
 	TTL time.Duration
 	// Owner is the lock value the latest execution claimed the key with;
 	// Lock is the value the lock holds now ("" when free), for LockTTL.
+	// In SQL the lock is the row's lease (its holder), read on the
+	// database's clock.
 	Owner, Lock string
 	LockTTL     time.Duration
-	// Waiting: another instance waits for the lock.
+	// Waiting: another instance waits for the lock. Always false in SQL,
+	// where waiters poll and leave no mark.
 	Waiting bool
 }
 
 // Inspect reads the key named key: its record's name (State.Key), or
 // the name of its lock or waiters flag.
 func (s *Store) Inspect(ctx context.Context, key string) (State, error) {
-	if s.Client == nil {
-		return State{}, ErrNotRedis
+	if s.Client == nil && s.SQL == nil {
+		return State{}, errNoStore
 	}
 	k, err := Parse(s.Prefix, key)
 	if err != nil {
 		return State{}, err
+	}
+	if s.SQL != nil {
+		return s.SQL.inspect(ctx, k.Record)
 	}
 	return stateOf(k, inspectScript.Run(ctx, s.Client, k.operated()))
 }
@@ -118,11 +126,15 @@ func (s *Store) Inspect(ctx context.Context, key string) (State, error) {
 const scanPage = 1000
 
 // Interrupted yields every interrupted key under the prefix, a SCAN page
-// per step on every master (admin.Operator.Interrupted).
+// per step on every master, or a page of the table's rows per step
+// (admin.Operator.Interrupted).
 func (s *Store) Interrupted(ctx context.Context) iter.Seq2[State, error] {
+	if s.SQL != nil {
+		return s.SQL.interrupted(ctx, s.Prefix)
+	}
 	return func(yield func(State, error) bool) {
 		if s.Client == nil {
-			yield(State{}, ErrNotRedis)
+			yield(State{}, errNoStore)
 			return
 		}
 		nodes, err := keyspaces(ctx, s.Client)
@@ -262,20 +274,22 @@ func (s *Store) Resolve(ctx context.Context, st State, status int, header http.H
 		fp = hex.EncodeToString(b) // as the record holds it: lower case
 	}
 	state, recStatus, recHeader, recBody := s.Record(status, header, body, notReplayable)
-	return s.settle(ctx, st, "answer", state, strconv.Itoa(recStatus), recHeader, recBody, fp)
+	return s.settle(ctx, st, settlement{state: state, status: strconv.Itoa(recStatus), header: recHeader,
+		body: string(recBody), fingerprint: fp})
 }
 
 // Forget settles the interrupted key st describes by deleting its record
 // (admin.Operator.Forget).
 func (s *Store) Forget(ctx context.Context, st State) error {
-	return s.settle(ctx, st, "forget")
+	return s.settle(ctx, st, settlement{forget: true})
 }
 
-// settle runs settle.lua on the key st describes, for the claim
-// st saw: a key claimed anew since may be running, stalled past its lease.
-func (s *Store) settle(ctx context.Context, st State, mode string, answer ...any) error {
-	if s.Client == nil {
-		return ErrNotRedis
+// settle runs settle.lua (or its twin on the table's row) on the key st
+// describes, for the claim st saw: a key claimed anew since may be
+// running, stalled past its lease.
+func (s *Store) settle(ctx context.Context, st State, a settlement) error {
+	if s.Client == nil && s.SQL == nil {
+		return errNoStore
 	}
 	k, err := Parse(s.Prefix, st.Key)
 	if err != nil {
@@ -284,8 +298,17 @@ func (s *Store) settle(ctx context.Context, st State, mode string, answer ...any
 	if !st.Interrupted || st.Owner == "" {
 		return fmt.Errorf("%w: %s was not interrupted when it was inspected", ErrNotInterrupted, k.Record)
 	}
-	args := append([]any{mode, st.Owner, s.RecordTTL.Milliseconds()}, answer...)
-	reply, err := settleScript.Run(ctx, s.Client, k.operated(), args...).Text()
+	a.owner, a.ttl = st.Owner, s.RecordTTL
+	var reply string
+	if s.SQL != nil {
+		reply, err = s.SQL.settle(ctx, k.Record, a)
+	} else {
+		args := []any{"answer", a.owner, a.ttl.Milliseconds(), a.state, a.status, a.header, a.body, a.fingerprint}
+		if a.forget {
+			args = []any{"forget", a.owner, a.ttl.Milliseconds()}
+		}
+		reply, err = settleScript.Run(ctx, s.Client, k.operated(), args...).Text()
+	}
 	if err != nil {
 		return err
 	}

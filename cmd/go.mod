@@ -7,6 +7,7 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/onceonly/idempotency v0.1.0
 	github.com/onceonly/idempotency/internal/sqltest v0.1.0
+	github.com/onceonly/idempotency/sqldialect v0.1.0
 	github.com/onceonly/idempotency/sqlidem v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	modernc.org/sqlite v1.61.1
@@ -22,7 +23,6 @@ require (
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/mattn/go-isatty v0.0.24 // indirect
 	github.com/ncruces/go-strftime v1.1.0 // indirect
-	github.com/onceonly/idempotency/sqldialect v0.1.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/sync v0.24.0 // indirect

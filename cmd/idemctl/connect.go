@@ -13,29 +13,28 @@ import (
 
 	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/admin"
+	"github.com/onceonly/idempotency/internal/sqltest/dburl"
+	"github.com/onceonly/idempotency/sqldialect"
 	"github.com/onceonly/idempotency/sqlidem"
 	"github.com/redis/go-redis/v9"
 )
 
-// A session is what a command works with: the middleware's view of Redis
-// and, with -db, the outcome store.
+// A session is what a command works with: the middleware's view of its
+// store (Redis, or with -store its SQL table) and, with -db, the outcome
+// store.
 type session struct {
-	rdb      redis.UniversalClient
+	rdb      redis.UniversalClient // nil with -store
+	keys     *sql.DB               // -store's database; nil without
+	dialect  sqldialect.Dialect    // -store's
 	ops      *admin.Operator
 	outcomes *sqlidem.Store // nil without -db
 	timeout  time.Duration
 	closers  []func() error
-	clocks   map[string]time.Duration // Redis TIME minus ours, by node (clock.go)
+	clocks   map[string]time.Duration // the store's clock minus ours, by server (clock.go)
 }
 
 func connect(ctx context.Context, o options, stderr io.Writer) (*session, error) {
 	s := &session{timeout: o.timeout, clocks: map[string]time.Duration{}}
-	rdb, err := openRedis(o)
-	if err != nil {
-		return nil, err
-	}
-	s.rdb = rdb
-	s.closers = append(s.closers, rdb.Close)
 	// The middleware's own warnings (an evicting Redis) concern the
 	// operator too.
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -45,7 +44,20 @@ func connect(ctx context.Context, o options, stderr io.Writer) (*session, error)
 		// allowlist, when it has one.
 		opts = append(opts, idempotency.WithReplayHeaders(o.replayHeaders...))
 	}
-	s.ops = admin.New(idempotency.New(rdb, opts...))
+	if o.store != "" {
+		if err := s.openStore(ctx, o, opts); err != nil {
+			s.close()
+			return nil, err
+		}
+	} else {
+		rdb, err := openRedis(o)
+		if err != nil {
+			return nil, err
+		}
+		s.rdb = rdb
+		s.closers = append(s.closers, rdb.Close)
+		s.ops = admin.New(idempotency.New(rdb, opts...))
+	}
 	if o.dsn == "" {
 		return s, nil
 	}
@@ -71,6 +83,62 @@ func connect(ctx context.Context, o options, stderr io.Writer) (*session, error)
 		return nil, fmt.Errorf("database: %w", err)
 	}
 	return s, nil
+}
+
+// openStore opens -store, the database of a middleware made by NewSQL,
+// and its operator. It creates nothing: a table that is not there is an
+// error of the first command that reads it.
+func (s *session) openStore(ctx context.Context, o options, opts []idempotency.Option) error {
+	d, err := dburl.Parse(o.store)
+	switch {
+	case errors.Is(err, dburl.ErrUnknownScheme):
+		return usagef("-store: name the database by its URL: postgres://…, mysql://…, sqlite:PATH or file:PATH")
+	case err != nil:
+		return usagef("-store: %v", err)
+	case !sqldialect.ValidName(o.storeTable, d.Dialect != sqldialect.SQLite):
+		return usagef("-store-table %q: not a table name", o.storeTable)
+	}
+	if err := checked(d, "-store"); err != nil {
+		return err
+	}
+	if d.Driver == dburl.SQLite && !strings.Contains(d.DSN, "busy_timeout") {
+		// The service writes the same file: wait for its transactions
+		// rather than fail with SQLITE_BUSY.
+		sep := "?"
+		if strings.Contains(d.DSN, "?") {
+			sep = "&"
+		}
+		d.DSN += sep + "_pragma=busy_timeout(10000)"
+	}
+	db, err := sql.Open(d.Driver, d.DSN)
+	if err != nil {
+		return usagef("-store: %v", err)
+	}
+	s.closers = append(s.closers, db.Close)
+	step, cancel := s.step(ctx)
+	defer cancel()
+	if err := db.PingContext(step); err != nil {
+		return fmt.Errorf("-store database: %w", err)
+	}
+	s.keys, s.dialect = db, d.Dialect
+	s.ops = admin.New(idempotency.NewSQL(db, d.Dialect, append(opts, idempotency.WithSQLTable(o.storeTable))...))
+	return nil
+}
+
+// store names where the middleware keeps its keys, for people.
+func (s *session) store() string {
+	if s.keys != nil {
+		return "the keys table"
+	}
+	return "Redis"
+}
+
+// clockName names the clock a claim's fence was read on, for people.
+func (s *session) clockName() string {
+	if s.keys != nil {
+		return "the database's clock"
+	}
+	return "Redis TIME"
 }
 
 func openRedis(o options) (redis.UniversalClient, error) {

@@ -43,7 +43,7 @@ func databaseOf(dsn, driver string) (dburl.Database, error) {
 		case err != nil:
 			return d, usagef("-db: %v", err)
 		}
-		return d, checked(d)
+		return d, checked(d, "-db")
 	}
 	named, ok := driverNames[driver]
 	if !ok {
@@ -51,7 +51,7 @@ func databaseOf(dsn, driver string) (dburl.Database, error) {
 	}
 	forced := named.db
 	if err == nil && d.Dialect == forced.Dialect {
-		return d, checked(d)
+		return d, checked(d, "-db")
 	}
 	if err != nil && !errors.Is(err, dburl.ErrUnknownScheme) && strings.HasPrefix(dsn, named.scheme) {
 		// The URL says the same database, but does not parse: its error,
@@ -59,19 +59,20 @@ func databaseOf(dsn, driver string) (dburl.Database, error) {
 		return dburl.Database{}, usagef("-db: %v", err)
 	}
 	forced.DSN = dsn
-	return forced, checked(forced)
+	return forced, checked(forced, "-db")
 }
 
 // checked parses a MySQL DSN once, so that a bad parameter is a usage
-// error now rather than a failure to connect. go-sql-driver's errors quote
-// a parameter or the database name, never the password.
-func checked(d dburl.Database) error {
+// error now rather than a failure to connect; flag names the flag that
+// gave it. go-sql-driver's errors quote a parameter or the database name,
+// never the password.
+func checked(d dburl.Database, flag string) error {
 	if d.Driver != dburl.MySQL {
 		return nil
 	}
 	if _, err := mysql.ParseDSN(d.DSN); err != nil {
-		return usagef("-db: %v; a mysql:// URL is mysql://user:password@host:port/dbname "+
-			"or mysql://user:password@tcp(host:port)/dbname", err)
+		return usagef("%s: %v; a mysql:// URL is mysql://user:password@host:port/dbname "+
+			"or mysql://user:password@tcp(host:port)/dbname", flag, err)
 	}
 	return nil
 }

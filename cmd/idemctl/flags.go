@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/sqlidem"
 )
 
@@ -17,26 +18,34 @@ ones left interrupted (claimed by an instance that stopped before it
 stored an answer).
 
 Usage:
-  idemctl [flags] show KEY             what Redis, and with -db SQL, hold for KEY
+  idemctl [flags] show KEY             what the store (Redis, or with -store its
+                                       SQL table), and with -db SQL, hold for KEY
   idemctl [flags] interrupted          list the interrupted keys
   idemctl [flags] resolve -replay KEY  store the answer SQL committed for KEY in
-                                       Redis, so that retries replay it (needs -db)
+                                       the store, so that retries replay it
+                                       (needs -db)
   idemctl [flags] resolve -forget KEY  delete KEY's record, so that a retry runs
                                        the handler again
   idemctl [flags] token-keys           print the token secret that versions before
                                        the key ring kept in Redis, and those it
                                        retired, as a ring for ParseTokenKeys
                                        (sign=… revoked=…); it holds secrets
+                                       (Redis only)
 
 KEY is a record's Redis key as the middleware logs it (the "key" attribute,
-PREFIX:{...}:r, which is also Execution.Key and sqlidem's record_key), or
-the key of its lock or its waiters flag. resolve asks for confirmation (type yes) unless -yes is given.
+PREFIX:{...}:r, which is also Execution.Key, sqlidem's record_key and the
+id of its row in NewSQL's table), or the key of its lock or its waiters
+flag. resolve asks for confirmation (type yes) unless -yes is given.
 
 Flags, before or after the command:
   -redis URL        Redis, redis://[user:password@]host:port/db (default $REDIS_URL)
   -cluster ADDRS    a Redis Cluster instead: host:port,host:port,… or a URL,
                     redis://[user:password@]host:port?addr=host:port&addr=…
                     (default $REDIS_CLUSTER_ADDRS)
+  -store URL        the SQL database of a middleware made by NewSQL, instead
+                    of Redis: postgres://…, mysql://user:pw@host:port/db,
+                    mysql://user:pw@tcp(host:port)/db, sqlite:PATH or file:PATH
+  -store-table T    its keys table (WithSQLTable; default idempotency_keys)
   -prefix P         the middleware's key prefix (WithKeyPrefix; default idem)
   -db URL           the database of the sqlidem outcome store (default
                     $DATABASE_URL): postgres://…, mysql://user:pw@host:port/db,
@@ -44,17 +53,17 @@ Flags, before or after the command:
                     another DSN needs -driver
   -driver D         sqlite, postgres or mysql
   -table T          the outcome table (default idempotency_outcomes)
-  -timeout D        bound of each step against Redis or SQL (default 10s)
+  -timeout D        bound of each step against the store or SQL (default 10s)
   -limit N          interrupted: stop after N keys (default 1000; 0: all)
 
   -min-age D        resolve refuses, and show warns of, an interrupted key
                     claimed less than D ago (default 2m): until its execution
                     timeout (WithExecutionTimeout, 30s by default) ends it, an
-                    executor whose lease lapsed in a Redis stall or a pause
-                    may still be running, and looks interrupted all the same.
-                    Keep D above twice the service's execution timeout: a
-                    recovering executor may take one asking its outcome
-                    store, and another running the handler.
+                    executor whose lease lapsed in a stall of the store or a
+                    pause may still be running, and looks interrupted all
+                    the same. Keep D above twice the service's execution
+                    timeout: a recovering executor may take one asking its
+                    outcome store, and another running the handler.
 
 resolve's flags:
   -force            settle a key younger than -min-age anyway
@@ -69,6 +78,7 @@ Exit status: 0 success, 1 failure, 2 usage error.
 // options are the flags of every command.
 type options struct {
 	redisURL, cluster, prefix string
+	store, storeTable         string // NewSQL's database and table, instead of Redis
 	dsn, driver, table        string
 	timeout, minAge           time.Duration
 	limit                     int
@@ -105,6 +115,8 @@ func flagSet(name string, o *options) *flag.FlagSet {
 	fs.SetOutput(io.Discard) // run reports errors once, with usageText for -h
 	fs.StringVar(&o.redisURL, "redis", o.redisURL, "")
 	fs.StringVar(&o.cluster, "cluster", o.cluster, "")
+	fs.StringVar(&o.store, "store", o.store, "")
+	fs.StringVar(&o.storeTable, "store-table", o.storeTable, "")
 	fs.StringVar(&o.prefix, "prefix", o.prefix, "")
 	fs.StringVar(&o.dsn, "db", o.dsn, "")
 	fs.StringVar(&o.driver, "driver", o.driver, "")
@@ -133,7 +145,8 @@ func flagSet(name string, o *options) *flag.FlagSet {
 func parse(args []string, getenv func(string) string) (*command, error) {
 	c := &command{opts: options{
 		redisURL: getenv("REDIS_URL"), cluster: getenv("REDIS_CLUSTER_ADDRS"), prefix: "idem",
-		dsn: getenv("DATABASE_URL"), table: sqlidem.DefaultTable, timeout: 10 * time.Second, limit: 1000,
+		storeTable: idempotency.DefaultSQLTable,
+		dsn:        getenv("DATABASE_URL"), table: sqlidem.DefaultTable, timeout: 10 * time.Second, limit: 1000,
 		minAge: defaultMinAge,
 	}}
 	fs := flagSet("idemctl", &c.opts)
@@ -142,10 +155,12 @@ func parse(args []string, getenv func(string) string) (*command, error) {
 		return nil, err
 	}
 	var misplaced []string
+	redisNamed := false // by a flag: the environment's REDIS_URL yields to -store
 	fs.Visit(func(f *flag.Flag) {
 		if resolveOnly[f.Name] {
 			misplaced = append(misplaced, "-"+f.Name)
 		}
+		redisNamed = redisNamed || f.Name == "redis" || f.Name == "cluster"
 	})
 	if len(words) == 0 {
 		return nil, usagef("no command: show, interrupted, resolve or token-keys")
@@ -170,8 +185,14 @@ func parse(args []string, getenv func(string) string) (*command, error) {
 		return nil, usagef("%s %s to resolve", strings.Join(misplaced, ", "), verb)
 	case c.name == "resolve" && o.replay && o.dsn == "":
 		return nil, usagef("resolve -replay reads the committed answer from SQL: pass -db or set DATABASE_URL")
-	case o.redisURL == "" && o.cluster == "":
-		return nil, usagef("no Redis: pass -redis URL (or -cluster ADDRS), or set REDIS_URL")
+	case o.store != "" && redisNamed:
+		return nil, usagef("-store names the SQL store in place of Redis: pass -store or -redis/-cluster, not both")
+	case o.store != "" && c.name == "token-keys":
+		return nil, usagef("token-keys reads the token secret that versions before the key ring kept in Redis: " +
+			"pass -redis, not -store")
+	case o.store == "" && o.redisURL == "" && o.cluster == "":
+		return nil, usagef("no Redis: pass -redis URL (or -cluster ADDRS), or set REDIS_URL; " +
+			"or -store URL for a middleware made by NewSQL")
 	case strings.ContainsAny(o.prefix, "{}"):
 		return nil, usagef("-prefix %q: a key prefix has no braces", o.prefix)
 	case o.timeout <= 0:

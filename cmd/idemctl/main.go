@@ -1,7 +1,8 @@
 // Command idemctl shows the keys of github.com/onceonly/idempotency and
 // settles the ones left interrupted: claimed by an instance that stopped
 // before it stored an answer, and answered 409 interrupted until their
-// record expires.
+// record expires. It reads the keys in Redis (-redis, -cluster) or, for a
+// middleware made by NewSQL, in its SQL table (-store, -store-table).
 //
 //	idemctl [flags] show KEY
 //	idemctl [flags] interrupted

@@ -31,8 +31,8 @@ func (s *session) resolve(ctx context.Context, stdin io.Reader, out io.Writer, k
 	}
 	if claimed < o.minAge && !o.force {
 		return fmt.Errorf("%s was claimed %s, less than -min-age %s: its executor may still be running "+
-			"(a lease lapses in a Redis stall or a pause, and the handler runs on until its execution timeout). "+
-			"Wait, or pass -force if you know it stopped; nothing changed", st.Key, age(claimed), o.minAge)
+			"(a lease lapses in a stall of %s or a pause, and the handler runs on until its execution timeout). "+
+			"Wait, or pass -force if you know it stopped; nothing changed", st.Key, age(claimed), o.minAge, s.store())
 	}
 	found, err := s.lookup(ctx, st.Key)
 	if err != nil {
@@ -53,7 +53,7 @@ func (s *session) resolve(ctx context.Context, stdin io.Reader, out io.Writer, k
 				"Settle it as executed, so that every retry is answered 409 not-replayable?\n", a.Status)
 		} else {
 			fmt.Fprintf(out, "SQL holds its committed answer: status %d, %d bytes.\n"+
-				"Store that answer in Redis, so that every retry is replayed it?\n", a.Status, len(a.Body))
+				"Store that answer in %s, so that every retry is replayed it?\n", a.Status, len(a.Body), s.store())
 		}
 	} else {
 		if found.committed(st) {

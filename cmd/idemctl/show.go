@@ -11,7 +11,7 @@ import (
 	"github.com/onceonly/idempotency/sqlidem"
 )
 
-// show prints what Redis, and with -db SQL, hold for key, and a verdict,
+// show prints what the store, and with -db SQL, hold for key, and a verdict,
 // which warns of an interrupted key claimed less than minAge ago.
 func (s *session) show(ctx context.Context, out io.Writer, key string, minAge time.Duration) error {
 	st, err := s.inspect(ctx, key)
@@ -33,7 +33,7 @@ func (s *session) show(ctx context.Context, out io.Writer, key string, minAge ti
 	line("key", "%s", st.Key)
 	line("state", "%s", stateOf(st))
 	if st.State != "none" {
-		line("claimed", "%s, by Redis TIME", age(claimed))
+		line("claimed", "%s, by %s", age(claimed), s.clockName())
 		line("fingerprint", "%s", st.Fingerprint)
 		line("fence", "%d", st.Fence)
 		line("executions", "%d", st.Executions)

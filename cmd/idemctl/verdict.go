@@ -25,7 +25,7 @@ func verdict(st admin.KeyState, found *sqlAnswer, claimed, minAge time.Duration)
 		return "running: wait for its executor to store an answer"
 	case claimed < minAge:
 		return "maybe still running: claimed " + age(claimed) + ", under -min-age " + minAge.String() +
-			", and an executor whose lease lapsed (a Redis stall, a pause) looks interrupted until its " +
+			", and an executor whose lease lapsed (a stall of the store, a pause) looks interrupted until its " +
 			"execution timeout ends it. Look again later; resolve refuses it until then, unless -force"
 	case found == nil:
 		return "interrupted; its outcome is unknown. If it took effect and SQL committed its answer, " +

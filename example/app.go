@@ -20,15 +20,15 @@ import (
 	"github.com/onceonly/idempotency/example/internal/provider"
 	"github.com/onceonly/idempotency/example/internal/reply"
 	"github.com/onceonly/idempotency/optimistic"
-	"github.com/redis/go-redis/v9"
 )
 
-// A page that reads from Redis answers 503 at once while Redis is down or
-// stalled, instead of after go-redis's retries, but a listing that is
-// merely large must not be cut off as if Redis were down. So a read of one
-// record, and a PING before a listing, are bounded by probeTimeout; once
-// Redis has answered the PING, the listing gets listTimeout, which only a
-// Redis that is up but hopelessly slow outlasts.
+// A page that reads from the shop's store (Redis, or the database of
+// IDEMPOTENCY_STORE) answers 503 at once while it is down or stalled,
+// instead of after go-redis's retries, but a listing that is merely large
+// must not be cut off as if the store were down. So a read of one record,
+// and a PING before a listing, are bounded by probeTimeout; once the store
+// has answered the PING, the listing gets listTimeout, which only a store
+// that is up but hopelessly slow outlasts.
 const (
 	probeTimeout = 500 * time.Millisecond
 	listTimeout  = 10 * time.Second
@@ -44,8 +44,8 @@ type app struct {
 // newApp wires the shop's routes: token mode for orders, key mode for
 // payments and for the transfers of accounts (nil: no transfer routes).
 // Its middlewares are drained once the server has stopped.
-func newApp(rdb redis.UniversalClient, cfg config, accounts *bank.Bank) (http.Handler, middlewares) {
-	a := &app{idem: idempotency.New(rdb, cfg.tokenKeys...), store: shopStore{rdb: rdb}, cfg: cfg, provider: chargerOf(cfg)}
+func newApp(back backend, cfg config, accounts *bank.Bank) (http.Handler, middlewares, error) {
+	a := &app{idem: back.protection(cfg.tokenKeys...), store: back.shop, cfg: cfg, provider: chargerOf(cfg)}
 	// Payments are API calls: a client library may serialize the same JSON
 	// with other key order or spacing on a retry, which is still the same
 	// payment. A transient failure (a 5xx of the provider or of our store)
@@ -57,7 +57,7 @@ func newApp(rdb redis.UniversalClient, cfg config, accounts *bank.Bank) (http.Ha
 	// (the claim horizon: its execution timeout, a lease and four store
 	// timeouts, about 10 s here), and a charge the provider made is not
 	// made again.
-	payments := idempotency.New(rdb, idempotency.WithCallerCredentials(), idempotency.WithFingerprint(idempotency.CanonicalJSON),
+	payments := back.protection(idempotency.WithCallerCredentials(), idempotency.WithFingerprint(idempotency.CanonicalJSON),
 		idempotency.WithStorePolicy(idempotency.StoreNoTransient), idempotency.WithResume(),
 		idempotency.WithExecutionTimeout(max(5*time.Second, 3*cfg.paymentLatency)), idempotency.WithLockLease(time.Second))
 	r := chi.NewRouter()
@@ -72,9 +72,13 @@ func newApp(rdb redis.UniversalClient, cfg config, accounts *bank.Bank) (http.Ha
 	r.Post("/orders/{id}/cancel", a.cancelOrder)
 	r.With(payments.ProtectKey).Post("/payments", a.createPayment)
 	r.Get("/payments", a.listPayments)
-	all := append(middlewares{a.idem, payments}, registerCallbacks(r, rdb, cfg.callbackLatency)...)
+	callbacks, err := registerCallbacks(r, back, cfg.callbackLatency)
+	if err != nil {
+		return nil, nil, err
+	}
+	all := append(middlewares{a.idem, payments}, callbacks...)
 	if accounts != nil {
-		all = append(all, registerTransfers(r, rdb, accounts))
+		all = append(all, registerTransfers(r, back, accounts))
 	}
 	r.NotFound(func(w http.ResponseWriter, req *http.Request) {
 		reply.Problem(w, http.StatusNotFound, "not-found", "there is nothing at this address")
@@ -84,14 +88,14 @@ func newApp(rdb redis.UniversalClient, cfg config, accounts *bank.Bank) (http.Ha
 		reply.Problem(w, http.StatusMethodNotAllowed, "method-not-allowed",
 			"this address does not answer "+req.Method+"; Allow lists the methods it does")
 	})
-	return r, all
+	return r, all, nil
 }
 
 // middlewares are the app's protections.
 type middlewares []*idempotency.Middleware
 
-// Shutdown waits until every store and release that Redis did not take at
-// once is done: the answers of requests that ran during a Redis blip are
+// Shutdown waits until every store and release that the store (Redis or
+// the database) did not take at once is done: the answers of requests that ran during a Redis blip are
 // stored before the process exits.
 func (ms middlewares) Shutdown(ctx context.Context) error {
 	var errs []error
@@ -233,12 +237,12 @@ func (a *app) listOrders(w http.ResponseWriter, r *http.Request) {
 	reply.JSON(w, http.StatusOK, orders)
 }
 
-// listing returns the context for a listing's reads from Redis, bounded by
-// listTimeout, once Redis answers a PING within probeTimeout; when it does
-// not, the error.
+// listing returns the context for a listing's reads from the shop's
+// store, bounded by listTimeout, once the store answers a PING within
+// probeTimeout; when it does not, the error.
 func (a *app) listing(r *http.Request) (context.Context, context.CancelFunc, error) {
 	probe, cancel := context.WithTimeout(r.Context(), probeTimeout)
-	err := a.store.rdb.Ping(probe).Err()
+	err := a.store.ping(probe)
 	cancel()
 	if err != nil {
 		return nil, nil, err
@@ -369,12 +373,12 @@ func (a *app) failExecuted(w http.ResponseWriter, r *http.Request, err error) {
 	reply.Problem(w, http.StatusInternalServerError, "internal", "the shop could not complete the request")
 }
 
-// fail answers a failure of the shop's Redis without showing it to the
+// fail answers a failure of the shop's store without showing it to the
 // client: 503 with Retry-After, as the protected routes answer, since
 // nothing was done and a retry may succeed.
 func (a *app) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if !errors.Is(err, idempotency.ErrStoreUnavailable) {
-		slog.Error("example: the shop's Redis failed", "path", r.URL.Path, "error", err)
+		slog.Error("example: the shop's store failed", "path", r.URL.Path, "error", err)
 	}
 	idempotency.DefaultErrorHandler(w, r, idempotency.ErrStoreUnavailable)
 }

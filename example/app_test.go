@@ -25,7 +25,8 @@ func TestMain(m *testing.M) { redistest.Main(m, func() { removeBinary() }) }
 
 // startShop serves the example app on rdb, as `go run ./example` would.
 func startShop(t *testing.T, rdb redis.UniversalClient, cfg config) *httptest.Server {
-	app, _ := newApp(rdb, cfg, nil)
+	app, _, err := newApp(onRedis(rdb), cfg, nil)
+	require.NoError(t, err)
 	srv := httptest.NewServer(app)
 	t.Cleanup(srv.Close)
 	return srv

@@ -1,12 +1,12 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"mime"
 	"net/http"
-	"os"
 	"strconv"
 	"time"
 
@@ -16,7 +16,6 @@ import (
 	"github.com/onceonly/idempotency/example/internal/orderlog"
 	"github.com/onceonly/idempotency/example/internal/reply"
 	"github.com/onceonly/idempotency/optimistic"
-	"github.com/redis/go-redis/v9"
 )
 
 // Order-event callbacks: endpoints that a message relay (example/relay) or
@@ -36,8 +35,12 @@ import (
 // takeover safe: an executor that lost its key cannot write the state after
 // the execution that took it over.
 
-// callbacksLog names the order log of the callbacks.
-const callbacksLog = "shop:callbacks:log"
+// callbacksLog names the order log of the callbacks in Redis, and
+// callbacksTables its tables in SQL.
+const (
+	callbacksLog    = "shop:callbacks:log"
+	callbacksTables = "shop_callbacks"
+)
 
 // RerunsHeader carries, on GET /callbacks/orders, how many executions
 // found their event recorded already.
@@ -55,17 +58,23 @@ type callbacks struct {
 //	GET  /callbacks/orders              each event's entry, and the reruns in Callback-Reruns
 //
 // latency is the simulated work of every callback (CALLBACK_LATENCY).
-func registerCallbacks(r chi.Router, rdb redis.UniversalClient, latency time.Duration) []*idempotency.Middleware {
-	cb := &callbacks{log: orderlog.New(rdb, callbacksLog, "pid-"+strconv.Itoa(os.Getpid())), latency: latency}
-	byKey := idempotency.New(rdb, idempotency.WithCallerCredentials(), idempotency.WithRetryAbandoned())
-	byEvent := idempotency.New(rdb, idempotency.WithRetryAbandoned(),
+func registerCallbacks(r chi.Router, back backend, latency time.Duration) ([]*idempotency.Middleware, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	log, err := back.orderLog(ctx, callbacksLog, callbacksTables)
+	if err != nil {
+		return nil, err
+	}
+	cb := &callbacks{log: log, latency: latency}
+	byKey := back.protection(idempotency.WithCallerCredentials(), idempotency.WithRetryAbandoned())
+	byEvent := back.protection(idempotency.WithRetryAbandoned(),
 		idempotency.WithKeyExtractor(cloudevents.Key),
 		idempotency.WithScope(cloudevents.Scope),
 		idempotency.WithFingerprint(cloudevents.Fingerprint))
 	r.With(byKey.ProtectKey).Post("/callbacks/orders", cb.handle(relayedEvent))
 	r.With(byEvent.ProtectKey).Post("/callbacks/cloudevents/orders", cb.handle(cloudEvent))
 	r.Get("/callbacks/orders", cb.list)
-	return []*idempotency.Middleware{byKey, byEvent}
+	return []*idempotency.Middleware{byKey, byEvent}, nil
 }
 
 // An eventDecoder finds the key a callback was protected by and its order

@@ -21,10 +21,30 @@
 // DATABASE_URL (postgres://user:password@host:5432/dbname or
 // mysql://user:password@tcp(host:3306)/dbname). Instances that share a
 // Redis must share the database too, to be one shop.
+//
+// IDEMPOTENCY_STORE keeps everything that is in Redis otherwise in one SQL
+// database instead, and starts and uses no Redis (REDIS_URL and
+// REDIS_CLUSTER_ADDRS are ignored): the middlewares' keys and the order
+// forms' spent tokens (idempotency.NewSQL), the orders, the payments and
+// the callbacks' order log, and the accounts too unless DATABASE_URL or
+// DB_PATH names their database. It is a URL as DATABASE_URL is, or a
+// SQLite file:
+//
+//	IDEMPOTENCY_STORE=postgres://user:password@host:5432/dbname?sslmode=disable go run ./example
+//	IDEMPOTENCY_STORE=mysql://user:password@tcp(host:3306)/dbname go run ./example
+//	IDEMPOTENCY_STORE=sqlite:/var/lib/shop/keys.db go run ./example
+//
+// The tables are created on first use. A SQLite file serves one process;
+// instances that share a PostgreSQL or MySQL database are one shop, and
+// share IDEMPOTENCY_TOKEN_KEYS. A URL that does not parse, or a database
+// that does not answer at start-up, stops the example with an error. A
+// duplicate that waits for the first request polls the database rather
+// than being told, so it learns of the answer up to half a second later.
 package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -40,6 +60,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/example/internal/bank"
+	"github.com/onceonly/idempotency/sqlidem"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -57,18 +78,21 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	rdb, closeRedis, err := connect()
+	back, closeBackend, err := openBackend()
 	if err != nil {
 		return err
 	}
-	defer closeRedis()
-	accounts, closeDB, err := openBank(*dbPath)
+	defer closeBackend()
+	accounts, closeDB, err := openBank(*dbPath, back)
 	if err != nil {
 		return err
 	}
 	defer closeDB()
 
-	handler, protections := newApp(rdb, cfg, accounts)
+	handler, protections, err := newApp(back, cfg, accounts)
+	if err != nil {
+		return err
+	}
 	srv := &http.Server{
 		Handler: handler,
 		// A client that sends its headers or body slowly (or never stops
@@ -105,7 +129,7 @@ func run() error {
 	shutdown, cancel := context.WithDeadline(context.Background(), deadline.Add(-drainShare))
 	defer cancel()
 	stopped := srv.Shutdown(shutdown)
-	// Then the stores and releases that Redis did not take at once (a
+	// Then the stores and releases that the store did not take at once (a
 	// blip during the last requests) are done before the process exits,
 	// also when requests were still running: the middleware waits for
 	// those too, and names the keys it could not finish.
@@ -212,14 +236,21 @@ func connect() (redis.UniversalClient, func(), error) {
 }
 
 // openBank opens the accounts' database (see the package comment), creates
-// its tables if they are missing, and opens the demo accounts.
-func openBank(sqlitePath string) (*bank.Bank, func(), error) {
+// its tables if they are missing, and opens the demo accounts. With
+// neither DATABASE_URL nor a SQLite file named, the accounts live in the
+// database of back's keys when it has one.
+func openBank(sqlitePath string, back backend) (*bank.Bank, func(), error) {
 	url, cleanup := os.Getenv("DATABASE_URL"), func() {}
+	var db *sql.DB
+	var dialect sqlidem.Dialect
 	switch {
 	case url != "":
 		slog.Info("example: accounts in the database of DATABASE_URL")
 	case sqlitePath != "":
 		slog.Info("example: accounts in SQLite", "file", sqlitePath)
+	case back.db != nil:
+		db, dialect = back.db, back.dialect
+		slog.Info("example: accounts in the database of " + storeVar)
 	default:
 		dir, err := os.MkdirTemp("", "shop-")
 		if err != nil {
@@ -229,12 +260,15 @@ func openBank(sqlitePath string) (*bank.Bank, func(), error) {
 		slog.Warn("example: DATABASE_URL and DB_PATH are not set; accounts in an embedded SQLite in a temporary file, " +
 			"deleted on exit: " + sqlitePath)
 	}
-	db, dialect, err := bank.Open(url, sqlitePath)
-	if err != nil {
-		cleanup()
-		return nil, nil, err
+	closeDB := func() {} // back's database is closed with back
+	if db == nil {
+		var err error
+		if db, dialect, err = bank.Open(url, sqlitePath); err != nil {
+			cleanup()
+			return nil, nil, err
+		}
+		closeDB = func() { db.Close(); cleanup() }
 	}
-	closeDB := func() { db.Close(); cleanup() }
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	b, err := bank.New(db, dialect, "shop_")

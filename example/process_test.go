@@ -29,6 +29,12 @@ var (
 
 func startProcess(t *testing.T, env ...string) *shopproc.Shop {
 	t.Helper()
+	return shopproc.Start(t, exampleBinary(t), "/orders", 15*time.Second, env...)
+}
+
+// exampleBinary builds the example once per test process.
+func exampleBinary(t *testing.T) string {
+	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "example-bin-")
 		require.NoError(t, err)
@@ -36,7 +42,7 @@ func startProcess(t *testing.T, env ...string) *shopproc.Shop {
 		// The binary outlives the test that built it: later tests run it.
 		removeBinary = func() { os.RemoveAll(dir) }
 	})
-	return shopproc.Start(t, binary, "/orders", 15*time.Second, env...)
+	return binary
 }
 
 // removeBinary deletes the built example once every test ran.

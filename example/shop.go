@@ -33,12 +33,37 @@ type Payment struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
-// shopStore keeps orders and payments in Redis under "shop:", so every
-// instance pointed at one Redis is one shop. Each order and payment is a
-// hash of its own, guarded by the optimistic helpers: orders by a version
-// (status changes are compare-and-set), payments by the fencing token of
-// the request that captured them. Sorted sets index them for listing.
-type shopStore struct {
+// shopStore is where the shop keeps its orders and payments, so that
+// every instance pointed at one store is one shop: Redis (redisShop), or
+// the SQL database of IDEMPOTENCY_STORE (sqlShop). Orders are guarded by a
+// version (status changes are compare-and-set), payments by the fencing
+// token of the request that captured them.
+type shopStore interface {
+	// addOrder gives o the next order id and stores it at version 1.
+	addOrder(ctx context.Context, o *Order) error
+	// cancelOrder moves a placed order to cancelled, re-reading and
+	// retrying when another request changed it in between: errNoOrder for
+	// a missing order, errNotCancelable for one not placed.
+	cancelOrder(ctx context.Context, id int64) (Order, error)
+	// order reads one order; errNoOrder when there is none.
+	order(ctx context.Context, id int64) (Order, error)
+	// orders lists every order, by id.
+	orders(ctx context.Context) ([]Order, error)
+	// capturePayment records p as captured under the execution's fencing
+	// token, creating it or writing over an earlier execution's; a fence
+	// below the one that wrote it last is refused with
+	// optimistic.ErrStaleFence, and nothing is written.
+	capturePayment(ctx context.Context, p *Payment, fence uint64) error
+	// payments lists every payment, in the order they were captured.
+	payments(ctx context.Context) ([]Payment, error)
+	// ping is answered once the store answers.
+	ping(ctx context.Context) error
+}
+
+// redisShop keeps orders and payments in Redis under "shop:". Each order
+// and payment is a hash of its own, guarded by the optimistic helpers, and
+// sorted sets index them for listing.
+type redisShop struct {
 	rdb  redis.UniversalClient
 	hash optimistic.Hash
 }
@@ -59,7 +84,7 @@ var (
 
 // addOrder creates an order at version 1: a compare-and-set from version 0
 // cannot overwrite anything.
-func (s shopStore) addOrder(ctx context.Context, o *Order) error {
+func (s redisShop) addOrder(ctx context.Context, o *Order) error {
 	id, err := s.rdb.Incr(ctx, ordersSeq).Result()
 	if err != nil {
 		return err
@@ -75,9 +100,7 @@ func (s shopStore) addOrder(ctx context.Context, o *Order) error {
 	return s.rdb.ZAdd(ctx, ordersIndex, redis.Z{Score: float64(id), Member: id}).Err()
 }
 
-// cancelOrder moves a placed order to cancelled, re-reading and retrying
-// when another request changed it in between.
-func (s shopStore) cancelOrder(ctx context.Context, id int64) (Order, error) {
+func (s redisShop) cancelOrder(ctx context.Context, id int64) (Order, error) {
 	var o Order
 	err := optimistic.Retry(ctx, optimistic.Policy{}, func(ctx context.Context) error {
 		fields, version, err := s.hash.Read(ctx, s.rdb, orderKey(id))
@@ -98,7 +121,7 @@ func (s shopStore) cancelOrder(ctx context.Context, id int64) (Order, error) {
 	return o, err
 }
 
-func (s shopStore) order(ctx context.Context, id int64) (Order, error) {
+func (s redisShop) order(ctx context.Context, id int64) (Order, error) {
 	fields, version, err := s.hash.Read(ctx, s.rdb, orderKey(id))
 	if err != nil {
 		return Order{}, err
@@ -117,7 +140,7 @@ func orderFrom(id int64, f map[string]string, version int64) Order {
 
 // orders lists every order. An index entry whose order is gone is left
 // out rather than failing the whole listing.
-func (s shopStore) orders(ctx context.Context) ([]Order, error) {
+func (s redisShop) orders(ctx context.Context) ([]Order, error) {
 	ids, err := s.rdb.ZRange(ctx, ordersIndex, 0, -1).Result()
 	if err != nil {
 		return nil, err
@@ -151,7 +174,7 @@ const listBatch = 1000
 
 // hashes reads the hashes at keys, listBatch of them per pipeline (which a
 // Redis Cluster client splits by node).
-func (s shopStore) hashes(ctx context.Context, keys []string) (fetched, error) {
+func (s redisShop) hashes(ctx context.Context, keys []string) (fetched, error) {
 	read := make(fetched, len(keys))
 	for batch := range slices.Chunk(keys, listBatch) {
 		pipe := s.rdb.Pipeline()
@@ -183,8 +206,7 @@ func keyDigest(key string) string {
 	return hex.EncodeToString(sum[:8])
 }
 
-// capturePayment records p as captured under the execution's fencing token.
-func (s shopStore) capturePayment(ctx context.Context, p *Payment, fence uint64) error {
+func (s redisShop) capturePayment(ctx context.Context, p *Payment, fence uint64) error {
 	err := s.hash.FencedSet(ctx, s.rdb, paymentKey(p.ID), fence, map[string]any{
 		"charge": p.Charge, "amount": p.Amount, "currency": p.Currency, "status": p.Status,
 		"created_at": p.CreatedAt.Format(time.RFC3339Nano),
@@ -195,7 +217,9 @@ func (s shopStore) capturePayment(ctx context.Context, p *Payment, fence uint64)
 	return s.rdb.ZAdd(ctx, paymentsIndex, redis.Z{Score: float64(p.CreatedAt.UnixNano()), Member: p.ID}).Err()
 }
 
-func (s shopStore) payments(ctx context.Context) ([]Payment, error) {
+func (s redisShop) ping(ctx context.Context) error { return s.rdb.Ping(ctx).Err() }
+
+func (s redisShop) payments(ctx context.Context) ([]Payment, error) {
 	ids, err := s.rdb.ZRange(ctx, paymentsIndex, 0, -1).Result()
 	if err != nil {
 		return nil, err

@@ -4,7 +4,6 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/example/internal/bank"
-	"github.com/redis/go-redis/v9"
 )
 
 // registerTransfers serves account transfers, whose balances live in SQL:
@@ -18,8 +17,8 @@ import (
 // the transfer run again when nothing committed) rather than answered 409
 // interrupted. That is only safe for handlers that write nothing outside
 // the transaction, which is why the other routes keep theirs.
-func registerTransfers(r chi.Router, rdb redis.UniversalClient, b *bank.Bank) *idempotency.Middleware {
-	transfers := idempotency.New(rdb, idempotency.WithCallerCredentials(), idempotency.WithOutcomeStore(b.Outcomes()),
+func registerTransfers(r chi.Router, back backend, b *bank.Bank) *idempotency.Middleware {
+	transfers := back.protection(idempotency.WithCallerCredentials(), idempotency.WithOutcomeStore(b.Outcomes()),
 		idempotency.WithFingerprint(idempotency.CanonicalJSON))
 	r.With(transfers.ProtectKey).Post("/transfers", b.Outcomes().Handler(b.Transfer).ServeHTTP)
 	r.Get("/accounts", b.ListAccounts)

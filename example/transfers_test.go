@@ -42,7 +42,8 @@ func startTransferShop(t *testing.T, d *sqltest.DB) *transferShop {
 	b, err := bank.New(d.DB, d.Dialect, prefix)
 	require.NoError(t, err)
 	require.NoError(t, b.Setup(t.Context(), bank.DemoAccounts))
-	app, _ := newApp(redistest.Client(t, "shop:"), config{}, b)
+	app, _, err := newApp(onRedis(redistest.Client(t, "shop:")), config{}, b)
+	require.NoError(t, err)
 	srv := httptest.NewServer(app)
 	t.Cleanup(srv.Close)
 	var run [6]byte
@@ -214,7 +215,7 @@ func TestRefusedTransferRollsBackAndReleasesItsKey(t *testing.T) {
 
 func TestEmbeddedSQLiteNeedsNoSetUp(t *testing.T) {
 	t.Setenv("DATABASE_URL", "")
-	b, closeDB, err := openBank("")
+	b, closeDB, err := openBank("", backend{})
 	require.NoError(t, err)
 	defer closeDB()
 	accounts, err := b.Accounts(t.Context())
@@ -227,7 +228,7 @@ func TestDatabaseURLIsCheckedAtStart(t *testing.T) {
 	// serves. (A well-formed URL would connect, to whatever listens.)
 	for _, url := range []string{"mysql://root:secret@127.0.0.1:3306/test?timeout=soon", "sqlserver://db/shop"} {
 		t.Setenv("DATABASE_URL", url)
-		_, _, err := openBank("")
+		_, _, err := openBank("", backend{})
 		require.Error(t, err, url)
 		require.NotContains(t, err.Error(), "127.0.0.1", "the URL may hold a password")
 	}

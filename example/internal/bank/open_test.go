@@ -64,3 +64,18 @@ func TestOpenRefuses(t *testing.T) {
 		}
 	}
 }
+
+func TestParseURLReadsSQLiteFiles(t *testing.T) {
+	d, err := ParseURL("IDEMPOTENCY_STORE", "sqlite:/var/lib/shop/keys.db")
+	if err != nil || d.Dialect != sqlidem.SQLite || d.DSN != dburl.SQLiteDSN("/var/lib/shop/keys.db") {
+		t.Errorf("sqlite: reads as %+v, %v", d, err)
+	}
+	for _, url := range []string{"sqlite:", "file:/var/lib/shop/keys.db", "redis://db:6379/0"} {
+		if _, err := ParseURL("IDEMPOTENCY_STORE", url); err == nil || !strings.HasPrefix(err.Error(), "IDEMPOTENCY_STORE") {
+			t.Errorf("ParseURL(%q): %v, want an error naming IDEMPOTENCY_STORE", url, err)
+		}
+	}
+	if _, err := source("sqlite:/var/lib/shop/keys.db", ""); err == nil {
+		t.Error("DATABASE_URL takes a SQLite file: that is DB_PATH's")
+	}
+}

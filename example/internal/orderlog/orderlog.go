@@ -8,10 +8,11 @@
 // execution cannot tell: it fails, its key is released or taken over, and a
 // redelivery runs again. An effect that is not conditional on the message
 // key then happens twice, however well the middleware keeps its own
-// promise. So the entry goes in with HSETNX under the event, and an execution
-// that finds its event recorded already counts as a rerun instead: the
-// count shows every execution past the first, which is what a reader
-// checks against the failures that allowed them.
+// promise. So the entry goes in with HSETNX under the event (in SQL, an
+// INSERT that the event's row refuses), and an execution that finds its
+// event recorded already counts as a rerun instead: the count shows every
+// execution past the first, which is what a reader checks against the
+// failures that allowed them.
 package orderlog
 
 import (
@@ -67,21 +68,39 @@ type Effect struct {
 	HandledAt time.Time `json:"handled_at"`
 }
 
-// Log is the order log under one name. Its keys are the entries hash
-// (name), the set of reruns (name:reruns, "KEY FENCE" each) and a state
-// hash per event (name:state:DIGEST). An event is named by its execution's
-// record key (idempotency.Execution.Key): the key a client sent, within
-// its scope, so two clients' equal keys are two events.
+// Log is the order log under one name, kept in Redis (New) or in SQL
+// (NewSQL). An event is named by its execution's record key
+// (idempotency.Execution.Key): the key a client sent, within its scope, so
+// two clients' equal keys are two events.
 type Log struct {
-	rdb      redis.UniversalClient
-	name     string
+	store    store
 	instance string // who ran an execution, in its entry
-	hash     optimistic.Hash
 }
 
-// New returns the log called name, written by instance.
+// store is where a Log keeps its entries, its reruns and each event's
+// state.
+type store interface {
+	// setState writes the event's state under e.Fence, refused with
+	// optimistic.ErrStaleFence when a higher fence wrote it.
+	setState(ctx context.Context, event string, e Effect) error
+	// addEntry writes the event's entry unless it has one, and reports
+	// whether it wrote it.
+	addEntry(ctx context.Context, event string, entry []byte) (bool, error)
+	// entry reads the event's entry.
+	entry(ctx context.Context, event string) ([]byte, error)
+	// addRerun adds member to the set of reruns.
+	addRerun(ctx context.Context, member string) error
+	// entries reads every entry, each under a name of its event.
+	entries(ctx context.Context) (map[string][]byte, error)
+	// reruns counts the set of reruns.
+	reruns(ctx context.Context) (int64, error)
+}
+
+// New returns the log called name in Redis, written by instance. Its keys
+// are the entries hash (name), the set of reruns (name:reruns, "KEY FENCE"
+// each) and a state hash per event (name:state:DIGEST).
 func New(rdb redis.UniversalClient, name, instance string) *Log {
-	return &Log{rdb: rdb, name: name, instance: instance}
+	return &Log{store: redisStore{rdb: rdb, name: name}, instance: instance}
 }
 
 // writeBound bounds the writes of one execution once they are under way.
@@ -117,15 +136,11 @@ func (l *Log) Record(ctx context.Context, key string, ev Event) (entry Effect, r
 			err = fmt.Errorf("recording order %d: %w", ev.Order, err)
 		}
 	}()
-	err = l.hash.FencedSet(ctx, l.rdb, l.stateKey(event), mine.Fence, map[string]any{
-		"order": mine.Order, "status": mine.Status, "instance": mine.Instance,
-		"handled_at": mine.HandledAt.Format(time.RFC3339Nano),
-	})
-	if err != nil {
+	if err = l.store.setState(ctx, event, mine); err != nil {
 		return mine, false, err
 	}
 	encoded, _ := json.Marshal(mine)
-	fresh, err := l.rdb.HSetNX(ctx, l.name, event, encoded).Result()
+	fresh, err := l.store.addEntry(ctx, event, encoded)
 	if err != nil || fresh {
 		return mine, false, err
 	}
@@ -137,7 +152,7 @@ func (l *Log) Record(ctx context.Context, key string, ev Event) (entry Effect, r
 // the entry is its own: go-redis resends a command whose reply was lost,
 // and the resent HSETNX finds the entry that the first one wrote.
 func (l *Log) rerun(ctx context.Context, mine Effect) (Effect, bool, error) {
-	stored, err := l.rdb.HGet(ctx, l.name, mine.Event).Bytes()
+	stored, err := l.store.entry(ctx, mine.Event)
 	if err != nil {
 		return Effect{}, false, err
 	}
@@ -148,20 +163,20 @@ func (l *Log) rerun(ctx context.Context, mine Effect) (Effect, bool, error) {
 	if first.Fence == mine.Fence {
 		return first, false, nil
 	}
-	err = l.rdb.SAdd(ctx, l.rerunsKey(), mine.Key+" "+strconv.FormatUint(mine.Fence, 10)).Err()
+	err = l.store.addRerun(ctx, mine.Key+" "+strconv.FormatUint(mine.Fence, 10))
 	return first, true, err
 }
 
 // Effects returns every event's entry, in the order they were handled.
 func (l *Log) Effects(ctx context.Context) ([]Effect, error) {
-	entries, err := l.rdb.HGetAll(ctx, l.name).Result()
+	entries, err := l.store.entries(ctx)
 	if err != nil {
 		return nil, err
 	}
 	effects := make([]Effect, 0, len(entries))
 	for key, e := range entries {
 		var effect Effect
-		if err := json.Unmarshal([]byte(e), &effect); err != nil {
+		if err := json.Unmarshal(e, &effect); err != nil {
 			return nil, fmt.Errorf("%w: entry of %q: %v", ErrCorruptEntry, key, err)
 		}
 		effects = append(effects, effect)
@@ -171,15 +186,62 @@ func (l *Log) Effects(ctx context.Context) ([]Effect, error) {
 }
 
 // Reruns is how many executions found their event recorded already.
-func (l *Log) Reruns(ctx context.Context) (int64, error) {
-	return l.rdb.SCard(ctx, l.rerunsKey()).Result()
+func (l *Log) Reruns(ctx context.Context) (int64, error) { return l.store.reruns(ctx) }
+
+// redisStore keeps a log in Redis: the entries in one hash, HSETNX per
+// event; the reruns in a set; each event's state in a hash of its own,
+// fenced by optimistic.Hash.FencedSet.
+type redisStore struct {
+	rdb  redis.UniversalClient
+	name string
+	hash optimistic.Hash
 }
 
-func (l *Log) rerunsKey() string { return l.name + ":reruns" }
+func (s redisStore) setState(ctx context.Context, event string, e Effect) error {
+	return s.hash.FencedSet(ctx, s.rdb, s.stateKey(event), e.Fence, map[string]any{
+		"order": e.Order, "status": e.Status, "instance": e.Instance,
+		"handled_at": e.HandledAt.Format(time.RFC3339Nano),
+	})
+}
+
+func (s redisStore) addEntry(ctx context.Context, event string, entry []byte) (bool, error) {
+	return s.rdb.HSetNX(ctx, s.name, event, entry).Result()
+}
+
+func (s redisStore) entry(ctx context.Context, event string) ([]byte, error) {
+	return s.rdb.HGet(ctx, s.name, event).Bytes()
+}
+
+func (s redisStore) addRerun(ctx context.Context, member string) error {
+	return s.rdb.SAdd(ctx, s.rerunsKey(), member).Err()
+}
+
+func (s redisStore) entries(ctx context.Context) (map[string][]byte, error) {
+	all, err := s.rdb.HGetAll(ctx, s.name).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string][]byte, len(all))
+	for event, e := range all {
+		out[event] = []byte(e)
+	}
+	return out, nil
+}
+
+func (s redisStore) reruns(ctx context.Context) (int64, error) {
+	return s.rdb.SCard(ctx, s.rerunsKey()).Result()
+}
+
+func (s redisStore) rerunsKey() string { return s.name + ":reruns" }
 
 // stateKey names the hash that holds an event's state, after a digest of
 // its name (a key is the client's, of any length).
-func (l *Log) stateKey(event string) string {
-	sum := sha256.Sum256([]byte(event))
-	return l.name + ":state:" + hex.EncodeToString(sum[:8])
+func (s redisStore) stateKey(event string) string {
+	return s.name + ":state:" + digest(event)[:16]
+}
+
+// digest names an event, or a rerun, by the SHA-256 of its name in hex.
+func digest(name string) string {
+	sum := sha256.Sum256([]byte(name))
+	return hex.EncodeToString(sum[:])
 }

@@ -82,6 +82,21 @@ type runMeter struct {
 	commands            map[string]commandStat
 }
 
+// A meter reads what a run cost per request: CPU time of the server and
+// of its store, and (Redis) the store's time in scripts and commands.
+type meter interface {
+	cpuPerRequest(ctx context.Context, requests int64) (server, store float64)
+	commandTime(ctx context.Context, requests int64) (scripts, commands float64)
+}
+
+// A startMeter starts a meter for a run of instance in.
+type startMeter func(ctx context.Context, in *instance) meter
+
+// redisMeter meters a server on rdb's Redis.
+func redisMeter(rdb *redis.Client) startMeter {
+	return func(ctx context.Context, in *instance) meter { return startRunMeter(ctx, in.cmd.Process.Pid, rdb) }
+}
+
 func startRunMeter(ctx context.Context, pid int, rdb *redis.Client) *runMeter {
 	m := &runMeter{pid: pid, rdb: rdb}
 	m.server, m.serverOK = processCPU(pid)

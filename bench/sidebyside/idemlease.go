@@ -41,34 +41,49 @@ var idemleaseKind = kind{
 	},
 	ReplayHeader: "Idempotency-Replayed",
 	source:       "peers/idemlease/main.go",
+	stores:       []string{"redistore"},
+	pins:         []string{"github.com/redis/go-redis/v9"},
 }
 
 // withIdemlease puts idemlease among the kinds, after the floor, when tree
 // is an idemlease tree with its redistore.
 func withIdemlease(ks []kind, tree string) ([]kind, error) {
-	tree, err := filepath.Abs(tree)
+	k, err := inTree(idemleaseKind, tree)
 	if err != nil {
 		return nil, err
 	}
-	for dir, module := range map[string]string{
-		tree:                             "github.com/repenguin22/idemlease",
-		filepath.Join(tree, "redistore"): "github.com/repenguin22/idemlease/redistore",
-	} {
-		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err != nil || !strings.HasPrefix(strings.TrimSpace(string(data)), "module "+module+"\n") {
-			return nil, fmt.Errorf("-idemlease %s: %s/go.mod is not module %s", tree, dir, module)
-		}
-	}
-	k := idemleaseKind
-	k.tree = tree
 	at := slices.IndexFunc(ks, func(k kind) bool { return k.Name == "floor" }) + 1
 	return slices.Insert(slices.Clone(ks), at, k), nil
 }
 
+// inTree is k built from tree, once tree is found to hold idemlease and
+// the stores k needs, each a module in its folder.
+func inTree(k kind, tree string) (kind, error) {
+	tree, err := filepath.Abs(tree)
+	if err != nil {
+		return k, err
+	}
+	dirs := map[string]string{tree: idemleaseModule}
+	for _, store := range k.stores {
+		dirs[filepath.Join(tree, store)] = idemleaseModule + "/" + store
+	}
+	for dir, module := range dirs {
+		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err != nil || !strings.HasPrefix(strings.TrimSpace(string(data)), "module "+module+"\n") {
+			return k, fmt.Errorf("-idemlease %s: %s/go.mod is not module %s", tree, dir, module)
+		}
+	}
+	k.tree = tree
+	return k, nil
+}
+
+const idemleaseModule = "github.com/repenguin22/idemlease"
+
 // buildIdemlease builds k's server into dir: a module in a directory of
-// its own that holds a copy of its source and requires idemlease and
-// redistore at idemleaseVersion (replaced with k.tree), go-redis at the
-// bench module's version and the bench module (for bench/peers/peer),
+// its own that holds a copy of its source and requires idemlease and its
+// stores (redistore or pgstore) at idemleaseVersion (replaced with k.tree
+// and its folders), the clients k.pins names (go-redis, pgx) at the bench
+// module's versions and the bench module (for bench/peers/peer),
 // every module of this repository replaced with its directory; go mod
 // tidy completes it (with the proxy, for what idemlease requires), and go
 // build builds it.
@@ -98,14 +113,16 @@ func buildIdemlease(ctx context.Context, dir string, k kind) error {
 	if err := json.Unmarshal(out, &bench); err != nil {
 		return err
 	}
-	goRedis := ""
+	pinned := map[string]string{}
 	for _, r := range bench.Require {
-		if r.Path == "github.com/redis/go-redis/v9" {
-			goRedis = r.Version
+		if slices.Contains(k.pins, r.Path) {
+			pinned[r.Path] = r.Version
 		}
 	}
-	if goRedis == "" {
-		return fmt.Errorf("%s/go.mod does not require go-redis", benchDir)
+	for _, pin := range k.pins {
+		if pinned[pin] == "" {
+			return fmt.Errorf("%s/go.mod does not require %s", benchDir, pin)
+		}
 	}
 
 	src := filepath.Join(dir, k.Name+"-module")
@@ -129,11 +146,18 @@ func buildIdemlease(ctx context.Context, dir string, k kind) error {
 	var mod strings.Builder
 	fmt.Fprintf(&mod, "module sidebyside.example/%s\n\ngo %s\n\nrequire (\n", k.Name, bench.Go)
 	fmt.Fprintf(&mod, "\t%s v0.0.0-00010101000000-000000000000\n", benchModule)
-	fmt.Fprintf(&mod, "\tgithub.com/redis/go-redis/v9 %s\n", goRedis)
-	fmt.Fprintf(&mod, "\tgithub.com/repenguin22/idemlease %s\n", idemleaseVersion)
-	fmt.Fprintf(&mod, "\tgithub.com/repenguin22/idemlease/redistore %s\n)\n\nreplace (\n", idemleaseVersion)
-	fmt.Fprintf(&mod, "\tgithub.com/repenguin22/idemlease => %s\n", k.tree)
-	fmt.Fprintf(&mod, "\tgithub.com/repenguin22/idemlease/redistore => %s\n", filepath.Join(k.tree, "redistore"))
+	for _, pin := range k.pins {
+		fmt.Fprintf(&mod, "\t%s %s\n", pin, pinned[pin])
+	}
+	fmt.Fprintf(&mod, "\t%s %s\n", idemleaseModule, idemleaseVersion)
+	for _, store := range k.stores {
+		fmt.Fprintf(&mod, "\t%s/%s %s\n", idemleaseModule, store, idemleaseVersion)
+	}
+	mod.WriteString(")\n\nreplace (\n")
+	fmt.Fprintf(&mod, "\t%s => %s\n", idemleaseModule, k.tree)
+	for _, store := range k.stores {
+		fmt.Fprintf(&mod, "\t%s/%s => %s\n", idemleaseModule, store, filepath.Join(k.tree, store))
+	}
 	for _, path := range slices.Sorted(maps.Keys(modules)) {
 		fmt.Fprintf(&mod, "\t%s => %s\n", path, modules[path])
 	}

@@ -23,6 +23,13 @@
 // (see matrix.go):
 //
 //	go run ./bench/sidebyside -server redis7,redis8,valkey8 -out bench/servers.json -docs docs/benchmarks.md
+//
+// -store postgres measures this library with its keys in PostgreSQL
+// (NewSQL) beside idemlease v1.1.0 on its PostgreSQL store, on the
+// PostgreSQL that -postgres (by default $POSTGRES_DSN) names, and the
+// size of a key's row and the cost of a purge (see postgres.go):
+//
+//	IDEMLEASE_DIR=/tmp/idemlease go run ./bench/sidebyside -store postgres -docs docs/benchmarks.md
 package main
 
 import (
@@ -65,6 +72,9 @@ type config struct {
 	readme   string
 	timeout  time.Duration
 	servers  []redisServer
+	// -store postgres
+	postgres   string
+	sizingRows int
 }
 
 func main() {
@@ -86,9 +96,27 @@ func main() {
 	server := flag.String("server", "redis7", "the Redis: redis7, redis8 or valkey8; several, comma-separated, compare them")
 	trixie := flag.String("trixie", defaultTrixieBin(), "where scripts/trixie.sh put the redis8 and valkey8 wrappers")
 	idemlease := flag.String("idemlease", os.Getenv("IDEMLEASE_DIR"),
-		"an extracted github.com/repenguin22/idemlease "+idemleaseVersion+" tree, its redistore in redistore/: measure it too")
+		"an extracted github.com/repenguin22/idemlease "+idemleaseVersion+" tree, its redistore in redistore/ "+
+			"(its pgstore in pgstore/ for -store postgres): measure it too")
+	store := flag.String("store", "redis", "where the keys are: redis, or postgres (see postgres.go)")
+	flag.StringVar(&cfg.postgres, "postgres", os.Getenv("POSTGRES_DSN"), "-store postgres: the PostgreSQL URL (loopback)")
+	flag.IntVar(&cfg.sizingRows, "sizing-rows", 10_000, "-store postgres: first executions before the table's size is read")
 	flag.Parse()
 	var err error
+	if *store == "postgres" {
+		outSet := false
+		flag.Visit(func(f *flag.Flag) { outSet = outSet || f.Name == "out" })
+		if !outSet {
+			cfg.out = "bench/sidebyside-postgres.json"
+		}
+		if err := postgresMain(cfg, *idemlease); err != nil {
+			log.Fatalf("sidebyside: %v", err)
+		}
+		return
+	}
+	if *store != "redis" {
+		log.Fatalf("sidebyside: -store %q is neither redis nor postgres", *store)
+	}
 	if cfg.servers, err = redisServers(*server, *trixie); err != nil {
 		log.Fatalf("sidebyside: %v", err)
 	}
@@ -106,19 +134,12 @@ func main() {
 	if len(cfg.servers) > 1 && !outSet {
 		cfg.out = "bench/servers.json"
 	}
-	if cfg.rounds < 1 || cfg.rounds > 9 || cfg.duration <= 0 || cfg.duration > time.Minute ||
-		cfg.warmup < 0 || cfg.warmup > time.Minute || cfg.threads < 1 || cfg.threads > 16 ||
-		cfg.conns < cfg.threads || cfg.conns > 1024 || cfg.count < 1 || cfg.count > 10_000 ||
-		cfg.timeout <= 0 || cfg.timeout > 15*time.Minute {
-		log.Fatal("sidebyside: a flag is out of range (rounds 1–9, duration and warmup up to 1m, " +
-			"threads 1–16, conns threads–1024, count 1–10000, timeout up to 15m)")
-	}
 	runs := len(kinds) * 2
 	if len(cfg.servers) > 1 {
 		runs = len(cfg.servers)
 	}
-	if need := time.Duration(cfg.rounds*runs) * (cfg.duration + cfg.warmup + time.Second); need > cfg.timeout {
-		log.Fatalf("sidebyside: the runs alone take about %v, more than -timeout %v", need, cfg.timeout)
+	if err := cfg.check(runs); err != nil {
+		log.Fatalf("sidebyside: %v", err)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -133,6 +154,22 @@ func main() {
 	if err != nil {
 		log.Fatalf("sidebyside: %v", err)
 	}
+}
+
+// check refuses flags out of range, and rounds of runs (each server's
+// measured runs in one round) that would not end before -timeout.
+func (cfg config) check(runs int) error {
+	if cfg.rounds < 1 || cfg.rounds > 9 || cfg.duration <= 0 || cfg.duration > time.Minute ||
+		cfg.warmup < 0 || cfg.warmup > time.Minute || cfg.threads < 1 || cfg.threads > 16 ||
+		cfg.conns < cfg.threads || cfg.conns > 1024 || cfg.count < 1 || cfg.count > 10_000 ||
+		cfg.timeout <= 0 || cfg.timeout > 15*time.Minute {
+		return fmt.Errorf("a flag is out of range (rounds 1–9, duration and warmup up to 1m, " +
+			"threads 1–16, conns threads–1024, count 1–10000, timeout up to 15m)")
+	}
+	if need := time.Duration(cfg.rounds*runs) * (cfg.duration + cfg.warmup + time.Second); need > cfg.timeout {
+		return fmt.Errorf("the runs alone take about %v, more than -timeout %v", need, cfg.timeout)
+	}
+	return nil
 }
 
 func runAll(ctx context.Context, cfg config) (err error) {
@@ -378,8 +415,15 @@ type run struct {
 	// other command.
 	ScriptTime  float64 `json:"redis_script_us_per_request"`
 	CommandTime float64 `json:"redis_command_us_per_request"`
-	OK          bool    `json:"ok"`
-	Problem     string  `json:"problem,omitempty"`
+	// Statements the server sent to PostgreSQL over the run, its own
+	// count at the driver (servers on PostgreSQL; RedisCPU is then the
+	// CPU of the PostgreSQL backends serving it).
+	Statements int64 `json:"server_statements,omitempty"`
+	// Gone: answers other than 201 to requests wrk had cut off at its
+	// end (the client gone), which no client saw.
+	Gone    int64  `json:"server_not_201_client_gone,omitempty"`
+	OK      bool   `json:"ok"`
+	Problem string `json:"problem,omitempty"`
 }
 
 func throughput(ctx context.Context, cfg config, dir, redisAddr string, rdb *redis.Client, scripts map[string]string, lifetime time.Duration) ([]run, error) {
@@ -404,7 +448,7 @@ func throughput(ctx context.Context, cfg config, dir, redisAddr string, rdb *red
 				return nil, err
 			}
 			for _, workload := range []string{"first", "duplicates"} {
-				r, err := measure(ctx, cfg, k, in, rdb, round, workload, scripts[workload])
+				r, err := measure(ctx, cfg, k, in, redisMeter(rdb), round, workload, scripts[workload])
 				if err != nil {
 					return nil, err
 				}
@@ -417,7 +461,7 @@ func throughput(ctx context.Context, cfg config, dir, redisAddr string, rdb *red
 	return runs, nil
 }
 
-func measure(ctx context.Context, cfg config, k kind, in *instance, rdb *redis.Client, round int, workload, script string) (run, error) {
+func measure(ctx context.Context, cfg config, k kind, in *instance, meter startMeter, round int, workload, script string) (run, error) {
 	r := run{Round: round, Server: k.Name, Workload: workload}
 	warmArg, arg := fmt.Sprintf("w%d-", round), fmt.Sprintf("m%d-", round)
 	if workload == "duplicates" {
@@ -445,12 +489,12 @@ func measure(ctx context.Context, cfg config, k kind, in *instance, rdb *redis.C
 	args := wrkArgs(cfg.threads, cfg.conns, cfg.duration, true, script, in.url(), arg)
 	// The script is the driver's copy of its file in bench/sidebyside.
 	r.Command = "wrk " + strings.Replace(strings.Join(args, " "), filepath.Dir(script), "bench/sidebyside", 1)
-	meter := startRunMeter(ctx, in.cmd.Process.Pid, rdb)
+	m := meter(ctx, in)
 	if r.wrkResult, _, err = runWrk(ctx, args, cfg.duration); err != nil {
 		return r, err
 	}
-	r.ServerCPU, r.RedisCPU = meter.cpuPerRequest(ctx, r.Requests)
-	r.ScriptTime, r.CommandTime = meter.commandTime(ctx, r.Requests)
+	r.ServerCPU, r.RedisCPU = m.cpuPerRequest(ctx, r.Requests)
+	r.ScriptTime, r.CommandTime = m.commandTime(ctx, r.Requests)
 	if r.Requests > 0 {
 		r.WrkCPU = micros(r.CPU) / float64(r.Requests)
 	}
@@ -461,6 +505,8 @@ func measure(ctx context.Context, cfg config, k kind, in *instance, rdb *redis.C
 	}
 	r.Answers, r.Created = s1.Answers-s0.Answers, s1.Created-s0.Created
 	r.Replayed, r.Executions = s1.Replayed-s0.Replayed, s1.Executions-s0.Executions
+	r.Statements = s1.Statements - s0.Statements
+	r.Gone = s1.Gone - s0.Gone
 
 	var problems []string
 	if r.Problem != "" {
@@ -473,11 +519,11 @@ func measure(ctx context.Context, cfg config, k kind, in *instance, rdb *redis.C
 		problems = append(problems, fmt.Sprintf("the server counted %d answers, wrk %d", r.Answers, r.Requests))
 	}
 	switch {
-	case r.Created != r.Answers:
-		problems = append(problems, fmt.Sprintf("%d of %d answers were not 201", r.Answers-r.Created, r.Answers))
+	case r.Created+r.Gone != r.Answers:
+		problems = append(problems, fmt.Sprintf("%d of %d answers were not 201", r.Answers-r.Created-r.Gone, r.Answers))
 	case workload == "first" && r.Replayed > 0:
 		problems = append(problems, fmt.Sprintf("%d first executions were replays", r.Replayed))
-	case workload == "duplicates" && k.Replay != nil && (r.Replayed != r.Answers || r.Executions != 0):
+	case workload == "duplicates" && k.Replay != nil && (r.Replayed+r.Gone != r.Answers || r.Executions != 0):
 		problems = append(problems, fmt.Sprintf("%d of %d answers were 201 replays, %d executions",
 			r.Replayed, r.Answers, r.Executions))
 	}

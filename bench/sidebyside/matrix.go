@@ -162,7 +162,7 @@ func runMatrix(ctx context.Context, cfg config) (err error) {
 			if err := rdbs[s.Name].FlushAll(ctx).Err(); err != nil {
 				return err
 			}
-			r, err := measure(ctx, cfg, ours, insts[s.Name], rdbs[s.Name], round, "first", script)
+			r, err := measure(ctx, cfg, ours, insts[s.Name], redisMeter(rdbs[s.Name]), round, "first", script)
 			if err != nil {
 				return err
 			}

@@ -31,10 +31,16 @@ type kind struct {
 	Replay func(resp *http.Response, body, first []byte) bool `json:"-"`
 	// ReplayHeader marks a replay in an answer; "" for this library's.
 	ReplayHeader string `json:"-"`
+	// UsesPostgres: the server keeps its keys in PostgreSQL (see
+	// postgres.go), on a table of its own.
+	UsesPostgres bool `json:"uses_postgres,omitempty"`
 	// source is, for a server that no module of the repository builds,
 	// its file in the bench module, and tree the tree of what it
-	// requires (see idemlease.go).
+	// requires, stores the modules of that tree it needs besides its
+	// root (in folders of the same names) and pins the modules it
+	// requires at the bench module's versions (see idemlease.go).
 	source, tree string
+	stores, pins []string
 }
 
 var kinds = []kind{
@@ -204,6 +210,9 @@ func startInstance(ctx context.Context, dir string, k kind, name, redisAddr stri
 	args := []string{"-addr", addr, "-for", lifetime.String(), "-instance", name}
 	if k.UsesRedis {
 		args = append(args, "-redis", redisAddr)
+	}
+	if k.UsesPostgres {
+		args = append(args, "-postgres", pg.dsnFor(k.Name+"-"+name), "-table", pg.tables[k.Name])
 	}
 	cmd, err := startChild(ctx, k.binary(dir), args...)
 	if err != nil {

@@ -31,16 +31,28 @@ type Flags struct {
 	Instance  string        // tells the answers of two instances apart
 	RedisHost string
 	RedisPort int
+	Postgres  string // PostgreSQL URL, for the servers on PostgreSQL
+	Table     string // the table a server on PostgreSQL keeps its keys in
 }
 
 // ParseFlags reads the command line and refuses anything but loopback and
 // a bounded lifetime.
-func ParseFlags(needRedis bool) Flags {
+func ParseFlags(needRedis bool) Flags { return parseFlags(needRedis, false) }
+
+// ParsePostgresFlags reads the command line of a server on PostgreSQL:
+// -postgres, a URL whose host is loopback, and -table are required.
+func ParsePostgresFlags() Flags { return parseFlags(false, true) }
+
+func parseFlags(needRedis, needPostgres bool) Flags {
 	var f Flags
 	flag.StringVar(&f.Addr, "addr", "127.0.0.1:0", "loopback address to listen on")
 	flag.StringVar(&f.Redis, "redis", "", "Redis host:port")
 	flag.DurationVar(&f.Lifetime, "for", 5*time.Minute, "how long to serve before stopping")
 	flag.StringVar(&f.Instance, "instance", "a", "instance name, part of every answer's id")
+	if needPostgres {
+		flag.StringVar(&f.Postgres, "postgres", "", "PostgreSQL URL (loopback)")
+		flag.StringVar(&f.Table, "table", "", "the table to keep keys in")
+	}
 	flag.Parse()
 	if f.Lifetime <= 0 || f.Lifetime > 15*time.Minute {
 		log.Fatal("-for must be in (0, 15m]")
@@ -54,6 +66,12 @@ func ParseFlags(needRedis bool) Flags {
 		host, port, _ := net.SplitHostPort(f.Redis)
 		f.RedisHost = host
 		f.RedisPort, _ = strconv.Atoi(port)
+	}
+	if needPostgres {
+		if f.Postgres == "" || f.Table == "" {
+			log.Fatal("-postgres and -table are required")
+		}
+		MustLoopbackDSN(f.Postgres)
 	}
 	return f
 }
@@ -74,9 +92,17 @@ type Stats struct {
 	Answers    int64 `json:"answers"`     // answers on Path
 	Created    int64 `json:"created"`     // of which 201
 	Replayed   int64 `json:"replayed201"` // of which 201 and marked a replay by the middleware
+	// Gone counts answers other than 201 written when the client had
+	// gone: requests wrk cut off at the end of a run, whose middleware
+	// gave up with the request's context.
+	Gone int64 `json:"gone_not_201"`
+	// Statements sent to the database (servers on PostgreSQL), in all
+	// and by first word.
+	Statements int64            `json:"statements,omitempty"`
+	ByVerb     map[string]int64 `json:"statements_by_verb,omitempty"`
 }
 
-var executions, answers, created, replayed atomic.Int64
+var executions, answers, created, replayed, gone atomic.Int64
 
 // Execute counts one execution of the handler and returns its answer:
 // 201's body, with an id that no other execution of the instance has, so
@@ -104,7 +130,10 @@ func Answered(status int, replay bool) {
 
 // Current returns the counts.
 func Current() Stats {
-	return Stats{Executions: executions.Load(), Answers: answers.Load(), Created: created.Load(), Replayed: replayed.Load()}
+	s := Stats{Executions: executions.Load(), Answers: answers.Load(), Created: created.Load(), Replayed: replayed.Load(),
+		Gone: gone.Load()}
+	s.Statements, s.ByVerb = statementCounts()
+	return s
 }
 
 // StatsJSON is the body of StatsPath.
@@ -129,7 +158,11 @@ func Handler(instance string) http.Handler {
 func Serve(f Flags, h http.Handler, replayHeader string) {
 	mux := http.NewServeMux()
 	mux.Handle("POST "+Path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.ServeHTTP(&countingWriter{ResponseWriter: w, replayHeader: replayHeader}, r)
+		cw := &countingWriter{ResponseWriter: w, replayHeader: replayHeader}
+		h.ServeHTTP(cw, r)
+		if cw.status != http.StatusCreated && r.Context().Err() != nil {
+			gone.Add(1)
+		}
 	}))
 	mux.HandleFunc("GET "+StatsPath, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -151,11 +184,12 @@ type countingWriter struct {
 	http.ResponseWriter
 	replayHeader string
 	wrote        bool
+	status       int
 }
 
 func (w *countingWriter) WriteHeader(status int) {
 	if !w.wrote {
-		w.wrote = true
+		w.wrote, w.status = true, status
 		Answered(status, w.replayHeader != "" && w.Header().Get(w.replayHeader) == "true")
 	}
 	w.ResponseWriter.WriteHeader(status)

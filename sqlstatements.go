@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/onceonly/idempotency/internal/keyspace"
 	"github.com/onceonly/idempotency/sqldialect"
 )
 
@@ -30,17 +31,16 @@ type sqlStatements struct {
 }
 
 func statementsFor(d sqldialect.Dialect, table string) sqlStatements {
-	var now, insert, forUpdate, create, purge string
+	now := keyspace.SQLNow(d) // the operator's statements read the same clock
+	var insert, forUpdate, create, purge string
 	index := strings.ReplaceAll(strings.ReplaceAll(table, `"`, ""), ".", "_") + "_until"
 	switch d {
 	case sqldialect.PostgreSQL:
-		now = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000 AS BIGINT)"
 		insert = "INSERT INTO " + table + " (id) VALUES (?) ON CONFLICT (id) DO NOTHING"
 		forUpdate = " FOR UPDATE"
 		create = "CREATE TABLE IF NOT EXISTS " + table + " (id TEXT PRIMARY KEY, record BYTEA, " +
 			"record_until BIGINT NOT NULL DEFAULT 0, holder TEXT NOT NULL DEFAULT '', holder_until BIGINT NOT NULL DEFAULT 0)"
 	case sqldialect.MySQL:
-		now = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
 		// ON DUPLICATE KEY UPDATE locks an existing row at once: INSERT
 		// IGNORE would take a shared lock, and two of them upgrading to
 		// FOR UPDATE deadlock.
@@ -50,8 +50,7 @@ func statementsFor(d sqldialect.Dialect, table string) sqlStatements {
 			"record_until BIGINT NOT NULL DEFAULT 0, holder VARBINARY(64) NOT NULL DEFAULT '', " +
 			"holder_until BIGINT NOT NULL DEFAULT 0, KEY " + d.Quote(strings.ReplaceAll(index, "`", "")) +
 			" (record_until)) ENGINE=InnoDB"
-	default: // SQLite: its clock has milliseconds
-		now = "CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)"
+	default: // SQLite
 		insert = "INSERT OR IGNORE INTO " + table + " (id) VALUES (?)"
 		create = "CREATE TABLE IF NOT EXISTS " + table + " (id TEXT PRIMARY KEY, record BLOB, " +
 			"record_until INTEGER NOT NULL DEFAULT 0, holder TEXT NOT NULL DEFAULT '', holder_until INTEGER NOT NULL DEFAULT 0)"
@@ -61,11 +60,26 @@ func statementsFor(d sqldialect.Dialect, table string) sqlStatements {
 		q.create = append(q.create, "CREATE INDEX IF NOT EXISTS "+d.Quote(strings.ReplaceAll(index, "`", ""))+
 			" ON "+table+" (record_until)")
 	}
-	expired := "record_until <= " + now + " AND holder_until <= " + now
-	if d == sqldialect.MySQL {
+	// The purge reads the clock once for the statement (PostgreSQL's
+	// clock_timestamp is read per row, and keeps the planner off the
+	// record_until index).
+	stable := strings.Replace(now, "clock_timestamp()", "statement_timestamp()", 1)
+	expired := "record_until <= " + stable + " AND holder_until <= " + stable
+	switch d {
+	case sqldialect.MySQL:
 		purge = "DELETE FROM " + table + " WHERE " + expired + " LIMIT " + strconv.Itoa(purgeBatch)
-	} else {
-		purge = "DELETE FROM " + table + " WHERE id IN (SELECT id FROM " + table + " WHERE " + expired + " LIMIT " + strconv.Itoa(purgeBatch) + ")"
+	default:
+		// The condition again outside the subquery: PostgreSQL re-checks
+		// only the outer WHERE on a row that a claim changed while the
+		// purge waited for it, and without it deleted the live record the
+		// claim had just written (a key then ran twice). SKIP LOCKED leaves
+		// rows that claims hold to the next purge.
+		skip := ""
+		if d == sqldialect.PostgreSQL {
+			skip = " FOR UPDATE SKIP LOCKED"
+		}
+		purge = "DELETE FROM " + table + " WHERE id IN (SELECT id FROM " + table + " WHERE " + expired +
+			" LIMIT " + strconv.Itoa(purgeBatch) + skip + ") AND " + expired
 	}
 	read := "SELECT record, record_until, holder, holder_until, " + now + " FROM " + table + " WHERE id = ?"
 	q.insert = d.Bind(insert)

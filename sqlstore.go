@@ -44,8 +44,9 @@ const DefaultSQLTable = "idempotency_keys"
 //
 // What Redis gives and a database does not: a waiting duplicate polls
 // (50 ms, growing to 500 ms) rather than being told, WithReplicaAcks has
-// no meaning (use the database's own synchronous replication), and the
-// operator's package admin reads Redis only. It panics when an option is
+// no meaning (use the database's own synchronous replication). The
+// operator's package admin and idemctl -store read and settle the table.
+// It panics when an option is
 // invalid, as New does; a database that does not answer is 503
 // store-unavailable per request, not a failure at start-up.
 func NewSQL(db *sql.DB, dialect SQLDialect, opts ...Option) *Middleware {

@@ -1,7 +1,9 @@
 package sqlstoretest
 
 import (
+	"context"
 	"database/sql"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -114,10 +116,11 @@ func TestDatabaseCutOffIsStoreUnavailable(t *testing.T) {
 func TestLostCommitReplyRunsOnce(t *testing.T) {
 	eachServer(t, func(t *testing.T, d *sqltest.DB) {
 		db, proxy := viaProxy(t, d)
-		m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_lost")),
+		table := d.Table(t, "idem_lost")
+		m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(table),
 			idempotency.WithSharedKeys(), idempotency.WithLockLease(time.Second))
 		srv, runs := shop(t, m)
-		require.Equal(t, http.StatusCreated, post(t, srv, "warm").StatusCode) // the table exists
+		awaitFirstPurge(t, d, m, table, srv)
 
 		proxy.DropNextReply("commit")
 		resp := post(t, srv, "k")
@@ -139,12 +142,12 @@ func TestLostCommitReplyRunsOnce(t *testing.T) {
 func TestLostStoreReplyKeepsTheAnswer(t *testing.T) {
 	eachServer(t, func(t *testing.T, d *sqltest.DB) {
 		db, proxy := viaProxy(t, d)
-		m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_store")),
-			idempotency.WithSharedKeys())
+		table := d.Table(t, "idem_store")
+		m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(table), idempotency.WithSharedKeys())
 		srv, runs := shop(t, m)
-		// The table exists, and no connection has prepared the store's
-		// UPDATE yet: its text goes out with the first one.
-		require.NoError(t, m.Ready(t.Context()))
+		// No connection has prepared the store's UPDATE yet: its text goes
+		// out with the first one.
+		awaitFirstPurge(t, d, m, table, nil)
 
 		proxy.DropNextReply("case when holder") // the store's UPDATE
 		require.Equal(t, http.StatusCreated, post(t, srv, "k").StatusCode)
@@ -155,4 +158,30 @@ func TestLostStoreReplyKeepsTheAnswer(t *testing.T) {
 		}, 15*time.Second, 100*time.Millisecond)
 		require.EqualValues(t, 1, runs.Load(), "the handler ran once")
 	})
+}
+
+// awaitFirstPurge makes m create its table, plants an expired row in it,
+// and starts m's first purge (its first key operation does, once a
+// minute): with srv's request, or a Do whose failure is released (which
+// stores nothing, so the store's statement stays unprepared). It
+// returns once the purge deleted the row, so that no purge of m sends
+// anything during the next minute.
+func awaitFirstPurge(t *testing.T, d *sqltest.DB, m *idempotency.Middleware, table string, srv *httptest.Server) {
+	require.NoError(t, m.Ready(t.Context()))
+	_, err := d.ExecContext(t.Context(), d.Dialect.Bind("INSERT INTO "+table+" (id) VALUES (?)"), "planted-expired")
+	require.NoError(t, err)
+	if srv != nil {
+		require.Equal(t, http.StatusCreated, post(t, srv, "warm").StatusCode)
+	} else {
+		_, err := idempotency.Do(t.Context(), m, idempotency.Key{ID: "warm"}, func(context.Context) (string, error) {
+			return "", errors.New("released")
+		})
+		require.EqualError(t, err, "released")
+	}
+	require.Eventually(t, func() bool {
+		var n int
+		err := d.QueryRowContext(t.Context(), d.Dialect.Bind("SELECT COUNT(*) FROM "+table+" WHERE id = ?"),
+			"planted-expired").Scan(&n)
+		return err == nil && n == 0
+	}, 10*time.Second, 20*time.Millisecond, "the first purge")
 }

@@ -23,11 +23,19 @@ import (
 type sqlStatements struct {
 	create []string
 	insert string // the key's row, unless it exists (its lock, on MySQL)
-	read   string // the row, unlocked
-	lock   string // the row, locked until the transaction ends
-	update string // the row, written back
-	store  string // an answer over the claim as it was written, in one statement
-	purge  string // up to purgeBatch rows with neither a record nor a lease
+	// fresh claims a key that has no row in one statement: the row with
+	// the claim's record, its fence the database's clock, and the lease.
+	// Arguments: id, the record's line before and after the fence, the
+	// record's life, the holder, the lease. It returns the fence where the
+	// dialect can (freshReturns), and inserts nothing over a row.
+	fresh        string
+	freshReturns bool
+	freshFence   string // MySQL: the fresh claim's record_until, to read its fence back
+	read         string // the row, unlocked
+	lock         string // the row, locked until the transaction ends
+	update       string // the row, written back
+	store        string // an answer over the claim as it was written, in one statement
+	purge        string // up to purgeBatch rows with neither a record nor a lease
 }
 
 func statementsFor(d sqldialect.Dialect, table string) sqlStatements {
@@ -82,6 +90,8 @@ func statementsFor(d sqldialect.Dialect, table string) sqlStatements {
 			" LIMIT " + strconv.Itoa(purgeBatch) + skip + ") AND " + expired
 	}
 	read := "SELECT record, record_until, holder, holder_until, " + now + " FROM " + table + " WHERE id = ?"
+	q.fresh, q.freshReturns = freshClaim(d, table, now)
+	q.freshFence = d.Bind("SELECT record_until FROM " + table + " WHERE id = ?")
 	q.insert = d.Bind(insert)
 	q.read = d.Bind(read)
 	q.lock = d.Bind(read + forUpdate)
@@ -94,4 +104,22 @@ func statementsFor(d sqldialect.Dialect, table string) sqlStatements {
 		"WHERE id = ? AND record = ? AND record_until > " + now)
 	q.purge = d.Bind(purge)
 	return q
+}
+
+// freshClaim is sqlStatements.fresh for d.
+func freshClaim(d sqldialect.Dialect, table, now string) (stmt string, returns bool) {
+	columns := "INSERT INTO " + table + " (id, record, record_until, holder, holder_until) "
+	switch d {
+	case sqldialect.PostgreSQL:
+		return d.Bind(columns + "SELECT ?, convert_to(CAST(? AS TEXT) || CAST(n AS TEXT) || CAST(? AS TEXT), 'UTF8'), " +
+			"n + CAST(? AS BIGINT), ?, n + CAST(? AS BIGINT) FROM (SELECT " + now + " AS n) c " +
+			"ON CONFLICT (id) DO NOTHING RETURNING record_until - CAST(? AS BIGINT)"), true
+	case sqldialect.MySQL:
+		// No RETURNING: the claim reads its fence back.
+		return columns + "SELECT ?, CONCAT(?, n, ?), n + ?, ?, n + ? FROM (SELECT " + now + " AS n) c " +
+			"ON DUPLICATE KEY UPDATE id = id", false
+	}
+	// SQLite: WHERE true keeps ON CONFLICT from being read as a join's.
+	return columns + "SELECT ?, CAST(? || n || ? AS BLOB), n + ?, ?, n + ? FROM (SELECT " + now + " AS n) " +
+		"WHERE true ON CONFLICT (id) DO NOTHING RETURNING record_until - ?", true
 }

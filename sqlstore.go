@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/onceonly/idempotency/internal/keyspace"
 	"github.com/onceonly/idempotency/sqldialect"
 )
 
@@ -119,6 +120,7 @@ func (s *sqlStore) ensureTable(ctx context.Context) error {
 	for range 3 {
 		if err = s.createTable(ctx); err == nil {
 			s.ready.Store(true)
+			s.purgeNow() // what an earlier run left to expire
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -218,6 +220,7 @@ func (s *sqlStore) scanRow(row *sql.Row, r *keyRow) error {
 // duplicate) is answered by one SELECT, without a transaction: nothing
 // changes a finished record but its expiry.
 func (s *sqlStore) claim(ctx context.Context, k keys, lockValue, fingerprint string) (claim, error) {
+	s.purgeNow()
 	token, life, abandoned := s.cfg.claimTerms(k)
 	ask := claimAsk{lockValue: lockValue, fingerprint: fingerprint, token: token, abandoned: abandoned,
 		life: life.Microseconds(), horizon: s.cfg.claimHorizon().Microseconds(), lease: s.cfg.lease.Microseconds()}
@@ -226,6 +229,11 @@ func (s *sqlStore) claim(ctx context.Context, k keys, lockValue, fingerprint str
 		err := s.scanRow(s.db.QueryRowContext(ctx, s.q.read, k.record), &r)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
+			if token != "r" && token != "x" { // those two claim nothing without a record
+				if fence, err := s.claimFresh(ctx, k, ask); err != nil || fence != 0 {
+					return claim{outcome: outcomeClaimed, fence: fence}, err
+				}
+			}
 		case err != nil:
 			return claim{}, err
 		default:
@@ -240,6 +248,40 @@ func (s *sqlStore) claim(ctx context.Context, k keys, lockValue, fingerprint str
 		return claim{}, err
 	}
 	return s.claimOf(k, found)
+}
+
+// claimFresh claims a key that has no row yet in one statement (on MySQL
+// two: the fence is read back), as keyRow.claim would claim it, and
+// returns its fence; 0 when a row turned up meanwhile, and then the claim
+// goes the way of every other, in a transaction.
+func (s *sqlStore) claimFresh(ctx context.Context, k keys, a claimAsk) (uint64, error) {
+	before, after := keyspace.ClaimLineAround(a.fingerprint, a.lockValue)
+	args := []any{k.record, before, after, a.life, a.lockValue, a.lease}
+	if s.dialect == SQLite {
+		s.serial.Lock()
+		defer s.serial.Unlock()
+	}
+	var fence uint64
+	if s.q.freshReturns {
+		err := s.db.QueryRowContext(ctx, s.q.fresh, append(args, a.life)...).Scan(&fence)
+		if errors.Is(err, sql.ErrNoRows) {
+			return 0, nil
+		}
+		return fence, err
+	}
+	res, err := s.db.ExecContext(ctx, s.q.fresh, args...)
+	if err != nil {
+		return 0, err
+	}
+	if n, err := res.RowsAffected(); err != nil || n != 1 {
+		return 0, err
+	}
+	// The row is ours, under our lease: nobody else changes it now.
+	var until int64
+	if err := s.db.QueryRowContext(ctx, s.q.freshFence, k.record).Scan(&until); err != nil {
+		return 0, err
+	}
+	return uint64(until - a.life), nil
 }
 
 // claimOf is the claim a row's claim found, as store.claimReply reads

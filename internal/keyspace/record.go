@@ -116,3 +116,13 @@ func AppendAnswerHead(b []byte, status, headerLen int) []byte {
 	b = append(strconv.AppendInt(b, int64(status), 10), ' ')
 	return append(strconv.AppendInt(b, int64(headerLen), 10), '\n')
 }
+
+// ClaimLineAround is the line of a fresh claim (AppendClaimLine's, in
+// state run) without its fence: what comes before the fence and what
+// after it. A store that takes the fence from its database's clock in the
+// statement that writes the record puts it between the two.
+func ClaimLineAround(fp, owner string) (before, after string) {
+	line := string(AppendClaimLine(nil, "run", fp, owner, 0))
+	at := len("run") + 1 + len(fp) + 1 + len(owner) + 1
+	return line[:at], line[at+1:]
+}

@@ -42,3 +42,9 @@ func TestAppendedRecordIsTheRecord(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, want, got)
 }
+
+func TestClaimLineAround(t *testing.T) {
+	before, after := ClaimLineAround("fp0", "owner-1")
+	require.Equal(t, string(AppendClaimLine(nil, "run", "fp0", "owner-1", 1765000000123456)),
+		before+"1765000000123456"+after)
+}

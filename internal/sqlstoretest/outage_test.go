@@ -1,9 +1,7 @@
 package sqlstoretest
 
 import (
-	"context"
 	"database/sql"
-	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -41,7 +39,15 @@ func viaProxy(t *testing.T, d *sqltest.DB) (*sql.DB, *redistest.Proxy) {
 		at := regexp.MustCompile(`tcp\(([^)]*)\)`).FindStringSubmatch(dsn)
 		require.NotNil(t, at, "MYSQL_DSN names no tcp(host:port)")
 		proxy := redistest.NewProxy(t, at[1])
-		db, err := sql.Open(d.Driver, strings.Replace(dsn, at[0], "tcp("+proxy.Addr()+")", 1))
+		// Statements as text, so that a test can name the one whose reply
+		// is lost (prepared, they would go out without it).
+		dsn = strings.Replace(dsn, at[0], "tcp("+proxy.Addr()+")", 1)
+		if strings.Contains(dsn, "?") {
+			dsn += "&interpolateParams=true"
+		} else {
+			dsn += "?interpolateParams=true"
+		}
+		db, err := sql.Open(d.Driver, dsn)
 		require.NoError(t, err)
 		t.Cleanup(func() { db.Close() })
 		return db, proxy
@@ -110,29 +116,51 @@ func TestDatabaseCutOffIsStoreUnavailable(t *testing.T) {
 	})
 }
 
-// A claim whose COMMIT reply is lost may or may not have committed: the
+// A claim whose reply is lost may or may not have been written: the
 // request is refused (503), its claim undone in the background, and the
-// retry runs the handler exactly once.
-func TestLostCommitReplyRunsOnce(t *testing.T) {
+// retry runs the handler exactly once. A fresh key's claim is one INSERT;
+// a key whose row exists (released before) is claimed in a transaction,
+// whose COMMIT's reply is the one lost.
+func TestLostClaimReplyRunsOnce(t *testing.T) {
 	eachServer(t, func(t *testing.T, d *sqltest.DB) {
-		db, proxy := viaProxy(t, d)
-		table := d.Table(t, "idem_lost")
-		m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(table),
-			idempotency.WithSharedKeys(), idempotency.WithLockLease(time.Second))
-		srv, runs := shop(t, m)
-		awaitFirstPurge(t, d, m, table, srv)
+		for _, lost := range []struct{ name, needle string }{{"fresh", "insert into"}, {"released", "commit"}} {
+			t.Run(lost.name, func(t *testing.T) {
+				db, proxy := viaProxy(t, d)
+				table := d.Table(t, "idem_lost")
+				m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(table),
+					idempotency.WithSharedKeys(), idempotency.WithLockLease(time.Second))
+				var runs atomic.Int32
+				release := true
+				srv := httptest.NewServer(m.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					runs.Add(1)
+					if lost.name == "released" && release {
+						release = false
+						idempotency.Release(r.Context()) // the row stays, without a record
+						w.WriteHeader(http.StatusConflict)
+						return
+					}
+					w.WriteHeader(http.StatusCreated)
+				})))
+				t.Cleanup(srv.Close)
+				awaitFirstPurge(t, d, m, table)
+				if lost.name == "released" {
+					require.Equal(t, http.StatusConflict, post(t, srv, "k").StatusCode)
+				}
+				before := runs.Load()
 
-		proxy.DropNextReply("commit")
-		resp := post(t, srv, "k")
-		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
-		require.EqualValues(t, 1, proxy.Dropped(), "the claim's COMMIT reply was lost")
-		require.EqualValues(t, 1, runs.Load(), "the handler did not run")
+				proxy.DropNextReply(lost.needle)
+				resp := post(t, srv, "k")
+				require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+				require.EqualValues(t, 1, proxy.Dropped(), "the claim's reply was lost")
+				require.Equal(t, before, runs.Load(), "the handler did not run")
 
-		require.Eventually(t, func() bool { return post(t, srv, "k").StatusCode == http.StatusCreated },
-			15*time.Second, 100*time.Millisecond)
-		require.EqualValues(t, 2, runs.Load(), "the retry ran the handler once")
-		require.Equal(t, "true", post(t, srv, "k").Header.Get(idempotency.ReplayedHeader))
-		require.EqualValues(t, 2, runs.Load())
+				require.Eventually(t, func() bool { return post(t, srv, "k").StatusCode == http.StatusCreated },
+					15*time.Second, 100*time.Millisecond)
+				require.Equal(t, before+1, runs.Load(), "the retry ran the handler once")
+				require.Equal(t, "true", post(t, srv, "k").Header.Get(idempotency.ReplayedHeader))
+				require.Equal(t, before+1, runs.Load())
+			})
+		}
 	})
 }
 
@@ -147,7 +175,7 @@ func TestLostStoreReplyKeepsTheAnswer(t *testing.T) {
 		srv, runs := shop(t, m)
 		// No connection has prepared the store's UPDATE yet: its text goes
 		// out with the first one.
-		awaitFirstPurge(t, d, m, table, nil)
+		awaitFirstPurge(t, d, m, table)
 
 		proxy.DropNextReply("case when holder") // the store's UPDATE
 		require.Equal(t, http.StatusCreated, post(t, srv, "k").StatusCode)
@@ -160,24 +188,22 @@ func TestLostStoreReplyKeepsTheAnswer(t *testing.T) {
 	})
 }
 
-// awaitFirstPurge makes m create its table, plants an expired row in it,
-// and starts m's first purge (its first key operation does, once a
-// minute): with srv's request, or a Do whose failure is released (which
-// stores nothing, so the store's statement stays unprepared). It
-// returns once the purge deleted the row, so that no purge of m sends
-// anything during the next minute.
-func awaitFirstPurge(t *testing.T, d *sqltest.DB, m *idempotency.Middleware, table string, srv *httptest.Server) {
-	require.NoError(t, m.Ready(t.Context()))
-	_, err := d.ExecContext(t.Context(), d.Dialect.Bind("INSERT INTO "+table+" (id) VALUES (?)"), "planted-expired")
-	require.NoError(t, err)
-	if srv != nil {
-		require.Equal(t, http.StatusCreated, post(t, srv, "warm").StatusCode)
-	} else {
-		_, err := idempotency.Do(t.Context(), m, idempotency.Key{ID: "warm"}, func(context.Context) (string, error) {
-			return "", errors.New("released")
-		})
-		require.EqualError(t, err, "released")
+// awaitFirstPurge makes sure that m's first purge, which it starts when it
+// first reaches its table, is over: the test creates the table with an
+// expired row in it, and m's purge deletes the row. m's purges then send
+// nothing for a minute, and no statement a test names has been prepared
+// on a connection.
+func awaitFirstPurge(t *testing.T, d *sqltest.DB, m *idempotency.Middleware, table string) {
+	blob, text := "BYTEA", "TEXT"
+	if d.Kind == sqltest.MySQL {
+		blob, text = "LONGBLOB", "VARBINARY(512)"
 	}
+	_, err := d.ExecContext(t.Context(), "CREATE TABLE "+table+" (id "+text+" PRIMARY KEY, record "+blob+
+		", record_until BIGINT NOT NULL DEFAULT 0, holder "+text+" NOT NULL DEFAULT '', holder_until BIGINT NOT NULL DEFAULT 0)")
+	require.NoError(t, err)
+	_, err = d.ExecContext(t.Context(), d.Dialect.Bind("INSERT INTO "+table+" (id) VALUES (?)"), "planted-expired")
+	require.NoError(t, err)
+	require.NoError(t, m.Ready(t.Context()))
 	require.Eventually(t, func() bool {
 		var n int
 		err := d.QueryRowContext(t.Context(), d.Dialect.Bind("SELECT COUNT(*) FROM "+table+" WHERE id = ?"),

@@ -81,11 +81,12 @@ func NewSQL(db *sql.DB, dialect SQLDialect, opts ...Option) *Middleware {
 func WithSQLTable(name string) Option { return func(c *config) { c.sqlTable = name } }
 
 // sqlStore keeps keys in a database: one row per key, the record and the
-// lease in it (keyRow), each operation one transaction that reads the row
-// under a lock (SELECT … FOR UPDATE; SQLite, a lock of the process) and
-// writes it back when it changed. A duplicate of a finished key is one
-// SELECT, and storing an answer over the claim as it was written is one
-// UPDATE.
+// lease in it (keyRow). The common cases are one statement each: a fresh
+// key's claim an INSERT, a finished key's duplicate a SELECT, the store of
+// an answer over the claim as it was written an UPDATE. Every other
+// operation is one transaction that reads the row under a lock (SELECT …
+// FOR UPDATE; SQLite's write lock, and one operation at a time per
+// process) and writes it back when it changed.
 type sqlStore struct {
 	db      *sql.DB
 	dialect SQLDialect
@@ -216,24 +217,30 @@ func (s *sqlStore) scanRow(row *sql.Row, r *keyRow) error {
 	return nil
 }
 
-// claim runs keyRow.claim. A key whose record is finished (the common
-// duplicate) is answered by one SELECT, without a transaction: nothing
-// changes a finished record but its expiry.
+// claim runs keyRow.claim. A key with no row (the common first
+// execution) is claimed by one INSERT; a key whose record is finished (the
+// common duplicate) is answered by one SELECT, without a transaction:
+// nothing changes a finished record but its expiry. Every other claim is
+// a transaction on the row.
 func (s *sqlStore) claim(ctx context.Context, k keys, lockValue, fingerprint string) (claim, error) {
 	s.purgeNow()
 	token, life, abandoned := s.cfg.claimTerms(k)
 	ask := claimAsk{lockValue: lockValue, fingerprint: fingerprint, token: token, abandoned: abandoned,
 		life: life.Microseconds(), horizon: s.cfg.claimHorizon().Microseconds(), lease: s.cfg.lease.Microseconds()}
 	if s.ready.Load() {
+		if token != "r" && token != "x" { // those two claim nothing without a record
+			fence, err := s.claimFresh(ctx, k, ask)
+			switch {
+			case err != nil:
+				return claim{}, err
+			case fence != 0:
+				return claim{outcome: outcomeClaimed, fence: fence}, nil
+			}
+		}
 		var r keyRow
 		err := s.scanRow(s.db.QueryRowContext(ctx, s.q.read, k.record), &r)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
-			if token != "r" && token != "x" { // those two claim nothing without a record
-				if fence, err := s.claimFresh(ctx, k, ask); err != nil || fence != 0 {
-					return claim{outcome: outcomeClaimed, fence: fence}, err
-				}
-			}
 		case err != nil:
 			return claim{}, err
 		default:
@@ -250,10 +257,9 @@ func (s *sqlStore) claim(ctx context.Context, k keys, lockValue, fingerprint str
 	return s.claimOf(k, found)
 }
 
-// claimFresh claims a key that has no row yet in one statement (on MySQL
-// two: the fence is read back), as keyRow.claim would claim it, and
-// returns its fence; 0 when a row turned up meanwhile, and then the claim
-// goes the way of every other, in a transaction.
+// claimFresh claims a key that has no row in one statement (on MySQL two:
+// the fence is read back), as keyRow.claim would claim it, and returns its
+// fence; 0 when the key has a row, which then decides.
 func (s *sqlStore) claimFresh(ctx context.Context, k keys, a claimAsk) (uint64, error) {
 	before, after := keyspace.ClaimLineAround(a.fingerprint, a.lockValue)
 	args := []any{k.record, before, after, a.life, a.lockValue, a.lease}

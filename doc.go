@@ -47,6 +47,8 @@
 //	cloudevents  Key and Scope, the extractors for CloudEvents over HTTP
 //	admin        Operator: Inspect, Interrupted, Resolve and Forget, the
 //	             operator's view of interrupted keys (cmd/idemctl)
+//	storetest    Run: the conformance kit that every store's tests run,
+//	             the HTTP contract through the public API
 //
 // They never change: client imports no Redis, and a program that imports
 // only this package (every HTTP user) compiles no gRPC, OpenTelemetry or

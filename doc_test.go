@@ -33,6 +33,9 @@ func TestPackagesCompileOnlyWhatTheyNeed(t *testing.T) {
 		{".", protocol},
 		{"./admin", append([]string{"github.com/onceonly/idempotency/admin"}, protocol...)},
 		{"./cloudevents", append([]string{"github.com/onceonly/idempotency/cloudevents"}, protocol...)},
+		// The conformance kit adds the assertions of its tests, no store.
+		{"./storetest", append([]string{"github.com/onceonly/idempotency/storetest", "github.com/stretchr/testify",
+			"github.com/davecgh/go-spew", "github.com/pmezard/go-difflib", "go.yaml.in/yaml/v3"}, protocol...)},
 		// The client side needs no Redis, and nothing of the middleware.
 		{"./client", []string{"github.com/onceonly/idempotency/client", "github.com/google/uuid"}},
 	} {

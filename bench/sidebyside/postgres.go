@@ -632,8 +632,12 @@ type purgeCost struct {
 	Plan      string    `json:"plan"`
 }
 
-// pgNow is the PostgreSQL store's clock, as sqlstatements.go reads it.
-const pgNow = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000 AS BIGINT)"
+// pgNow is the PostgreSQL store's clock, as sqlstatements.go reads it,
+// and pgPurgeNow the purge's, read once per statement.
+const (
+	pgNow      = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000 AS BIGINT)"
+	pgPurgeNow = "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000 AS BIGINT)"
+)
 
 // purges times this library's purge statement (sqlstatements.go,
 // statementsFor, PostgreSQL) on its table as the sizing left it (rows
@@ -643,8 +647,9 @@ const pgNow = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000 AS BIGINT)"
 // can serve.
 func purges(ctx context.Context, db *sql.DB, rows int) ([]purgeCost, error) {
 	table := pg.tables["ours"]
-	shipped := "DELETE FROM " + table + " WHERE id IN (SELECT id FROM " + table + " WHERE record_until <= " + pgNow +
-		" AND holder_until <= " + pgNow + " LIMIT 1000)"
+	expired := "record_until <= " + pgPurgeNow + " AND holder_until <= " + pgPurgeNow
+	shipped := "DELETE FROM " + table + " WHERE id IN (SELECT id FROM " + table + " WHERE " + expired +
+		" LIMIT 1000 FOR UPDATE SKIP LOCKED) AND " + expired
 	once := "DELETE FROM " + table + " WHERE id IN (SELECT id FROM " + table + " WHERE record_until <= $1" +
 		" AND holder_until <= $1 LIMIT 1000)"
 	var record []byte

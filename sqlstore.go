@@ -396,12 +396,15 @@ func (s *sqlStore) ping(ctx context.Context) error {
 	return s.ensureTable(ctx)
 }
 
-// purgeEvery is how often an instance deletes expired rows, and
-// purgeBatch how many at most each time: a purge never holds many row
-// locks, and a table that grows faster is caught up over the next ones.
+// purgeEvery is how often an instance starts a purge of expired rows, and
+// purgeBatch how many one statement deletes at most: a purge never holds
+// many row locks at once. A purge that deleted a full batch goes on with
+// the next, up to purgeBatches in all (100,000 rows a minute per
+// instance), so that the table keeps pace with the keys that expire.
 const (
-	purgeEvery = time.Minute
-	purgeBatch = 1000
+	purgeEvery   = time.Minute
+	purgeBatch   = 1000
+	purgeBatches = 100
 )
 
 // purgeNow starts a purge in the background when the last one is
@@ -413,40 +416,60 @@ func (s *sqlStore) purgeNow() {
 		return
 	}
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*s.cfg.storeTimeout)
-		defer cancel()
-		if s.dialect == SQLite {
-			s.serial.Lock()
-			defer s.serial.Unlock()
-		}
-		var err error
-		for range 3 {
-			if err = s.purge(ctx); !sqldialect.Retryable(err) {
-				break
+		for range purgeBatches {
+			deleted, err := s.purgeOnce()
+			if err != nil {
+				s.cfg.logger.Warn("idempotency: purging expired keys failed; the next purge tries again", "error", err)
+				return
+			}
+			if deleted < purgeBatch {
+				return
 			}
 		}
-		if err != nil {
-			s.cfg.logger.Warn("idempotency: purging expired keys failed; the next purge tries again", "error", err)
-		}
 	}()
+}
+
+// purgeOnce deletes one batch, within ten store timeouts, trying again
+// what the database refused as a conflict.
+func (s *sqlStore) purgeOnce() (deleted int64, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*s.cfg.storeTimeout)
+	defer cancel()
+	if s.dialect == SQLite {
+		s.serial.Lock()
+		defer s.serial.Unlock()
+	}
+	for range 3 {
+		if deleted, err = s.purge(ctx); !sqldialect.Retryable(err) {
+			break
+		}
+	}
+	return deleted, err
 }
 
 // purge deletes up to purgeBatch expired rows. On PostgreSQL and MySQL it
 // reads committed rows only: under MySQL's default repeatable read, the
 // range it scans would lock the gaps that new keys' rows go into, and
 // claims would wait for it.
-func (s *sqlStore) purge(ctx context.Context) error {
+func (s *sqlStore) purge(ctx context.Context) (int64, error) {
 	if s.dialect == SQLite {
-		_, err := s.db.ExecContext(ctx, s.q.purge)
-		return err
+		return rowsAffected(s.db.ExecContext(ctx, s.q.purge))
 	}
 	tx, err := s.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
-		return err
+		return 0, err
 	}
-	if _, err := tx.ExecContext(ctx, s.q.purge); err != nil {
+	n, err := rowsAffected(tx.ExecContext(ctx, s.q.purge))
+	if err != nil {
 		tx.Rollback()
-		return err
+		return 0, err
 	}
-	return tx.Commit()
+	return n, tx.Commit()
+}
+
+// rowsAffected is how many rows a statement changed.
+func rowsAffected(res sql.Result, err error) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/onceonly/idempotency/example/internal/provider"
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/onceonly/idempotency/internal/shopproc"
+	"github.com/onceonly/idempotency/internal/sqltest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -28,7 +29,27 @@ func TestSIGKILLMidPaymentIsResumedOnAnotherInstance(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the example")
 	}
-	a, b, charges, srv := twoShopsOfAProvider(t)
+	killMidPayments(t, "REDIS_URL=redis://"+redistest.Private(t).Addr())
+}
+
+// The same with every key in SQL (IDEMPOTENCY_STORE): on SQLite the two
+// instances are two processes on one file.
+func TestSIGKILLMidPaymentIsResumedOnSQL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the example")
+	}
+	for _, kind := range []sqltest.Kind{sqltest.SQLite, sqltest.PostgreSQL, sqltest.MySQL} {
+		t.Run(string(kind), func(t *testing.T) {
+			killMidPayments(t, "IDEMPOTENCY_STORE="+storeURL(t, kind), "REDIS_URL=", "REDIS_CLUSTER_ADDRS=",
+				"DATABASE_URL=", "DB_PATH=")
+		})
+	}
+}
+
+// killMidPayments kills an instance of two on store (their environment)
+// in the middle of payments, and retries each on the other.
+func killMidPayments(t *testing.T, store ...string) {
+	a, b, charges, srv := twoShopsOfAProvider(t, store...)
 
 	const n = 5
 	// The payments start 120 ms apart, so that the kill finds each at
@@ -96,7 +117,7 @@ func TestRetryAfterAKilledInstanceSaysWhenToAskAgain(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the example")
 	}
-	a, b, _, _ := twoShopsOfAProvider(t)
+	a, b, _, _ := twoShopsOfAProvider(t, "REDIS_URL=redis://"+redistest.Private(t).Addr())
 	go pay(t, a.URL, "killed") // its answer never comes
 	time.Sleep(250 * time.Millisecond)
 	require.NoError(t, a.Signal(syscall.SIGKILL))
@@ -158,12 +179,11 @@ func TestRetryAfterAKilledInstanceSaysWhenToAskAgain(t *testing.T) {
 // twoShopsOfAProvider starts two shop processes on a private Redis, whose
 // payments charge one payment provider that runs apart from them (500 ms
 // a charge), served at srv.
-func twoShopsOfAProvider(t *testing.T) (a, b *shopproc.Shop, charges *provider.Provider, srv *httptest.Server) {
+func twoShopsOfAProvider(t *testing.T, store ...string) (a, b *shopproc.Shop, charges *provider.Provider, srv *httptest.Server) {
 	t.Helper()
-	redis := redistest.Private(t)
 	charges = &provider.Provider{Latency: 500 * time.Millisecond}
 	srv = httptest.NewServer(charges)
 	t.Cleanup(srv.Close)
-	env := []string{"REDIS_URL=redis://" + redis.Addr(), "PROVIDER_URL=" + srv.URL, "PAYMENT_LATENCY=500ms"}
+	env := append(store, "PROVIDER_URL="+srv.URL, "PAYMENT_LATENCY=500ms")
 	return startProcess(t, env...), startProcess(t, env...), charges, srv
 }

@@ -10,6 +10,10 @@
 // Environment: ADDR, REDIS_URL, DATABASE_URL or DB_PATH, and
 //
 //	TABLE_PREFIX  the bank's tables (see bank.New); they must exist
+//	KEYS          where the middleware keeps its keys: redis (the
+//	              default, at REDIS_URL) or sql, the bank's database
+//	              (idempotency.NewSQL, table TABLE_PREFIX+"keys"), with
+//	              no Redis at all
 //	LOCK_LEASE    the middleware's lock lease (default 400ms), short so
 //	              that a dead executor's key frees quickly
 //	KILL_AT       point=fraction,…: the fraction of requests that die at
@@ -42,17 +46,24 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// The points where a request may die, in the order it reaches them.
+// The points where a request may die, in the order it reaches them. The
+// keys' store is Redis, or with KEYS=sql the keys table.
 const (
-	// before: claimed in Redis, no transaction begun.
+	// before: claimed in the keys' store, no transaction begun.
 	before = "before"
 	// inside: the transfer's writes done, its transaction not committed.
 	inside = "inside"
-	// committed: the answer committed in SQL, not yet stored in Redis.
+	// committed: the answer committed in SQL, not yet stored in the keys'
+	// store.
 	committed = "committed"
-	// stored: the answer stored in Redis, not yet sent to the client.
+	// stored: the answer stored in the keys' store, not yet sent to the
+	// client.
 	stored = "stored"
 )
+
+// keysTable is the table, after TABLE_PREFIX, that KEYS=sql keeps the
+// keys in.
+const keysTable = "keys"
 
 func main() {
 	if err := run(); err != nil {
@@ -76,12 +87,10 @@ func run() error {
 			return fmt.Errorf("LOCK_LEASE: %w", err)
 		}
 	}
-	opts, err := redis.ParseURL(os.Getenv("REDIS_URL"))
-	if err != nil {
-		return fmt.Errorf("REDIS_URL: %w", err)
+	keysIn := os.Getenv("KEYS")
+	if keysIn != "" && keysIn != "redis" && keysIn != "sql" {
+		return fmt.Errorf("KEYS: %q is neither redis nor sql", keysIn)
 	}
-	opts.ContextTimeoutEnabled = true
-	rdb := redis.NewClient(opts)
 	db, dialect, err := bank.Open(os.Getenv("DATABASE_URL"), os.Getenv("DB_PATH"))
 	if err != nil {
 		return err
@@ -107,10 +116,22 @@ func run() error {
 		}
 		k.slow, k.slowFor = f, wait
 	}
-	m := idempotency.New(rdb, idempotency.WithCallerCredentials(), idempotency.WithOutcomeStore(b.Outcomes()),
+	options := []idempotency.Option{idempotency.WithCallerCredentials(), idempotency.WithOutcomeStore(b.Outcomes()),
 		idempotency.WithFingerprint(idempotency.CanonicalJSON),
 		idempotency.WithLockLease(lease),
-		idempotency.WithLogger(logger))
+		idempotency.WithLogger(logger)}
+	var m *idempotency.Middleware
+	if keysIn == "sql" {
+		m = idempotency.NewSQL(db, dialect, append(options,
+			idempotency.WithSQLTable(os.Getenv("TABLE_PREFIX")+keysTable))...)
+	} else {
+		opts, err := redis.ParseURL(os.Getenv("REDIS_URL"))
+		if err != nil {
+			return fmt.Errorf("REDIS_URL: %w", err)
+		}
+		opts.ContextTimeoutEnabled = true
+		m = idempotency.New(redis.NewClient(opts), options...)
+	}
 
 	// The shop's chain, idempotency.ProtectKey(store.Handler(Transfer)),
 	// with a kill point between each two links.
@@ -218,8 +239,8 @@ func (k *killer) inside(fn func(*sql.Tx, http.ResponseWriter, *http.Request) err
 }
 
 // after dies at point once next has answered 201: inside the middleware,
-// after the commit and before the store in Redis; outside it, after the
-// store and before the answer leaves the process.
+// after the commit and before the store in the keys' store; outside it,
+// after the store and before the answer leaves the process.
 func (k *killer) after(point string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sw := &statusWriter{ResponseWriter: w}

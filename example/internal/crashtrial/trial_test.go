@@ -20,6 +20,7 @@ import (
 
 	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/example/internal/bank"
+	"github.com/onceonly/idempotency/internal/keyspace"
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/onceonly/idempotency/internal/sqltest"
 	"github.com/onceonly/idempotency/sqlidem"
@@ -36,8 +37,11 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 
 // A trial is what one run does to the servers.
 type trial struct {
-	requests int
-	workers  int
+	// keysInSQL: the servers keep their keys in the bank's database
+	// (idempotency.NewSQL, KEYS=sql), with no Redis at all.
+	keysInSQL bool
+	requests  int
+	workers   int
 	// killAt is the victim's KILL_AT: the fraction of the requests that
 	// reach each point on which it dies there.
 	killAt string
@@ -98,6 +102,17 @@ func TestCrashTrials(t *testing.T) {
 				killAt: "before=0.015,inside=0.015,committed=0.015,stored=0.015",
 			})
 		})
+		// The kills again with the keys in the same database as the
+		// outcomes and no Redis: the claim, the lease and the stored
+		// answer are rows of the keys table, and "stored" dies after the
+		// answer is stored there. The Redis variants (flushed,
+		// unreachable) have no counterpart here.
+		t.Run("keys-in-sql", func(t *testing.T) {
+			runTrial(t, bin, d, trial{
+				keysInSQL: true, requests: n, workers: 8, randomKills: true, within: 80 * time.Second, minKills: 5,
+				killAt: "before=0.04,inside=0.04,committed=0.04,stored=0.04",
+			})
+		})
 	})
 }
 
@@ -141,7 +156,7 @@ type tally struct {
 func openBank(t *testing.T, d *sqltest.DB, seed map[string]int64) (b *bank.Bank, prefix string, env []string) {
 	prefix = d.Table(t, "trial") + "_"
 	t.Cleanup(func() {
-		for _, table := range []string{"accounts", "transfers", sqlidem.DefaultTable} {
+		for _, table := range []string{"accounts", "transfers", sqlidem.DefaultTable, keysTable} {
 			d.Exec("DROP TABLE IF EXISTS " + prefix + table)
 		}
 	})
@@ -175,14 +190,22 @@ func runTrial(t *testing.T, bin string, d *sqltest.DB, tr trial) {
 	}
 	b, prefix, env := openBank(t, d, seed)
 
-	rs := redistest.Private(t)
-	redisAddr := rs.Addr()
-	var link *redisLink
-	if tr.outages > 0 {
-		link = newRedisLink(t, rs.Addr())
-		redisAddr = link.addr()
+	var (
+		rs   *redistest.Server
+		link *redisLink
+	)
+	if tr.keysInSQL {
+		env = append(env, "KEYS=sql", "REDIS_URL=")
+	} else {
+		rs = redistest.Private(t)
+		redisAddr := rs.Addr()
+		if tr.outages > 0 {
+			link = newRedisLink(t, rs.Addr())
+			redisAddr = link.addr()
+		}
+		env = append(env, "KEYS=redis", "REDIS_URL=redis://"+redisAddr)
 	}
-	env = append(env, "REDIS_URL=redis://"+redisAddr, "LOCK_LEASE=400ms", "SLOW="+tr.slow)
+	env = append(env, "LOCK_LEASE=400ms", "SLOW="+tr.slow)
 	killLog := filepath.Join(t.TempDir(), "kills.log")
 	victim := newInstance(t, bin, "victim", append(env, "KILL_AT="+tr.killAt, "KILL_LOG="+killLog)...)
 	survivor := newInstance(t, bin, "survivor", env...)
@@ -411,16 +434,23 @@ func runTrial(t *testing.T, bin string, d *sqltest.DB, tr trial) {
 		t.Errorf("%d answers were 409 interrupted", n)
 	}
 
-	// What Redis holds: no key left claimed without its lock, and how many
-	// executions were taken over.
+	// What the keys' store holds: no key left claimed without its lock
+	// (in SQL, its live lease), and how many executions were taken over.
 	// A record left in state run without its lock is no wrong answer: under
 	// the outcome store the next request with its key takes it over and
 	// recovers the committed answer. Undoing a takeover hands a key back to
 	// the executor it was taken from, which the victim's kills can leave
 	// so; every answer above is still checked. It is counted, not failed.
-	orphans, takenOver := redisRecords(t, rs.Client(t))
+	keysIn := "Redis"
+	var orphans, takenOver int
+	if tr.keysInSQL {
+		keysIn = "SQL"
+		orphans, takenOver = sqlRecords(t, d, prefix+keysTable)
+	} else {
+		orphans, takenOver = redisRecords(t, rs.Client(t))
+	}
 	if orphans > 0 {
-		t.Logf("%d Redis records left in state run without their lock (taken over by the next request)", orphans)
+		t.Logf("%d %s records left in state run without their lock (taken over by the next request)", orphans, keysIn)
 	}
 	kills := killCounts(t, killLog)
 	if t.Failed() {
@@ -445,12 +475,12 @@ func runTrial(t *testing.T, bin string, d *sqltest.DB, tr trial) {
 			t.Errorf("%d kills at %s: too few to test it", kills[point], point)
 		}
 	}
-	t.Logf("%v: %d requests in %v; kills: before %d, inside %d, committed %d, stored %d, at random %d (%d lives); "+
+	t.Logf("%v, keys in %s: %d requests in %v; kills: before %d, inside %d, committed %d, stored %d, at random %d (%d lives); "+
 		"Redis flushed %d times, unreachable %d times, %d requests hedged; %d retries (%d transport errors, %d in-progress, %d unavailable, %d other); "+
 		"recoveries: %d records taken over, %d committed answers recovered, %d reruns after nothing committed; "+
-		"%d answers not stored in Redis at once, %d transfers cut off by a lost lease; "+
+		"%d answers not stored in the keys' store at once, %d transfers cut off by a lost lease; "+
 		"double writes %d, lost answers %d, answers not committed %d, wrong transfers %d, interrupted %d+%d",
-		d.Kind, tr.requests, duration.Round(time.Millisecond),
+		d.Kind, keysIn, tr.requests, duration.Round(time.Millisecond),
 		kills[before], kills[inside], kills[committed], kills[stored], randomKills.Load(), victim.lives.Load(),
 		flushed.Load(), outages.Load(), hedged.Load(), attempts-tr.requests-int(hedged.Load()), counts.transport.Load(), counts.inProgress.Load(), counts.unavailable.Load(), counts.other.Load(),
 		takenOver, recovered, reran, unstored, cut,
@@ -539,6 +569,45 @@ func redisRecords(t *testing.T, rdb *redis.Client) (orphans, takenOver int) {
 		}
 	}
 	if err := iter.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return orphans, takenOver
+}
+
+// sqlRecords reads the keys table of NewSQL as redisRecords reads Redis:
+// the records left in state run without a live lease (no holder, or its
+// lease lapsed on the database's clock), and those whose execution was
+// taken over. Expired records count as none, as the store reads them.
+func sqlRecords(t *testing.T, d *sqltest.DB, table string) (orphans, takenOver int) {
+	now := keyspace.SQLNow(d.Dialect)
+	rows, err := d.QueryContext(t.Context(), "SELECT id, record, holder, "+
+		"CASE WHEN holder_until > "+now+" THEN 1 ELSE 0 END FROM "+d.Dialect.Quote(table)+
+		" WHERE record IS NOT NULL AND record_until > "+now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			id, holder string
+			record     []byte
+			leased     int
+		)
+		if err := rows.Scan(&id, &record, &holder, &leased); err != nil {
+			t.Fatal(err)
+		}
+		f, ok := keyspace.ParseRecord(string(record))
+		if !ok {
+			t.Fatalf("%s: the keys table holds a record that does not parse: %q", id, record)
+		}
+		if f.Executions != "" && f.Executions != "1" {
+			takenOver++
+		}
+		if f.State == "run" && (holder == "" || leased == 0) {
+			orphans++
+		}
+	}
+	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
 	return orphans, takenOver

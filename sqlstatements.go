@@ -30,7 +30,7 @@ type sqlStatements struct {
 	// dialect can (freshReturns), and inserts nothing over a row.
 	fresh        string
 	freshReturns bool
-	freshFence   string // MySQL: the fresh claim's record_until, to read its fence back
+	freshFence   string // MySQL: the fresh claim's record_until and holder, read back
 	read         string // the row, unlocked
 	lock         string // the row, locked until the transaction ends
 	update       string // the row, written back
@@ -91,7 +91,7 @@ func statementsFor(d sqldialect.Dialect, table string) sqlStatements {
 	}
 	read := "SELECT record, record_until, holder, holder_until, " + now + " FROM " + table + " WHERE id = ?"
 	q.fresh, q.freshReturns = freshClaim(d, table, now)
-	q.freshFence = d.Bind("SELECT record_until FROM " + table + " WHERE id = ?")
+	q.freshFence = d.Bind("SELECT record_until, holder FROM " + table + " WHERE id = ?")
 	q.insert = d.Bind(insert)
 	q.read = d.Bind(read)
 	q.lock = d.Bind(read + forUpdate)

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/onceonly/idempotency/internal/keyspace"
 	"github.com/onceonly/idempotency/sqldialect"
@@ -69,11 +71,23 @@ func NewSQL(db *sql.DB, dialect SQLDialect, opts ...Option) *Middleware {
 	if !sqldialect.ValidName(table, dialect != SQLite) {
 		panic(fmt.Sprintf("idempotency: WithSQLTable(%q): not a table name", table))
 	}
+	if p := m.cfg.prefix; len(p) > maxSQLPrefix || !utf8.ValidString(p) || strings.ContainsRune(p, 0) {
+		// A key's id is its Redis name, prefix first: a column of text
+		// takes neither a NUL nor invalid UTF-8, and MySQL's holds 512
+		// bytes. Refused here, every request would answer 503.
+		panic(fmt.Sprintf("idempotency: NewSQL: WithKeyPrefix(%q) must be UTF-8 without NUL, at most %d bytes",
+			p, maxSQLPrefix))
+	}
 	m.keyStore = newSQLStore(db, dialect, table, &m.cfg)
 	m.outage.store = "the database"
 	remember(m)
 	return m
 }
+
+// maxSQLPrefix bounds a key prefix under NewSQL: with the rest of a key's
+// id (a scope's digest and an issued token, under 100 bytes) it fits the
+// id column everywhere.
+const maxSQLPrefix = 256
 
 // WithSQLTable names the table NewSQL keeps keys in (DefaultSQLTable when
 // not set): a name, or schema.name. Two middlewares that share a database
@@ -98,6 +112,9 @@ type sqlStore struct {
 	schema    sync.Mutex
 	ready     atomic.Bool  // the table exists
 	lastPurge atomic.Int64 // unix nanoseconds of the last purge
+	// maxStatement is the largest statement the server takes (MySQL's
+	// max_allowed_packet, read with the table; 0: no limit we know of).
+	maxStatement int
 }
 
 func newSQLStore(db *sql.DB, d SQLDialect, table string, cfg *config) *sqlStore {
@@ -120,6 +137,9 @@ func (s *sqlStore) ensureTable(ctx context.Context) error {
 	// duplicate type): its next attempt finds the table.
 	for range 3 {
 		if err = s.createTable(ctx); err == nil {
+			if s.dialect == MySQL {
+				s.db.QueryRowContext(ctx, "SELECT @@max_allowed_packet").Scan(&s.maxStatement)
+			}
 			s.ready.Store(true)
 			s.purgeNow() // what an earlier run left to expire
 			return nil
@@ -244,8 +264,10 @@ func (s *sqlStore) claim(ctx context.Context, k keys, lockValue, fingerprint str
 		case err != nil:
 			return claim{}, err
 		default:
-			if found := r.claim(ask); !r.changed && found.word != "claimed" && found.word != "held" &&
-				found.word != "running" {
+			// A claim that writes nothing (a replay, a refusal, a key held
+			// or still running, our own claim resent) needs no lock: a
+			// waiting duplicate polls without queueing on the row.
+			if found := r.claim(ask); !r.changed {
 				return s.claimOf(k, found)
 			}
 		}
@@ -275,17 +297,20 @@ func (s *sqlStore) claimFresh(ctx context.Context, k keys, a claimAsk) (uint64, 
 		}
 		return fence, err
 	}
-	res, err := s.db.ExecContext(ctx, s.q.fresh, args...)
-	if err != nil {
+	if _, err := s.db.ExecContext(ctx, s.q.fresh, args...); err != nil {
 		return 0, err
 	}
-	if n, err := res.RowsAffected(); err != nil || n != 1 {
-		return 0, err
-	}
-	// The row is ours, under our lease: nobody else changes it now.
+	// Whether the INSERT wrote the row is read back, not taken from its
+	// affected rows: with clientFoundRows an existing row counts too. The
+	// row is ours when its lease is, under our lock value, fresh for this
+	// attempt; then nobody else changes it now.
 	var until int64
-	if err := s.db.QueryRowContext(ctx, s.q.freshFence, k.record).Scan(&until); err != nil {
+	var holder string
+	if err := s.db.QueryRowContext(ctx, s.q.freshFence, k.record).Scan(&until, &holder); err != nil {
 		return 0, err
+	}
+	if holder != a.lockValue {
+		return 0, nil
 	}
 	return uint64(until - a.life), nil
 }
@@ -319,6 +344,10 @@ func (s *sqlStore) claimOf(k keys, f claimFound) (claim, error) {
 	return claim{outcome: wordOutcomes[f.word]}, nil
 }
 
+// statementRoom is what a store's statement holds beside its two record
+// texts: the SQL, the other arguments, the protocol's framing.
+const statementRoom = 4 << 10
+
 // wordOutcomes are the claim's replies that carry nothing but their word.
 var wordOutcomes = map[string]claimOutcome{"unknown": outcomeUnknown, "expired": outcomeExpired,
 	"mismatch": outcomeMismatch, "big": outcomeBig, "abandoned": outcomeAbandoned, "held": outcomeHeld}
@@ -327,12 +356,21 @@ var wordOutcomes = map[string]claimOutcome{"unknown": outcomeUnknown, "expired":
 // common case) that is one conditional UPDATE; otherwise keyRow.complete
 // decides, in a transaction.
 func (s *sqlStore) complete(ctx context.Context, k keys, lockValue *string, fp string, fence uint64, rec *record, ttl time.Duration) (completion, error) {
-	texts := newCompletionTexts(fp, *lockValue, fence, rec)
-	stored, claimed := texts.buf[texts.claimed:], texts.buf[:texts.claimed]
-	life := k.lifetime(ttl).Microseconds()
 	if err := s.ensureTable(ctx); err != nil {
 		return 0, err
 	}
+	texts := newCompletionTexts(fp, *lockValue, fence, rec)
+	if s.maxStatement > 0 && rec != nil && 2*len(texts.buf)+statementRoom > s.maxStatement {
+		// The server would close the connection on the statement, every
+		// time it is tried: the answer is executed and not replayable,
+		// as one over WithMaxResponseBytes is.
+		s.cfg.logger.Warn("idempotency: the answer is larger than the database takes in one statement "+
+			"(MySQL's max_allowed_packet); stored as not replayable", "key", k.record,
+			"bytes", len(rec.body), "max_allowed_packet", s.maxStatement)
+		texts = newCompletionTexts(fp, *lockValue, fence, nil)
+	}
+	stored, claimed := texts.buf[texts.claimed:], texts.buf[:texts.claimed]
+	life := k.lifetime(ttl).Microseconds()
 	res, err := s.db.ExecContext(ctx, s.q.store, stored, life, *lockValue, *lockValue, k.record, claimed)
 	if err != nil {
 		return 0, err

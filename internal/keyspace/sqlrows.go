@@ -43,7 +43,10 @@ func SQLNow(d sqldialect.Dialect) string {
 	case sqldialect.PostgreSQL:
 		return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000 AS BIGINT)"
 	case sqldialect.MySQL:
-		return "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
+		// Arithmetic on UTC, with no time zone's conversion: through
+		// local time, the hour a daylight-saving change repeats would turn
+		// the clock back.
+		return "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
 	}
 	// SQLite: its clock has milliseconds.
 	return "CAST((julianday('now') - 2440587.5) * 86400000000 AS INTEGER)"

@@ -30,7 +30,6 @@ type sqlStatements struct {
 	// dialect can (freshReturns), and inserts nothing over a row.
 	fresh        string
 	freshReturns bool
-	freshFence   string // MySQL: the fresh claim's record_until and holder, read back
 	read         string // the row, unlocked
 	lock         string // the row, locked until the transaction ends
 	update       string // the row, written back
@@ -91,7 +90,6 @@ func statementsFor(d sqldialect.Dialect, table string) sqlStatements {
 	}
 	read := "SELECT record, record_until, holder, holder_until, " + now + " FROM " + table + " WHERE id = ?"
 	q.fresh, q.freshReturns = freshClaim(d, table, now)
-	q.freshFence = d.Bind("SELECT record_until, holder FROM " + table + " WHERE id = ?")
 	q.insert = d.Bind(insert)
 	q.read = d.Bind(read)
 	q.lock = d.Bind(read + forUpdate)
@@ -115,7 +113,7 @@ func freshClaim(d sqldialect.Dialect, table, now string) (stmt string, returns b
 			"n + CAST(? AS BIGINT), ?, n + CAST(? AS BIGINT) FROM (SELECT " + now + " AS n) c " +
 			"ON CONFLICT (id) DO NOTHING RETURNING record_until - CAST(? AS BIGINT)"), true
 	case sqldialect.MySQL:
-		// No RETURNING: the claim reads its fence back.
+		// No RETURNING: the claim's read that follows finds it.
 		return columns + "SELECT ?, CONCAT(?, n, ?), n + ?, ?, n + ? FROM (SELECT " + now + " AS n) c " +
 			"ON DUPLICATE KEY UPDATE id = id", false
 	}

@@ -279,9 +279,12 @@ func (s *sqlStore) claim(ctx context.Context, k keys, lockValue, fingerprint str
 	return s.claimOf(k, found)
 }
 
-// claimFresh claims a key that has no row in one statement (on MySQL two:
-// the fence is read back), as keyRow.claim would claim it, and returns its
-// fence; 0 when the key has a row, which then decides.
+// claimFresh claims a key that has no row in one statement, as
+// keyRow.claim would claim it, and returns its fence; 0 when the key has a
+// row, which then decides. MySQL has no RETURNING, and with
+// clientFoundRows it counts a row it found as affected: there the INSERT
+// only writes, and the read that follows finds the claim ours (its record
+// and lease under our fresh lock value) or another's.
 func (s *sqlStore) claimFresh(ctx context.Context, k keys, a claimAsk) (uint64, error) {
 	before, after := keyspace.ClaimLineAround(a.fingerprint, a.lockValue)
 	args := []any{k.record, before, after, a.life, a.lockValue, a.lease}
@@ -289,30 +292,16 @@ func (s *sqlStore) claimFresh(ctx context.Context, k keys, a claimAsk) (uint64, 
 		s.serial.Lock()
 		defer s.serial.Unlock()
 	}
+	if !s.q.freshReturns {
+		_, err := s.db.ExecContext(ctx, s.q.fresh, args...)
+		return 0, err
+	}
 	var fence uint64
-	if s.q.freshReturns {
-		err := s.db.QueryRowContext(ctx, s.q.fresh, append(args, a.life)...).Scan(&fence)
-		if errors.Is(err, sql.ErrNoRows) {
-			return 0, nil
-		}
-		return fence, err
-	}
-	if _, err := s.db.ExecContext(ctx, s.q.fresh, args...); err != nil {
-		return 0, err
-	}
-	// Whether the INSERT wrote the row is read back, not taken from its
-	// affected rows: with clientFoundRows an existing row counts too. The
-	// row is ours when its lease is, under our lock value, fresh for this
-	// attempt; then nobody else changes it now.
-	var until int64
-	var holder string
-	if err := s.db.QueryRowContext(ctx, s.q.freshFence, k.record).Scan(&until, &holder); err != nil {
-		return 0, err
-	}
-	if holder != a.lockValue {
+	err := s.db.QueryRowContext(ctx, s.q.fresh, append(args, a.life)...).Scan(&fence)
+	if errors.Is(err, sql.ErrNoRows) {
 		return 0, nil
 	}
-	return uint64(until - a.life), nil
+	return fence, err
 }
 
 // claimOf is the claim a row's claim found, as store.claimReply reads

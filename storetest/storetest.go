@@ -5,7 +5,7 @@
 // the other breaks shows as the same subtest failing on one of them.
 //
 //	storetest.Run(t, func(t *testing.T) storetest.Keyspace {
-//		prefix := … // a keyspace of its own, cleaned up when t ends
+//		prefix := "conformance-" + t.Name() // a keyspace of its own
 //		return func(opts ...idempotency.Option) *idempotency.Middleware {
 //			return idempotency.New(rdb, append([]idempotency.Option{idempotency.WithKeyPrefix(prefix)}, opts...)...)
 //		}

@@ -390,14 +390,47 @@ func (s *sqlStore) keep(ctx context.Context, k keys, lockValue string) error {
 	return s.withRow(ctx, k.record, func(r *keyRow) { r.keep(lockValue) })
 }
 
+// renew extends a lease we hold with one UPDATE (a watchdog renews every
+// third of a lease while the work runs); only a lapsed lease, which
+// keyRow.renew may take back, needs the row read in a transaction.
 func (s *sqlStore) renew(ctx context.Context, k keys, lockValue string, retake bool) (bool, error) {
+	lease := s.cfg.lease.Microseconds()
+	if s.ready.Load() {
+		n, err := s.serialized(func() (int64, error) {
+			return rowsAffected(s.db.ExecContext(ctx, s.q.renew, lease, k.record, lockValue))
+		})
+		switch {
+		case err != nil:
+			return false, err
+		case n == 1:
+			return true, nil
+		case !retake:
+			return false, nil // not ours: held by another, or lapsed
+		}
+	}
 	var ours bool
-	err := s.withRow(ctx, k.record, func(r *keyRow) { ours = r.renew(lockValue, s.cfg.lease.Microseconds(), retake) })
+	err := s.withRow(ctx, k.record, func(r *keyRow) { ours = r.renew(lockValue, lease, retake) })
 	return ours, err
 }
 
+// unlock lets our lease go with one UPDATE: the record is not read.
 func (s *sqlStore) unlock(ctx context.Context, k keys, lockValue string) error {
-	return s.withRow(ctx, k.record, func(r *keyRow) { r.letGo(lockValue) })
+	if err := s.ensureTable(ctx); err != nil {
+		return err
+	}
+	_, err := s.serialized(func() (int64, error) {
+		return rowsAffected(s.db.ExecContext(ctx, s.q.unlock, k.record, lockValue))
+	})
+	return err
+}
+
+// serialized runs one statement, under the process's lock on SQLite.
+func (s *sqlStore) serialized(statement func() (int64, error)) (int64, error) {
+	if s.dialect == SQLite {
+		s.serial.Lock()
+		defer s.serial.Unlock()
+	}
+	return statement()
 }
 
 func (s *sqlStore) journal(ctx context.Context, k keys, lockValue string, entry []byte, before int) (runProof, error) {

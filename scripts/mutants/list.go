@@ -371,6 +371,34 @@ var mutants = []mutant{
 		tests:  "Fence|Recover|Stale|Abandon", module: "sqlidem/internal/servertest",
 		unseen: "the fault checker's instances run no outcome store; sqlidem's crash trials and unit tests hold it",
 	},
+	{
+		name: "sql-claim-fingerprint-ignored", file: "sqlrow.go",
+		from: "case rec.Fingerprint != a.fingerprint:", to: "case false && rec.Fingerprint != a.fingerprint:",
+		breaks: "on SQL, a request with another body gets the stored answer of the key's first request",
+		tests:  "TestStoreConformanceSQL", module: "internal/sqlstoretest",
+		unseen: "the fault checker runs on Redis; the conformance kit runs the SQL store",
+	},
+	{
+		name: "sql-live-lease-read-lapsed", file: "sqlstore.go",
+		from: "if r.holderUntil <= r.now {", to: "if r.holderUntil <= r.now+int64(time.Minute/time.Microsecond) {",
+		breaks: "on SQL, a key whose executor holds its lease is taken over, and runs twice",
+		tests:  "TestRenewedLeaseKeepsALongRunsKey|TestStoreConformanceSQL", module: "internal/sqlstoretest",
+		unseen: "the fault checker runs on Redis; the SQL store's tests hold the lease",
+	},
+	{
+		name: "sql-release-frees-takeover", file: "sqlrow.go",
+		from: `if rec.PrevOwner != "" {`, to: `if false && rec.PrevOwner != "" {`,
+		breaks: "on SQL, undoing a takeover frees the key instead of handing it back to the executor it was taken from",
+		tests:  "TestRowsWriteTheGoldenRecords",
+		unseen: "the fault checker runs on Redis; the golden records hold the SQL rows to the scripts",
+	},
+	{
+		name: "sql-keep-not-marked", file: "sqlrow.go",
+		from: `rec.Owner = "!" + lockValue`, to: `rec.Owner = lockValue`,
+		breaks: "on SQL, a kept run is not marked, and its key waits out the claim horizon before it reads interrupted",
+		tests:  "TestRowsWriteTheGoldenRecords",
+		unseen: "the fault checker runs on Redis; the golden records hold the SQL rows to the scripts",
+	},
 }
 
 // describe is the mutant's line in --list.

@@ -2,6 +2,8 @@ package idempotency
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -49,3 +51,51 @@ type keyStore interface {
 func (m *Middleware) stepContext(parent context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(parent), m.cfg.storeTimeout)
 }
+
+// claimFound is what a claim found, in claim.lua's words, as either store
+// reports it: its word, and what comes with it.
+type claimFound struct {
+	word      string
+	fence     string
+	retaken   bool
+	journal   string // retaken: the journal of the run taken over
+	record    string // done: the record
+	ttl       int64  // done: the record's milliseconds left
+	horizonIn int64  // running: milliseconds until the horizon
+}
+
+// read is the claim f reports, for the key k.
+func (f claimFound) read(cfg *config, k keys) (claim, error) {
+	switch f.word {
+	case "claimed":
+		fence, err := strconv.ParseUint(f.fence, 10, 64)
+		if err != nil || fence == 0 {
+			return claim{}, fmt.Errorf("idempotency: bad fencing token %q", f.fence)
+		}
+		cl := claim{outcome: outcomeClaimed, fence: fence, retaken: f.retaken}
+		if f.retaken {
+			j := f.journal // empty when the runs taken over journaled nothing
+			cl.journal = &j
+		}
+		return cl, nil
+	case "done":
+		rec, err := decodeRecord(f.record)
+		if err != nil {
+			return unreadableClaim(cfg, k, err), nil
+		}
+		rec.expires = time.Now().Add(time.Duration(f.ttl) * time.Millisecond)
+		return claim{outcome: outcomeDone, rec: rec}, nil
+	case "corrupt":
+		return unreadableClaim(cfg, k, errCorruptRecord), nil
+	case "running":
+		return claim{outcome: outcomeRunning, horizonIn: time.Duration(max(f.horizonIn, 0)) * time.Millisecond}, nil
+	}
+	if outcome, ok := wordOutcomes[f.word]; ok {
+		return claim{outcome: outcome}, nil
+	}
+	return claim{}, fmt.Errorf("idempotency: unexpected claim reply %q", f.word)
+}
+
+// wordOutcomes are the claim's replies that carry nothing but their word.
+var wordOutcomes = map[string]claimOutcome{"unknown": outcomeUnknown, "expired": outcomeExpired,
+	"mismatch": outcomeMismatch, "big": outcomeBig, "abandoned": outcomeAbandoned, "held": outcomeHeld}

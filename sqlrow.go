@@ -132,17 +132,6 @@ func (r *keyRow) claim(a claimAsk) claimFound {
 	return claimFound{word: "claimed", fence: fence}
 }
 
-// claimFound is claim.lua's reply: its word, and what comes with it.
-type claimFound struct {
-	word      string
-	fence     string
-	retaken   bool
-	journal   string
-	record    string // done: the record
-	ttl       int64  // done: the record's milliseconds left
-	horizonIn int64  // running: milliseconds until the horizon
-}
-
 // complete is complete.lua: stored is the answer's record, claimed the
 // record as the claim wrote it; it returns 1 stored, 2 stored over a
 // vanished record, 0 not ours.

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -268,7 +267,7 @@ func (s *sqlStore) claim(ctx context.Context, k keys, lockValue, fingerprint str
 			// or still running, our own claim resent) needs no lock: a
 			// waiting duplicate polls without queueing on the row.
 			if found := r.claim(ask); !r.changed {
-				return s.claimOf(k, found)
+				return found.read(s.cfg, k)
 			}
 		}
 	}
@@ -276,7 +275,7 @@ func (s *sqlStore) claim(ctx context.Context, k keys, lockValue, fingerprint str
 	if err := s.withRow(ctx, k.record, func(r *keyRow) { found = r.claim(ask) }); err != nil {
 		return claim{}, err
 	}
-	return s.claimOf(k, found)
+	return found.read(s.cfg, k)
 }
 
 // claimFresh claims a key that has no row in one statement, as
@@ -304,42 +303,9 @@ func (s *sqlStore) claimFresh(ctx context.Context, k keys, a claimAsk) (uint64, 
 	return fence, err
 }
 
-// claimOf is the claim a row's claim found, as store.claimReply reads
-// claim.lua's reply.
-func (s *sqlStore) claimOf(k keys, f claimFound) (claim, error) {
-	switch f.word {
-	case "claimed":
-		fence, err := strconv.ParseUint(f.fence, 10, 64)
-		if err != nil || fence == 0 {
-			return claim{}, fmt.Errorf("idempotency: bad fencing token %q", f.fence)
-		}
-		cl := claim{outcome: outcomeClaimed, fence: fence, retaken: f.retaken}
-		if f.retaken {
-			cl.journal = &f.journal
-		}
-		return cl, nil
-	case "done":
-		rec, err := decodeRecord(f.record)
-		if err != nil {
-			return unreadableClaim(s.cfg, k, err), nil
-		}
-		rec.expires = time.Now().Add(time.Duration(f.ttl) * time.Millisecond)
-		return claim{outcome: outcomeDone, rec: rec}, nil
-	case "corrupt":
-		return unreadableClaim(s.cfg, k, errCorruptRecord), nil
-	case "running":
-		return claim{outcome: outcomeRunning, horizonIn: time.Duration(max(f.horizonIn, 0)) * time.Millisecond}, nil
-	}
-	return claim{outcome: wordOutcomes[f.word]}, nil
-}
-
 // statementRoom is what a store's statement holds beside its two record
 // texts: the SQL, the other arguments, the protocol's framing.
 const statementRoom = 4 << 10
-
-// wordOutcomes are the claim's replies that carry nothing but their word.
-var wordOutcomes = map[string]claimOutcome{"unknown": outcomeUnknown, "expired": outcomeExpired,
-	"mismatch": outcomeMismatch, "big": outcomeBig, "abandoned": outcomeAbandoned, "held": outcomeHeld}
 
 // complete stores the answer. Over the record as the claim wrote it (the
 // common case) that is one conditional UPDATE; otherwise keyRow.complete

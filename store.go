@@ -188,55 +188,31 @@ func (s *store) claimReply(k keys, cmd *redis.Cmd) (claim, error) {
 	if err != nil {
 		return claim{}, err
 	}
-	var word, text string
+	var f claimFound
+	var text string
 	if len(reply) > 0 {
-		word, _ = reply[0].(string)
+		f.word, _ = reply[0].(string)
 	}
 	if len(reply) > 1 {
 		text, _ = reply[1].(string)
 	}
-	switch word {
+	switch f.word {
 	case "claimed":
-		fence, err := strconv.ParseUint(text, 10, 64)
-		if err != nil || fence == 0 {
-			return claim{}, fmt.Errorf("idempotency: bad fencing token %q", text)
-		}
-		cl := claim{outcome: outcomeClaimed, fence: fence, retaken: len(reply) > 2}
+		f.fence, f.retaken = text, len(reply) > 2
 		if len(reply) > 3 {
-			j, _ := reply[3].(string) // empty when the runs taken over journaled nothing
-			cl.journal = &j
+			f.journal, _ = reply[3].(string)
 		}
-		return cl, nil
 	case "done":
 		if len(reply) != 3 {
-			return unreadableClaim(s.cfg, k, errCorruptRecord), nil
+			f.word = "corrupt"
+			break
 		}
-		ttl, _ := reply[2].(int64)
-		rec, err := decodeRecord(text)
-		if err != nil {
-			return unreadableClaim(s.cfg, k, err), nil
-		}
-		rec.expires = time.Now().Add(time.Duration(ttl) * time.Millisecond)
-		return claim{outcome: outcomeDone, rec: rec}, nil
-	case "corrupt":
-		return unreadableClaim(s.cfg, k, errCorruptRecord), nil
-	case "unknown":
-		return claim{outcome: outcomeUnknown}, nil
-	case "expired":
-		return claim{outcome: outcomeExpired}, nil
-	case "mismatch":
-		return claim{outcome: outcomeMismatch}, nil
-	case "big":
-		return claim{outcome: outcomeBig}, nil
-	case "abandoned":
-		return claim{outcome: outcomeAbandoned}, nil
-	case "held":
-		return claim{outcome: outcomeHeld}, nil
+		f.record = text
+		f.ttl, _ = reply[2].(int64)
 	case "running":
-		left, _ := strconv.ParseInt(text, 10, 64)
-		return claim{outcome: outcomeRunning, horizonIn: time.Duration(max(left, 0)) * time.Millisecond}, nil
+		f.horizonIn, _ = strconv.ParseInt(text, 10, 64)
 	}
-	return claim{}, fmt.Errorf("idempotency: unexpected claim reply %q", word)
+	return f.read(s.cfg, k)
 }
 
 // unreadable is the claim of a key whose record cannot be read. The

@@ -35,7 +35,6 @@ package main
 import (
 	"context"
 	_ "embed"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"log"
@@ -208,17 +207,8 @@ func runAll(ctx context.Context, cfg config) (err error) {
 	rep.summarise()
 	rep.Seconds = time.Since(started).Seconds()
 
-	data, _ := json.MarshalIndent(rep, "", "  ")
-	if err := os.WriteFile(cfg.out, append(data, '\n'), 0o644); err != nil {
+	if err := publish(rep, rep.markdown(), cfg.out, cfg.docs, beginMarker, endMarker); err != nil {
 		return err
-	}
-	md := rep.markdown()
-	fmt.Print("\n" + md)
-	if cfg.docs != "" {
-		if err := docs.ReplaceSection(cfg.docs, beginMarker, endMarker, md); err != nil {
-			return err
-		}
-		log.Printf("%s updated", cfg.docs)
 	}
 	if cfg.readme != "" {
 		if err := docs.ReplaceSection(cfg.readme, summaryBegin, summaryEnd, rep.summary()); err != nil {

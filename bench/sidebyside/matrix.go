@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log"
 	"os"
@@ -13,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	docs "github.com/onceonly/idempotency/bench/report"
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -187,17 +185,8 @@ func runMatrix(ctx context.Context, cfg config) (err error) {
 	}
 	rep.Seconds = time.Since(started).Seconds()
 
-	data, _ := json.MarshalIndent(rep, "", "  ")
-	if err := os.WriteFile(cfg.out, append(data, '\n'), 0o644); err != nil {
+	if err := publish(rep, rep.markdown(), cfg.out, cfg.docs, matrixBegin, matrixEnd); err != nil {
 		return err
-	}
-	md := rep.markdown()
-	fmt.Print("\n" + md)
-	if cfg.docs != "" {
-		if err := docs.ReplaceSection(cfg.docs, matrixBegin, matrixEnd, md); err != nil {
-			return err
-		}
-		log.Printf("%s updated", cfg.docs)
 	}
 	var bad []string
 	for _, r := range rep.Runs {

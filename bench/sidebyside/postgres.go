@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
@@ -20,7 +19,6 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 	"github.com/onceonly/idempotency/bench/peers/peer"
-	docs "github.com/onceonly/idempotency/bench/report"
 )
 
 // Keys in PostgreSQL, side by side: this library with NewSQL and
@@ -258,17 +256,8 @@ func runPostgres(ctx context.Context, cfg config) error {
 	}
 	rep.Seconds = time.Since(started).Seconds()
 
-	data, _ := json.MarshalIndent(rep, "", "  ")
-	if err := os.WriteFile(cfg.out, append(data, '\n'), 0o644); err != nil {
+	if err := publish(rep, rep.markdown(), cfg.out, cfg.docs, pgBegin, pgEnd); err != nil {
 		return err
-	}
-	md := rep.markdown()
-	fmt.Print("\n" + md)
-	if cfg.docs != "" {
-		if err := docs.ReplaceSection(cfg.docs, pgBegin, pgEnd, md); err != nil {
-			return err
-		}
-		log.Printf("%s updated", cfg.docs)
 	}
 	var bad []string
 	for _, r := range rep.Runs {

@@ -3,7 +3,9 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"log"
 	"os"
 	"os/exec"
 	"runtime"
@@ -12,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	docs "github.com/onceonly/idempotency/bench/report"
 	"github.com/onceonly/idempotency/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -502,4 +505,22 @@ func thousands(f float64) string {
 		s = s[:i] + "," + s[i:]
 	}
 	return s
+}
+
+// publish writes a run's report: rep as JSON to out, md to the terminal,
+// and md between begin and end in the docs file, when one is named.
+func publish(rep any, md, out, docsFile, begin, end string) error {
+	data, _ := json.MarshalIndent(rep, "", "  ")
+	if err := os.WriteFile(out, append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	fmt.Print("\n" + md)
+	if docsFile == "" {
+		return nil
+	}
+	if err := docs.ReplaceSection(docsFile, begin, end, md); err != nil {
+		return err
+	}
+	log.Printf("%s updated", docsFile)
+	return nil
 }

@@ -247,8 +247,11 @@ func await(ch <-chan struct{}) bool {
 }
 
 // eventually waits for cond, at most bound; it reports whether it held.
-func eventually(cond func() bool) bool {
-	for deadline := time.Now().Add(bound); !cond(); time.Sleep(5 * time.Millisecond) {
+func eventually(cond func() bool) bool { return eventuallyWithin(bound, cond) }
+
+// eventuallyWithin waits for cond, at most d; it reports whether it held.
+func eventuallyWithin(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			return false
 		}

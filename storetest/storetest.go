@@ -54,6 +54,7 @@ var promises = []promise{
 	{"KeyCutOffRunIsKeptThenTakenOver", cutOffRunKept},
 	{"KeyPanicBeforeWritingReleases", panicReleases},
 	{"TokenSpentOnceAndReplayed", tokenSpentOnce},
+	{"TokenKeysThatDifferAreLogged", tokenKeysThatDifferAreLogged},
 	{"DoRunsOncePerKey", doRunsOnce},
 	{"ResumeSkipsJournaledStep/Do", resumeDo},
 	{"ResumeSkipsJournaledStep/Handler", resumeHandler},

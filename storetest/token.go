@@ -1,14 +1,21 @@
 package storetest
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/syncbuf"
 )
 
 // tokenKeys is the key ring every instance of the kit's services shares,
@@ -76,4 +83,44 @@ func issue(t *testing.T, in *instance, session string) (token, cookie string) {
 		cookie = c.Name + "=" + c.Value
 	}
 	return body.Token, cookie
+}
+
+// Instances that sign with a key another instance's ring lacks are told
+// once, at start-up: the instance whose ring lacks a key that signed
+// within the token TTL logs it as an error, naming how many; one whose
+// ring holds every such key logs nothing.
+func tokenKeysThatDifferAreLogged(t *testing.T, ks Keyspace) {
+	key := func(c byte) []byte { return bytes.Repeat([]byte{c}, 32) }
+	a, c, e, f := key('a'), key('c'), key('e'), key('f')
+	const lacks = "key(s) this instance's ring lacks"
+	// signing starts an instance with ring that issues a token, and
+	// returns what it logs.
+	signing := func(ring idempotency.TokenKeys) *syncbuf.Buffer {
+		var logs syncbuf.Buffer
+		m := open(t, ks, idempotency.WithTokenKeys(ring), idempotency.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+		_, err := m.IssueTokenFor(httptest.NewRequest(http.MethodGet, "/", nil), "u")
+		require.NoError(t, err)
+		return &logs
+	}
+	// seen starts probes with ring until one logs that it lacks n keys:
+	// the store holds every key that signed before it then.
+	seen := func(ring idempotency.TokenKeys, n int) {
+		t.Helper()
+		want := "by " + strconv.Itoa(n) + " " + lacks
+		require.True(t, eventually(func() bool {
+			logs := signing(ring)
+			return eventuallyWithin(time.Second, func() bool { return strings.Contains(logs.String(), want) })
+		}), "an instance signing with another key is told: %q", want)
+	}
+
+	signing(idempotency.TokenKeys{Sign: a})
+	seen(idempotency.TokenKeys{Sign: c}, 1) // a, which c's ring lacks
+
+	// An instance whose ring holds a and c, signing with a key of its own:
+	// once a probe counts that key, its check has been made. Its ring
+	// holds the probe's key too, which may sign before its check.
+	holds := signing(idempotency.TokenKeys{Sign: e, Accept: [][]byte{a, c, f}})
+	seen(idempotency.TokenKeys{Sign: f}, 3) // a, c and e
+	require.NotContains(t, holds.String(), "level=ERROR", "a ring that holds every key that signed")
+	require.NotContains(t, holds.String(), string(a), "no key is logged, only its name")
 }

@@ -107,6 +107,7 @@
 //	sqlstore.go      NewSQL, WithSQLTable: the SQL store, one transaction per operation
 //	sqlrow.go        a key's row, and the Go twins of the scripts that change it
 //	sqlstatements.go the SQL store's table and statements, per dialect
+//	sqlnotify.go     WithSQLListener: waiters woken by the database's notifications
 //	outcomestore.go  OutcomeStore, Answer: answers committed with the handler's writes
 //	outcome.go       Outcome: what the middleware did with a request
 //	observe.go       Event, WithObserver's reports, LogObserver

@@ -40,7 +40,8 @@ type config struct {
 	resume          bool
 	outcomes        OutcomeStore
 	replicaAcks     int
-	sqlTable        string // NewSQL's table (WithSQLTable)
+	sqlTable        string      // NewSQL's table (WithSQLTable)
+	sqlListener     SQLListener // NewSQL's notifications (WithSQLListener)
 	replicaWait     time.Duration
 	sessionCookie   string
 	formField       string

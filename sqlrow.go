@@ -22,7 +22,10 @@ type keyRow struct {
 	recordUntil int64
 	holder      string // the lock value whose lease holds the key, "" for none (or lapsed)
 	holderUntil int64
-	changed     bool
+	// waiting: a duplicate waits for the key to be let go (PostgreSQL,
+	// where the holder notifies it)
+	waiting bool
+	changed bool
 }
 
 // setRecord writes the record, to live until until.

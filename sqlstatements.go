@@ -16,6 +16,8 @@ import (
 //	record_until  when the record expires: the database's clock, µs since 1970
 //	holder        the lock value whose lease holds the key, '' for none
 //	holder_until  when that lease lapses, µs
+//	waiting_until (PostgreSQL) until when a duplicate waits for the key, µs:
+//	              the holder notifies when it lets go (WithSQLListener)
 //
 // Every time comes from the database's clock (now), read in the statement
 // that uses it, so that instances whose clocks disagree still agree on
@@ -37,9 +39,19 @@ type sqlStatements struct {
 	renew        string // our live lease, a lease from now
 	unlock       string // our lease, let go
 	purge        string // up to purgeBatch rows with neither a record nor a lease
+	// notifies: store and unlock answer a row (rows changed, holders
+	// notified) rather than a count of rows, for they notify the key's
+	// waiters, as notify does in a transaction, and wait marks the row
+	// for it (PostgreSQL).
+	notifies bool
+	notify   string
+	wait     string
+	waiting  string // the waiting_until column, added to a table of an earlier version
 }
 
-func statementsFor(d sqldialect.Dialect, table string) sqlStatements {
+// statementsFor builds the statements for table, quoted as d quotes it;
+// holders notify channel (sqlChannel) on PostgreSQL.
+func statementsFor(d sqldialect.Dialect, table, channel string) sqlStatements {
 	now := keyspace.SQLNow(d) // the operator's statements read the same clock
 	var insert, forUpdate, create, purge string
 	index := strings.ReplaceAll(strings.ReplaceAll(table, `"`, ""), ".", "_") + "_until"
@@ -48,7 +60,8 @@ func statementsFor(d sqldialect.Dialect, table string) sqlStatements {
 		insert = "INSERT INTO " + table + " (id) VALUES (?) ON CONFLICT (id) DO NOTHING"
 		forUpdate = " FOR UPDATE"
 		create = "CREATE TABLE IF NOT EXISTS " + table + " (id TEXT PRIMARY KEY, record BYTEA, " +
-			"record_until BIGINT NOT NULL DEFAULT 0, holder TEXT NOT NULL DEFAULT '', holder_until BIGINT NOT NULL DEFAULT 0)"
+			"record_until BIGINT NOT NULL DEFAULT 0, holder TEXT NOT NULL DEFAULT '', holder_until BIGINT NOT NULL DEFAULT 0, " +
+			"waiting_until BIGINT NOT NULL DEFAULT 0)"
 	case sqldialect.MySQL:
 		// ON DUPLICATE KEY UPDATE locks an existing row at once: INSERT
 		// IGNORE would take a shared lock, and two of them upgrading to
@@ -90,7 +103,11 @@ func statementsFor(d sqldialect.Dialect, table string) sqlStatements {
 		purge = "DELETE FROM " + table + " WHERE id IN (SELECT id FROM " + table + " WHERE " + expired +
 			" LIMIT " + strconv.Itoa(purgeBatch) + skip + ") AND " + expired
 	}
-	read := "SELECT record, record_until, holder, holder_until, " + now + " FROM " + table + " WHERE id = ?"
+	waiting := "0"
+	if d == sqldialect.PostgreSQL {
+		waiting = "waiting_until"
+	}
+	read := "SELECT record, record_until, holder, holder_until, " + waiting + ", " + now + " FROM " + table + " WHERE id = ?"
 	q.fresh, q.freshReturns = freshClaim(d, table, now)
 	q.insert = d.Bind(insert)
 	q.read = d.Bind(read)
@@ -98,14 +115,37 @@ func statementsFor(d sqldialect.Dialect, table string) sqlStatements {
 	q.update = d.Bind("UPDATE " + table + " SET record = ?, record_until = ?, holder = ?, holder_until = ? WHERE id = ?")
 	// MySQL assigns left to right, each assignment seeing the ones before:
 	// holder_until goes before the holder it tests.
-	q.store = d.Bind("UPDATE " + table + " SET record = ?, record_until = " + now + " + ?, " +
-		"holder_until = CASE WHEN holder = ? THEN 0 ELSE holder_until END, " +
-		"holder = CASE WHEN holder = ? THEN '' ELSE holder END " +
-		"WHERE id = ? AND record = ? AND record_until > " + now)
+	q.store = d.Bind(q.notifying(d, channel, now, "UPDATE "+table+" SET record = ?, record_until = "+now+" + ?, "+
+		"holder_until = CASE WHEN holder = ? THEN 0 ELSE holder_until END, "+
+		"holder = CASE WHEN holder = ? THEN '' ELSE holder END "+
+		"WHERE id = ? AND record = ? AND record_until > "+now))
 	q.renew = d.Bind("UPDATE " + table + " SET holder_until = " + now + " + ? WHERE id = ? AND holder = ? AND holder_until > " + now)
-	q.unlock = d.Bind("UPDATE " + table + " SET holder = '', holder_until = 0 WHERE id = ? AND holder = ?")
+	q.unlock = d.Bind(q.notifying(d, channel, now, "UPDATE "+table+" SET holder = '', holder_until = 0 WHERE id = ? AND holder = ?"))
 	q.purge = d.Bind(purge)
+	if q.notifies {
+		q.notify = d.Bind("SELECT pg_notify('" + channel + "', ?)")
+		q.wait = d.Bind("UPDATE " + table + " SET waiting_until = GREATEST(waiting_until, " + now + " + ?) WHERE id = ?")
+		q.waiting = "ALTER TABLE " + table + " ADD COLUMN IF NOT EXISTS waiting_until BIGINT NOT NULL DEFAULT 0"
+	}
 	return q
+}
+
+// notifying is update (one key's row, without RETURNING) as it notifies
+// the key's waiters on PostgreSQL, in the same statement: a row that
+// someone waits for gets its id sent on channel, delivered when the
+// statement commits. Keys nobody waits for send nothing (NOTIFY holds a
+// lock of the whole database while it commits). Elsewhere update is
+// returned as it is.
+func (q *sqlStatements) notifying(d sqldialect.Dialect, channel, now, update string) string {
+	if d != sqldialect.PostgreSQL {
+		return update
+	}
+	q.notifies = true
+	// The notification's column is counted, so that no planner drops the
+	// join that sends it.
+	return "WITH u AS (" + update + " RETURNING id, waiting_until) SELECT count(*), count(n.sent) FROM u " +
+		"LEFT JOIN LATERAL (SELECT CAST(pg_notify('" + channel + "', u.id) AS TEXT) AS sent " +
+		"WHERE u.waiting_until > " + now + ") n ON true"
 }
 
 // freshClaim is sqlStatements.fresh for d.

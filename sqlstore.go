@@ -44,9 +44,9 @@ const DefaultSQLTable = "idempotency_keys"
 // WithSQLTable's) when it first reaches the database, and purges expired
 // rows as it goes, with no job of its own to schedule.
 //
-// What Redis gives and a database does not: a waiting duplicate polls
-// (50 ms, growing to 500 ms) rather than being told, WithReplicaAcks has
-// no meaning (use the database's own synchronous replication). The
+// A waiting duplicate polls (50 ms, growing to 500 ms), or on PostgreSQL
+// is told when the key's holder lets go (WithSQLListener). WithReplicaAcks
+// has no meaning (use the database's own synchronous replication). The
 // operator's package admin and idemctl -store read and settle the table.
 // It panics when an option is
 // invalid, as New does; a database that does not answer is 503
@@ -70,6 +70,9 @@ func NewSQL(db *sql.DB, dialect SQLDialect, opts ...Option) *Middleware {
 	if !sqldialect.ValidName(table, dialect != SQLite) {
 		panic(fmt.Sprintf("idempotency: WithSQLTable(%q): not a table name", table))
 	}
+	if m.cfg.sqlListener != nil && dialect != PostgreSQL {
+		panic("idempotency: WithSQLListener: only PostgreSQL notifies; on " + dialect.String() + " waiting duplicates poll")
+	}
 	if p := m.cfg.prefix; len(p) > maxSQLPrefix || !utf8.ValidString(p) || strings.ContainsRune(p, 0) {
 		// A key's id is its Redis name, prefix first: a column of text
 		// takes neither a NUL nor invalid UTF-8, and MySQL's holds 512
@@ -77,7 +80,11 @@ func NewSQL(db *sql.DB, dialect SQLDialect, opts ...Option) *Middleware {
 		panic(fmt.Sprintf("idempotency: NewSQL: WithKeyPrefix(%q) must be UTF-8 without NUL, at most %d bytes",
 			p, maxSQLPrefix))
 	}
-	m.keyStore = newSQLStore(db, dialect, table, &m.cfg)
+	s := newSQLStore(db, dialect, table, &m.cfg)
+	if l := m.cfg.sqlListener; l != nil {
+		s.notify = newNotifyRoom(l, table, &m.cfg)
+	}
+	m.keyStore = s
 	m.outage.store = "the database"
 	remember(m)
 	return m
@@ -106,7 +113,8 @@ type sqlStore struct {
 	table   string
 	cfg     *config
 	q       sqlStatements
-	serial  sync.Mutex // SQLite: one operation at a time
+	serial  sync.Mutex  // SQLite: one operation at a time
+	notify  *notifyRoom // WithSQLListener's, or nil: waiters poll
 
 	schema    sync.Mutex
 	ready     atomic.Bool  // the table exists
@@ -117,7 +125,7 @@ type sqlStore struct {
 }
 
 func newSQLStore(db *sql.DB, d SQLDialect, table string, cfg *config) *sqlStore {
-	return &sqlStore{db: db, dialect: d, table: table, cfg: cfg, q: statementsFor(d, d.Quote(table))}
+	return &sqlStore{db: db, dialect: d, table: table, cfg: cfg, q: statementsFor(d, d.Quote(table), sqlChannel(table))}
 }
 
 // ensureTable creates the table the first time the database answers.
@@ -153,6 +161,18 @@ func (s *sqlStore) ensureTable(ctx context.Context) error {
 func (s *sqlStore) createTable(ctx context.Context) error {
 	for _, stmt := range s.q.create {
 		if _, err := s.db.ExecContext(ctx, stmt); err != nil && !sqldialect.DuplicateIndex(err) {
+			return err
+		}
+	}
+	if s.q.waiting != "" {
+		// A table an earlier version created has no waiting_until. Looked
+		// for first: the ALTER locks the whole table, even when it finds
+		// the column there.
+		rows, err := s.db.QueryContext(ctx, "SELECT waiting_until FROM "+s.dialect.Quote(s.table)+" WHERE false")
+		if err == nil {
+			return rows.Close()
+		}
+		if _, err := s.db.ExecContext(ctx, s.q.waiting); err != nil {
 			return err
 		}
 	}
@@ -205,6 +225,7 @@ func (s *sqlStore) rowTx(ctx context.Context, id string, fn func(r *keyRow)) (er
 	if err = s.scanRow(tx.QueryRowContext(ctx, s.q.lock, id), &r); err != nil {
 		return err
 	}
+	holder := r.holder
 	fn(&r)
 	if r.changed {
 		var record any // NULL for none
@@ -214,6 +235,12 @@ func (s *sqlStore) rowTx(ctx context.Context, id string, fn func(r *keyRow)) (er
 		if _, err = tx.ExecContext(ctx, s.q.update, record, r.recordUntil, r.holder, r.holderUntil, id); err != nil {
 			return err
 		}
+		if r.waiting && holder != "" && r.holder != holder {
+			// Sent when the transaction commits.
+			if _, err = tx.ExecContext(ctx, s.q.notify, id); err != nil {
+				return err
+			}
+		}
 	}
 	return tx.Commit()
 }
@@ -222,9 +249,11 @@ func (s *sqlStore) rowTx(ctx context.Context, id string, fn func(r *keyRow)) (er
 // has expired: a record past its life, a lease past its end.
 func (s *sqlStore) scanRow(row *sql.Row, r *keyRow) error {
 	var record []byte
-	if err := row.Scan(&record, &r.recordUntil, &r.holder, &r.holderUntil, &r.now); err != nil {
+	var waitingUntil int64
+	if err := row.Scan(&record, &r.recordUntil, &r.holder, &r.holderUntil, &waitingUntil, &r.now); err != nil {
 		return err
 	}
+	r.waiting = waitingUntil > r.now
 	if r.recordUntil > r.now {
 		r.record = string(record)
 	} else {
@@ -326,11 +355,11 @@ func (s *sqlStore) complete(ctx context.Context, k keys, lockValue *string, fp s
 	}
 	stored, claimed := texts.buf[texts.claimed:], texts.buf[:texts.claimed]
 	life := k.lifetime(ttl).Microseconds()
-	res, err := s.db.ExecContext(ctx, s.q.store, stored, life, *lockValue, *lockValue, k.record, claimed)
-	if err != nil {
+	n, err := s.changeRow(ctx, s.q.store, stored, life, *lockValue, *lockValue, k.record, claimed)
+	switch {
+	case err != nil:
 		return 0, err
-	}
-	if n, err := res.RowsAffected(); err == nil && n == 1 {
+	case n == 1:
 		return completed, nil
 	}
 	var result int
@@ -385,9 +414,20 @@ func (s *sqlStore) unlock(ctx context.Context, k keys, lockValue string) error {
 		return err
 	}
 	_, err := s.serialized(func() (int64, error) {
-		return rowsAffected(s.db.ExecContext(ctx, s.q.unlock, k.record, lockValue))
+		return s.changeRow(ctx, s.q.unlock, k.record, lockValue)
 	})
 	return err
+}
+
+// changeRow runs an UPDATE of one row that may notify its waiters (store,
+// unlock) and returns how many rows it changed.
+func (s *sqlStore) changeRow(ctx context.Context, update string, args ...any) (int64, error) {
+	if !s.q.notifies {
+		return rowsAffected(s.db.ExecContext(ctx, update, args...))
+	}
+	var changed, notified int64
+	err := s.db.QueryRowContext(ctx, update, args...).Scan(&changed, &notified)
+	return changed, err
 }
 
 // serialized runs one statement, under the process's lock on SQLite.
@@ -412,8 +452,33 @@ func (s *sqlStore) journal(ctx context.Context, k keys, lockValue string, entry 
 	return p, err
 }
 
-// watch: a database tells nobody, so waiters poll.
-func (s *sqlStore) watch(context.Context, keys, time.Duration) (*watcher, error) { return nil, nil }
+// watch joins the listener's room (WithSQLListener) and marks the key's
+// row as waited for until the wait ends, so that its holder notifies when
+// it lets go. Without a listener, waiters poll.
+func (s *sqlStore) watch(ctx context.Context, k keys, until time.Duration) (*watcher, error) {
+	if s.notify == nil {
+		return nil, nil
+	}
+	w, listening := s.notify.join(k.record)
+	if w == nil {
+		return nil, nil
+	}
+	select {
+	case <-listening:
+	case <-ctx.Done():
+		w.stop()
+		return nil, ctx.Err()
+	}
+	if !s.notify.ready() {
+		w.stop()
+		return nil, nil
+	}
+	if _, err := s.db.ExecContext(ctx, s.q.wait, max(until, time.Millisecond).Microseconds(), k.record); err != nil {
+		w.stop()
+		return nil, err
+	}
+	return w, nil
+}
 
 func (s *sqlStore) ping(ctx context.Context) error {
 	if err := s.db.PingContext(ctx); err != nil {

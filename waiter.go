@@ -53,11 +53,25 @@ type watchedKey struct {
 	confirmed bool
 }
 
-// watcher is one waiting request's end of the room.
+// watcher is one waiting request's end of a room: waitRoom on Redis,
+// notifyRoom (sqlnotify.go) on a database that notifies.
 type watcher struct {
-	room    *waitRoom
+	room    interface{ leave(*watcher) }
 	channel string
 	woken   chan struct{} // holds a release that came while it was not pausing
+}
+
+// stop ends w's wait.
+func (w *watcher) stop() { w.room.leave(w) }
+
+// wake tells w that the key's holder let go, unless it has been told
+// already: a waiter that is not pausing keeps one release for its next
+// pause; more would tell it nothing new.
+func (w *watcher) wake() {
+	select {
+	case w.woken <- struct{}{}:
+	default:
+	}
 }
 
 // errNoSharedSubscription: the client cannot carry every channel on one
@@ -113,10 +127,9 @@ func (r *waitRoom) join(channel string) (*watcher, <-chan struct{}, error) {
 	return w, wk.ready, nil
 }
 
-// stop ends w's wait: the last waiter of a channel unsubscribes, and the
+// leave ends w's wait: the last waiter of a channel unsubscribes, and the
 // last of all closes the connection.
-func (w *watcher) stop() {
-	r := w.room
+func (r *waitRoom) leave(w *watcher) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	wk := r.keys[w.channel]
@@ -172,8 +185,7 @@ func (r *waitRoom) write() {
 }
 
 // route hands each message of ps to the waiters of its channel, until ps
-// is closed. A waiter that is not pausing keeps one release for its next
-// pause; more would tell it nothing new.
+// is closed.
 func (r *waitRoom) route(ps *redis.PubSub, in <-chan any) {
 	for msg := range in {
 		r.mu.Lock()
@@ -181,10 +193,7 @@ func (r *waitRoom) route(ps *redis.PubSub, in <-chan any) {
 		case *redis.Message:
 			if wk := r.keys[msg.Channel]; wk != nil {
 				for w := range wk.waiters {
-					select {
-					case w.woken <- struct{}{}:
-					default:
-					}
+					w.wake()
 				}
 			}
 		case *redis.Subscription:

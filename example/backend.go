@@ -12,6 +12,7 @@ import (
 	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/example/internal/bank"
 	"github.com/onceonly/idempotency/example/internal/orderlog"
+	"github.com/onceonly/idempotency/pgnotify"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -39,6 +40,10 @@ func onSQL(ctx context.Context, db *sql.DB, dialect idempotency.SQLDialect) (bac
 // protection is a middleware that keeps its keys in the backend.
 func (b backend) protection(opts ...idempotency.Option) *idempotency.Middleware {
 	if b.db != nil {
+		if b.dialect == idempotency.PostgreSQL {
+			// Waiting duplicates are told when the key's holder lets go.
+			opts = append(opts, idempotency.WithSQLListener(pgnotify.Listener(b.db)))
+		}
 		return idempotency.NewSQL(b.db, b.dialect, opts...)
 	}
 	return idempotency.New(b.rdb, opts...)

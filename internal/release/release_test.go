@@ -26,6 +26,7 @@ var consumable = []struct{ module, pkg string }{
 	{"github.com/onceonly/idempotency/otelidem", "github.com/onceonly/idempotency/otelidem"},
 	{"github.com/onceonly/idempotency/idemtest", "github.com/onceonly/idempotency/idemtest"},
 	{"github.com/onceonly/idempotency/sqldialect", "github.com/onceonly/idempotency/sqldialect"},
+	{"github.com/onceonly/idempotency/pgnotify", "github.com/onceonly/idempotency/pgnotify"},
 	{"github.com/onceonly/idempotency/recipes", "github.com/onceonly/idempotency/recipes/chi"},
 }
 

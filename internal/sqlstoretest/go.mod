@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/onceonly/idempotency v0.1.0
 	github.com/onceonly/idempotency/internal/sqltest v0.1.0
+	github.com/onceonly/idempotency/pgnotify v0.1.0
 	github.com/stretchr/testify v1.12.1
 )
 

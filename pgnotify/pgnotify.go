@@ -7,17 +7,17 @@
 //	m := idempotency.NewSQL(db, idempotency.PostgreSQL,
 //		idempotency.WithSQLListener(pgnotify.Listener(db)))
 //
-// A Middleware listens on one connection of db, taken from the pool while
-// any of its requests waits and for a while after (the pool's
-// SetMaxOpenConns counts it). Holders notify only keys that someone waits
-// for. A notification missed (the connection dropped, the database
-// restarted) costs a waiter its next poll, never an answer.
+// A Middleware listens on one connection of its own while any of its
+// requests waits, and for a while after: dialled with the configuration of
+// db's connections, outside db's pool, so that listening never takes a
+// connection the pool's SetMaxOpenConns counts. Holders notify only keys
+// that someone waits for. A notification missed (the connection dropped,
+// the database restarted) costs a waiter its next poll, never an answer.
 package pgnotify
 
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"time"
@@ -28,7 +28,7 @@ import (
 )
 
 // Listener returns an idempotency.SQLListener that listens on a
-// connection of db, which must be opened with pgx's database/sql driver
+// connection like db's, which must be opened with pgx's database/sql driver
 // (github.com/jackc/pgx/v5/stdlib: sql.Open("pgx", …), stdlib.OpenDB or
 // stdlib.OpenDBFromPool). On another driver the middleware logs, once,
 // that it cannot listen, and its waiters poll.
@@ -63,24 +63,45 @@ func (l listener) Listen(ctx context.Context, channel string, listening func(), 
 	return nil
 }
 
-// listenOnce takes a connection from the pool, listens on it until it
-// fails or ctx ends, and then closes it: a connection that listened never
-// goes back to the pool, where its notifications would pile up.
+// listenOnce dials a connection with the configuration of db's, listens
+// on it until it fails or ctx ends, and closes it.
 func (l listener) listenOnce(ctx context.Context, channel string, listening func(), deliver func(string)) error {
-	conn, err := l.db.Conn(ctx)
+	cfg, err := l.config(ctx)
 	if err != nil {
 		return err
 	}
+	c, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		c.Close(ctx)
+	}()
+	return listen(ctx, c, channel, listening, deliver)
+}
+
+// config is the configuration of db's connections, read from one of them.
+func (l listener) config(ctx context.Context) (*pgx.ConnConfig, error) {
+	conn, err := l.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
 	defer conn.Close()
-	return conn.Raw(func(dc any) error {
+	var cfg *pgx.ConnConfig
+	err = conn.Raw(func(dc any) error {
 		sc, ok := dc.(*stdlib.Conn)
 		if !ok {
 			return fmt.Errorf("%w (a %T)", ErrNotPgx, dc)
 		}
-		err := listen(ctx, sc.Conn(), channel, listening, deliver)
-		// driver.ErrBadConn: database/sql closes the connection.
-		return errors.Join(err, driver.ErrBadConn)
+		cfg = sc.Conn().Config()
+		// The copy keeps the pooled connection's handler, which would take
+		// this connection's notifications: pgx installs its own when none.
+		cfg.OnNotification = nil
+		return nil
 	})
+	return cfg, err
 }
 
 func listen(ctx context.Context, c *pgx.Conn, channel string, listening func(), deliver func(string)) error {

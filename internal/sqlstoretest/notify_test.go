@@ -2,6 +2,7 @@ package sqlstoretest
 
 import (
 	"context"
+	"database/sql"
 	"io"
 	"log/slog"
 	"maps"
@@ -233,4 +234,24 @@ func (l *recordingListener) count() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(slices.Compact(slices.Clone(l.heard)))
+}
+
+// The listener's connection is its own, outside the pool: a pool of one
+// connection still serves the holder, the waiter and the listener.
+func TestListenerTakesNoPooledConnection(t *testing.T) {
+	d := sqltest.Open(t, sqltest.PostgreSQL)
+	db, err := sql.Open(d.Driver, d.DSN)
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	db.SetMaxOpenConns(1)
+	table := d.Table(t, "idem_pool")
+	holder, gate, runs := gatedShop(t, idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(table),
+		idempotency.WithSharedKeys()))
+	heard := &recordingListener{SQLListener: pgnotify.Listener(db)}
+	waiter, _ := shop(t, idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(table),
+		idempotency.WithSharedKeys(), idempotency.WithWaitTimeout(20*time.Second), idempotency.WithSQLListener(heard)))
+
+	waitBehind(t, d, table, holder, waiter, true, gate, "k")
+	require.EqualValues(t, 1, runs.Load())
+	require.Eventually(t, func() bool { return heard.count() == 1 }, 5*time.Second, 10*time.Millisecond)
 }

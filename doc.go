@@ -108,6 +108,7 @@
 //	sqlrow.go        a key's row, and the Go twins of the scripts that change it
 //	sqlstatements.go the SQL store's table and statements, per dialect
 //	sqlnotify.go     WithSQLListener: waiters woken by the database's notifications
+//	sqltx.go         StoreAnswerInTx: a key's answer in the handler's own transaction
 //	outcomestore.go  OutcomeStore, Answer: answers committed with the handler's writes
 //	outcome.go       Outcome: what the middleware did with a request
 //	observe.go       Event, WithObserver's reports, LogObserver

@@ -80,6 +80,8 @@ type execution struct {
 	// WriteReplay answers through. Both nil for a function.
 	owner *Middleware
 	rw    *recorder
+	// lease is the run's lease, for StoreAnswerInTx.
+	lease *lease
 	state atomic.Int32 // running, released or decided
 	// decision is the policy's answer, taken once, when the status went
 	// out (for the expiry header) or when the handler returned.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"sync/atomic"
 	"time"
 )
 
@@ -70,6 +71,9 @@ type lease struct {
 	fpText    string    // the claiming request's fingerprint, as the scripts take it
 	fence     uint64    // the claim's fencing token, once claimed
 	steps     *journal  // a resumable run's journal (WithResume), once claimed
+	// committed is the record the handler's own transaction stored
+	// (StoreAnswerInTx), once it did.
+	committed atomic.Pointer[string]
 
 	// The run's context: cancelled with ErrLockLost or, by its timer, with
 	// ErrExecutionTimeout.
@@ -149,7 +153,7 @@ func (l *lease) execute(c *call) verdict {
 // half-done one; so the caller's cancellation does not reach it. The
 // middleware cuts it off only as the release rule says.
 func (l *lease) startRun(c *call) (context.Context, *execution) {
-	x := &execution{key: l.k.record, fp: c.fp, fence: l.fence, maxResponse: l.m.cfg.maxResponse}
+	x := &execution{key: l.k.record, fp: c.fp, fence: l.fence, maxResponse: l.m.cfg.maxResponse, lease: l}
 	if l.steps != nil {
 		x.steps.Store(l.steps)
 	}
@@ -251,6 +255,14 @@ func (l *lease) store(c *call, rec *record, ttl time.Duration) verdict {
 // complete stores rec, tried again briefly: the work has run, and a lost
 // store leaves the key for the background (or, past it, interrupted).
 func (l *lease) complete(ctx context.Context, rec *record, ttl time.Duration) (how completion, err error) {
+	if l.committed.Load() != nil {
+		step, cancel := l.m.stepContext(ctx)
+		done := l.completeCommitted(step, l.k.lifetime(ttl).Microseconds())
+		cancel()
+		if done {
+			return completed, nil
+		}
+	}
 	for attempt, pause := 0, 10*time.Millisecond; attempt < 3; attempt, pause = attempt+1, pause*2 {
 		if attempt > 0 {
 			time.Sleep(pause)

@@ -36,6 +36,7 @@ type sqlStatements struct {
 	lock         string // the row, locked until the transaction ends
 	update       string // the row, written back
 	store        string // an answer over the claim as it was written, in one statement
+	storeHeld    string // the same in the handler's transaction, the lease kept (StoreAnswerInTx)
 	renew        string // our live lease, a lease from now
 	unlock       string // our lease, let go
 	purge        string // up to purgeBatch rows with neither a record nor a lease
@@ -119,6 +120,8 @@ func statementsFor(d sqldialect.Dialect, table, channel string) sqlStatements {
 		"holder_until = CASE WHEN holder = ? THEN 0 ELSE holder_until END, "+
 		"holder = CASE WHEN holder = ? THEN '' ELSE holder END "+
 		"WHERE id = ? AND record = ? AND record_until > "+now))
+	q.storeHeld = d.Bind("UPDATE " + table + " SET record = ?, record_until = " + now + " + ? " +
+		"WHERE id = ? AND record = ? AND record_until > " + now)
 	q.renew = d.Bind("UPDATE " + table + " SET holder_until = " + now + " + ? WHERE id = ? AND holder = ? AND holder_until > " + now)
 	q.unlock = d.Bind(q.notifying(d, channel, now, "UPDATE "+table+" SET holder = '', holder_until = 0 WHERE id = ? AND holder = ?"))
 	q.purge = d.Bind(purge)

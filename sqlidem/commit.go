@@ -43,7 +43,9 @@ type work func(tx *sql.Tx) (idempotency.Answer, error)
 //     above this execution's token means it is stale
 //     (idempotency.ErrInProgress).
 //  2. Do the work in the transaction.
-//  3. Write the answer's row last, then COMMIT. When either fails, the row
+//  3. Write the answer's row last (and, where the middleware keeps its
+//     keys in this database, the key's answer: StoreAnswerInTx), then
+//     COMMIT. When either fails, the row
 //     is read again to learn what happened (see afterFailedCommit); when
 //     the COMMIT went out and its reply did not come back, only once the
 //     database has settled the transaction (see settleCommit).
@@ -135,6 +137,18 @@ func (s *Store) transact(ctx context.Context, exec idempotency.Execution, do wor
 		// The COMMIT never went out: nothing of the transaction can commit.
 		tx.Rollback()
 		if retryable(ctx, err) {
+			return outcome{verdict: aborted, err: err}
+		}
+		return s.afterFailedCommit(ctx, exec, err)
+	}
+	// Where the middleware keeps its keys in this database, the key's
+	// answer commits in this transaction too.
+	if err := idempotency.StoreAnswerInTx(ctx, s.db, tx, answer); err != nil {
+		tx.Rollback()
+		switch {
+		case errors.Is(err, idempotency.ErrLockLost):
+			return outcome{verdict: refused, err: idempotency.ErrInProgress}
+		case retryable(ctx, err):
 			return outcome{verdict: aborted, err: err}
 		}
 		return s.afterFailedCommit(ctx, exec, err)

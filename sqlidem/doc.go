@@ -9,6 +9,9 @@
 // commit (its writes roll back with the row that cannot go in). Given to
 // the middleware with idempotency.WithOutcomeStore, the Store also answers
 // for executions whose instance died before Redis stored their answer.
+// With the middleware's keys in the same database (idempotency.NewSQL on
+// the same *sql.DB), the key's answer commits in the transaction too
+// (idempotency.StoreAnswerInTx), and there is no Redis at all.
 //
 // Only database/sql is imported; register the driver of your database
 // (pgx, go-sql-driver/mysql, modernc.org/sqlite, …) and name its Dialect.

@@ -1,0 +1,157 @@
+package sqlstoretest
+
+import (
+	"context"
+	"database/sql"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/keyspace"
+	"github.com/onceonly/idempotency/internal/sqltest"
+	"github.com/onceonly/idempotency/sqlidem"
+)
+
+// With sqlidem on the database that keeps the keys, the key's answer
+// commits in the handler's transaction, with its writes and the outcome
+// row: once the handler's COMMIT returned, before the middleware did
+// anything more, the key's record is the answer (a retry replays it, on
+// any instance, even if this process died then), and its lease is still
+// held, also after a journaled step. After the request, the lease is gone
+// and duplicates replay.
+func TestAnswerCommitsWithTheHandlersWrites(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		for _, steps := range []bool{false, true} {
+			t.Run(map[bool]string{false: "claim", true: "journaled"}[steps], func(t *testing.T) { answerCommits(t, d, steps) })
+		}
+	})
+}
+
+// answerCommits is one case of TestAnswerCommitsWithTheHandlersWrites:
+// with steps, the run journals one before its transaction.
+func answerCommits(t *testing.T, d *sqltest.DB, steps bool) {
+	ctx := context.Background()
+	keysTable, effects := d.Table(t, "idem_onetx"), d.Table(t, "onetx_payments")
+	_, err := d.ExecContext(ctx, "CREATE TABLE "+effects+" (k VARCHAR(64) NOT NULL)")
+	require.NoError(t, err)
+	outcomes := outcomeStore(t, d)
+	m := idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(keysTable), idempotency.WithSharedKeys(),
+		idempotency.WithOutcomeStore(outcomes), idempotency.WithResume())
+	pay := outcomes.Handler(func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error {
+		_, err := tx.ExecContext(r.Context(), d.Dialect.Bind("INSERT INTO "+effects+" (k) VALUES (?)"),
+			r.Header.Get("Idempotency-Key"))
+		if err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "paid")
+		return nil
+	})
+	var afterCommit atomic.Value
+	srv := httptest.NewServer(m.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A journaled step first: the record is no longer the claim as
+		// it was written. (Before the transaction: on SQLite, whose
+		// transaction locks the file, the journal could not be written
+		// during it.)
+		if steps {
+			_, err := idempotency.Step(r.Context(), "reserve", func(context.Context) (string, error) {
+				return "reserved", nil
+			})
+			require.NoError(t, err)
+		}
+		pay.ServeHTTP(w, r)
+		// Committed; the middleware has not stored anything yet.
+		afterCommit.Store(keyRow(t, d, keysTable))
+	})))
+	t.Cleanup(srv.Close)
+
+	first := post(t, srv, "k")
+	require.Equal(t, http.StatusCreated, first.StatusCode)
+	row := afterCommit.Load().(row)
+	require.True(t, strings.HasPrefix(row.record, "done "), "the answer is the key's at COMMIT: %q", row.record)
+	require.NotEmpty(t, row.holder, "the lease is still held until the middleware lets it go")
+
+	row = keyRow(t, d, keysTable)
+	require.True(t, strings.HasPrefix(row.record, "done "), row.record)
+	require.Empty(t, row.holder, "the middleware let the lease go")
+	other := httptest.NewServer(idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(keysTable),
+		idempotency.WithSharedKeys()).ProtectKey(http.NotFoundHandler()))
+	t.Cleanup(other.Close)
+	replay := post(t, other, "k")
+	require.Equal(t, http.StatusCreated, replay.StatusCode)
+	require.Equal(t, "true", replay.Header.Get(idempotency.ReplayedHeader))
+	var n int
+	require.NoError(t, d.QueryRowContext(ctx, "SELECT count(*) FROM "+effects).Scan(&n))
+	require.Equal(t, 1, n)
+}
+
+// A run whose key another executor owns by the time it commits (taken
+// over, or settled by an operator) commits nothing: its writes roll back
+// with the answer it cannot store, and it is answered in-progress. (On
+// SQLite the handler's transaction locks the whole file: nobody takes a
+// key over meanwhile.)
+func TestAnswerOfAKeyNoLongerOursRollsBack(t *testing.T) {
+	eachServer(t, func(t *testing.T, d *sqltest.DB) {
+		ctx := context.Background()
+		keysTable, effects := d.Table(t, "idem_onetx"), d.Table(t, "onetx_payments")
+		_, err := d.ExecContext(ctx, "CREATE TABLE "+effects+" (k VARCHAR(64) NOT NULL)")
+		require.NoError(t, err)
+		outcomes := outcomeStore(t, d)
+		m := idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(keysTable), idempotency.WithSharedKeys(),
+			idempotency.WithOutcomeStore(outcomes))
+		pay := outcomes.Handler(func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error {
+			// Meanwhile, another executor took the key (its record names
+			// another owner), outside this transaction.
+			taken := keyRow(t, d, keysTable)
+			rec, ok := keyspace.ParseRecord(taken.record)
+			require.True(t, ok, taken.record)
+			_, line, _ := strings.Cut(taken.record, "\n")
+			rec.Owner = "another-executor"
+			_, err := d.ExecContext(r.Context(), d.Dialect.Bind("UPDATE "+keysTable+" SET record = ?"),
+				[]byte(rec.String()+line))
+			require.NoError(t, err)
+			if _, err := tx.ExecContext(r.Context(), d.Dialect.Bind("INSERT INTO "+effects+" (k) VALUES (?)"), "k"); err != nil {
+				return err
+			}
+			w.WriteHeader(http.StatusCreated)
+			return nil
+		})
+		srv := httptest.NewServer(m.ProtectKey(pay))
+		t.Cleanup(srv.Close)
+
+		resp := post(t, srv, "k")
+		require.Equal(t, http.StatusConflict, resp.StatusCode)
+		var n int
+		require.NoError(t, d.QueryRowContext(ctx, "SELECT count(*) FROM "+effects).Scan(&n))
+		require.Zero(t, n, "the writes rolled back")
+		_, found, err := outcomes.Lookup(ctx, keyRow(t, d, keysTable).id)
+		require.NoError(t, err)
+		require.False(t, found, "no outcome committed")
+	})
+}
+
+// outcomeStore is a sqlidem store on d, in a table of its own.
+func outcomeStore(t *testing.T, d *sqltest.DB) *sqlidem.Store {
+	s, err := sqlidem.New(d.DB, d.Dialect, sqlidem.WithTable(d.Table(t, "idem_outcomes")))
+	require.NoError(t, err)
+	require.NoError(t, s.CreateTable(context.Background()))
+	return s
+}
+
+type row struct{ id, record, holder string }
+
+// keyRow reads the one key's row of table.
+func keyRow(t *testing.T, d *sqltest.DB, table string) row {
+	var r row
+	var record []byte
+	require.NoError(t, d.QueryRowContext(context.Background(), "SELECT id, record, holder FROM "+table).
+		Scan(&r.id, &record, &r.holder))
+	r.record = string(record)
+	return r
+}

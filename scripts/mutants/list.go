@@ -399,6 +399,27 @@ var mutants = []mutant{
 		tests:  "TestRowsWriteTheGoldenRecords",
 		unseen: "the fault checker runs on Redis; the golden records hold the SQL rows to the scripts",
 	},
+	{
+		name: "sql-tx-answer-ignores-owner", file: "sqltx.go",
+		from: "if r.complete(lockValue, stored, claimed, life) == 0 {", to: "if r.complete(lockValue, stored, claimed, life) == 0 && false {",
+		breaks: "on SQL, a run whose key was taken over still commits its writes and its answer in the handler's transaction",
+		tests:  "TestAnswerOfAKeyNoLongerOursRollsBack|TestAnswerCommitsWithTheHandlersWrites", module: "internal/sqlstoretest",
+		unseen: "the fault checker runs on Redis and without an outcome store; the SQL store's tests hold the transaction",
+	},
+	{
+		name: "sql-tx-answer-not-stored", file: "sqlidem/commit.go",
+		from: "if err := idempotency.StoreAnswerInTx(ctx, s.db, tx, answer); err != nil {", to: "if err := error(nil); err != nil {",
+		breaks: "on SQL with sqlidem, the key's answer is not committed with the handler's writes, and a crash between the two leaves the key claimed",
+		tests:  "TestAnswerCommitsWithTheHandlersWrites|TestAnswerOfAKeyNoLongerOursRollsBack", module: "internal/sqlstoretest",
+		unseen: "the fault checker runs on Redis and without an outcome store; the SQL store's tests hold the transaction",
+	},
+	{
+		name: "sql-waiters-never-notified", file: "sqlstatements.go",
+		from: `"WHERE u.waiting_until > " + now + ") n ON true"`, to: `"WHERE u.waiting_until > " + now + " AND false) n ON true"`,
+		breaks: "on PostgreSQL with a listener, a waiting duplicate is not told when the key's holder lets go, and waits for its next poll",
+		tests:  "TestWaitingDuplicateIsNotified|TestListenerConnectsAgain|TestListenerTakesNoPooledConnection", module: "internal/sqlstoretest",
+		unseen: "the fault checker runs on Redis; the SQL store's tests hold the notifications",
+	},
 }
 
 // describe is the mutant's line in --list.

@@ -74,6 +74,9 @@ type lease struct {
 	// committed is the record the handler's own transaction stored
 	// (StoreAnswerInTx), once it did.
 	committed atomic.Pointer[string]
+	// inTxConflicts: storing it there aborted the handler's transaction
+	// once; its next attempt leaves the store to complete.
+	inTxConflicts atomic.Bool
 
 	// The run's context: cancelled with ErrLockLost or, by its timer, with
 	// ErrExecutionTimeout.
@@ -257,7 +260,7 @@ func (l *lease) store(c *call, rec *record, ttl time.Duration) verdict {
 func (l *lease) complete(ctx context.Context, rec *record, ttl time.Duration) (how completion, err error) {
 	if l.committed.Load() != nil {
 		step, cancel := l.m.stepContext(ctx)
-		done := l.completeCommitted(step, l.k.lifetime(ttl).Microseconds())
+		done := l.completeCommitted(step, rec, l.k.lifetime(ttl).Microseconds())
 		cancel()
 		if done {
 			return completed, nil

@@ -49,8 +49,15 @@ type notifyRoom struct {
 	failed    bool                             // the listener can never listen: waiters poll
 }
 
-// notifyIdle is how long a listener stays after the last waiter left.
-const notifyIdle = 30 * time.Second
+// notifyIdle is how long a listener stays after the last waiter left;
+// notifyConnectWait how long a waiter waits for a listener that does not
+// listen yet before it polls instead; notifySlow how long a listener may
+// take to listen before that is logged.
+const (
+	notifyIdle        = 30 * time.Second
+	notifyConnectWait = 100 * time.Millisecond
+	notifySlow        = 10 * time.Second
+)
 
 // sqlChannel is the channel a table's holders notify: the table's name,
 // or a digest of it where PostgreSQL would cut the name short (63 bytes).
@@ -96,7 +103,20 @@ func (r *notifyRoom) start() {
 	listening := make(chan struct{})
 	r.stop, r.listening = stop, listening
 	var once sync.Once
+	// A listener that cannot connect retries on its own and says nothing:
+	// its waiters poll, which the log should tell.
+	slow := time.AfterFunc(notifySlow, func() {
+		select {
+		case <-listening:
+		case <-ctx.Done():
+		default:
+			r.cfg.logger.Warn("idempotency: the SQL listener (WithSQLListener) has not listened for "+
+				notifySlow.String()+" (the database refuses its connection, or cannot be reached); waiting "+
+				"duplicates poll until it does", "channel", r.channel)
+		}
+	})
 	go func() {
+		defer slow.Stop()
 		err := r.listener.Listen(ctx, r.channel, func() { once.Do(func() { close(listening) }) }, r.deliver)
 		if err != nil && ctx.Err() == nil {
 			r.mu.Lock()

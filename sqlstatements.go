@@ -122,6 +122,15 @@ func statementsFor(d sqldialect.Dialect, table, channel string) sqlStatements {
 		"WHERE id = ? AND record = ? AND record_until > "+now))
 	q.storeHeld = d.Bind("UPDATE " + table + " SET record = ?, record_until = " + now + " + ? " +
 		"WHERE id = ? AND record = ? AND record_until > " + now)
+	if d == sqldialect.PostgreSQL {
+		// Above READ COMMITTED, a row the lease's renewals changed after
+		// the transaction's snapshot aborts the transaction: the statement
+		// writes only at READ COMMITTED, and says whether it could.
+		q.storeHeld = d.Bind("WITH c AS (SELECT current_setting('transaction_isolation') = 'read committed' AS here), " +
+			"u AS (UPDATE " + table + " SET record = ?, record_until = " + now + " + ? " +
+			"WHERE id = ? AND record = ? AND record_until > " + now + " AND (SELECT here FROM c) RETURNING 1) " +
+			"SELECT (SELECT here FROM c), (SELECT count(*) FROM u)")
+	}
 	q.renew = d.Bind("UPDATE " + table + " SET holder_until = " + now + " + ? WHERE id = ? AND holder = ? AND holder_until > " + now)
 	q.unlock = d.Bind(q.notifying(d, channel, now, "UPDATE "+table+" SET holder = '', holder_until = 0 WHERE id = ? AND holder = ?"))
 	q.purge = d.Bind(purge)

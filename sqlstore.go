@@ -343,16 +343,7 @@ func (s *sqlStore) complete(ctx context.Context, k keys, lockValue *string, fp s
 	if err := s.ensureTable(ctx); err != nil {
 		return 0, err
 	}
-	texts := newCompletionTexts(fp, *lockValue, fence, rec)
-	if s.maxStatement > 0 && rec != nil && 2*len(texts.buf)+statementRoom > s.maxStatement {
-		// The server would close the connection on the statement, every
-		// time it is tried: the answer is executed and not replayable,
-		// as one over WithMaxResponseBytes is.
-		s.cfg.logger.Warn("idempotency: the answer is larger than the database takes in one statement "+
-			"(MySQL's max_allowed_packet); stored as not replayable", "key", k.record,
-			"bytes", len(rec.body), "max_allowed_packet", s.maxStatement)
-		texts = newCompletionTexts(fp, *lockValue, fence, nil)
-	}
+	texts := s.completionTexts(k, fp, *lockValue, fence, rec)
 	stored, claimed := texts.buf[texts.claimed:], texts.buf[:texts.claimed]
 	life := k.lifetime(ttl).Microseconds()
 	n, err := s.changeRow(ctx, s.q.store, stored, life, *lockValue, *lockValue, k.record, claimed)
@@ -375,6 +366,21 @@ func (s *sqlStore) complete(ctx context.Context, k keys, lockValue *string, fp s
 		return rewritten, nil
 	}
 	return completed, nil
+}
+
+// completionTexts are the texts that store rec over the claim. An answer
+// the server would refuse in one statement (MySQL's max_allowed_packet,
+// which closes the connection every time it is tried) is stored as
+// executed and not replayable, as one over WithMaxResponseBytes is.
+func (s *sqlStore) completionTexts(k keys, fp, lockValue string, fence uint64, rec *record) *completionTexts {
+	texts := newCompletionTexts(fp, lockValue, fence, rec)
+	if s.maxStatement > 0 && rec != nil && 2*len(texts.buf)+statementRoom > s.maxStatement {
+		s.cfg.logger.Warn("idempotency: the answer is larger than the database takes in one statement "+
+			"(MySQL's max_allowed_packet); stored as not replayable", "key", k.record,
+			"bytes", len(rec.body), "max_allowed_packet", s.maxStatement)
+		texts = newCompletionTexts(fp, lockValue, fence, nil)
+	}
+	return texts
 }
 
 func (s *sqlStore) release(ctx context.Context, k keys, lockValue string) error {
@@ -463,8 +469,15 @@ func (s *sqlStore) watch(ctx context.Context, k keys, until time.Duration) (*wat
 	if w == nil {
 		return nil, nil
 	}
+	// A listener that does not listen yet (connecting, or failing to) is
+	// not waited for past a first poll's pause: this waiter polls.
+	timer := time.NewTimer(notifyConnectWait)
+	defer timer.Stop()
 	select {
 	case <-listening:
+	case <-timer.C:
+		w.stop()
+		return nil, nil
 	case <-ctx.Done():
 		w.stop()
 		return nil, ctx.Err()
@@ -501,6 +514,9 @@ const (
 // purgeNow starts a purge in the background when the last one is
 // purgeEvery old.
 func (s *sqlStore) purgeNow() {
+	if !s.ready.Load() {
+		return // ensureTable starts the first once the table exists
+	}
 	last := s.lastPurge.Load()
 	now := time.Now().UnixNano()
 	if now-last < int64(purgeEvery) || !s.lastPurge.CompareAndSwap(last, now) {

@@ -3,6 +3,9 @@ package idempotency
 import (
 	"context"
 	"database/sql"
+	"errors"
+
+	"github.com/onceonly/idempotency/sqldialect"
 )
 
 // StoreAnswerInTx stores a as the answer of the protected handler that
@@ -13,9 +16,18 @@ import (
 // The Middleware still answers the request, and lets the key's lease go,
 // when the handler returns.
 //
+// The Middleware then stores what it sent (what layers between it and the
+// handler added included) over that answer, as it lets the lease go;
+// until then, and after a crash, the key replays a, as it replays an
+// answer recovered from an OutcomeStore.
+//
 // It writes nothing and returns nil where the keys live elsewhere (Redis,
-// another database), for a function that Do runs, and outside a protected
-// handler: the Middleware stores the answer after the handler, as always.
+// another database), for a function that Do runs, outside a protected
+// handler, and where the key's row cannot be written in tx without
+// aborting it: on PostgreSQL above READ COMMITTED (the lease's renewals
+// change the row after tx's snapshot), and after tx was aborted once on
+// the row (a retryable error: the caller's next attempt stores nothing
+// in it). The Middleware stores the answer after the handler, as always.
 // It returns ErrLockLost when another executor owns the key now (it was
 // taken over, or settled by an operator): tx must not commit. Package
 // sqlidem calls it with the answer it commits; a handler that commits
@@ -27,7 +39,7 @@ func StoreAnswerInTx(ctx context.Context, db *sql.DB, tx *sql.Tx, a Answer) erro
 	}
 	l := x.lease
 	s, ok := l.m.keyStore.(*sqlStore)
-	if !ok || s.db != db {
+	if !ok || s.db != db || l.inTxConflicts.Load() {
 		return nil
 	}
 	rec := l.m.recordOf(a)
@@ -35,12 +47,22 @@ func StoreAnswerInTx(ctx context.Context, db *sql.DB, tx *sql.Tx, a Answer) erro
 		rec = nil // executed, not replayable, as the Middleware would store it
 	}
 	text, err := s.storeInTx(ctx, tx, l.k, l.lockValue, l.fpText, l.fence, rec, l.k.lifetime(l.m.cfg.recordTTL).Microseconds())
-	if err != nil {
+	switch {
+	case errors.Is(err, errNotInTx):
+		return nil
+	case sqldialect.Retryable(err):
+		l.inTxConflicts.Store(true) // the next attempt stores after its commit
+		return err
+	case err != nil:
 		return err
 	}
 	l.committed.Store(&text)
 	return nil
 }
+
+// errNotInTx: the key's row cannot be written in the caller's transaction
+// without aborting it.
+var errNotInTx = errors.New("idempotency: not in this transaction")
 
 // storeInTx is complete in the caller's transaction, with the lease kept:
 // the run still holds its key until the Middleware lets it go, and a
@@ -52,15 +74,20 @@ func (s *sqlStore) storeInTx(ctx context.Context, tx *sql.Tx, k keys, lockValue,
 	if err := s.ensureTable(ctx); err != nil {
 		return "", err
 	}
-	texts := newCompletionTexts(fp, lockValue, fence, rec)
-	if s.maxStatement > 0 && rec != nil && 2*len(texts.buf)+statementRoom > s.maxStatement {
-		texts = newCompletionTexts(fp, lockValue, fence, nil) // as complete does
-	}
+	texts := s.completionTexts(k, fp, lockValue, fence, rec)
 	stored, claimed := string(texts.buf[texts.claimed:]), string(texts.buf[:texts.claimed])
-	n, err := rowsAffected(tx.ExecContext(ctx, s.q.storeHeld, []byte(stored), life, k.record, []byte(claimed)))
+	here, n := true, int64(0)
+	var err error
+	if s.dialect == PostgreSQL {
+		err = tx.QueryRowContext(ctx, s.q.storeHeld, []byte(stored), life, k.record, []byte(claimed)).Scan(&here, &n)
+	} else {
+		n, err = rowsAffected(tx.ExecContext(ctx, s.q.storeHeld, []byte(stored), life, k.record, []byte(claimed)))
+	}
 	switch {
 	case err != nil:
 		return "", err
+	case !here:
+		return "", errNotInTx
 	case n == 1:
 		return stored, nil
 	}
@@ -82,17 +109,19 @@ func (s *sqlStore) storeInTx(ctx context.Context, tx *sql.Tx, k keys, lockValue,
 	return r.record, nil
 }
 
-// completeCommitted lets the lease of a run whose answer committed in the
-// handler's transaction (StoreAnswerInTx) go, with the record's life the
-// policy chose: one UPDATE over the record as the transaction wrote it.
-// It reports false when that record is not there (the transaction rolled
-// back, or the statement failed): complete then decides.
-func (l *lease) completeCommitted(ctx context.Context, ttl int64) bool {
+// completeCommitted stores rec, the answer the Middleware sent, over the
+// one the handler's transaction committed (StoreAnswerInTx), with the
+// record's life the policy chose, and lets the lease go: one UPDATE over
+// the record as the transaction wrote it. It reports false when that
+// record is not there (the transaction rolled back, or the statement
+// failed): complete then decides.
+func (l *lease) completeCommitted(ctx context.Context, rec *record, life int64) bool {
 	text := l.committed.Load()
 	s, ok := l.m.keyStore.(*sqlStore)
 	if text == nil || !ok {
 		return false
 	}
-	n, err := s.changeRow(ctx, s.q.store, []byte(*text), ttl, l.lockValue, l.lockValue, l.k.record, []byte(*text))
+	texts := s.completionTexts(l.k, l.fpText, l.lockValue, l.fence, rec)
+	n, err := s.changeRow(ctx, s.q.store, texts.buf[texts.claimed:], life, l.lockValue, l.lockValue, l.k.record, []byte(*text))
 	return err == nil && n == 1
 }

@@ -255,3 +255,30 @@ func TestListenerTakesNoPooledConnection(t *testing.T) {
 	require.EqualValues(t, 1, runs.Load())
 	require.Eventually(t, func() bool { return heard.count() == 1 }, 5*time.Second, 10*time.Millisecond)
 }
+
+// A listener that does not listen (it cannot connect) holds no waiter up:
+// past a first poll's pause, the waiter polls, and marks no row. (A
+// waiter that waited for it would wait out its store timeout, here 15 s.)
+func TestListenerThatDoesNotListenYetPolls(t *testing.T) {
+	d := sqltest.Open(t, sqltest.PostgreSQL)
+	table := d.Table(t, "idem_mute")
+	holder, gate, runs := gatedShop(t, idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(table),
+		idempotency.WithSharedKeys()))
+	waiter, _ := shop(t, idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(table),
+		idempotency.WithSharedKeys(), idempotency.WithWaitTimeout(20*time.Second), idempotency.WithSQLListener(mute{}),
+		idempotency.WithStoreTimeout(15*time.Second)))
+	for _, key := range []string{"a", "b"} {
+		took := waitBehind(t, d, table, holder, waiter, false, gate, key)
+		require.Less(t, took, 7*time.Second, "the waiter polled rather than wait for the listener")
+	}
+	require.EqualValues(t, 2, runs.Load())
+}
+
+// mute is a listener that never listens, as one whose database refuses
+// its connection.
+type mute struct{}
+
+func (mute) Listen(ctx context.Context, _ string, _ func(), _ func(string)) error {
+	<-ctx.Done()
+	return nil
+}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -59,6 +60,9 @@ func answerCommits(t *testing.T, d *sqltest.DB, steps bool) {
 		// it was written. (Before the transaction: on SQLite, whose
 		// transaction locks the file, the journal could not be written
 		// during it.)
+		// A layer between the middleware and the transaction: what it
+		// adds is sent, so it is replayed too.
+		w.Header().Set("X-Layer", "outer")
 		if steps {
 			_, err := idempotency.Step(r.Context(), "reserve", func(context.Context) (string, error) {
 				return "reserved", nil
@@ -86,6 +90,7 @@ func answerCommits(t *testing.T, d *sqltest.DB, steps bool) {
 	replay := post(t, other, "k")
 	require.Equal(t, http.StatusCreated, replay.StatusCode)
 	require.Equal(t, "true", replay.Header.Get(idempotency.ReplayedHeader))
+	require.Equal(t, "outer", replay.Header.Get("X-Layer"), "what the middleware sent is what replays")
 	var n int
 	require.NoError(t, d.QueryRowContext(ctx, "SELECT count(*) FROM "+effects).Scan(&n))
 	require.Equal(t, 1, n)
@@ -154,4 +159,44 @@ func keyRow(t *testing.T, d *sqltest.DB, table string) row {
 		Scan(&r.id, &record, &r.holder))
 	r.record = string(record)
 	return r
+}
+
+// A transaction above READ COMMITTED sees the key's row change under it
+// (the lease is renewed every third of a lease while the handler runs):
+// the key's answer is then stored after the commit, and the transaction
+// is not aborted over it (on PostgreSQL it would be, every time).
+func TestAnswerAboveReadCommittedCommitsOnce(t *testing.T) {
+	eachServer(t, func(t *testing.T, d *sqltest.DB) {
+		ctx := context.Background()
+		keysTable, effects := d.Table(t, "idem_iso"), d.Table(t, "iso_payments")
+		_, err := d.ExecContext(ctx, "CREATE TABLE "+effects+" (k VARCHAR(64) NOT NULL)")
+		require.NoError(t, err)
+		for _, level := range []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelSerializable} {
+			s, err := sqlidem.New(d.DB, d.Dialect, sqlidem.WithTable(d.Table(t, "idem_iso_outcomes")),
+				sqlidem.WithIsolation(level))
+			require.NoError(t, err)
+			require.NoError(t, s.CreateTable(ctx))
+			m := idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(keysTable), idempotency.WithSharedKeys(),
+				idempotency.WithOutcomeStore(s), idempotency.WithLockLease(300*time.Millisecond))
+			var runs atomic.Int32
+			srv := httptest.NewServer(m.ProtectKey(s.Handler(func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error {
+				runs.Add(1)
+				if _, err := tx.ExecContext(r.Context(), d.Dialect.Bind("INSERT INTO "+effects+" (k) VALUES (?)"),
+					r.Header.Get("Idempotency-Key")); err != nil {
+					return err
+				}
+				time.Sleep(400 * time.Millisecond) // past a renewal
+				w.WriteHeader(http.StatusCreated)
+				return nil
+			})))
+			key := level.String()
+			resp := post(t, srv, key)
+			srv.Close()
+			require.Equal(t, http.StatusCreated, resp.StatusCode, "%v", level)
+			require.LessOrEqual(t, runs.Load(), int32(2), "%v: at most one attempt aborted over the key's row", level)
+			var n int
+			require.NoError(t, d.QueryRowContext(ctx, d.Dialect.Bind("SELECT count(*) FROM "+effects+" WHERE k = ?"), key).Scan(&n))
+			require.Equal(t, 1, n, "%v", level)
+		}
+	})
 }

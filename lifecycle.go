@@ -258,19 +258,15 @@ func (l *lease) store(c *call, rec *record, ttl time.Duration) verdict {
 // complete stores rec, tried again briefly: the work has run, and a lost
 // store leaves the key for the background (or, past it, interrupted).
 func (l *lease) complete(ctx context.Context, rec *record, ttl time.Duration) (how completion, err error) {
-	if l.committed.Load() != nil {
-		step, cancel := l.m.stepContext(ctx)
-		done := l.completeCommitted(step, rec, l.k.lifetime(ttl).Microseconds())
-		cancel()
-		if done {
-			return completed, nil
-		}
-	}
 	for attempt, pause := 0, 10*time.Millisecond; attempt < 3; attempt, pause = attempt+1, pause*2 {
 		if attempt > 0 {
 			time.Sleep(pause)
 		}
 		step, cancel := l.m.stepContext(ctx)
+		if l.committed.Load() != nil && l.completeCommitted(step, rec, l.k.lifetime(ttl).Microseconds()) {
+			cancel()
+			return completed, nil
+		}
 		how, err = l.m.keyStore.complete(step, l.k, &l.lockValue, l.fpText, l.fence, rec, ttl)
 		cancel()
 		if err == nil || errors.Is(err, ErrLockLost) {

@@ -102,6 +102,13 @@ func (r *keyRow) claim(a claimAsk) claimFound {
 			return claimFound{word: "unknown"}
 		case rec.Fingerprint != a.fingerprint:
 			return claimFound{word: "mismatch"}
+		case rec.State != "run" && r.holder != "" && r.holder == rec.Owner:
+			// An answer committed in its run's own transaction
+			// (StoreAnswerInTx), the run still holding the key: it stores
+			// what it sent over that answer as it lets go. A duplicate
+			// waits for that, or for the lease to lapse (a crash), so that
+			// every replay is the one answer.
+			return claimFound{word: "held"}
 		case rec.State == "done":
 			return claimFound{word: "done", record: r.record, ttl: (r.recordUntil - r.now) / 1000}
 		case rec.State == "big":

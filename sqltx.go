@@ -4,22 +4,22 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 
+	"github.com/onceonly/idempotency/internal/keyspace"
 	"github.com/onceonly/idempotency/sqldialect"
 )
 
 // StoreAnswerInTx stores a as the answer of the protected handler that
 // ctx belongs to, in tx, when the handler's Middleware keeps its keys in
 // db (NewSQL on the same database): the key's answer then commits with
-// the handler's writes in tx, or not at all, and a retry that comes
-// after the COMMIT replays it at once, whatever becomes of the process.
-// The Middleware still answers the request, and lets the key's lease go,
-// when the handler returns.
-//
-// The Middleware then stores what it sent (what layers between it and the
-// handler added included) over that answer, as it lets the lease go;
-// until then, and after a crash, the key replays a, as it replays an
-// answer recovered from an OutcomeStore.
+// the handler's writes in tx, or not at all: whatever becomes of the
+// process after the COMMIT, the key is answered, with no takeover and no
+// recovery. The Middleware still answers the request when the handler
+// returns, and then stores what it sent (what layers between it and the
+// handler added included) over that answer as it lets the lease go;
+// duplicates wait for that. After a crash, once the lease lapsed, the key
+// replays a, as it replays an answer recovered from an OutcomeStore.
 //
 // It writes nothing and returns nil where the keys live elsewhere (Redis,
 // another database), for a function that Do runs, outside a protected
@@ -122,6 +122,17 @@ func (l *lease) completeCommitted(ctx context.Context, rec *record, life int64) 
 		return false
 	}
 	texts := s.completionTexts(l.k, l.fpText, l.lockValue, l.fence, rec)
-	n, err := s.changeRow(ctx, s.q.store, texts.buf[texts.claimed:], life, l.lockValue, l.lockValue, l.k.record, []byte(*text))
+	stored := string(texts.buf[texts.claimed:])
+	// The committed record's line stays (a takeover's executions and
+	// previous owner, a write-back's mark), with the state of what was
+	// sent, as keyRow.complete keeps the line of a run it completes.
+	if line, ok := keyspace.ParseRecord(*text); ok {
+		ours, _ := keyspace.ParseRecord(stored)
+		_, answer, _ := strings.Cut(stored, "\n")
+		line.State, line.Journal = ours.State, ""
+		line.Status, line.Header, line.Body = "", "", "" // the answer is what was sent
+		stored = line.String() + answer
+	}
+	n, err := s.changeRow(ctx, s.q.store, []byte(stored), life, l.lockValue, l.lockValue, l.k.record, []byte(*text))
 	return err == nil && n == 1
 }

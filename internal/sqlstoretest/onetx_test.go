@@ -23,9 +23,10 @@ import (
 // commits in the handler's transaction, with its writes and the outcome
 // row: once the handler's COMMIT returned, before the middleware did
 // anything more, the key's record is the answer (a retry replays it, on
-// any instance, even if this process died then), and its lease is still
-// held, also after a journaled step. After the request, the lease is gone
-// and duplicates replay.
+// any instance, once the lease lapses, even if this process died then),
+// and its lease is still held, also after a journaled step. A duplicate
+// meanwhile waits, and gets what the middleware sent, as does every
+// later one.
 func TestAnswerCommitsWithTheHandlersWrites(t *testing.T) {
 	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
 		for _, steps := range []bool{false, true} {
@@ -54,29 +55,39 @@ func answerCommits(t *testing.T, d *sqltest.DB, steps bool) {
 		io.WriteString(w, "paid")
 		return nil
 	})
+	other := httptest.NewServer(idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(keysTable),
+		idempotency.WithSharedKeys()).ProtectKey(http.NotFoundHandler()))
+	t.Cleanup(other.Close)
 	var afterCommit atomic.Value
+	inGap := make(chan answerSeen, 1)
 	srv := httptest.NewServer(m.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// A journaled step first: the record is no longer the claim as
-		// it was written. (Before the transaction: on SQLite, whose
-		// transaction locks the file, the journal could not be written
-		// during it.)
-		// A layer between the middleware and the transaction: what it
-		// adds is sent, so it is replayed too.
+		// A layer between the middleware and the transaction, which adds
+		// a header before it and text after it: what it adds is sent, so
+		// it is replayed too.
 		w.Header().Set("X-Layer", "outer")
 		if steps {
+			// A journaled step first: the record is no longer the claim as
+			// it was written. (Before the transaction: on SQLite, whose
+			// transaction locks the file, the journal could not be written
+			// during it.)
 			_, err := idempotency.Step(r.Context(), "reserve", func(context.Context) (string, error) {
 				return "reserved", nil
 			})
 			require.NoError(t, err)
 		}
 		pay.ServeHTTP(w, r)
-		// Committed; the middleware has not stored anything yet.
+		// Committed; the middleware has not stored anything yet. A
+		// duplicate now, on another instance, waits for the answer sent.
 		afterCommit.Store(keyRow(t, d, keysTable))
+		go func() { inGap <- seen(t, other, "k") }()
+		time.Sleep(300 * time.Millisecond)
+		io.WriteString(w, " +layer")
 	})))
 	t.Cleanup(srv.Close)
 
-	first := post(t, srv, "k")
-	require.Equal(t, http.StatusCreated, first.StatusCode)
+	first := seen(t, srv, "k")
+	require.Equal(t, http.StatusCreated, first.status)
+	require.Equal(t, "paid +layer", first.body)
 	row := afterCommit.Load().(row)
 	require.True(t, strings.HasPrefix(row.record, "done "), "the answer is the key's at COMMIT: %q", row.record)
 	require.NotEmpty(t, row.holder, "the lease is still held until the middleware lets it go")
@@ -84,13 +95,12 @@ func answerCommits(t *testing.T, d *sqltest.DB, steps bool) {
 	row = keyRow(t, d, keysTable)
 	require.True(t, strings.HasPrefix(row.record, "done "), row.record)
 	require.Empty(t, row.holder, "the middleware let the lease go")
-	other := httptest.NewServer(idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(keysTable),
-		idempotency.WithSharedKeys()).ProtectKey(http.NotFoundHandler()))
-	t.Cleanup(other.Close)
-	replay := post(t, other, "k")
-	require.Equal(t, http.StatusCreated, replay.StatusCode)
-	require.Equal(t, "true", replay.Header.Get(idempotency.ReplayedHeader))
-	require.Equal(t, "outer", replay.Header.Get("X-Layer"), "what the middleware sent is what replays")
+	for _, replay := range []answerSeen{<-inGap, seen(t, other, "k")} {
+		require.Equal(t, http.StatusCreated, replay.status)
+		require.Equal(t, "true", replay.replayed)
+		require.Equal(t, "outer", replay.layer, "what the middleware sent is what replays")
+		require.Equal(t, first.body, replay.body, "what the middleware sent is what replays")
+	}
 	var n int
 	require.NoError(t, d.QueryRowContext(ctx, "SELECT count(*) FROM "+effects).Scan(&n))
 	require.Equal(t, 1, n)
@@ -199,4 +209,24 @@ func TestAnswerAboveReadCommittedCommitsOnce(t *testing.T) {
 			require.Equal(t, 1, n, "%v", level)
 		}
 	})
+}
+
+// answerSeen is what a client saw of an answer.
+type answerSeen struct {
+	status                int
+	body, replayed, layer string
+}
+
+// seen posts key to srv and returns what came back.
+func seen(t *testing.T, srv *httptest.Server, key string) answerSeen {
+	req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{"amount":5}`))
+	require.NoError(t, err)
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return answerSeen{status: resp.StatusCode, body: string(body), replayed: resp.Header.Get(idempotency.ReplayedHeader),
+		layer: resp.Header.Get("X-Layer")}
 }

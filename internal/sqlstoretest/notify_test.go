@@ -41,11 +41,8 @@ func TestStoreConformancePostgresNotified(t *testing.T) {
 func TestWaitingDuplicateIsNotified(t *testing.T) {
 	d := sqltest.Open(t, sqltest.PostgreSQL)
 	table := d.Table(t, "idem_notify")
-	holder, gate, runs := gatedShop(t, idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(table),
-		idempotency.WithSharedKeys()))
 	heard := &recordingListener{SQLListener: pgnotify.Listener(d.DB)}
-	waiter, _ := shop(t, idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(table),
-		idempotency.WithSharedKeys(), idempotency.WithWaitTimeout(20*time.Second), idempotency.WithSQLListener(heard)))
+	holder, gate, runs, waiter := holderAndWaiter(t, d.DB, d, table, idempotency.WithSQLListener(heard))
 
 	took := waitBehind(t, d, table, holder, waiter, true, gate, "k")
 	require.EqualValues(t, 1, runs.Load())
@@ -65,11 +62,8 @@ func TestWaitingDuplicateIsNotified(t *testing.T) {
 func TestListenerConnectsAgain(t *testing.T) {
 	d := sqltest.Open(t, sqltest.PostgreSQL)
 	table := d.Table(t, "idem_relisten")
-	holder, gate, _ := gatedShop(t, idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(table),
-		idempotency.WithSharedKeys()))
 	heard := &recordingListener{SQLListener: pgnotify.Listener(d.DB)}
-	waiter, _ := shop(t, idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(table),
-		idempotency.WithSharedKeys(), idempotency.WithWaitTimeout(20*time.Second), idempotency.WithSQLListener(heard)))
+	holder, gate, _, waiter := holderAndWaiter(t, d.DB, d, table, idempotency.WithSQLListener(heard))
 
 	waitBehind(t, d, table, holder, waiter, true, gate, "before")
 	require.Eventually(t, func() bool { return heard.count() == 1 }, 5*time.Second, 10*time.Millisecond)
@@ -93,12 +87,9 @@ func TestListenerThatCannotListenPolls(t *testing.T) {
 	other := sqltest.Open(t, sqltest.SQLite)
 	table := d.Table(t, "idem_deaf")
 	var log syncbuf.Buffer
-	holder, gate, runs := gatedShop(t, idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(table),
-		idempotency.WithSharedKeys()))
-	waiter, _ := shop(t, idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(table),
-		idempotency.WithSharedKeys(), idempotency.WithWaitTimeout(20*time.Second),
+	holder, gate, runs, waiter := holderAndWaiter(t, d.DB, d, table,
 		idempotency.WithLogger(slog.New(slog.NewTextHandler(&log, nil))),
-		idempotency.WithSQLListener(pgnotify.Listener(other.DB))))
+		idempotency.WithSQLListener(pgnotify.Listener(other.DB)))
 
 	for _, key := range []string{"a", "b"} {
 		waitBehind(t, d, table, holder, waiter, false, gate, key)
@@ -119,6 +110,17 @@ func TestListenerOnlyOnPostgreSQL(t *testing.T) {
 
 // gatedShop is a key-mode route on m whose handler, for each key, waits
 // until the test closes the key's gate.
+// holderAndWaiter serves two instances on table of db: a holder whose
+// handler waits at each key's gate, and a waiter that waits up to 20 s
+// for a key it finds held, with waiterOpts.
+func holderAndWaiter(t *testing.T, db *sql.DB, d *sqltest.DB, table string, waiterOpts ...idempotency.Option) (holder *httptest.Server, gate *gates, runs *atomic.Int32, waiter *httptest.Server) {
+	holder, gate, runs = gatedShop(t, idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(table),
+		idempotency.WithSharedKeys()))
+	waiter, _ = shop(t, idempotency.NewSQL(db, d.Dialect, append([]idempotency.Option{idempotency.WithSQLTable(table),
+		idempotency.WithSharedKeys(), idempotency.WithWaitTimeout(20 * time.Second)}, waiterOpts...)...))
+	return holder, gate, runs, waiter
+}
+
 // A test that fails opens every gate, so that its server closes.
 func gatedShop(t *testing.T, m *idempotency.Middleware) (*httptest.Server, *gates, *atomic.Int32) {
 	g := &gates{open: map[string]chan struct{}{}}
@@ -245,11 +247,8 @@ func TestListenerTakesNoPooledConnection(t *testing.T) {
 	t.Cleanup(func() { db.Close() })
 	db.SetMaxOpenConns(1)
 	table := d.Table(t, "idem_pool")
-	holder, gate, runs := gatedShop(t, idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(table),
-		idempotency.WithSharedKeys()))
 	heard := &recordingListener{SQLListener: pgnotify.Listener(db)}
-	waiter, _ := shop(t, idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(table),
-		idempotency.WithSharedKeys(), idempotency.WithWaitTimeout(20*time.Second), idempotency.WithSQLListener(heard)))
+	holder, gate, runs, waiter := holderAndWaiter(t, db, d, table, idempotency.WithSQLListener(heard))
 
 	waitBehind(t, d, table, holder, waiter, true, gate, "k")
 	require.EqualValues(t, 1, runs.Load())
@@ -262,11 +261,8 @@ func TestListenerTakesNoPooledConnection(t *testing.T) {
 func TestListenerThatDoesNotListenYetPolls(t *testing.T) {
 	d := sqltest.Open(t, sqltest.PostgreSQL)
 	table := d.Table(t, "idem_mute")
-	holder, gate, runs := gatedShop(t, idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(table),
-		idempotency.WithSharedKeys()))
-	waiter, _ := shop(t, idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(table),
-		idempotency.WithSharedKeys(), idempotency.WithWaitTimeout(20*time.Second), idempotency.WithSQLListener(mute{}),
-		idempotency.WithStoreTimeout(15*time.Second)))
+	holder, gate, runs, waiter := holderAndWaiter(t, d.DB, d, table, idempotency.WithSQLListener(mute{}),
+		idempotency.WithStoreTimeout(15*time.Second))
 	for _, key := range []string{"a", "b"} {
 		took := waitBehind(t, d, table, holder, waiter, false, gate, key)
 		require.Less(t, took, 7*time.Second, "the waiter polled rather than wait for the listener")

@@ -39,9 +39,7 @@ func TestAnswerCommitsWithTheHandlersWrites(t *testing.T) {
 // with steps, the run journals one before its transaction.
 func answerCommits(t *testing.T, d *sqltest.DB, steps bool) {
 	ctx := context.Background()
-	keysTable, effects := d.Table(t, "idem_onetx"), d.Table(t, "onetx_payments")
-	_, err := d.ExecContext(ctx, "CREATE TABLE "+effects+" (k VARCHAR(64) NOT NULL)")
-	require.NoError(t, err)
+	keysTable, effects := d.Table(t, "idem_onetx"), effectsTable(t, d)
 	outcomes := outcomeStore(t, d)
 	m := idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(keysTable), idempotency.WithSharedKeys(),
 		idempotency.WithOutcomeStore(outcomes), idempotency.WithResume())
@@ -114,9 +112,7 @@ func answerCommits(t *testing.T, d *sqltest.DB, steps bool) {
 func TestAnswerOfAKeyNoLongerOursRollsBack(t *testing.T) {
 	eachServer(t, func(t *testing.T, d *sqltest.DB) {
 		ctx := context.Background()
-		keysTable, effects := d.Table(t, "idem_onetx"), d.Table(t, "onetx_payments")
-		_, err := d.ExecContext(ctx, "CREATE TABLE "+effects+" (k VARCHAR(64) NOT NULL)")
-		require.NoError(t, err)
+		keysTable, effects := d.Table(t, "idem_onetx"), effectsTable(t, d)
 		outcomes := outcomeStore(t, d)
 		m := idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(keysTable), idempotency.WithSharedKeys(),
 			idempotency.WithOutcomeStore(outcomes))
@@ -151,6 +147,15 @@ func TestAnswerOfAKeyNoLongerOursRollsBack(t *testing.T) {
 	})
 }
 
+// effectsTable is a table of d that handlers write their effects to, one
+// row per key.
+func effectsTable(t *testing.T, d *sqltest.DB) string {
+	table := d.Table(t, "onetx_payments")
+	_, err := d.ExecContext(context.Background(), "CREATE TABLE "+table+" (k VARCHAR(64) NOT NULL)")
+	require.NoError(t, err)
+	return table
+}
+
 // outcomeStore is a sqlidem store on d, in a table of its own.
 func outcomeStore(t *testing.T, d *sqltest.DB) *sqlidem.Store {
 	s, err := sqlidem.New(d.DB, d.Dialect, sqlidem.WithTable(d.Table(t, "idem_outcomes")))
@@ -178,9 +183,7 @@ func keyRow(t *testing.T, d *sqltest.DB, table string) row {
 func TestAnswerAboveReadCommittedCommitsOnce(t *testing.T) {
 	eachServer(t, func(t *testing.T, d *sqltest.DB) {
 		ctx := context.Background()
-		keysTable, effects := d.Table(t, "idem_iso"), d.Table(t, "iso_payments")
-		_, err := d.ExecContext(ctx, "CREATE TABLE "+effects+" (k VARCHAR(64) NOT NULL)")
-		require.NoError(t, err)
+		keysTable, effects := d.Table(t, "idem_iso"), effectsTable(t, d)
 		for _, level := range []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelSerializable} {
 			s, err := sqlidem.New(d.DB, d.Dialect, sqlidem.WithTable(d.Table(t, "idem_iso_outcomes")),
 				sqlidem.WithIsolation(level))

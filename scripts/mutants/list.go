@@ -414,6 +414,13 @@ var mutants = []mutant{
 		unseen: "the fault checker runs on Redis and without an outcome store; the SQL store's tests hold the transaction",
 	},
 	{
+		name: "sql-committed-answer-replayed-early", file: "sqlrow.go",
+		from: `case rec.State != "run" && r.holder != "" && r.holder == rec.Owner:`, to: `case false && rec.State != "run" && r.holder != "" && r.holder == rec.Owner:`,
+		breaks: "on SQL with sqlidem, a duplicate between the commit and the middleware's store replays the committed answer, not what the first caller got",
+		tests:  "TestAnswerCommitsWithTheHandlersWrites", module: "internal/sqlstoretest",
+		unseen: "the fault checker runs on Redis and without an outcome store; the SQL store's tests hold the transaction",
+	},
+	{
 		name: "sql-waiters-never-notified", file: "sqlstatements.go",
 		from: `"WHERE u.waiting_until > " + now + ") n ON true"`, to: `"WHERE u.waiting_until > " + now + " AND false) n ON true"`,
 		breaks: "on PostgreSQL with a listener, a waiting duplicate is not told when the key's holder lets go, and waits for its next poll",

@@ -164,8 +164,7 @@ func (r *keyRow) complete(lockValue, stored, claimed string, life int64) int {
 				result = 2
 			}
 			if rec.State == "run" {
-				rec.State, rec.Journal = ours.State, ""
-				text = rec.String() + answer
+				text = completedText(rec, stored)
 			}
 		}
 	}
@@ -174,6 +173,17 @@ func (r *keyRow) complete(lockValue, stored, claimed string, life int64) int {
 		r.setRecord(text, r.now+life)
 	}
 	return result
+}
+
+// completedText is the record of a run, line, completed by stored (a
+// store's text): the run's own fields (a takeover's executions and
+// previous owner, a write-back's mark), with stored's state and answer.
+func completedText(line keyspace.Record, stored string) string {
+	ours, _ := keyspace.ParseRecord(stored)
+	_, answer, _ := strings.Cut(stored, "\n")
+	line.State, line.Journal = ours.State, ""
+	line.Status, line.Header, line.Body = "", "", "" // a committed answer's, replaced
+	return line.String() + answer
 }
 
 // release is release.lua: a takeover goes back to the executor it was

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"strings"
 
 	"github.com/onceonly/idempotency/internal/keyspace"
 	"github.com/onceonly/idempotency/sqldialect"
@@ -123,15 +122,10 @@ func (l *lease) completeCommitted(ctx context.Context, rec *record, life int64) 
 	}
 	texts := s.completionTexts(l.k, l.fpText, l.lockValue, l.fence, rec)
 	stored := string(texts.buf[texts.claimed:])
-	// The committed record's line stays (a takeover's executions and
-	// previous owner, a write-back's mark), with the state of what was
-	// sent, as keyRow.complete keeps the line of a run it completes.
+	// The committed record's line stays, with what was sent, as
+	// keyRow.complete keeps the line of a run it completes.
 	if line, ok := keyspace.ParseRecord(*text); ok {
-		ours, _ := keyspace.ParseRecord(stored)
-		_, answer, _ := strings.Cut(stored, "\n")
-		line.State, line.Journal = ours.State, ""
-		line.Status, line.Header, line.Body = "", "", "" // the answer is what was sent
-		stored = line.String() + answer
+		stored = completedText(line, stored)
 	}
 	n, err := s.changeRow(ctx, s.q.store, []byte(stored), life, l.lockValue, l.lockValue, l.k.record, []byte(*text))
 	return err == nil && n == 1

@@ -5,8 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
-	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -22,38 +20,25 @@ import (
 // viaProxy opens the database of d again through a TCP proxy, which a
 // test can cut or make lose a reply.
 func viaProxy(t *testing.T, d *sqltest.DB) (*sql.DB, *redistest.Proxy) {
-	var server string
-	dsn := d.DSN
-	switch d.Kind {
-	case sqltest.PostgreSQL:
-		u, err := url.Parse(d.DSN)
-		require.NoError(t, err)
-		server = u.Host
-		proxy := redistest.NewProxy(t, server)
-		u.Host = proxy.Addr()
-		db, err := sql.Open(d.Driver, u.String())
-		require.NoError(t, err)
-		t.Cleanup(func() { db.Close() })
-		return db, proxy
-	case sqltest.MySQL:
-		at := regexp.MustCompile(`tcp\(([^)]*)\)`).FindStringSubmatch(dsn)
-		require.NotNil(t, at, "MYSQL_DSN names no tcp(host:port)")
-		proxy := redistest.NewProxy(t, at[1])
+	server := d.Server()
+	if server == "" {
+		t.Skip("SQLite has no connection to cut")
+	}
+	proxy := redistest.NewProxy(t, server)
+	dsn := d.Through(proxy.Addr())
+	if d.Kind == sqltest.MySQL {
 		// Statements as text, so that a test can name the one whose reply
 		// is lost (prepared, they would go out without it).
-		dsn = strings.Replace(dsn, at[0], "tcp("+proxy.Addr()+")", 1)
 		if strings.Contains(dsn, "?") {
 			dsn += "&interpolateParams=true"
 		} else {
 			dsn += "?interpolateParams=true"
 		}
-		db, err := sql.Open(d.Driver, dsn)
-		require.NoError(t, err)
-		t.Cleanup(func() { db.Close() })
-		return db, proxy
 	}
-	t.Skip("SQLite has no connection to cut")
-	return nil, nil
+	db, err := sql.Open(d.Driver, dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { db.Close() })
+	return db, proxy
 }
 
 // eachServer runs fn on PostgreSQL and MySQL/MariaDB, the databases with a

@@ -94,6 +94,7 @@ type answer struct {
 	status int
 	header http.Header
 	body   string
+	err    error // of a request sent in the background (goSend), which got no answer
 }
 
 func (a answer) replayed() bool { return a.header.Get(idempotency.ReplayedHeader) == "true" }
@@ -105,6 +106,9 @@ func (a answer) same() string {
 }
 
 func (a answer) String() string {
+	if a.err != nil {
+		return "no answer: " + a.err.Error()
+	}
 	return a.same() + " replayed=" + strconv.FormatBool(a.replayed())
 }
 
@@ -132,13 +136,13 @@ func send(url, key, body string, header ...string) (answer, error) {
 }
 
 // goSend sends in the background; the answer comes on the channel.
-func goSend(t *testing.T, url, key, body string, header ...string) <-chan answer {
+func goSend(url, key, body string, header ...string) <-chan answer {
+	// The error travels in the answer, which the test reads: a test that
+	// failed meanwhile has ended, and t may not be told of it any more.
 	done := make(chan answer, 1)
 	go func() {
 		a, err := send(url, key, body, header...)
-		if err != nil {
-			t.Error(err)
-		}
+		a.err = err
 		done <- a
 	}()
 	return done

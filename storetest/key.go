@@ -176,9 +176,9 @@ func releasedAnswerRunsAgain(t *testing.T, ks Keyspace) {
 	require.Equal(t, http.StatusServiceUnavailable, first.status, "answer: %s", first)
 	require.False(t, first.replayed())
 
-	retryDone := goSend(t, b.url, "k", `{"item":"tea"}`)
+	retryDone := goSend(b.url, "k", `{"item":"tea"}`)
 	require.True(t, await(started), "the retry never ran")
-	dupDone := goSend(t, c.url, "k", `{"item":"tea"}`)
+	dupDone := goSend(c.url, "k", `{"item":"tea"}`)
 	settle(c, 1)
 	close(finish)
 	retry, dup := <-retryDone, <-dupDone
@@ -213,10 +213,10 @@ func duplicateWaits(t *testing.T, ks Keyspace) {
 	}{{"same", a}, {"other", b}} {
 		t.Run(c.key+" instance", func(t *testing.T) {
 			before := h.count()
-			firstDone := goSend(t, a.url, c.key, `{"item":"tea"}`)
+			firstDone := goSend(a.url, c.key, `{"item":"tea"}`)
 			require.True(t, await(started[c.key]), "the first request never ran")
 			arrived := c.dup.arrivals.Load()
-			dupDone := goSend(t, c.dup.url, c.key, `{"item":"tea"}`)
+			dupDone := goSend(c.dup.url, c.key, `{"item":"tea"}`)
 			settle(c.dup, arrived+1)
 			close(finish[c.key])
 			first, dup := <-firstDone, <-dupDone
@@ -242,7 +242,7 @@ func duplicatePastTheWait(t *testing.T, ks Keyspace) {
 	})
 	opts := []idempotency.Option{idempotency.WithSharedKeys(), idempotency.WithWaitTimeout(100 * time.Millisecond)}
 	a, b := serveKey(t, ks, handler, opts...), serveKey(t, ks, handler, opts...)
-	firstDone := goSend(t, a.url, "k", `{"item":"tea"}`)
+	firstDone := goSend(a.url, "k", `{"item":"tea"}`)
 	require.True(t, await(started), "the first request never ran")
 	for _, in := range []*instance{a, b} {
 		dup := post(t, in.url, "k", `{"item":"tea"}`)

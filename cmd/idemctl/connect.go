@@ -71,6 +71,7 @@ func connect(ctx context.Context, o options, stderr io.Writer) (*session, error)
 		s.close()
 		return nil, usagef("-db: %v", err)
 	}
+	db.SetMaxOpenConns(4) // one command at a time; NewSQL warns of a pool without a limit
 	s.closers = append(s.closers, db.Close)
 	if s.outcomes, err = sqlidem.New(db, d.Dialect, sqlidem.WithTable(o.table)); err != nil {
 		s.close()
@@ -114,6 +115,7 @@ func (s *session) openStore(ctx context.Context, o options, opts []idempotency.O
 	if err != nil {
 		return usagef("-store: %v", err)
 	}
+	db.SetMaxOpenConns(4) // one command at a time; NewSQL warns of a pool without a limit
 	s.closers = append(s.closers, db.Close)
 	step, cancel := s.step(ctx)
 	defer cancel()

@@ -226,9 +226,10 @@ if on redis7; then
 	echo "test.sh: every module on Debian stable's $(redis-server --version | cut -d' ' -f1-3), with -race (a cold -race build takes minutes; progress below)"
 	pass redis7 redis-server -race "$@" $patterns || status=1
 fi
-# The other servers run the root package's tests only: those are the ones
-# that talk to Redis in every way the library does (scripts, the lock,
-# WAIT, the cluster, Sentinel); -race adds nothing a server could change.
+# The other servers run the root package's tests and the fault checker on
+# Redis only: those are the ones that talk to Redis in every way the
+# library does (scripts, the lock, WAIT, the cluster, Sentinel, faults);
+# -race adds nothing a server could change.
 # The two run side by side, each line marked with its server: the root
 # package's tests mostly wait (leases, timeouts, a failover), so two runs
 # take hardly longer than one. Only servers this run starts: REDIS_URL and
@@ -241,7 +242,7 @@ for name in redis8 valkey8; do
 		echo "$name: skipped: $trixie_note" >"$resultdir/$name"
 		continue
 	fi
-	(REDIS_URL="" REDIS_CLUSTER_ADDRS="" pass "$name" "$trixie_bin/$name-server" "$@" . 2>&1 | sed -u "s/^/[$name] /") &
+	(REDIS_URL="" REDIS_CLUSTER_ADDRS="" pass "$name" "$trixie_bin/$name-server" "$@" -skip '^TestFaultCheckSQL$' . ./internal/faultcheck 2>&1 | sed -u "s/^/[$name] /") &
 	pids+=("$!")
 done
 for pid in "${pids[@]}"; do
@@ -308,6 +309,7 @@ for name in redis7 redis8 valkey8; do
 done
 echo "  Cluster (3 masters, TestRedisCluster): $(ran TestRedisCluster)"
 echo "  Sentinel (TestSentinelFailover): $(ran TestSentinelFailover)"
+echo "  Fault checker on SQL (TestFaultCheckSQL): $(ran TestFaultCheckSQL $module/internal/faultcheck)"
 echo "  PostgreSQL: $(sqlserver postgres POSTGRES_DSN)"
 echo "  MariaDB/MySQL: $(sqlserver mysql MYSQL_DSN)"
 echo "  NATS JetStream (embedded nats-server $nats_version, example/relay): $(ran "" $module/example/relay bare)"

@@ -1,4 +1,4 @@
-package idempotency_test
+package faultcheck_test
 
 import (
 	"bytes"
@@ -651,7 +651,7 @@ func outage(faults []faultEvent, i int, from, to time.Time) (out time.Duration, 
 		switch f.kind {
 		case kindKill, kindDrain:
 			killed = killed || !f.to.Before(from) && !f.from.After(to)
-		case kindRedisStop, kindBlackhole, kindDelay, kindRedisRestart, kindSaturate:
+		case kindRedisStop, kindBlackhole, kindDelay, kindRedisRestart, kindSaturate, kindDBStall, kindDBRestart:
 			s := span{maxTime(f.from, from), minTime(f.to, to)}
 			if s.to.After(s.from) {
 				spans = append(spans, s)
@@ -846,7 +846,7 @@ func (h *history) disturbed(i int, from, to time.Time) bool {
 		}
 		switch f.kind {
 		case kindRedisStop, kindBlackhole, kindDelay, kindDropReply, kindRedisRestart, kindSaturate, kindCrowd,
-			kindKill, kindDrain, kindStarved:
+			kindKill, kindDrain, kindStarved, kindDBStall, kindDBRestart:
 			return true
 		}
 	}
@@ -857,7 +857,11 @@ func (h *history) disturbed(i int, from, to time.Time) bool {
 // history: what can let a lease run out under a live handler.
 func (h *history) stalled() bool {
 	return slices.ContainsFunc(h.faults, func(f faultEvent) bool {
-		return f.kind == kindRedisStop || f.kind == kindBlackhole || f.kind == kindDelay || f.kind == kindRedisRestart
+		switch f.kind {
+		case kindRedisStop, kindBlackhole, kindDelay, kindRedisRestart, kindDBStall, kindDBRestart:
+			return true
+		}
+		return false
 	})
 }
 

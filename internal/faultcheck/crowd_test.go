@@ -1,4 +1,4 @@
-package idempotency_test
+package faultcheck_test
 
 // A crowd: hundreds of duplicates of one running key on one instance,
 // while Redis allows few more connections than the instances' pools hold
@@ -175,7 +175,7 @@ func (c *keyCase) disturbed() bool {
 	}
 	for _, f := range c.h.faults {
 		switch f.kind {
-		case kindRedisStop, kindBlackhole, kindSaturate, kindKill, kindDrain, kindRedisRestart:
+		case kindRedisStop, kindBlackhole, kindSaturate, kindKill, kindDrain, kindRedisRestart, kindDBStall, kindDBRestart:
 			if !f.to.Before(from) && !f.from.After(to) {
 				return true
 			}

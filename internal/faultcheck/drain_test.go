@@ -1,4 +1,4 @@
-package idempotency_test
+package faultcheck_test
 
 // The drain: an instance gets SIGTERM while its way to Redis is cut, with
 // the store of a handler that has just answered waiting in its background

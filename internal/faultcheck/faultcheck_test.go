@@ -1,8 +1,9 @@
-package idempotency_test
+package faultcheck_test
 
 // The fault check: randomized histories of requests against two server
-// instances and one Redis, with faults injected at random moments, each
-// history then held to the promises of the middleware.
+// instances and one store (a Redis; an SQL database in TestFaultCheckSQL),
+// with faults injected at random moments, each history then held to the
+// promises of the middleware.
 //
 // A history is a few keys of a few callers (each caller a scope of its
 // own), each key sent as a chain of retries and a few duplicates and
@@ -26,13 +27,13 @@ package idempotency_test
 // settled (no request left inside an instance, every lease run out), the
 // check compares the answers the callers got, the effects in the database
 // and the state of every key in Redis (Inspect); the rules are in
-// faultcheck_check_test.go. Effects are counted, not answers.
+// check_test.go. Effects are counted, not answers.
 //
-//	go test -race -count=1 -run '^TestFaultCheck$' -v ./             # bounded: 40 s of histories
-//	go test -race -count=1 -run '^TestFaultCheck$' -v -timeout 0 -idem.duration=30m ./
-//	go test -race -count=1 -run '^TestFaultCheck$' -v -timeout 0 -idem.histories=20000 ./
-//	go test -race -count=1 -run '^TestFaultCheck$' -v -idem.seed=42 -idem.from=17 -idem.histories=1 ./
-//	go test -race -count=1 -run '^TestFaultCheck$' -v -idem.faults=panic-after ./
+//	go test -race -count=1 -run '^TestFaultCheck$' -v ./internal/faultcheck             # bounded: 40 s of histories
+//	go test -race -count=1 ./internal/faultcheck -run '^TestFaultCheck$' -v -timeout 0 -idem.duration=30m
+//	go test -race -count=1 ./internal/faultcheck -run '^TestFaultCheck$' -v -timeout 0 -idem.histories=20000
+//	go test -race -count=1 ./internal/faultcheck -run '^TestFaultCheck$' -v -idem.seed=42 -idem.from=17 -idem.histories=1
+//	go test -race -count=1 ./internal/faultcheck -run '^TestFaultCheck$' -v -idem.faults=panic-after
 //
 // A failure names the seed, the history, its configuration and, per rule
 // broken, the shortest story found: the events of the one key concerned
@@ -48,6 +49,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/onceonly/idempotency/internal/sqltest"
 )
 
 var (
@@ -77,15 +80,53 @@ const armedRun = 10 * time.Minute
 const historyAllowance = 6 * time.Second
 
 func TestFaultCheck(t *testing.T) {
-	kinds, err := parseKinds(*flagFaults, *flagSkip)
+	kinds, err := parseKinds(*flagFaults, *flagSkip, allKinds)
 	if err != nil {
 		t.Fatal(err)
 	}
-	seed, limit := runBounds()
+	runCheck(t, kinds, len(allKinds), boundedRun, func() *rig { return newRig(t) })
+}
+
+// TestFaultCheckSQL runs the fault check on the SQL store (NewSQL): SQLite
+// always, PostgreSQL and MySQL/MariaDB when POSTGRES_DSN and MYSQL_DSN name
+// a server. The rules are TestFaultCheck's; Redis's faults become the
+// database's: its keys table locked by another connection (db-stall), every
+// connection dropped and new ones refused for a while (db-restart), a lost
+// reply (drop-reply: the next statement's, or a COMMIT's, the commit done),
+// a slow or cut network (delay, blackhole), and on PostgreSQL waiters woken
+// by LISTEN/NOTIFY through the same faulted proxy (listen). SQLite, one
+// file the two instance processes share, has no connection to fault: its
+// histories have the stall, kills and the clients' and handlers' faults.
+//
+//	go test -race -count=1 -run '^TestFaultCheckSQL$' -v ./internal/faultcheck                # bounded: 20 s a database
+//	go test -race -count=1 ./internal/faultcheck -run '^TestFaultCheckSQL/postgres$' -v -timeout 0 -idem.duration=30m
+func TestFaultCheckSQL(t *testing.T) {
+	for _, kind := range []sqltest.Kind{sqltest.SQLite, sqltest.PostgreSQL, sqltest.MySQL} {
+		t.Run(string(kind), func(t *testing.T) {
+			known := sqlKinds(kind)
+			kinds, err := parseKinds(*flagFaults, *flagSkip, known)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runCheck(t, kinds, len(known), boundedSQLRun, func() *rig { return newSQLRig(t, sqltest.Open(t, kind)) })
+		})
+	}
+}
+
+// boundedSQLRun is how long a plain `go test` runs histories on each SQL
+// database: the three together about as long as TestFaultCheck.
+const boundedSQLRun = 20 * time.Second
+
+// runCheck runs histories with the fault kinds on the rig newRig starts
+// (of every kind the store has, known in all), for bounded unless the
+// flags say otherwise, and reports what broke.
+func runCheck(t *testing.T, kinds kindSet, known int, bounded time.Duration, newRig func() *rig) {
+	seed, limit := runBounds(bounded)
 	t.Logf("fault check: seed %d, fault kinds %s (the same run again: -idem.seed=%d, with the same -idem.faults and -idem.skip)",
 		seed, kinds, seed)
 
-	r := newRig(t)
+	r := newRig()
+	onSQL := r.store == nil
 	began := time.Now()
 	tl := newTally()
 	var next atomic.Int64
@@ -104,7 +145,7 @@ func TestFaultCheck(t *testing.T) {
 				if limit > 0 && time.Since(began) > limit-historyAllowance {
 					return
 				}
-				p := newPlan(seed, i, kinds)
+				p := newPlan(seed, i, kinds, onSQL)
 				if limit > 0 && time.Since(began) > limit-p.allowance() {
 					continue // a long history, left out near the end
 				}
@@ -120,17 +161,19 @@ func TestFaultCheck(t *testing.T) {
 	lanes.Wait()
 
 	tl.judgeWakeups()
-	tl.report(t, replayCommand(seed, kinds), time.Since(began))
-	if *flagArmed || limit >= armedRun && len(kinds) == len(allKinds) {
-		for _, rule := range tl.neverArmed() {
+	tl.report(t, replayCommand(t.Name(), seed, kinds, known), time.Since(began))
+	if *flagArmed || limit >= armedRun && len(kinds) == known {
+		for _, rule := range tl.neverArmed(onSQL) {
 			t.Errorf("RULE NEVER ARMED: %s: its precondition never came up, so the run says nothing of it", rule)
 		}
 	}
 	lost := int64(0)
 	for _, p := range r.instances {
-		lost += p.proxy.Dropped()
+		if p.proxy != nil {
+			lost += p.proxy.Dropped()
+		}
 	}
-	t.Logf("Redis replies lost by the proxies: %d", lost)
+	t.Logf("replies of the store lost by the proxies: %d", lost)
 	for _, p := range r.instances {
 		for _, problem := range p.problems() {
 			t.Errorf("%s", problem)
@@ -140,14 +183,14 @@ func TestFaultCheck(t *testing.T) {
 
 // runBounds reads the run's seed (from the clock unless -idem.seed) and how
 // long it starts histories (0: until -idem.histories are done).
-func runBounds() (seed uint64, limit time.Duration) {
+func runBounds(bounded time.Duration) (seed uint64, limit time.Duration) {
 	seed = *flagSeed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
 	limit = *flagDuration
 	if limit == 0 && *flagHistories == 0 {
-		limit = boundedRun
+		limit = bounded
 		if testing.Short() {
 			limit = 10 * time.Second
 		}
@@ -252,12 +295,16 @@ func (tl *tally) judgeWakeups() {
 	}
 }
 
-// neverArmed lists the rules whose precondition never came up.
-func (tl *tally) neverArmed() []string {
+// neverArmed lists the rules whose precondition never came up; on SQL,
+// not those of a crowd under Redis's maxclients, which it has no fault for.
+func (tl *tally) neverArmed(onSQL bool) []string {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
 	var never []string
 	for _, rule := range checkedRules {
+		if onSQL && (rule == ruleCrowdWaiter || rule == ruleCrowdFresh) {
+			continue
+		}
 		if tl.armed[rule] == 0 {
 			never = append(never, rule)
 		}
@@ -267,14 +314,14 @@ func (tl *tally) neverArmed() []string {
 
 // replayCommand is the command that runs the history of the given index
 // again, with its seed and fault kinds (the plans depend on both).
-func replayCommand(seed uint64, kinds kindSet) func(index int) string {
+func replayCommand(test string, seed uint64, kinds kindSet, known int) func(index int) string {
 	faults := ""
-	if len(kinds) != len(allKinds) {
+	if len(kinds) != known {
 		faults = " -idem.faults=" + kinds.String()
 	}
 	return func(index int) string {
-		return fmt.Sprintf("go test -race -count=1 -run '^TestFaultCheck$' -v -idem.seed=%d%s -idem.from=%d -idem.histories=1 ./",
-			seed, faults, index)
+		return fmt.Sprintf("go test -race -count=1 ./internal/faultcheck -run '^%s$' -v -idem.seed=%d%s -idem.from=%d -idem.histories=1",
+			test, seed, faults, index)
 	}
 }
 

@@ -1,4 +1,4 @@
-package idempotency_test
+package faultcheck_test
 
 // What a live process holds is never lost (later.go): an answer whose
 // store Redis did not take waits in the background queue, however long

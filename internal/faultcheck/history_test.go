@@ -1,11 +1,10 @@
-package idempotency_test
+package faultcheck_test
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/admin"
-	"github.com/redis/go-redis/v9"
 )
 
 // A history is one plan as it ran: every exchange with the instances, and
@@ -304,6 +302,16 @@ func (r *rig) inject(h *history, f *faultPlan) {
 		default:
 			ev.what = r.crowdUnderMaxclients(h, f)
 		}
+	case kindDBStall, kindDBRestart:
+		r.redisFaults.Lock()
+		defer r.redisFaults.Unlock()
+		ev.instance = -1
+		begin()
+		if f.kind == kindDBStall {
+			ev.what = r.stallDatabase(f.dur)
+		} else {
+			ev.what = r.restartDatabase(f.dur)
+		}
 	case kindBlackhole, kindDelay, kindSaturate:
 		inst.proxyFaults.Lock()
 		defer inst.proxyFaults.Unlock()
@@ -355,12 +363,12 @@ func (p *instanceProc) slowOrCut(f *faultPlan) string {
 		p.proxy.SetDelay(f.delay)
 		time.Sleep(f.dur)
 		p.proxy.SetDelay(0)
-		return fmt.Sprintf("every Redis reply to %s late by %v, for %v", p.name, f.delay, f.dur)
+		return fmt.Sprintf("every reply of the store to %s late by %v, for %v", p.name, f.delay, f.dur)
 	}
 	p.proxy.StartBlackhole()
 	time.Sleep(f.dur)
 	p.proxy.EndBlackhole()
-	return fmt.Sprintf("%s: every byte between %s and Redis lost for %v", f.kind, p.name, f.dur)
+	return fmt.Sprintf("%s: every byte between %s and its store lost for %v", f.kind, p.name, f.dur)
 }
 
 // dropReply loses the reply to the instance's next command that contains
@@ -371,7 +379,7 @@ func (p *instanceProc) dropReply(needle string) string {
 	if needle != "" {
 		what = "the next " + needle
 	}
-	return fmt.Sprintf("Redis reply to %s of %s lost", p.name, what)
+	return fmt.Sprintf("the store's reply to %s of %s lost", p.name, what)
 }
 
 // killAndRestart kills the instance and starts it again after down.
@@ -454,18 +462,8 @@ func (r *rig) drained(prefix string) bool {
 func (r *rig) locked(prefix string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	names, err := scanAll(ctx, r.storeDB, prefix+":*:l")
-	return err != nil || len(names) > 0
-}
-
-// scanAll lists the keys that match pattern.
-func scanAll(ctx context.Context, db *redis.Client, pattern string) ([]string, error) {
-	var names []string
-	it := db.Scan(ctx, 0, pattern, 1000).Iterator()
-	for it.Next(ctx) {
-		names = append(names, it.Val())
-	}
-	return names, it.Err()
+	held, err := r.keys.locked(ctx, prefix)
+	return err != nil || held
 }
 
 // collect reads what the handlers traced for each key, and what Redis
@@ -508,7 +506,7 @@ func (r *rig) collect(h *history) {
 		return
 	}
 	h.stray = map[string]admin.KeyState{}
-	names, err := scanAll(ctx, r.storeDB, cfg.Prefix+":*:r")
+	names, err := r.keys.records(ctx, cfg.Prefix)
 	if err != nil {
 		r.fail("listing records: %v", err)
 		return
@@ -528,8 +526,7 @@ func (r *rig) collect(h *history) {
 
 // operator reads the keys of a history's prefix.
 func (r *rig) operator(cfg historyConfig) *admin.Operator {
-	return admin.New(idempotency.New(r.storeDB, idempotency.WithKeyPrefix(cfg.Prefix),
-		idempotency.WithLogger(slog.New(slog.DiscardHandler))))
+	return r.keys.operator(cfg.Prefix)
 }
 
 // recordOf is the name of k's record, from the traces of its executions;

@@ -1,7 +1,8 @@
-package idempotency_test
+package faultcheck_test
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,8 +22,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/onceonly/idempotency"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/sqltest"
+	"github.com/onceonly/idempotency/pgnotify"
+	"github.com/onceonly/idempotency/sqldialect"
 )
 
 // The server instances of the fault check. Each is a separate process (this
@@ -99,6 +104,9 @@ type historyConfig struct {
 	// TokenKeys is the key ring every instance signs and checks tokens
 	// with, as ParseTokenKeys reads it: the same configuration everywhere.
 	TokenKeys string
+	// Listen: on PostgreSQL, waiting duplicates are woken by LISTEN/NOTIFY
+	// (WithSQLListener) instead of polling.
+	Listen bool
 }
 
 // recordTTL outlives every history by far: a record that expired during
@@ -148,15 +156,22 @@ func (c historyConfig) String() string {
 	if c.NoTransient {
 		policy = "StoreNoTransient"
 	}
-	return fmt.Sprintf("prefix=%s lease=%v storeTimeout=%v wait=%v execTimeout=%v outerTimeout=%v retryAbandoned=%v policy=%s cache=%v",
+	s := fmt.Sprintf("prefix=%s lease=%v storeTimeout=%v wait=%v execTimeout=%v outerTimeout=%v retryAbandoned=%v policy=%s cache=%v",
 		c.Prefix, c.Lease, c.StoreTimeout, c.Wait, c.ExecTimeout, c.OuterTimeout, c.RetryAbandoned, policy, c.Cache)
+	if c.Listen {
+		s += " listen=LISTEN/NOTIFY"
+	}
+	return s
 }
 
 // instanceSpec is what an instance process is started with.
 type instanceSpec struct {
-	Name    string // "a" or "b"
-	Store   string // the Redis of the middleware, through this instance's fault proxy
-	Effects string // the application's database
+	Name string // "a" or "b"
+	// Store is the middleware's store, through this instance's fault
+	// proxy: a Redis's address, or, when Kind names an SQL database
+	// (sqltest.Kind), the DSN Driver opens, its keys in Table.
+	Store, Kind, Driver, Table string
+	Effects                    string // the application's database
 	// Drain bounds a graceful shutdown (SIGTERM), http.Server.Shutdown and
 	// the middlewares' Shutdown together.
 	Drain time.Duration
@@ -240,7 +255,10 @@ func TestFaultCheckInstance(t *testing.T) {
 	}
 	fmt.Println(listeningLine + ln.Addr().String())
 	go watchScheduling(nil, printStarved) // until the process ends
-	s := newInstance(spec)
+	s, err := newInstance(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
 	srv := &http.Server{
 		Handler: s,
 		// A handler's panic is logged by net/http with its stack; the
@@ -317,6 +335,7 @@ func (d drainLog) WithGroup(name string) slog.Handler    { return drainLog{d.Han
 type instance struct {
 	spec    instanceSpec
 	store   *redis.Client // the middleware's Redis, through the fault proxy
+	sql     *sql.DB       // or its SQL database
 	effects *redis.Client // the application's database
 	pid     int
 	runs    atomic.Int64
@@ -337,16 +356,47 @@ const keptMiddlewares = 256
 // a few run at once, and a finished one is never asked again.
 const keptHistories = 32
 
-func newInstance(spec instanceSpec) *instance {
-	return &instance{
-		spec: spec,
-		// ContextTimeoutEnabled, as the documentation asks: the store
-		// timeout then bounds every exchange with a stalled Redis.
-		store:     redis.NewClient(&redis.Options{Addr: spec.Store, ContextTimeoutEnabled: true}),
+func newInstance(spec instanceSpec) (*instance, error) {
+	s := &instance{
+		spec:      spec,
 		effects:   redis.NewClient(&redis.Options{Addr: spec.Effects}),
 		pid:       os.Getpid(),
 		histories: map[string]*historyRoutes{},
 	}
+	if spec.Kind == "" {
+		// ContextTimeoutEnabled, as the documentation asks: the store
+		// timeout then bounds every exchange with a stalled Redis.
+		s.store = redis.NewClient(&redis.Options{Addr: spec.Store, ContextTimeoutEnabled: true})
+		return s, nil
+	}
+	db, err := sql.Open(spec.Driver, spec.Store)
+	if err != nil {
+		return nil, err
+	}
+	// A pool of its own size, as the example's: uncapped, a saturation's
+	// burst opens a connection per request, past PostgreSQL's
+	// max_connections (100 by default), and the refused ones answer 503
+	// with nothing between the instance and its database but itself.
+	db.SetMaxOpenConns(16)
+	s.sql = db
+	return s, nil
+}
+
+// newMiddleware makes a history's middleware on the instance's store.
+func (s *instance) newMiddleware(cfg historyConfig, opts ...idempotency.Option) *idempotency.Middleware {
+	opts = append(cfg.options(), opts...)
+	if s.sql == nil {
+		return idempotency.New(s.store, opts...)
+	}
+	opts = append(opts, idempotency.WithSQLTable(s.spec.Table))
+	if cfg.Listen {
+		opts = append(opts, idempotency.WithSQLListener(pgnotify.Listener(s.sql)))
+	}
+	return idempotency.NewSQL(s.sql, sqlDialects[sqltest.Kind(s.spec.Kind)], opts...)
+}
+
+var sqlDialects = map[sqltest.Kind]sqldialect.Dialect{
+	sqltest.SQLite: sqldialect.SQLite, sqltest.PostgreSQL: sqldialect.PostgreSQL, sqltest.MySQL: sqldialect.MySQL,
 }
 
 func (s *instance) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -402,7 +452,7 @@ func (s *instance) routes(cfg historyConfig) *historyRoutes {
 }
 
 func (s *instance) newRoutes(cfg historyConfig) *historyRoutes {
-	m := idempotency.New(s.store, cfg.options()...)
+	m := s.newMiddleware(cfg)
 	h := &historyRoutes{ring: cfg.TokenKeys, m: m, mux: http.NewServeMux()}
 	protected := h.counted(m.ProtectKey(http.HandlerFunc(s.handle)))
 	h.mux.Handle("POST /key", protected)
@@ -413,7 +463,7 @@ func (s *instance) newRoutes(cfg historyConfig) *historyRoutes {
 	// as many frameworks' timeout middlewares do.
 	h.mux.Handle("POST /deadline", withDeadline(cfg.OuterTimeout, protected))
 	h.mux.Handle("POST /do", h.counted(s.doHandler(m)))
-	h.mux.Handle("POST "+routeSteps, h.counted(s.stepsHandler(cfg))) // faultcheck_steps_test.go
+	h.mux.Handle("POST "+routeSteps, h.counted(s.stepsHandler(cfg))) // steps_test.go
 	// Token mode: the token is issued to the caller's scope, and spent on
 	// the form route.
 	h.mux.Handle("GET "+routeFormToken, m.TokenHandler())

@@ -1,10 +1,10 @@
-package idempotency_test
+package faultcheck_test
 
 // The late phase, once a history has settled: in some histories with a
 // Redis restart, and in those with a revocation, each token-mode key is
 // sent once more to its issuer (which spends its token again if a restart
 // forgot it), one instance is started anew, the key ring may revoke the
-// key that signed the history's tokens (faultcheck_revoke_test.go), and
+// key that signed the history's tokens (revoke_test.go), and
 // each key is sent once more to each instance. The promise
 // (docs/operations.md, "Token keys"): a token that was spent still finds
 // its record and replays, on every instance, whatever the ring did to its

@@ -1,4 +1,4 @@
-package idempotency_test
+package faultcheck_test
 
 import (
 	"encoding/base64"
@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/onceonly/idempotency/internal/sqltest"
 )
 
 // The kinds of fault a history may inject. -idem.faults picks some (all by
@@ -41,8 +43,13 @@ const (
 	kindSaturate     = "saturate"      // hundreds of new keys during an outage: the background queue refuses claims
 	kindCrowd        = "crowd"         // hundreds of duplicates waiting on one key under a small maxclients
 	kindRevoke       = "revoke"        // the operator revokes the token key; unspent tokens come after
+	// The SQL database's own (TestFaultCheckSQL).
+	kindDBStall   = "db-stall"   // the keys table locked by another connection, then unlocked
+	kindDBRestart = "db-restart" // every connection dropped, new ones refused for a while; the data kept
+	kindListen    = "listen"     // PostgreSQL: waiters woken by LISTEN/NOTIFY, the listener's connection faulted too
 )
 
+// allKinds are the kinds of fault on Redis (TestFaultCheck).
 var allKinds = []string{
 	kindRedisStop, kindDropReply, kindDelay, kindBlackhole, kindKill,
 	kindDisconnect, kindClientDeadline, kindImpostor, kindOuterTimeout, kindDeadline,
@@ -50,26 +57,52 @@ var allKinds = []string{
 	kindDrain, kindRedisRestart, kindSaturate, kindCrowd, kindRevoke, kindTakeover,
 }
 
+// sqlKinds are the kinds of fault on an SQL database (TestFaultCheckSQL):
+// Redis's own become the database's (a stall, a restart), and those of a
+// connection need one (SQLite, a file, has none).
+func sqlKinds(kind sqltest.Kind) []string {
+	kinds := []string{kindKill,
+		kindDisconnect, kindClientDeadline, kindImpostor, kindOuterTimeout, kindDeadline,
+		kindPanicBefore, kindPanicAfter, kindRelease, kindTransient, kindDo, kindCutoff, kindFnError,
+		kindRevoke, kindDBStall}
+	if kind != sqltest.SQLite {
+		kinds = append(kinds, kindDropReply, kindDelay, kindBlackhole, kindDrain, kindSaturate, kindTakeover, kindDBRestart)
+	}
+	if kind == sqltest.PostgreSQL {
+		kinds = append(kinds, kindListen)
+	}
+	return kinds
+}
+
 // kindSet is the kinds of fault a run injects.
 type kindSet map[string]bool
 
-// parseKinds reads -idem.faults and -idem.skip.
-func parseKinds(only, skip string) (kindSet, error) {
+// parseKinds reads -idem.faults and -idem.skip, against the kinds known
+// on the store under test. A kind -idem.faults names that the store does
+// not have is left out (SQLite has no connection to blackhole), unless no
+// kind the store has is left.
+func parseKinds(only, skip string, known []string) (kindSet, error) {
 	kinds := kindSet{}
-	names := allKinds
+	names := known
 	if only != "" {
 		names = strings.Split(only, ",")
 	}
+	everyKind := slices.Concat(allKinds, sqlKinds(sqltest.PostgreSQL))
 	for _, n := range names {
-		if !slices.Contains(allKinds, n) {
-			return nil, fmt.Errorf("unknown fault kind %q (known: %s)", n, strings.Join(allKinds, ","))
+		if !slices.Contains(everyKind, n) {
+			return nil, fmt.Errorf("unknown fault kind %q (known: %s)", n, strings.Join(known, ","))
 		}
-		kinds[n] = true
+		if slices.Contains(known, n) {
+			kinds[n] = true
+		}
+	}
+	if len(kinds) == 0 && only != "" {
+		return nil, fmt.Errorf("none of the fault kinds %s is known on this store (known: %s)", only, strings.Join(known, ","))
 	}
 	if skip != "" {
 		for _, n := range strings.Split(skip, ",") {
-			if !slices.Contains(allKinds, n) {
-				return nil, fmt.Errorf("unknown fault kind %q (known: %s)", n, strings.Join(allKinds, ","))
+			if !slices.Contains(everyKind, n) {
+				return nil, fmt.Errorf("unknown fault kind %q (known: %s)", n, strings.Join(known, ","))
 			}
 			delete(kinds, n)
 		}
@@ -79,8 +112,8 @@ func parseKinds(only, skip string) (kindSet, error) {
 
 func (k kindSet) String() string {
 	var names []string
-	for _, n := range allKinds {
-		if k[n] {
+	for _, n := range slices.Concat(allKinds, sqlKinds(sqltest.PostgreSQL)) {
+		if k[n] && !slices.Contains(names, n) {
 			names = append(names, n)
 		}
 	}
@@ -100,13 +133,13 @@ type plan struct {
 	faults []*faultPlan
 	// late: token-mode keys are sent again once the history settled,
 	// after instance lateRenew (-1: none) was started anew; revoke: the
-	// key that signed their tokens was revoked before (faultcheck_revoke_test.go).
+	// key that signed their tokens was revoked before (revoke_test.go).
 	late      bool
 	lateRenew int
 	revoke    bool
 	// alone: the history runs with no fault of its own and no other
 	// history beside it, for a rule armed only while Redis answers every
-	// instance (faultcheck_takeover_test.go).
+	// instance (takeover_test.go).
 	alone bool
 }
 
@@ -140,7 +173,7 @@ type keyPlan struct {
 	// second instance's redelivery) and impostors.
 	extras []*requestPlan
 	// late go once the history settled, after a Redis restart or a
-	// revocation (faultcheck_late_test.go).
+	// revocation (late_test.go).
 	late []*requestPlan
 }
 
@@ -228,10 +261,10 @@ var (
 )
 
 // newPlan draws history index of the run with the given seed.
-func newPlan(seed uint64, index int, kinds kindSet) *plan {
+func newPlan(seed uint64, index int, kinds kindSet, onSQL bool) *plan {
 	rng := rand.New(rand.NewPCG(seed, uint64(index)))
 	p := &plan{index: index, cfg: drawConfig(rng, fmt.Sprintf("fc%xh%d", seed&0xffffff, index))}
-	d := drawer{rng: rng, kinds: kinds}
+	d := drawer{rng: rng, kinds: kinds, onSQL: onSQL}
 
 	// Keys: callers share key names, so that a key of one caller is
 	// another's too, and neither may see the other's answer.
@@ -246,6 +279,7 @@ func newPlan(seed uint64, index int, kinds kindSet) *plan {
 		seen[id] = true
 		p.keys = append(p.keys, d.key(id.scope, id.id))
 	}
+	p.cfg.Listen = d.chance(kindListen, 0.5)
 	p.faults = d.faults()
 	d.saturation(p)
 	d.crowd(p)
@@ -297,6 +331,7 @@ func drawKey(rng *rand.Rand) string {
 type drawer struct {
 	rng   *rand.Rand
 	kinds kindSet
+	onSQL bool // the store is an SQL database
 }
 
 func (d drawer) between(lo, hi time.Duration) time.Duration {
@@ -411,7 +446,7 @@ func (d drawer) request(k *keyPlan, first bool) *requestPlan {
 // start again.
 func (d drawer) faults() []*faultPlan {
 	var kinds []string
-	for _, k := range []string{kindRedisStop, kindDropReply, kindDelay, kindBlackhole} {
+	for _, k := range []string{kindRedisStop, kindDropReply, kindDelay, kindBlackhole, kindDBStall} {
 		if d.kinds[k] {
 			kinds = append(kinds, k)
 		}
@@ -428,6 +463,9 @@ func (d drawer) faults() []*faultPlan {
 	if d.chance(kindRedisRestart, 0.12) {
 		fs = append(fs, d.fault(kindRedisRestart))
 	}
+	if d.chance(kindDBRestart, 0.12) {
+		fs = append(fs, d.fault(kindDBRestart))
+	}
 	return fs
 }
 
@@ -436,7 +474,7 @@ func (d drawer) faults() []*faultPlan {
 // moment, and the release must get through a brief outage.
 func (d drawer) outageAtRelease(p *plan) []*faultPlan {
 	var kinds []string
-	for _, k := range []string{kindRedisStop, kindBlackhole} {
+	for _, k := range []string{kindRedisStop, kindBlackhole, kindDBStall} {
 		if d.kinds[k] {
 			kinds = append(kinds, k)
 		}
@@ -465,7 +503,7 @@ func (d drawer) outageAtRelease(p *plan) []*faultPlan {
 func (d drawer) fault(kind string) *faultPlan {
 	f := &faultPlan{kind: kind, at: d.between(0, 1500*time.Millisecond), instance: d.rng.IntN(2)}
 	switch kind {
-	case kindRedisStop, kindBlackhole:
+	case kindRedisStop, kindBlackhole, kindDBStall:
 		// Half of them brief (within half the shortest lease), half long
 		// enough for leases to run out.
 		f.dur = d.between(100*time.Millisecond, 300*time.Millisecond)
@@ -477,8 +515,19 @@ func (d drawer) fault(kind string) *faultPlan {
 		f.delay = d.between(20*time.Millisecond, 300*time.Millisecond)
 	case kindDropReply:
 		f.needle = []string{"", "evalsha"}[d.rng.IntN(2)]
+		if d.onSQL {
+			// An SQL database: the reply to a COMMIT lost, the commit
+			// done or not.
+			f.needle = []string{"", "commit"}[d.rng.IntN(2)]
+		}
 	case kindKill, kindRedisRestart:
 		f.dur = d.between(50*time.Millisecond, 300*time.Millisecond) // down before the restart begins
+	case kindDBRestart:
+		// Half of them the connections dropped only, half a database
+		// down for a while.
+		if d.rng.IntN(2) == 0 {
+			f.dur = d.between(100*time.Millisecond, 1500*time.Millisecond)
+		}
 	}
 	return f
 }

@@ -1,4 +1,4 @@
-package idempotency_test
+package faultcheck_test
 
 // Redis restarting empty: the server is killed and a new one, which keeps
 // nothing (no AOF, no RDB), starts on the same port. What the library

@@ -1,9 +1,9 @@
-package idempotency_test
+package faultcheck_test
 
 // A revocation: the operator revokes the key that signed every token out,
 // as docs/operations.md says (the ring's signing key becomes a new one,
 // the old one revoked, on every instance), in the late phase of some
-// histories with token-mode keys (faultcheck_late_test.go). Each such key
+// histories with token-mode keys (late_test.go). Each such key
 // has a spare: a token issued to the same caller by the same instance
 // before the history began, and sent only after the revocation, to each
 // instance. The promise: a token the revocation caught unspent is refused

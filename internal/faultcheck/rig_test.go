@@ -1,4 +1,4 @@
-package idempotency_test
+package faultcheck_test
 
 import (
 	"bytes"
@@ -19,13 +19,15 @@ import (
 	"time"
 
 	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/onceonly/idempotency/internal/sqltest"
 	"github.com/onceonly/idempotency/internal/syncbuf"
 	"github.com/redis/go-redis/v9"
 )
 
-// rig is what the fault check runs against: the middleware's Redis, the
-// application's database, and two server instances, each talking to the
-// middleware's Redis through a fault proxy of its own.
+// rig is what the fault check runs against: the middleware's store (a
+// Redis, or an SQL database), the application's database, and two server
+// instances, each talking to the store through a fault proxy of its own
+// (SQLite, a file, has no connection to fault).
 //
 // The effects go to a second redis-server, the application's database,
 // never faulted and reached directly: the faults under test are those
@@ -34,9 +36,10 @@ import (
 // truth of the check, uncertain.
 type rig struct {
 	t         *testing.T
-	store     *redistest.Server // the middleware's Redis
+	keys      keyStore          // the middleware's store
+	store     *redistest.Server // the middleware's Redis; nil on SQL
 	effects   *redistest.Server // the application's database
-	storeDB   *redis.Client     // not through a proxy: for inspecting keys
+	storeDB   *redis.Client     // not through a proxy: for inspecting keys; nil on SQL
 	effectsDB *redis.Client
 	instances []*instanceProc
 	timeline  timeline
@@ -48,7 +51,7 @@ type rig struct {
 	redisFaults sync.Mutex
 	// restarts holds a Redis restart off while a late phase reads what
 	// the token-mode keys' records hold and sends them again
-	// (faultcheck_late_test.go): a restart then would lose what it is to
+	// (late_test.go): a restart then would lose what it is to
 	// judge.
 	restarts sync.RWMutex
 	// lanes is held shared by every history while it runs, and alone by
@@ -67,9 +70,25 @@ func (r *rig) fail(format string, args ...any) {
 	r.broken.Store(true)
 }
 
+// newRig starts the rig on a private Redis.
 func newRig(t *testing.T) *rig {
-	r := &rig{t: t, store: redistest.Private(t), effects: redistest.Private(t)}
-	r.storeDB, r.effectsDB = r.store.Client(t), r.effects.Client(t)
+	r := &rig{t: t, store: redistest.Private(t)}
+	r.storeDB, r.keys = r.store.Client(t), redisKeys{r}
+	return r.start()
+}
+
+// newSQLRig starts the rig on an SQL database, its keys in a table of
+// their own.
+func newSQLRig(t *testing.T, d *sqltest.DB) *rig {
+	r := &rig{t: t, keys: sqlKeys{db: d, table: d.Table(t, "faultcheck")}}
+	return r.start()
+}
+
+// start starts the application's database and the instances.
+func (r *rig) start() *rig {
+	t := r.t
+	r.effects = redistest.Private(t)
+	r.effectsDB = r.effects.Client(t)
 	// Few idle connections: net/http resends a request that carries an
 	// Idempotency-Key on every reused connection that closes without an
 	// answer, as a handler's panic closes it; with a crowd's connections
@@ -79,9 +98,14 @@ func newRig(t *testing.T) *rig {
 	r.http = &http.Client{Transport: transport}
 	t.Cleanup(transport.CloseIdleConnections)
 	for i, name := range []string{"a", "b"} {
-		proxy := redistest.NewProxy(t, r.store.Addr())
-		p := &instanceProc{name: name, proxy: proxy, effects: r.effects.Addr(), drain: drainDeadline,
+		p := &instanceProc{name: name, proxy: r.newProxy(), effects: r.effects.Addr(), drain: drainDeadline,
 			starved: func(from, to time.Time) { r.markStarved(i, from, to) }}
+		p.spec = instanceSpec{Name: name, Effects: p.effects, Drain: p.drain}
+		addr := ""
+		if p.proxy != nil {
+			addr = p.proxy.Addr()
+		}
+		r.keys.connect(&p.spec, addr)
 		if err := p.start(); err != nil {
 			t.Fatal(err)
 		}
@@ -101,11 +125,12 @@ func newRig(t *testing.T) *rig {
 // kill.
 type instanceProc struct {
 	name    string
-	proxy   *redistest.Proxy
+	proxy   *redistest.Proxy // nil when the store has no connection to fault
+	spec    instanceSpec     // what each of its processes is started with
 	effects string
 	drain   time.Duration // the deadline of its drain after SIGTERM
 	// starved is told each window its process reports it was not
-	// scheduled in (faultcheck_starved_test.go).
+	// scheduled in (starved_test.go).
 	starved func(from, to time.Time)
 
 	// lifecycle serializes kills and restarts; proxyFaults the delays
@@ -129,9 +154,11 @@ const instanceStartLimit = 60 * time.Second
 
 // start runs a new process of the instance and waits until it listens.
 func (p *instanceProc) start() error {
-	spec, _ := json.Marshal(instanceSpec{Name: p.name, Store: p.proxy.Addr(), Effects: p.effects, Drain: p.drain})
+	spec := p.spec
+	spec.Drain = p.drain
+	specJSON, _ := json.Marshal(spec)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestFaultCheckInstance$")
-	cmd.Env = append(os.Environ(), instanceEnv+"="+string(spec))
+	cmd.Env = append(os.Environ(), instanceEnv+"="+string(specJSON))
 	cmd.SysProcAttr = instanceProcAttr()
 	out := &syncbuf.Buffer{}
 	listening := &listenWatch{out: out, addr: make(chan string, 1), starved: p.starved}

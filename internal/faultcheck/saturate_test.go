@@ -1,4 +1,4 @@
-package idempotency_test
+package faultcheck_test
 
 // Saturation: an outage at load. A few slow handlers (victims) run on one
 // instance when its way to Redis is cut; their stores fail and wait in

@@ -1,4 +1,4 @@
-package idempotency_test
+package faultcheck_test
 
 // A machine busy with other work can starve the check's processes: an
 // instance that is not scheduled for a while misses its store timeout,

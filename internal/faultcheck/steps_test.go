@@ -1,4 +1,4 @@
-package idempotency_test
+package faultcheck_test
 
 // The steps workload of the fault check: resumable runs (WithResume) whose
 // handlers take one to four steps (idempotency.Step), each an effect in the
@@ -8,7 +8,7 @@ package idempotency_test
 // stalls, replies are lost and clients give up at step boundaries, and
 // steps outlast the execution timeout; each key's client retries until it
 // gets its 201.
-// The rules (faultcheck_stepsrule_test.go): no step's effect happens twice
+// The rules (stepsrule_test.go): no step's effect happens twice
 // for a key (a call repeated with the same step key counts once), a step
 // journaled by one run never runs again (in a run that resumed it, nor in
 // a paused run that continues), no retry is answered interrupted, no
@@ -16,8 +16,8 @@ package idempotency_test
 // effect), every key reaches its answer, and every answer is built from
 // the steps' results as their effects gave them.
 //
-//	go test -race -count=1 -run '^TestFaultCheckSteps$' -v ./
-//	go test -race -count=1 -run '^TestFaultCheckSteps$' -v -idem.seed=42 -idem.from=17 -idem.histories=1 ./
+//	go test -race -count=1 -run '^TestFaultCheckSteps$' -v ./internal/faultcheck
+//	go test -race -count=1 ./internal/faultcheck -run '^TestFaultCheckSteps$' -v -idem.seed=42 -idem.from=17 -idem.histories=1
 
 import (
 	"context"
@@ -547,7 +547,7 @@ func (r *rig) awaitStepsStore(ctx context.Context, h *stepsHistory, k *stepsKey)
 }
 
 func TestFaultCheckSteps(t *testing.T) {
-	seed, limit := runBounds()
+	seed, limit := runBounds(boundedRun)
 	t.Logf("steps fault check: seed %d (the same run again: -idem.seed=%d)", seed, seed)
 	r := newRig(t)
 	began := time.Now()
@@ -586,7 +586,7 @@ func TestFaultCheckSteps(t *testing.T) {
 					broken[v.rule]++
 					if broken[v.rule] <= max(*flagStories, 1) {
 						t.Errorf("RULE BROKEN: %s; history %d, key %s:\n  %s\n  config: %s\n%s\n  replay: "+
-							"go test -race -count=1 -run '^TestFaultCheckSteps$' -v -idem.seed=%d -idem.from=%d -idem.histories=1 ./",
+							"go test -race -count=1 ./internal/faultcheck -run '^TestFaultCheckSteps$' -v -idem.seed=%d -idem.from=%d -idem.histories=1",
 							v.rule, i, v.key, v.detail, h.plan.cfg, indent(h.story(v.key)), seed, i)
 					}
 				}

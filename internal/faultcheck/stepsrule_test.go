@@ -1,4 +1,4 @@
-package idempotency_test
+package faultcheck_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// The rules of the steps workload (faultcheck_steps_test.go).
+// The rules of the steps workload (steps_test.go).
 const (
 	ruleStepTwice       = "a step's effect happened twice for one key"
 	ruleStepRerun       = "a step journaled by one run ran again in a run that resumed it"

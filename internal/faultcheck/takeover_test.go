@@ -1,4 +1,4 @@
-package idempotency_test
+package faultcheck_test
 
 // A staged takeover, drawn in some histories (most under
 // WithRetryAbandoned; without it, the retry must wait for the first

@@ -42,7 +42,7 @@ var support = []string{"internal/sqltest"}
 // them outside its tests: the example, tests, benchmarks, and the test
 // support other modules' tests use. The test checks that no published
 // module's packages import them.
-var unpublished = []string{"bench", "e2e", "example", "internal/release", "internal/sqlstoretest", "internal/stacktest", "sqlidem/internal/servertest"}
+var unpublished = []string{"bench", "e2e", "example", "internal/faultcheck", "internal/release", "internal/sqlstoretest", "internal/stacktest", "sqlidem/internal/servertest"}
 
 // maxRootModules bounds `go list -m all` of a program that requires only
 // the root module: itself, the library, and what go-redis, uuid and the

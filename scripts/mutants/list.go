@@ -20,6 +20,9 @@ type mutant struct {
 	// faults names some) instead of TestFaultCheck.
 	faults string
 	steps  bool
+	// sql runs the fault checker on that SQL database (TestFaultCheckSQL's
+	// subtest: "sqlite", "postgres" or "mysql") instead of on Redis.
+	sql string
 	// tests is the -run pattern of the unit tests that guard the line, in
 	// module (a folder of the tree; "" for the root), over pkgs (default
 	// "./" of the module).
@@ -45,12 +48,15 @@ func (m mutant) apply(src []byte) ([]byte, error) {
 	}
 }
 
-// checker is the test that runs the fault checker for m.
+// checker is the -test.run pattern of the fault checker for m.
 func (m mutant) checker() string {
-	if m.steps {
-		return "TestFaultCheckSteps"
+	switch {
+	case m.steps:
+		return "^TestFaultCheckSteps$"
+	case m.sql != "":
+		return "^TestFaultCheckSQL$/^" + m.sql + "$"
 	}
-	return "TestFaultCheck"
+	return "^TestFaultCheck$"
 }
 
 func (m mutant) packages() []string {
@@ -60,7 +66,7 @@ func (m mutant) packages() []string {
 	return m.pkgs
 }
 
-// Fault kinds the mutants aim at (faultcheck_plan_test.go).
+// Fault kinds the mutants aim at (internal/faultcheck/plan_test.go).
 const (
 	redisFaults  = "redis-stop,drop-reply,delay,blackhole,kill"
 	clientFaults = "disconnect,client-deadline,impostor"
@@ -375,57 +381,60 @@ var mutants = []mutant{
 		name: "sql-claim-fingerprint-ignored", file: "sqlrow.go",
 		from: "case rec.Fingerprint != a.fingerprint:", to: "case false && rec.Fingerprint != a.fingerprint:",
 		breaks: "on SQL, a request with another body gets the stored answer of the key's first request",
-		tests:  "TestStoreConformanceSQL", module: "internal/sqlstoretest",
-		unseen: "the fault checker runs on Redis; the conformance kit runs the SQL store",
+		faults: "impostor", sql: "sqlite", tests: "TestStoreConformanceSQL", module: "internal/sqlstoretest",
+	},
+	{
+		name: "sql-claim-resend-not-recognised", file: "sqlrow.go",
+		from: `case rec.State == "run" && rec.Owner == a.lockValue:`, to: `case rec.State == "run" && rec.Owner == "":`,
+		breaks: "on SQL, a claim sent again after its reply was lost is refused as another's, and its request waits on itself",
+		faults: "drop-reply,db-restart", sql: "postgres", tests: "TestStoreConformanceSQL|LostReply|Resen", module: "internal/sqlstoretest",
 	},
 	{
 		name: "sql-live-lease-read-lapsed", file: "sqlstore.go",
 		from: "if r.holderUntil <= r.now {", to: "if r.holderUntil <= r.now+int64(time.Minute/time.Microsecond) {",
 		breaks: "on SQL, a key whose executor holds its lease is taken over, and runs twice",
-		tests:  "TestRenewedLeaseKeepsALongRunsKey|TestStoreConformanceSQL", module: "internal/sqlstoretest",
-		unseen: "the fault checker runs on Redis; the SQL store's tests hold the lease",
+		faults: "takeover,blackhole,kill,impostor", sql: "postgres",
+		tests: "TestRenewedLeaseKeepsALongRunsKey|TestStoreConformanceSQL", module: "internal/sqlstoretest",
 	},
 	{
 		name: "sql-release-frees-takeover", file: "sqlrow.go",
 		from: `if rec.PrevOwner != "" {`, to: `if false && rec.PrevOwner != "" {`,
 		breaks: "on SQL, undoing a takeover frees the key instead of handing it back to the executor it was taken from",
-		tests:  "TestRowsWriteTheGoldenRecords",
-		unseen: "the fault checker runs on Redis; the golden records hold the SQL rows to the scripts",
+		faults: "takeover,release,blackhole", sql: "postgres", tests: "TestRowsWriteTheGoldenRecords",
 	},
 	{
 		name: "sql-keep-not-marked", file: "sqlrow.go",
 		from: `rec.Owner = "!" + lockValue`, to: `rec.Owner = lockValue`,
 		breaks: "on SQL, a kept run is not marked, and its key waits out the claim horizon before it reads interrupted",
-		tests:  "TestRowsWriteTheGoldenRecords",
-		unseen: "the fault checker runs on Redis; the golden records hold the SQL rows to the scripts",
+		faults: "blackhole,db-stall,db-restart,drop-reply,kill", sql: "postgres", tests: "TestRowsWriteTheGoldenRecords",
 	},
 	{
 		name: "sql-tx-answer-ignores-owner", file: "sqltx.go",
 		from: "if r.complete(lockValue, stored, claimed, life) == 0 {", to: "if r.complete(lockValue, stored, claimed, life) == 0 && false {",
 		breaks: "on SQL, a run whose key was taken over still commits its writes and its answer in the handler's transaction",
 		tests:  "TestAnswerOfAKeyNoLongerOursRollsBack|TestAnswerCommitsWithTheHandlersWrites", module: "internal/sqlstoretest",
-		unseen: "the fault checker runs on Redis and without an outcome store; the SQL store's tests hold the transaction",
+		unseen: "the fault checker's instances run no outcome store; the SQL store's tests hold the transaction",
 	},
 	{
 		name: "sql-tx-answer-not-stored", file: "sqlidem/commit.go",
 		from: "if err := idempotency.StoreAnswerInTx(ctx, s.db, tx, answer); err != nil {", to: "if err := error(nil); err != nil {",
 		breaks: "on SQL with sqlidem, the key's answer is not committed with the handler's writes, and a crash between the two leaves the key claimed",
 		tests:  "TestAnswerCommitsWithTheHandlersWrites|TestAnswerOfAKeyNoLongerOursRollsBack", module: "internal/sqlstoretest",
-		unseen: "the fault checker runs on Redis and without an outcome store; the SQL store's tests hold the transaction",
+		unseen: "the fault checker's instances run no outcome store; the SQL store's tests hold the transaction",
 	},
 	{
 		name: "sql-committed-answer-replayed-early", file: "sqlrow.go",
 		from: `case rec.State != "run" && r.holder != "" && r.holder == rec.Owner:`, to: `case false && rec.State != "run" && r.holder != "" && r.holder == rec.Owner:`,
 		breaks: "on SQL with sqlidem, a duplicate between the commit and the middleware's store replays the committed answer, not what the first caller got",
 		tests:  "TestAnswerCommitsWithTheHandlersWrites", module: "internal/sqlstoretest",
-		unseen: "the fault checker runs on Redis and without an outcome store; the SQL store's tests hold the transaction",
+		unseen: "the fault checker's instances run no outcome store; the SQL store's tests hold the transaction",
 	},
 	{
 		name: "sql-waiters-never-notified", file: "sqlstatements.go",
 		from: `"WHERE u.waiting_until > " + now + ") n ON true"`, to: `"WHERE u.waiting_until > " + now + " AND false) n ON true"`,
 		breaks: "on PostgreSQL with a listener, a waiting duplicate is not told when the key's holder lets go, and waits for its next poll",
 		tests:  "TestWaitingDuplicateIsNotified|TestListenerConnectsAgain|TestListenerTakesNoPooledConnection", module: "internal/sqlstoretest",
-		unseen: "the fault checker runs on Redis; the SQL store's tests hold the notifications",
+		faults: "listen,impostor", sql: "postgres",
 	},
 }
 

@@ -533,8 +533,13 @@ func (c *keyCase) checkWaits() {
 // duplicates are left out: woken at once, they queue for the instance's
 // few connections to read the answer, which says nothing of whether they
 // were woken (its own rule holds them to the key's one answer), and they
-// would be most of a short run's waking duplicates.
+// would be most of a short run's waking duplicates. On SQL a waiter is
+// woken only with LISTEN/NOTIFY (cfg.Listen); without it, it polls, as the
+// store promises, and its lag says nothing of a wake-up.
 func (c *keyCase) wokeAfter(x, first *exchange) {
+	if c.h.plan.onSQL && !c.cfg.Listen {
+		return
+	}
 	a := read(x).answer
 	if a == nil || !x.replayed() || a.Fence != c.state.Fence || x.instance == first.instance ||
 		c.k.role == roleCrowd || c.h.disturbed(instanceIndex(x.instance), x.sent, x.done) {

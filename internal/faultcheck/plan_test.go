@@ -137,6 +137,8 @@ type plan struct {
 	late      bool
 	lateRenew int
 	revoke    bool
+	// onSQL: the store is an SQL database (TestFaultCheckSQL).
+	onSQL bool
 	// alone: the history runs with no fault of its own and no other
 	// history beside it, for a rule armed only while Redis answers every
 	// instance (takeover_test.go).
@@ -265,6 +267,7 @@ func newPlan(seed uint64, index int, kinds kindSet, onSQL bool) *plan {
 	rng := rand.New(rand.NewPCG(seed, uint64(index)))
 	p := &plan{index: index, cfg: drawConfig(rng, fmt.Sprintf("fc%xh%d", seed&0xffffff, index))}
 	d := drawer{rng: rng, kinds: kinds, onSQL: onSQL}
+	p.onSQL = onSQL
 
 	// Keys: callers share key names, so that a key of one caller is
 	// another's too, and neither may see the other's answer.

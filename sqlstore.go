@@ -87,7 +87,8 @@ func NewSQL(db *sql.DB, dialect SQLDialect, opts ...Option) *Middleware {
 		// database is healthy: 387 of 400 at once, against none with 16.
 		m.cfg.logger.Warn("idempotency: NewSQL: db's pool has no limit (SetMaxOpenConns): a burst of new keys " +
 			"opens a connection per request, and those past the server's connection limit are refused 503; " +
-			"cap it so that the pools of every instance fit the server's max_connections")
+			"cap it so that the pools of every instance fit the server's max_connections (a pool beneath " +
+			"database/sql that caps its connections, as pgxpool's through stdlib.OpenDBFromPool, does it too)")
 	}
 	s := newSQLStore(db, dialect, table, &m.cfg)
 	if l := m.cfg.sqlListener; l != nil {

@@ -43,6 +43,7 @@ const (
 	ruleWaitedPastAnswer    = "a duplicate was answered in progress long after the key's answer was stored"
 	ruleSharedFence         = "two executions of one key ran under one fencing token"
 	ruleSlowWakeups         = "duplicates waiting on another instance replayed long after the key's answer (the run's median)"
+	ruleSlowReplays         = "duplicates sent after the key's answer to another instance were slow to replay it (the run's median)"
 	ruleReplayedRelease     = "a request got a replay of an execution that gave its key up"
 	ruleTakenFromLive       = "a key was taken over from a live executor that Redis could reach"
 	ruleLeaseLostLive       = "a live executor that Redis could reach lost its lease"
@@ -53,7 +54,7 @@ const (
 var checkedRules = []string{
 	ruleTwoEffects, ruleRanAfterStored, ruleReleasedAfterEffect, ruleForeignAnswer, ruleOtherRequest, ruleOtherBody,
 	ruleAnswerWithoutEffect, ruleReplayDiffers, ruleReplayedRelease, ruleLeftRunning, ruleFinalState, ruleEmpty200, ruleUndocumented,
-	ruleUncaused, ruleWaitedPastAnswer, ruleSlowWakeups, ruleLostLeaseCancel, ruleSpuriousKeyReused, ruleReleaseLeftClaimed, ruleHung,
+	ruleUncaused, ruleWaitedPastAnswer, ruleSlowWakeups, ruleSlowReplays, ruleLostLeaseCancel, ruleSpuriousKeyReused, ruleReleaseLeftClaimed, ruleHung,
 	ruleUnfinished, ruleUnprotected, ruleSharedFence, ruleTakenFromLive, ruleLeaseLostLive, ruleAnswerLost,
 	ruleDrainLost, ruleDrainRanAgain, ruleDrainInterrupted, ruleDrainNoExit,
 	ruleRefusedRan, ruleCrowdWaiter, ruleCrowdFresh,
@@ -537,16 +538,17 @@ func (c *keyCase) checkWaits() {
 // woken only with LISTEN/NOTIFY (cfg.Listen); without it, it polls, as the
 // store promises, and its lag says nothing of a wake-up.
 func (c *keyCase) wokeAfter(x, first *exchange) {
-	if c.h.plan.onSQL && !c.cfg.Listen {
-		return
-	}
 	a := read(x).answer
 	if a == nil || !x.replayed() || a.Fence != c.state.Fence || x.instance == first.instance ||
 		c.k.role == roleCrowd || c.h.disturbed(instanceIndex(x.instance), x.sent, x.done) {
 		return
 	}
 	if !x.sent.Before(first.done) {
+		c.h.arm(ruleSlowReplays)
 		c.h.replays = append(c.h.replays, x.done.Sub(x.sent))
+		return
+	}
+	if c.h.plan.onSQL && !c.cfg.Listen {
 		return
 	}
 	c.h.arm(ruleSlowWakeups)

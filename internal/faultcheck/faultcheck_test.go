@@ -161,6 +161,7 @@ func runCheck(t *testing.T, kinds kindSet, known int, bounded time.Duration, new
 	lanes.Wait()
 
 	tl.judgeWakeups()
+	tl.judgeReplays()
 	tl.report(t, replayCommand(t.Name(), seed, kinds, known), time.Since(began))
 	if *flagArmed || limit >= armedRun && len(kinds) == known {
 		for _, rule := range tl.neverArmed(onSQL) {
@@ -294,6 +295,37 @@ func (tl *tally) judgeWakeups() {
 				bound.Round(time.Millisecond), slowWakeup, replay.Round(time.Millisecond))}}
 	}
 }
+
+// judgeReplays holds the run's duplicates sent after their key's answer,
+// to the other instance, to ruleSlowReplays: their median time to replay
+// it, once there are enough of them to tell, at most slowReplay. The key's
+// answer is stored and its lease let go as the answer leaves: such a
+// duplicate reads it in one round trip. One whose key stays held waits for
+// a lease to lapse (hundreds of milliseconds); on a machine busy with
+// other work a few are slow, not the median.
+func (tl *tally) judgeReplays() {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	if len(tl.replays) < 8 {
+		return
+	}
+	ds := slices.Clone(tl.replays)
+	slices.Sort(ds)
+	replay := ds[len(ds)/2]
+	tl.notes[fmt.Sprintf("duplicates sent after their key's answer to another instance (a replay took %v, the median)",
+		replay.Round(time.Millisecond))] = len(ds)
+	if replay > slowReplay {
+		tl.broken[ruleSlowReplays]++
+		tl.shortest[ruleSlowReplays] = []*finding{{index: -1, key: "the whole run",
+			detail: fmt.Sprintf("the median of %d duplicates sent after their key's answer replayed it in %v (at most %v)",
+				len(ds), replay.Round(time.Millisecond), slowReplay)}}
+	}
+}
+
+// slowReplay bounds the median replay of a duplicate sent after its key's
+// answer: the shortest store timeout a history draws, far above a round
+// trip (a few milliseconds on a busy machine), far below a lease.
+const slowReplay = 150 * time.Millisecond
 
 // neverArmed lists the rules whose precondition never came up; on SQL,
 // not those of a crowd under Redis's maxclients, which it has no fault for.

@@ -80,7 +80,21 @@ func newRig(t *testing.T) *rig {
 // newSQLRig starts the rig on an SQL database, its keys in a table of
 // their own.
 func newSQLRig(t *testing.T, d *sqltest.DB) *rig {
-	r := &rig{t: t, keys: sqlKeys{db: d, table: d.Table(t, "faultcheck")}}
+	keys := sqlKeys{db: d, table: d.Table(t, "faultcheck"), probe: d.Table(t, "faultcheck_probe")}
+	if err := keys.newProbe(); err != nil {
+		t.Fatal(err)
+	}
+	// The keys table exists before the first history: a db-stall drawn
+	// before any instance reached the database would find none to lock.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := keys.operatorMiddleware("").Ready(ctx); err != nil {
+		t.Fatalf("creating the keys table: %v", err)
+	}
+	r := &rig{t: t, keys: keys}
+	stop := make(chan struct{})
+	go r.watchDatabase(stop)
+	t.Cleanup(func() { close(stop) })
 	return r.start()
 }
 
@@ -116,7 +130,7 @@ func (r *rig) start() *rig {
 	go watchScheduling(stop, func(from, to time.Time) { r.markStarved(-1, from, to) })
 	t.Cleanup(func() {
 		close(stop)
-		t.Logf("a process of the check went %v or more unscheduled %d times", starvedAfter, r.starved.Load())
+		t.Logf("a process of the check went %v or more unscheduled, or the database as long to commit, %d times", starvedAfter, r.starved.Load())
 	})
 	return r
 }

@@ -73,8 +73,8 @@ func scanAll(ctx context.Context, db *redis.Client, pattern string) ([]string, e
 // sqlKeys is an SQL database, every key of the run in one table of its
 // own. The checker reads it directly, never through a proxy.
 type sqlKeys struct {
-	db    *sqltest.DB
-	table string
+	db           *sqltest.DB
+	table, probe string // the keys table, and watchDatabase's
 }
 
 func (s sqlKeys) server() string { return s.db.Server() }
@@ -88,8 +88,17 @@ func (s sqlKeys) connect(spec *instanceSpec, addr string) {
 }
 
 func (s sqlKeys) operator(prefix string) *admin.Operator {
-	return admin.New(idempotency.NewSQL(s.db.DB, s.db.Dialect, idempotency.WithSQLTable(s.table),
-		idempotency.WithKeyPrefix(prefix), idempotency.WithLogger(slog.New(slog.DiscardHandler))))
+	return admin.New(s.operatorMiddleware(prefix))
+}
+
+// operatorMiddleware is a Middleware of the checker's own on the keys
+// table, which serves no request.
+func (s sqlKeys) operatorMiddleware(prefix string) *idempotency.Middleware {
+	opts := []idempotency.Option{idempotency.WithSQLTable(s.table), idempotency.WithLogger(slog.New(slog.DiscardHandler))}
+	if prefix != "" {
+		opts = append(opts, idempotency.WithKeyPrefix(prefix))
+	}
+	return idempotency.NewSQL(s.db.DB, s.db.Dialect, opts...)
 }
 
 // locked counts the prefix's rows whose lease has not run out by the
@@ -213,4 +222,48 @@ func (r *rig) newProxy() *redistest.Proxy {
 		return redistest.NewProxy(r.t, addr)
 	}
 	return nil
+}
+
+// watchDatabase marks each window in which the database took starvedAfter
+// or more to commit a one-row write of the checker's own, until stop
+// closes. A database server is a process too: on a machine busy with other
+// work it answers late, and an instance's statement misses its store
+// timeout with nothing between the two. Redis answers from memory on one
+// thread; a database's commit waits for its log, its locks and its
+// backends' turn, so its slowness is watched as the processes' scheduling
+// is (starved_test.go), and excused the same way.
+func (r *rig) watchDatabase(stop <-chan struct{}) {
+	s := r.keys.(sqlKeys)
+	ticker := time.NewTicker(2 * starvedTick)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ticker.C:
+		}
+		began := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := s.db.ExecContext(ctx, "UPDATE "+s.probe+" SET n = n + 1 WHERE id = 1")
+		cancel()
+		if took := time.Since(began); took >= starvedAfter || err != nil {
+			what := fmt.Sprintf("the database took %v to commit a write of the checker's (the machine is busy)", took.Round(time.Millisecond))
+			if err != nil {
+				what = fmt.Sprintf("the database did not commit a write of the checker's: %v", err)
+			}
+			r.timeline.begin(faultEvent{kind: kindStarved, instance: -1, history: -1, from: began, to: time.Now(), what: what})
+			r.starved.Add(1)
+		}
+	}
+}
+
+// newProbe makes the table watchDatabase writes to.
+func (s sqlKeys) newProbe() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := s.db.ExecContext(ctx, "CREATE TABLE "+s.probe+" (id INT PRIMARY KEY, n BIGINT NOT NULL)"); err != nil {
+		return err
+	}
+	_, err := s.db.ExecContext(ctx, "INSERT INTO "+s.probe+" (id, n) VALUES (1, 0)")
+	return err
 }

@@ -390,6 +390,13 @@ var mutants = []mutant{
 		faults: "drop-reply,db-restart", sql: "postgres", tests: "TestStoreConformanceSQL|LostReply|Resen", module: "internal/sqlstoretest",
 	},
 	{
+		name: "sql-store-keeps-lease", file: "sqlstore.go",
+		from:   "n, err := s.changeRow(ctx, s.q.store, stored, life, *lockValue, *lockValue, k.record, claimed)",
+		to:     `n, err := s.changeRow(ctx, s.q.store, stored, life, "", "", k.record, claimed)`,
+		breaks: "on SQL, storing the answer keeps the key's lease, and a duplicate waits for the lease to lapse before it replays the answer",
+		faults: "impostor", sql: "postgres", tests: "TestStoreConformanceSQL", module: "internal/sqlstoretest",
+	},
+	{
 		name: "sql-live-lease-read-lapsed", file: "sqlstore.go",
 		from: "if r.holderUntil <= r.now {", to: "if r.holderUntil <= r.now+int64(time.Minute/time.Microsecond) {",
 		breaks: "on SQL, a key whose executor holds its lease is taken over, and runs twice",

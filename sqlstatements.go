@@ -48,6 +48,7 @@ type sqlStatements struct {
 	notify   string
 	wait     string
 	waiting  string // the waiting_until column, added to a table of an earlier version
+	indexed  string // whether the record_until index is there (PostgreSQL), before create makes it
 }
 
 // statementsFor builds the statements for table, quoted as d quotes it;
@@ -82,6 +83,17 @@ func statementsFor(d sqldialect.Dialect, table, channel string) sqlStatements {
 	if d != sqldialect.MySQL {
 		q.create = append(q.create, "CREATE INDEX IF NOT EXISTS "+d.Quote(strings.ReplaceAll(index, "`", ""))+
 			" ON "+table+" (record_until)")
+	}
+	if d == sqldialect.PostgreSQL {
+		// CREATE INDEX IF NOT EXISTS takes its table's share lock before
+		// it finds the index there: it waits behind every open write
+		// transaction on the table, and every write after it waits
+		// behind it. Looked for first, as the waiting_until column is.
+		qualified := index
+		if raw := strings.ReplaceAll(table, `"`, ""); strings.Contains(raw, ".") {
+			qualified = raw[:strings.LastIndex(raw, ".")] + "." + index
+		}
+		q.indexed = "SELECT to_regclass('" + d.Quote(qualified) + "') IS NOT NULL"
 	}
 	// The purge reads the clock once for the statement (PostgreSQL's
 	// clock_timestamp is read per row, and keeps the planner off the

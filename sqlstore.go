@@ -169,7 +169,14 @@ func (s *sqlStore) ensureTable(ctx context.Context) error {
 }
 
 func (s *sqlStore) createTable(ctx context.Context) error {
-	for _, stmt := range s.q.create {
+	create := s.q.create
+	if s.q.indexed != "" {
+		var there bool
+		if err := s.db.QueryRowContext(ctx, s.q.indexed).Scan(&there); err == nil && there {
+			create = create[:1] // the table's CREATE ... IF NOT EXISTS takes no lock when it is there
+		}
+	}
+	for _, stmt := range create {
 		if _, err := s.db.ExecContext(ctx, stmt); err != nil && !sqldialect.DuplicateIndex(err) {
 			return err
 		}

@@ -23,7 +23,7 @@ import (
 // that uses it, so that instances whose clocks disagree still agree on
 // when a lease lapses.
 type sqlStatements struct {
-	create []string
+	create string
 	insert string // the key's row, unless it exists (its lock, on MySQL)
 	// fresh claims a key that has no row in one statement: the row with
 	// the claim's record, its fence the database's clock, and the lease.
@@ -48,7 +48,8 @@ type sqlStatements struct {
 	notify   string
 	wait     string
 	waiting  string // the waiting_until column, added to a table of an earlier version
-	indexed  string // whether the record_until index is there (PostgreSQL), before create makes it
+	index    string // the record_until index (MySQL's is in create)
+	indexed  string // whether that index is there (PostgreSQL), asked before index makes it
 }
 
 // statementsFor builds the statements for table, quoted as d quotes it;
@@ -56,7 +57,8 @@ type sqlStatements struct {
 func statementsFor(d sqldialect.Dialect, table, channel string) sqlStatements {
 	now := keyspace.SQLNow(d) // the operator's statements read the same clock
 	var insert, forUpdate, create, purge string
-	index := strings.ReplaceAll(strings.ReplaceAll(table, `"`, ""), ".", "_") + "_until"
+	unquoted := strings.ReplaceAll(table, `"`, "")
+	index := strings.ReplaceAll(unquoted, ".", "_") + "_until"
 	switch d {
 	case sqldialect.PostgreSQL:
 		insert = "INSERT INTO " + table + " (id) VALUES (?) ON CONFLICT (id) DO NOTHING"
@@ -79,10 +81,10 @@ func statementsFor(d sqldialect.Dialect, table, channel string) sqlStatements {
 		create = "CREATE TABLE IF NOT EXISTS " + table + " (id TEXT PRIMARY KEY, record BLOB, " +
 			"record_until INTEGER NOT NULL DEFAULT 0, holder TEXT NOT NULL DEFAULT '', holder_until INTEGER NOT NULL DEFAULT 0)"
 	}
-	q := sqlStatements{create: []string{create}}
+	q := sqlStatements{create: create}
 	if d != sqldialect.MySQL {
-		q.create = append(q.create, "CREATE INDEX IF NOT EXISTS "+d.Quote(strings.ReplaceAll(index, "`", ""))+
-			" ON "+table+" (record_until)")
+		q.index = "CREATE INDEX IF NOT EXISTS " + d.Quote(strings.ReplaceAll(index, "`", "")) +
+			" ON " + table + " (record_until)"
 	}
 	if d == sqldialect.PostgreSQL {
 		// CREATE INDEX IF NOT EXISTS takes its table's share lock before
@@ -90,8 +92,8 @@ func statementsFor(d sqldialect.Dialect, table, channel string) sqlStatements {
 		// transaction on the table, and every write after it waits
 		// behind it. Looked for first, as the waiting_until column is.
 		qualified := index
-		if raw := strings.ReplaceAll(table, `"`, ""); strings.Contains(raw, ".") {
-			qualified = raw[:strings.LastIndex(raw, ".")] + "." + index
+		if dot := strings.LastIndex(unquoted, "."); dot >= 0 {
+			qualified = unquoted[:dot] + "." + index
 		}
 		q.indexed = "SELECT to_regclass('" + d.Quote(qualified) + "') IS NOT NULL"
 	}

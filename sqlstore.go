@@ -168,13 +168,19 @@ func (s *sqlStore) ensureTable(ctx context.Context) error {
 	return fmt.Errorf("idempotency: creating the keys table: %w", err)
 }
 
+// indexThere reports whether the record_until index is known to exist;
+// false where the dialect cannot say at no cost.
+func (s *sqlStore) indexThere(ctx context.Context) bool {
+	var there bool
+	return s.q.indexed != "" && s.db.QueryRowContext(ctx, s.q.indexed).Scan(&there) == nil && there
+}
+
 func (s *sqlStore) createTable(ctx context.Context) error {
-	create := s.q.create
-	if s.q.indexed != "" {
-		var there bool
-		if err := s.db.QueryRowContext(ctx, s.q.indexed).Scan(&there); err == nil && there {
-			create = create[:1] // the table's CREATE ... IF NOT EXISTS takes no lock when it is there
-		}
+	// The table's CREATE ... IF NOT EXISTS takes no lock when it is
+	// there; the index's does (sqlStatements.indexed).
+	create := []string{s.q.create}
+	if s.q.index != "" && !s.indexThere(ctx) {
+		create = append(create, s.q.index)
 	}
 	for _, stmt := range create {
 		if _, err := s.db.ExecContext(ctx, stmt); err != nil && !sqldialect.DuplicateIndex(err) {

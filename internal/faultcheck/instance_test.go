@@ -25,7 +25,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/idempotency"
-	"github.com/onceonly/idempotency/internal/sqltest"
 	"github.com/onceonly/idempotency/pgnotify"
 	"github.com/onceonly/idempotency/sqldialect"
 )
@@ -169,8 +168,10 @@ type instanceSpec struct {
 	Name string // "a" or "b"
 	// Store is the middleware's store, through this instance's fault
 	// proxy: a Redis's address, or, when Kind names an SQL database
-	// (sqltest.Kind), the DSN Driver opens, its keys in Table.
+	// (sqltest.Kind), the DSN Driver opens, which speaks Dialect, its keys
+	// in Table.
 	Store, Kind, Driver, Table string
+	Dialect                    sqldialect.Dialect
 	Effects                    string // the application's database
 	// Drain bounds a graceful shutdown (SIGTERM), http.Server.Shutdown and
 	// the middlewares' Shutdown together.
@@ -392,11 +393,7 @@ func (s *instance) newMiddleware(cfg historyConfig, opts ...idempotency.Option) 
 	if cfg.Listen {
 		opts = append(opts, idempotency.WithSQLListener(pgnotify.Listener(s.sql)))
 	}
-	return idempotency.NewSQL(s.sql, sqlDialects[sqltest.Kind(s.spec.Kind)], opts...)
-}
-
-var sqlDialects = map[sqltest.Kind]sqldialect.Dialect{
-	sqltest.SQLite: sqldialect.SQLite, sqltest.PostgreSQL: sqldialect.PostgreSQL, sqltest.MySQL: sqldialect.MySQL,
+	return idempotency.NewSQL(s.sql, s.spec.Dialect, opts...)
 }
 
 func (s *instance) ServeHTTP(w http.ResponseWriter, r *http.Request) {

@@ -77,6 +77,18 @@ func sqlKinds(kind sqltest.Kind) []string {
 // kindSet is the kinds of fault a run injects.
 type kindSet map[string]bool
 
+// everyKind is every kind of fault on any store, once each: Redis's, then
+// the SQL databases' own.
+func everyKind() []string {
+	kinds := slices.Clone(allKinds)
+	for _, k := range sqlKinds(sqltest.PostgreSQL) {
+		if !slices.Contains(kinds, k) {
+			kinds = append(kinds, k)
+		}
+	}
+	return kinds
+}
+
 // parseKinds reads -idem.faults and -idem.skip, against the kinds known
 // on the store under test. A kind -idem.faults names that the store does
 // not have is left out (SQLite has no connection to blackhole), unless no
@@ -87,9 +99,8 @@ func parseKinds(only, skip string, known []string) (kindSet, error) {
 	if only != "" {
 		names = strings.Split(only, ",")
 	}
-	everyKind := slices.Concat(allKinds, sqlKinds(sqltest.PostgreSQL))
 	for _, n := range names {
-		if !slices.Contains(everyKind, n) {
+		if !slices.Contains(everyKind(), n) {
 			return nil, fmt.Errorf("unknown fault kind %q (known: %s)", n, strings.Join(known, ","))
 		}
 		if slices.Contains(known, n) {
@@ -101,7 +112,7 @@ func parseKinds(only, skip string, known []string) (kindSet, error) {
 	}
 	if skip != "" {
 		for _, n := range strings.Split(skip, ",") {
-			if !slices.Contains(everyKind, n) {
+			if !slices.Contains(everyKind(), n) {
 				return nil, fmt.Errorf("unknown fault kind %q (known: %s)", n, strings.Join(known, ","))
 			}
 			delete(kinds, n)
@@ -112,8 +123,8 @@ func parseKinds(only, skip string, known []string) (kindSet, error) {
 
 func (k kindSet) String() string {
 	var names []string
-	for _, n := range slices.Concat(allKinds, sqlKinds(sqltest.PostgreSQL)) {
-		if k[n] && !slices.Contains(names, n) {
+	for _, n := range everyKind() {
+		if k[n] {
 			names = append(names, n)
 		}
 	}

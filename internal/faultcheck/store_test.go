@@ -80,7 +80,7 @@ type sqlKeys struct {
 func (s sqlKeys) server() string { return s.db.Server() }
 
 func (s sqlKeys) connect(spec *instanceSpec, addr string) {
-	spec.Kind, spec.Driver, spec.Table = string(s.db.Kind), s.db.Driver, s.table
+	spec.Kind, spec.Driver, spec.Dialect, spec.Table = string(s.db.Kind), s.db.Driver, s.db.Dialect, s.table
 	spec.Store = s.db.DSN
 	if addr != "" {
 		spec.Store = s.db.Through(addr)
@@ -105,13 +105,13 @@ func (s sqlKeys) operatorMiddleware(prefix string) *idempotency.Middleware {
 // database's clock, the one the store's statements read.
 func (s sqlKeys) locked(ctx context.Context, prefix string) (bool, error) {
 	var n int
-	err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+s.table+" WHERE id LIKE "+s.param(1)+
+	err := s.db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+s.table+" WHERE id LIKE "+s.db.Dialect.Placeholder(1)+
 		" AND holder <> '' AND holder_until > "+keyspace.SQLNow(s.db.Dialect), likePrefix(prefix)).Scan(&n)
 	return n > 0, err
 }
 
 func (s sqlKeys) records(ctx context.Context, prefix string) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, "SELECT id FROM "+s.table+" WHERE id LIKE "+s.param(1), likePrefix(prefix))
+	rows, err := s.db.QueryContext(ctx, "SELECT id FROM "+s.table+" WHERE id LIKE "+s.db.Dialect.Placeholder(1), likePrefix(prefix))
 	if err != nil {
 		return nil, err
 	}
@@ -127,13 +127,6 @@ func (s sqlKeys) records(ctx context.Context, prefix string) ([]string, error) {
 		}
 	}
 	return names, rows.Err()
-}
-
-func (s sqlKeys) param(n int) string {
-	if s.db.Dialect == sqldialect.PostgreSQL {
-		return fmt.Sprintf("$%d", n)
-	}
-	return "?"
 }
 
 // likePrefix matches the ids that begin with prefix and a colon; prefixes

@@ -79,7 +79,12 @@ func (r *rig) markStarved(i int, from, to time.Time) {
 	if i >= 0 {
 		who = "instance " + instanceName(i) + "'s process"
 	}
-	r.timeline.begin(faultEvent{kind: kindStarved, instance: i, history: -1, from: from, to: to,
-		what: fmt.Sprintf("%s went %v unscheduled (the machine is busy)", who, (to.Sub(from) - starvedTick).Round(time.Millisecond))})
+	r.markSlow(i, from, to, fmt.Sprintf("%s went %v unscheduled (the machine is busy)", who, (to.Sub(from)-starvedTick).Round(time.Millisecond)))
+}
+
+// markSlow puts a window in which instance i (-1: every instance) was
+// slowed by the machine, not by a fault, on the timeline, as kindStarved.
+func (r *rig) markSlow(i int, from, to time.Time, what string) {
+	r.timeline.begin(faultEvent{kind: kindStarved, instance: i, history: -1, from: from, to: to, what: what})
 	r.starved.Add(1)
 }

@@ -244,8 +244,7 @@ func (r *rig) watchDatabase(stop <-chan struct{}) {
 			if err != nil {
 				what = fmt.Sprintf("the database did not commit a write of the checker's: %v", err)
 			}
-			r.timeline.begin(faultEvent{kind: kindStarved, instance: -1, history: -1, from: began, to: time.Now(), what: what})
-			r.starved.Add(1)
+			r.markSlow(-1, began, time.Now(), what)
 		}
 	}
 }

@@ -87,6 +87,7 @@ func (m *Middleware) claimOnce(c *call, k keys) (*lease, verdict) {
 	}
 	switch cl.outcome {
 	case outcomeClaimed:
+		l.began = l.began.Add(cl.queued)
 		l.watch()
 		if l.wd.isLost() {
 			// The lease ran out during the claim or the replica wait:

@@ -112,12 +112,17 @@ func (o *outageWatch) note(logger *slog.Logger, v verdict, fromRedis bool, now t
 // store what did not answer.
 func (o *Outage) log(logger *slog.Logger, cause error, store string) {
 	took := o.Duration.Round(time.Millisecond)
+	why := store + " does not answer"
+	if full := (*poolFullError)(nil); errors.As(cause, &full) {
+		// The database may be fine: the requests queued for a connection.
+		why = "every connection of db's pool is in use; size it (SetMaxOpenConns) for the handlers' transactions too"
+	}
 	switch o.Phase {
 	case OutageBegan:
-		logger.Warn("idempotency: protected routes are refusing requests (503): "+store+" does not answer",
+		logger.Warn("idempotency: protected routes are refusing requests (503): "+why,
 			"refused", o.Refused, "error", cause)
 	case OutageOngoing:
-		logger.Warn("idempotency: protected routes are still refusing requests (503): "+store+" does not answer",
+		logger.Warn("idempotency: protected routes are still refusing requests (503): "+why,
 			"refused", o.Refused, "since", o.Since, "for", took, "error", cause)
 	case OutageEnded:
 		logger.Info("idempotency: protected routes answer again: "+store+" answers",

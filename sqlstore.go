@@ -125,6 +125,7 @@ type sqlStore struct {
 	q       sqlStatements
 	serial  sync.Mutex  // SQLite: one operation at a time
 	notify  *notifyRoom // WithSQLListener's, or nil: waiters poll
+	line    *holderLine // db's, for runs that hold a lease; nil on SQLite
 
 	schema    sync.Mutex
 	ready     atomic.Bool  // the table exists
@@ -135,7 +136,11 @@ type sqlStore struct {
 }
 
 func newSQLStore(db *sql.DB, d SQLDialect, table string, cfg *config) *sqlStore {
-	return &sqlStore{db: db, dialect: d, table: table, cfg: cfg, q: statementsFor(d, d.Quote(table), sqlChannel(table))}
+	s := &sqlStore{db: db, dialect: d, table: table, cfg: cfg, q: statementsFor(d, d.Quote(table), sqlChannel(table))}
+	if d != SQLite { // its one write lock, not a pool, is what statements wait for
+		s.line = holderLineOf(db, cfg.logger)
+	}
+	return s
 }
 
 // ensureTable creates the table the first time the database answers.
@@ -210,7 +215,7 @@ var errSQLRetries = errors.New("idempotency: the database kept refusing the tran
 // and writes the row back when fn changed it. A transaction the database
 // refuses as a conflict (a deadlock, a serialization failure) runs again:
 // nothing of it was written.
-func (s *sqlStore) withRow(ctx context.Context, id string, fn func(r *keyRow)) error {
+func (s *sqlStore) withRow(ctx context.Context, c sqlConn, id string, fn func(r *keyRow)) error {
 	if err := s.ensureTable(ctx); err != nil {
 		return err
 	}
@@ -220,7 +225,7 @@ func (s *sqlStore) withRow(ctx context.Context, id string, fn func(r *keyRow)) e
 		defer s.serial.Unlock()
 	}
 	for range 5 {
-		err := s.rowTx(ctx, id, fn)
+		err := s.rowTx(ctx, c, id, fn)
 		// No row after the insert: a purge deleted it between the two.
 		if !sqldialect.Retryable(err) && !errors.Is(err, sql.ErrNoRows) {
 			return err
@@ -229,8 +234,8 @@ func (s *sqlStore) withRow(ctx context.Context, id string, fn func(r *keyRow)) e
 	return errSQLRetries
 }
 
-func (s *sqlStore) rowTx(ctx context.Context, id string, fn func(r *keyRow)) (err error) {
-	tx, err := s.db.BeginTx(ctx, nil)
+func (s *sqlStore) rowTx(ctx context.Context, c sqlConn, id string, fn func(r *keyRow)) (err error) {
+	tx, err := c.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
@@ -293,14 +298,43 @@ func (s *sqlStore) scanRow(row *sql.Row, r *keyRow) error {
 // common duplicate) is answered by one SELECT, without a transaction:
 // nothing changes a finished record but its expiry. Every other claim is
 // a transaction on the row.
-func (s *sqlStore) claim(ctx context.Context, k keys, lockValue, fingerprint string) (claim, error) {
+func (s *sqlStore) claim(ctx context.Context, k keys, lockValue, fingerprint string) (cl claim, err error) {
+	if s.line == nil { // SQLite: the process's lock, not the pool, orders its statements
+		return s.claimRow(ctx, s.db, k, lockValue, fingerprint)
+	}
+	if err := s.ensureTable(ctx); err != nil {
+		return claim{}, poolNamed(s.db, err)
+	}
+	// The claim's statements run on one connection, and its lease counts
+	// from when it got one: a claim that queued for the pool behind the
+	// handlers' transactions took no lease meanwhile.
+	asked := time.Now()
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return claim{}, poolNamed(s.db, err)
+	}
+	queued := time.Since(asked)
+	fills := s.line.fills() // this connection stays with the line (holderLine)
+	defer func() {
+		if fills {
+			s.line.keep(conn, err)
+		} else {
+			conn.Close()
+		}
+	}()
+	cl, err = s.claimRow(ctx, conn, k, lockValue, fingerprint)
+	cl.queued = queued
+	return cl, poolNamed(s.db, err)
+}
+
+func (s *sqlStore) claimRow(ctx context.Context, c sqlConn, k keys, lockValue, fingerprint string) (claim, error) {
 	s.purgeNow()
 	token, life, abandoned := s.cfg.claimTerms(k)
 	ask := claimAsk{lockValue: lockValue, fingerprint: fingerprint, token: token, abandoned: abandoned,
 		life: life.Microseconds(), horizon: s.cfg.claimHorizon().Microseconds(), lease: s.cfg.lease.Microseconds()}
 	if s.ready.Load() {
 		if token != "r" && token != "x" { // those two claim nothing without a record
-			fence, err := s.claimFresh(ctx, k, ask)
+			fence, err := s.claimFresh(ctx, c, k, ask)
 			switch {
 			case err != nil:
 				return claim{}, err
@@ -309,7 +343,7 @@ func (s *sqlStore) claim(ctx context.Context, k keys, lockValue, fingerprint str
 			}
 		}
 		var r keyRow
-		err := s.scanRow(s.db.QueryRowContext(ctx, s.q.read, k.record), &r)
+		err := s.scanRow(c.QueryRowContext(ctx, s.q.read, k.record), &r)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 		case err != nil:
@@ -324,7 +358,7 @@ func (s *sqlStore) claim(ctx context.Context, k keys, lockValue, fingerprint str
 		}
 	}
 	var found claimFound
-	if err := s.withRow(ctx, k.record, func(r *keyRow) { found = r.claim(ask) }); err != nil {
+	if err := s.withRow(ctx, c, k.record, func(r *keyRow) { found = r.claim(ask) }); err != nil {
 		return claim{}, err
 	}
 	return found.read(s.cfg, k)
@@ -336,7 +370,7 @@ func (s *sqlStore) claim(ctx context.Context, k keys, lockValue, fingerprint str
 // clientFoundRows it counts a row it found as affected: there the INSERT
 // only writes, and the read that follows finds the claim ours (its record
 // and lease under our fresh lock value) or another's.
-func (s *sqlStore) claimFresh(ctx context.Context, k keys, a claimAsk) (uint64, error) {
+func (s *sqlStore) claimFresh(ctx context.Context, c sqlConn, k keys, a claimAsk) (uint64, error) {
 	before, after := keyspace.ClaimLineAround(a.fingerprint, a.lockValue)
 	args := []any{k.record, before, after, a.life, a.lockValue, a.lease}
 	if s.dialect == SQLite {
@@ -344,11 +378,11 @@ func (s *sqlStore) claimFresh(ctx context.Context, k keys, a claimAsk) (uint64, 
 		defer s.serial.Unlock()
 	}
 	if !s.q.freshReturns {
-		_, err := s.db.ExecContext(ctx, s.q.fresh, args...)
+		_, err := c.ExecContext(ctx, s.q.fresh, args...)
 		return 0, err
 	}
 	var fence uint64
-	err := s.db.QueryRowContext(ctx, s.q.fresh, append(args, a.life)...).Scan(&fence)
+	err := c.QueryRowContext(ctx, s.q.fresh, append(args, a.life)...).Scan(&fence)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, nil
 	}
@@ -369,26 +403,33 @@ func (s *sqlStore) complete(ctx context.Context, k keys, lockValue *string, fp s
 	texts := s.completionTexts(k, fp, *lockValue, fence, rec)
 	stored, claimed := texts.buf[texts.claimed:], texts.buf[:texts.claimed]
 	life := k.lifetime(ttl).Microseconds()
-	n, err := s.changeRow(ctx, s.q.store, stored, life, *lockValue, *lockValue, k.record, claimed)
-	switch {
-	case err != nil:
-		return 0, err
-	case n == 1:
-		return completed, nil
-	}
-	var result int
-	err = s.withRow(ctx, k.record, func(r *keyRow) {
-		result = r.complete(*lockValue, string(stored), string(claimed), life)
+	var done completion
+	err := s.asHolder(ctx, func(c sqlConn) error {
+		n, err := s.changeRow(ctx, c, s.q.store, stored, life, *lockValue, *lockValue, k.record, claimed)
+		if err != nil || n == 1 {
+			done = completed
+			return err
+		}
+		var result int
+		err = s.withRow(ctx, c, k.record, func(r *keyRow) {
+			result = r.complete(*lockValue, string(stored), string(claimed), life)
+		})
+		switch {
+		case err != nil:
+			return err
+		case result == 0:
+			return ErrLockLost
+		case result == 2:
+			done = rewritten
+		default:
+			done = completed
+		}
+		return nil
 	})
-	switch {
-	case err != nil:
-		return 0, err
-	case result == 0:
-		return 0, ErrLockLost
-	case result == 2:
-		return rewritten, nil
+	if err != nil {
+		return 0, poolNamed(s.db, err)
 	}
-	return completed, nil
+	return done, nil
 }
 
 // completionTexts are the texts that store rec over the claim. An answer
@@ -407,11 +448,18 @@ func (s *sqlStore) completionTexts(k keys, fp, lockValue string, fence uint64, r
 }
 
 func (s *sqlStore) release(ctx context.Context, k keys, lockValue string) error {
-	return s.withRow(ctx, k.record, func(r *keyRow) { r.release(lockValue) })
+	return s.rowAsHolder(ctx, k, func(r *keyRow) { r.release(lockValue) })
 }
 
 func (s *sqlStore) keep(ctx context.Context, k keys, lockValue string) error {
-	return s.withRow(ctx, k.record, func(r *keyRow) { r.keep(lockValue) })
+	return s.rowAsHolder(ctx, k, func(r *keyRow) { r.keep(lockValue) })
+}
+
+// rowAsHolder runs fn on the key's row (withRow) for the run that holds
+// its lease.
+func (s *sqlStore) rowAsHolder(ctx context.Context, k keys, fn func(r *keyRow)) error {
+	err := s.asHolder(ctx, func(c sqlConn) error { return s.withRow(ctx, c, k.record, fn) })
+	return poolNamed(s.db, err)
 }
 
 // renew extends a lease we hold with one UPDATE (a watchdog renews every
@@ -420,12 +468,16 @@ func (s *sqlStore) keep(ctx context.Context, k keys, lockValue string) error {
 func (s *sqlStore) renew(ctx context.Context, k keys, lockValue string, retake bool) (bool, error) {
 	lease := s.cfg.lease.Microseconds()
 	if s.ready.Load() {
-		n, err := s.serialized(func() (int64, error) {
-			return rowsAffected(s.db.ExecContext(ctx, s.q.renew, lease, k.record, lockValue))
+		var n int64
+		err := s.asHolder(ctx, func(c sqlConn) (err error) {
+			n, err = s.serialized(func() (int64, error) {
+				return rowsAffected(c.ExecContext(ctx, s.q.renew, lease, k.record, lockValue))
+			})
+			return err
 		})
 		switch {
 		case err != nil:
-			return false, err
+			return false, poolNamed(s.db, err)
 		case n == 1:
 			return true, nil
 		case !retake:
@@ -433,7 +485,7 @@ func (s *sqlStore) renew(ctx context.Context, k keys, lockValue string, retake b
 		}
 	}
 	var ours bool
-	err := s.withRow(ctx, k.record, func(r *keyRow) { ours = r.renew(lockValue, lease, retake) })
+	err := s.rowAsHolder(ctx, k, func(r *keyRow) { ours = r.renew(lockValue, lease, retake) })
 	return ours, err
 }
 
@@ -442,20 +494,23 @@ func (s *sqlStore) unlock(ctx context.Context, k keys, lockValue string) error {
 	if err := s.ensureTable(ctx); err != nil {
 		return err
 	}
-	_, err := s.serialized(func() (int64, error) {
-		return s.changeRow(ctx, s.q.unlock, k.record, lockValue)
+	err := s.asHolder(ctx, func(c sqlConn) error {
+		_, err := s.serialized(func() (int64, error) {
+			return s.changeRow(ctx, c, s.q.unlock, k.record, lockValue)
+		})
+		return err
 	})
-	return err
+	return poolNamed(s.db, err)
 }
 
 // changeRow runs an UPDATE of one row that may notify its waiters (store,
-// unlock) and returns how many rows it changed.
-func (s *sqlStore) changeRow(ctx context.Context, update string, args ...any) (int64, error) {
+// unlock) on c and returns how many rows it changed.
+func (s *sqlStore) changeRow(ctx context.Context, c sqlConn, update string, args ...any) (int64, error) {
 	if !s.q.notifies {
-		return rowsAffected(s.db.ExecContext(ctx, update, args...))
+		return rowsAffected(c.ExecContext(ctx, update, args...))
 	}
 	var changed, notified int64
-	err := s.db.QueryRowContext(ctx, update, args...).Scan(&changed, &notified)
+	err := c.QueryRowContext(ctx, update, args...).Scan(&changed, &notified)
 	return changed, err
 }
 
@@ -474,7 +529,7 @@ func (s *sqlStore) journal(ctx context.Context, k keys, lockValue string, entry 
 		retake = s.cfg.lease.Microseconds() // as for Redis: a live run takes its lapsed lease back
 	}
 	var p runProof
-	err := s.withRow(ctx, k.record, func(r *keyRow) {
+	err := s.rowAsHolder(ctx, k, func(r *keyRow) {
 		owned, left := r.step(lockValue, string(entry), before, retake)
 		p = runProof{owned: owned, left: time.Duration(left) * time.Millisecond}
 	})

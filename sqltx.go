@@ -127,6 +127,10 @@ func (l *lease) completeCommitted(ctx context.Context, rec *record, life int64) 
 	if line, ok := keyspace.ParseRecord(*text); ok {
 		stored = completedText(line, stored)
 	}
-	n, err := s.changeRow(ctx, s.q.store, []byte(stored), life, l.lockValue, l.lockValue, l.k.record, []byte(*text))
+	var n int64
+	err := s.asHolder(ctx, func(c sqlConn) (err error) {
+		n, err = s.changeRow(ctx, c, s.q.store, []byte(stored), life, l.lockValue, l.lockValue, l.k.record, []byte(*text))
+		return err
+	})
 	return err == nil && n == 1
 }

@@ -97,6 +97,9 @@ type claim struct {
 	// lapsed may still store: then the key reads interrupted, or is taken
 	// over.
 	horizonIn time.Duration
+	// queued is how long the claim waited for a connection before its
+	// first statement was sent (SQL): its lease began no sooner.
+	queued time.Duration
 }
 
 // claim runs claim.lua, which takes the key's lock under lockValue (a fresh

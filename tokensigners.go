@@ -151,7 +151,7 @@ func (s *store) signers(ctx context.Context, e signerEntry) ([]string, error) {
 // does, and the purge deletes it.
 func (s *sqlStore) signers(ctx context.Context, e signerEntry) ([]string, error) {
 	var others []string
-	err := s.withRow(ctx, e.name, func(r *keyRow) {
+	err := s.withRow(ctx, s.db, e.name, func(r *keyRow) {
 		signed := map[string]int64{}
 		for line := range strings.Lines(r.record) {
 			id, at, ok := strings.Cut(strings.TrimSuffix(line, "\n"), " ")

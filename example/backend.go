@@ -84,6 +84,7 @@ func openBackend() (backend, func(), error) {
 		return backend{}, nil, fmt.Errorf("%s: opening the %v database: %w", storeVar, d.Dialect, err)
 	}
 	db.SetMaxOpenConns(16)
+	db.SetMaxIdleConns(16) // database/sql keeps 2 idle: every burst would dial again
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// The first connection turns a new SQLite file to WAL (the DSN's

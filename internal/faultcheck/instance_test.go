@@ -378,7 +378,12 @@ func newInstance(spec instanceSpec) (*instance, error) {
 	// burst opens a connection per request, past PostgreSQL's
 	// max_connections (100 by default), and the refused ones answer 503
 	// with nothing between the instance and its database but itself.
+	// Its idle connections stay open: database/sql keeps 2 by default, so
+	// after every burst the next one dials again, and a new PostgreSQL
+	// connection (a backend forked, its start-up) can take longer than a
+	// history's store timeout on a busy machine.
 	db.SetMaxOpenConns(16)
+	db.SetMaxIdleConns(16)
 	s.sql = db
 	return s, nil
 }

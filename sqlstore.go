@@ -80,16 +80,6 @@ func NewSQL(db *sql.DB, dialect SQLDialect, opts ...Option) *Middleware {
 		panic(fmt.Sprintf("idempotency: NewSQL: WithKeyPrefix(%q) must be UTF-8 without NUL, at most %d bytes",
 			p, maxSQLPrefix))
 	}
-	if db.Stats().MaxOpenConnections == 0 {
-		// database/sql's default. A burst of new keys then opens a
-		// connection per request, and past the server's limit (100 on
-		// PostgreSQL, 151 on MySQL) those it refuses answer 503 while the
-		// database is healthy: 387 of 400 at once, against none with 16.
-		m.cfg.logger.Warn("idempotency: NewSQL: db's pool has no limit (SetMaxOpenConns): a burst of new keys " +
-			"opens a connection per request, and those past the server's connection limit are refused 503; " +
-			"cap it so that the pools of every instance fit the server's max_connections (a pool beneath " +
-			"database/sql that caps its connections, as pgxpool's through stdlib.OpenDBFromPool, does it too)")
-	}
 	s := newSQLStore(db, dialect, table, &m.cfg)
 	if l := m.cfg.sqlListener; l != nil {
 		s.notify = newNotifyRoom(l, table, &m.cfg)

@@ -1,7 +1,6 @@
 package sqlstoretest
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
@@ -20,25 +19,40 @@ import (
 	"github.com/onceonly/idempotency/sqlidem"
 )
 
-// NewSQL on a pool with no limit says so once, at start: uncapped, a burst
-// of new keys opens a connection per request, and the server refuses those
-// past its limit while it is healthy (387 of 400 answered 503 at once on
-// PostgreSQL's 100 connections; none with a pool of 16). A capped pool is
-// not mentioned.
-func TestAnUncappedPoolIsLoggedAtStart(t *testing.T) {
-	d := sqltest.Open(t, sqltest.SQLite) // capped at 16
-	uncapped, err := sql.Open(d.Driver, d.DSN)
-	require.NoError(t, err)
-	t.Cleanup(func() { uncapped.Close() })
-	for _, c := range []struct {
-		db   *sql.DB
-		told int
-	}{{uncapped, 1}, {d.DB, 0}} {
-		var log bytes.Buffer
-		idempotency.NewSQL(c.db, d.Dialect, idempotency.WithSharedKeys(),
-			idempotency.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
-		require.Equal(t, c.told, strings.Count(log.String(), "SetMaxOpenConns"), "log: %s", log.String())
-	}
+// A pool that fails the store is logged once, at the first claims. With
+// no limit, a burst of new keys opens a connection per request, and the
+// server refuses those past its limit while it is healthy (387 of 400
+// answered 503 at once on PostgreSQL's 100 connections; none with a pool
+// of 16). Under 4, the store cannot keep a connection for running keys.
+// A pool capped after NewSQL, before the first request, is judged as
+// capped; SQLite's is not judged, having no connection limit to pass.
+func TestAPoolThatFailsTheStoreIsLoggedOnce(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		for _, c := range []struct {
+			limit int
+			told  string
+		}{{0, "has no limit"}, {2, "too small"}, {16, ""}} {
+			db, err := sql.Open(d.Driver, d.DSN)
+			require.NoError(t, err)
+			t.Cleanup(func() { db.Close() })
+			var log syncbuf.Buffer
+			m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSharedKeys(),
+				idempotency.WithSQLTable(d.Table(t, "idem_pools")),
+				idempotency.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+			db.SetMaxOpenConns(c.limit)
+			srv, _ := shop(t, m)
+			for i := range 3 {
+				require.Equal(t, http.StatusCreated, post(t, srv, fmt.Sprint("pools-", i)).StatusCode)
+			}
+			warnings := strings.Count(log.String(), "SetMaxOpenConns")
+			if c.told == "" || d.Kind == sqltest.SQLite {
+				require.Zero(t, warnings, "pool of %d, log: %s", c.limit, log.String())
+				continue
+			}
+			require.Equal(t, 1, warnings, "pool of %d, log: %s", c.limit, log.String())
+			require.Contains(t, log.String(), c.told)
+		}
+	})
 }
 
 // Handlers whose transactions take every connection of a capped pool

@@ -242,7 +242,7 @@ for name in redis8 valkey8; do
 		echo "$name: skipped: $trixie_note" >"$resultdir/$name"
 		continue
 	fi
-	(REDIS_URL="" REDIS_CLUSTER_ADDRS="" pass "$name" "$trixie_bin/$name-server" "$@" -skip '^TestFaultCheckSQL$' . ./internal/faultcheck 2>&1 | sed -u "s/^/[$name] /") &
+	(REDIS_URL="" REDIS_CLUSTER_ADDRS="" pass "$name" "$trixie_bin/$name-server" "$@" -skip '^TestFaultCheck(Steps)?SQL$' . ./internal/faultcheck 2>&1 | sed -u "s/^/[$name] /") &
 	pids+=("$!")
 done
 for pid in "${pids[@]}"; do
@@ -310,6 +310,7 @@ done
 echo "  Cluster (3 masters, TestRedisCluster): $(ran TestRedisCluster)"
 echo "  Sentinel (TestSentinelFailover): $(ran TestSentinelFailover)"
 echo "  Fault checker on SQL (TestFaultCheckSQL): $(ran TestFaultCheckSQL $module/internal/faultcheck)"
+echo "  Steps fault checker on SQL (TestFaultCheckStepsSQL): $(ran TestFaultCheckStepsSQL $module/internal/faultcheck)"
 echo "  PostgreSQL: $(sqlserver postgres POSTGRES_DSN)"
 echo "  MariaDB/MySQL: $(sqlserver mysql MYSQL_DSN)"
 echo "  NATS JetStream (embedded nats-server $nats_version, example/relay): $(ran "" $module/example/relay bare)"

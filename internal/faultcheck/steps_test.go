@@ -4,7 +4,7 @@ package faultcheck_test
 // handlers take one to four steps (idempotency.Step), each an effect in the
 // application's database keyed by its StepKey, as a payment provider keys
 // a charge by its Idempotency-Key. Instances are killed or paused (SIGSTOP,
-// then SIGCONT: their timers fire late) between and inside steps, Redis
+// then SIGCONT: their timers fire late) between and inside steps, the store
 // stalls, replies are lost and clients give up at step boundaries, and
 // steps outlast the execution timeout; each key's client retries until it
 // gets its 201.
@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/sqltest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -106,8 +107,8 @@ return {ARGV[1], 1}
 // step is resumed rather than its failure stored.
 func (s *instance) stepsHandler(cfg historyConfig) http.Handler {
 	protected := sync.OnceValue(func() http.Handler {
-		opts := append(cfg.options(), idempotency.WithResume(), idempotency.WithStorePolicy(idempotency.StoreNoTransient))
-		return idempotency.New(s.store, opts...).ProtectKey(http.HandlerFunc(s.handleSteps))
+		m := s.newMiddleware(cfg, idempotency.WithResume(), idempotency.WithStorePolicy(idempotency.StoreNoTransient))
+		return m.ProtectKey(http.HandlerFunc(s.handleSteps))
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { protected().ServeHTTP(w, r) })
 }
@@ -248,19 +249,29 @@ type stepsFault struct {
 	jitter time.Duration
 }
 
+// stepsFaultKinds are the kinds of fault the steps workload draws on
+// Redis; stepsSQLKinds those on an SQL database of kind.
 var stepsFaultKinds = []string{kindKill, kindRedisStop, kindBlackhole, kindDropReply, kindPause}
 
-// stepsKinds is the kinds of fault the steps workload draws: those of
-// -idem.faults among stepsFaultKinds, or all of them.
-func stepsKinds() []string {
-	if *flagFaults == "" {
-		return stepsFaultKinds
+func stepsSQLKinds(kind sqltest.Kind) []string {
+	kinds := []string{kindKill, kindDBStall, kindPause}
+	if kind != sqltest.SQLite { // a file has no connection to fault
+		kinds = append(kinds, kindBlackhole, kindDropReply, kindDBRestart)
 	}
-	only := strings.Split(*flagFaults, ",")
-	return slices.DeleteFunc(slices.Clone(stepsFaultKinds), func(k string) bool { return !slices.Contains(only, k) })
+	return kinds
 }
 
-func newStepsPlan(seed uint64, index int) *stepsPlan {
+// stepsKinds is the kinds of fault the steps workload draws: those of
+// -idem.faults among known, or all of them.
+func stepsKinds(known []string) []string {
+	if *flagFaults == "" {
+		return known
+	}
+	only := strings.Split(*flagFaults, ",")
+	return slices.DeleteFunc(slices.Clone(known), func(k string) bool { return !slices.Contains(only, k) })
+}
+
+func newStepsPlan(seed uint64, index int, kinds []string, onSQL bool) *stepsPlan {
 	rng := rand.New(rand.NewPCG(seed, uint64(index)|1<<62))
 	p := &stepsPlan{index: index, cfg: drawConfig(rng, fmt.Sprintf("fs%xh%d", seed&0xffffff, index))}
 	p.cfg.NoTransient = true
@@ -291,7 +302,6 @@ func newStepsPlan(seed uint64, index int) *stepsPlan {
 		k.release = rng.IntN(6) == 0
 		p.keys = append(p.keys, k)
 	}
-	kinds := stepsKinds()
 	for range 1 + rng.IntN(3) {
 		if len(kinds) == 0 {
 			break
@@ -300,10 +310,19 @@ func newStepsPlan(seed uint64, index int) *stepsPlan {
 		f := &faultPlan{kind: kinds[rng.IntN(len(kinds))], instance: k.instance}
 		jitter, bound := d.between(0, 30*ms), rng.IntN(len(k.pauses)+1)
 		switch f.kind {
-		case kindRedisStop, kindBlackhole:
+		case kindRedisStop, kindBlackhole, kindDBStall:
 			f.dur = d.between(100*ms, 1200*ms)
 		case kindDropReply:
 			f.needle = "evalsha" // a journal write, a claim or a store
+			if onSQL {
+				// A journal write's COMMIT, a claim's or a store's
+				// statement: done, and its reply lost.
+				f.needle = []string{"", "commit"}[rng.IntN(2)]
+			}
+		case kindDBRestart:
+			if rng.IntN(2) == 0 {
+				f.dur = d.between(100*ms, 1200*ms)
+			}
 		case kindKill:
 			f.dur = d.between(50*ms, 300*ms)
 		case kindPause:
@@ -504,7 +523,8 @@ func (r *rig) collectSteps(h *stepsHistory) {
 
 // recordState is the state a record's text begins with ("" for none).
 func (r *rig) recordState(ctx context.Context, record string) string {
-	state, _, _ := strings.Cut(r.storeDB.Get(ctx, record).Val(), " ")
+	text, _ := r.keys.record(ctx, record)
+	state, _, _ := strings.Cut(text, " ")
 	return state
 }
 
@@ -547,9 +567,34 @@ func (r *rig) awaitStepsStore(ctx context.Context, h *stepsHistory, k *stepsKey)
 }
 
 func TestFaultCheckSteps(t *testing.T) {
-	seed, limit := runBounds(boundedRun)
-	t.Logf("steps fault check: seed %d (the same run again: -idem.seed=%d)", seed, seed)
-	r := newRig(t)
+	runStepsCheck(t, stepsKinds(stepsFaultKinds), boundedRun, newRig(t))
+}
+
+// TestFaultCheckStepsSQL runs the steps workload on the SQL store: SQLite
+// always, PostgreSQL and MySQL/MariaDB when POSTGRES_DSN and MYSQL_DSN name
+// a server. Redis's faults become the database's, as in TestFaultCheckSQL:
+// the keys table locked (db-stall), every connection dropped (db-restart),
+// the reply to a journal write's COMMIT, a claim or a store lost.
+//
+//	go test -race -count=1 -run '^TestFaultCheckStepsSQL$' -v ./internal/faultcheck
+func TestFaultCheckStepsSQL(t *testing.T) {
+	for _, kind := range []sqltest.Kind{sqltest.SQLite, sqltest.PostgreSQL, sqltest.MySQL} {
+		t.Run(string(kind), func(t *testing.T) {
+			runStepsCheck(t, stepsKinds(stepsSQLKinds(kind)), boundedStepsSQLRun, newSQLRig(t, sqltest.Open(t, kind)))
+		})
+	}
+}
+
+// boundedStepsSQLRun is how long a plain `go test` starts steps histories
+// on each SQL database, and waits for their keys (stepsBound) after that.
+const boundedStepsSQLRun = stepsBound + 10*time.Second
+
+// runStepsCheck runs steps histories drawing faults of kinds on r, for
+// bounded unless the flags say otherwise, and reports what broke.
+func runStepsCheck(t *testing.T, kinds []string, bounded time.Duration, r *rig) {
+	seed, limit := runBounds(bounded)
+	t.Logf("steps fault check: seed %d, fault kinds %s (the same run again: -idem.seed=%d)", seed, strings.Join(kinds, ","), seed)
+	onSQL := r.store == nil
 	began := time.Now()
 	var mu sync.Mutex
 	histories, answers, broken, did := 0, map[string]int{}, map[string]int{}, map[string]int{}
@@ -571,7 +616,7 @@ func TestFaultCheckSteps(t *testing.T) {
 					return
 				}
 				mu.Unlock()
-				h := r.runSteps(newStepsPlan(seed, i))
+				h := r.runSteps(newStepsPlan(seed, i, kinds, onSQL))
 				if r.broken.Load() {
 					return
 				}
@@ -586,8 +631,8 @@ func TestFaultCheckSteps(t *testing.T) {
 					broken[v.rule]++
 					if broken[v.rule] <= max(*flagStories, 1) {
 						t.Errorf("RULE BROKEN: %s; history %d, key %s:\n  %s\n  config: %s\n%s\n  replay: "+
-							"go test -race -count=1 ./internal/faultcheck -run '^TestFaultCheckSteps$' -v -idem.seed=%d -idem.from=%d -idem.histories=1",
-							v.rule, i, v.key, v.detail, h.plan.cfg, indent(h.story(v.key)), seed, i)
+							"go test -race -count=1 ./internal/faultcheck -run '^%s$' -v -idem.seed=%d -idem.from=%d -idem.histories=1",
+							v.rule, i, v.key, v.detail, h.plan.cfg, indent(h.story(v.key)), t.Name(), seed, i)
 					}
 				}
 				mu.Unlock()

@@ -3,6 +3,7 @@ package faultcheck_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -36,6 +37,9 @@ type keyStore interface {
 	locked(ctx context.Context, prefix string) (bool, error)
 	// records lists the names of the prefix's records.
 	records(ctx context.Context, prefix string) ([]string, error)
+	// record is the text of the record name ("" for none, or one past its
+	// life).
+	record(ctx context.Context, name string) (string, error)
 }
 
 // redisKeys is the rig's Redis. It reads the rig's fields each time: a
@@ -58,6 +62,14 @@ func (s redisKeys) locked(ctx context.Context, prefix string) (bool, error) {
 
 func (s redisKeys) records(ctx context.Context, prefix string) ([]string, error) {
 	return scanAll(ctx, s.r.storeDB, prefix+":*:r")
+}
+
+func (s redisKeys) record(ctx context.Context, name string) (string, error) {
+	text, err := s.r.storeDB.Get(ctx, name).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	return text, err
 }
 
 // scanAll lists the keys that match pattern.
@@ -127,6 +139,16 @@ func (s sqlKeys) records(ctx context.Context, prefix string) ([]string, error) {
 		}
 	}
 	return names, rows.Err()
+}
+
+func (s sqlKeys) record(ctx context.Context, name string) (string, error) {
+	var text []byte
+	err := s.db.QueryRowContext(ctx, "SELECT record FROM "+s.table+" WHERE id = "+s.db.Dialect.Placeholder(1)+
+		" AND record_until > "+keyspace.SQLNow(s.db.Dialect), name).Scan(&text)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	return string(text), err
 }
 
 // likePrefix matches the ids that begin with prefix and a colon; prefixes

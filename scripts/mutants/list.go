@@ -21,7 +21,8 @@ type mutant struct {
 	faults string
 	steps  bool
 	// sql runs the fault checker on that SQL database (TestFaultCheckSQL's
-	// subtest: "sqlite", "postgres" or "mysql") instead of on Redis.
+	// subtest, or TestFaultCheckStepsSQL's with steps: "sqlite", "postgres"
+	// or "mysql") instead of on Redis.
 	sql string
 	// tests is the -run pattern of the unit tests that guard the line, in
 	// module (a folder of the tree; "" for the root), over pkgs (default
@@ -51,6 +52,8 @@ func (m mutant) apply(src []byte) ([]byte, error) {
 // checker is the -test.run pattern of the fault checker for m.
 func (m mutant) checker() string {
 	switch {
+	case m.steps && m.sql != "":
+		return "^TestFaultCheckStepsSQL$/^" + m.sql + "$"
 	case m.steps:
 		return "^TestFaultCheckSteps$"
 	case m.sql != "":
@@ -391,8 +394,8 @@ var mutants = []mutant{
 	},
 	{
 		name: "sql-store-keeps-lease", file: "sqlstore.go",
-		from:   "n, err := s.changeRow(ctx, s.q.store, stored, life, *lockValue, *lockValue, k.record, claimed)",
-		to:     `n, err := s.changeRow(ctx, s.q.store, stored, life, "", "", k.record, claimed)`,
+		from:   "n, err := s.changeRow(ctx, c, s.q.store, stored, life, *lockValue, *lockValue, k.record, claimed)",
+		to:     `n, err := s.changeRow(ctx, c, s.q.store, stored, life, "", "", k.record, claimed)`,
 		breaks: "on SQL, storing the answer keeps the key's lease, and a duplicate waits for the lease to lapse before it replays the answer",
 		faults: "impostor", sql: "postgres", tests: "TestStoreConformanceSQL", module: "internal/sqlstoretest",
 	},
@@ -414,6 +417,12 @@ var mutants = []mutant{
 		from: `rec.Owner = "!" + lockValue`, to: `rec.Owner = lockValue`,
 		breaks: "on SQL, a kept run is not marked, and its key waits out the claim horizon before it reads interrupted",
 		faults: "blackhole,db-stall,db-restart,drop-reply,kill", sql: "postgres", tests: "TestRowsWriteTheGoldenRecords",
+	},
+	{
+		name: "sql-step-not-journaled", file: "sqlrow.go",
+		from: "r.setRecord(r.record+entry, r.recordUntil)", to: "r.setRecord(r.record, r.recordUntil)",
+		breaks: "on SQL, a step's result is reported journaled but not written, and a run that resumes the key runs the step again",
+		faults: "kill,pause", steps: true, sql: "sqlite", tests: "TestStoreConformanceSQL", module: "internal/sqlstoretest",
 	},
 	{
 		name: "sql-tx-answer-ignores-owner", file: "sqltx.go",

@@ -41,7 +41,7 @@ func TestTheJournalStaysWithinTheResponseLimit(t *testing.T) {
 					}
 					require.NoError(t, err)
 				}
-				rec, err := redistest.ReadRecord(ctx, m.store.client, k.record)
+				rec, err := redistest.ReadRecord(ctx, m.redis.client, k.record)
 				require.NoError(t, err)
 				require.LessOrEqual(t, len(rec.Journal), limit, "the journal past WithMaxResponseBytes")
 				return 0, nil

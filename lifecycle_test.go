@@ -189,18 +189,18 @@ func TestUndoingATakeoverHandsTheKeyBack(t *testing.T) {
 	stalled, c := crashAfterClaim(t, s, k, "fp")
 	lock, err := newTestLock()
 	require.NoError(t, err)
-	taken, err := s.idem.store.claim(t.Context(), k, lock.Value(), "fp")
+	taken, err := s.idem.redis.claim(t.Context(), k, lock.Value(), "fp")
 	require.NoError(t, err)
 	require.Equal(t, outcomeClaimed, taken.outcome)
 	require.True(t, taken.retaken)
 
-	require.NoError(t, s.idem.store.release(t.Context(), k, lock.Value()))
+	require.NoError(t, s.idem.redis.release(t.Context(), k, lock.Value()))
 	got, err := redistest.ReadRecord(t.Context(), s.rdb, k.record)
 	require.NoError(t, err)
 	require.Equal(t, []string{"run", stalled, strconv.FormatUint(c.fence, 10)}, []string{got.State, got.Owner, got.Fence},
 		"back to the stalled executor")
 
-	how, err := s.idem.store.completeWith(t.Context(), k, stalled, fingerprintSum([]byte(strings.Repeat("f", 32))),
+	how, err := s.idem.redis.completeWith(t.Context(), k, stalled, fingerprintSum([]byte(strings.Repeat("f", 32))),
 		c.fence, newRecord(201, nil, []byte("late")), time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, completed, how, "the stalled executor's answer is the key's")
@@ -246,14 +246,14 @@ func TestDoCutOffByALostLeaseKeepsTheKey(t *testing.T) {
 	m, _ := twoInstances(t, WithLockLease(300*time.Millisecond), WithRetryAbandoned())
 	k := functionKeys(m, "lost")
 	_, err := Do(context.Background(), m, Key{ID: "lost"}, func(ctx context.Context) (string, error) {
-		m.store.client.Del(context.Background(), k.lock) // the lease is gone
+		m.redis.client.Del(context.Background(), k.lock) // the lease is gone
 		<-ctx.Done()
 		require.ErrorIs(t, context.Cause(ctx), ErrLockLost)
 		return "", ctx.Err()
 	})
 	require.ErrorIs(t, err, ErrLockLost)
 	require.ErrorIs(t, err, context.Canceled)
-	require.Equal(t, "run", redistest.RecordState(context.Background(), m.store.client, k.record),
+	require.Equal(t, "run", redistest.RecordState(context.Background(), m.redis.client, k.record),
 		"kept claimed, for a takeover")
 }
 
@@ -478,7 +478,7 @@ func TestAResolvedKeyIsNotTheStalledExecutors(t *testing.T) {
 		mine <- v
 	}()
 	<-started
-	m.store.client.Del(context.Background(), k.lock) // the executor stalls past its lease
+	m.redis.client.Del(context.Background(), k.lock) // the executor stalls past its lease
 	var st keyspace.State
 	require.Eventually(t, func() bool {
 		var err error

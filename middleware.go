@@ -18,8 +18,8 @@ const KeyHeader = "Idempotency-Key"
 // concurrent use; create one per application and share it.
 type Middleware struct {
 	cfg      config
-	keyStore keyStore // where keys live: store (Redis) or an sqlStore
-	store    *store   // the Redis store; nil when keys live in SQL (NewSQL)
+	keyStore keyStore    // where keys live: store (Redis) or an sqlStore
+	redis    *redisStore // the Redis store; nil when keys live in SQL (NewSQL)
 	flights  flights
 	cache    *responseCache
 	later    *later
@@ -39,8 +39,8 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 	if m.cfg.replicaAcks > 0 {
 		mustSupportReplicaAcks(client)
 	}
-	m.store = newStore(client, &m.cfg)
-	m.keyStore = m.store
+	m.redis = newRedisStore(client, &m.cfg)
+	m.keyStore = m.redis
 	if known, enabled := contextTimeouts(client); known && !enabled {
 		m.cfg.logger.Warn("idempotency: the Redis client has ContextTimeoutEnabled off, so a stalled " +
 			"Redis is cut short by go-redis's ReadTimeout (3 s by default), not by WithStoreTimeout; " +

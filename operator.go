@@ -22,8 +22,8 @@ func (m *Middleware) operated() *keyspace.Store {
 		client redis.UniversalClient
 		rows   *keyspace.SQLRows
 	)
-	if m.store != nil {
-		client = m.store.client
+	if m.redis != nil {
+		client = m.redis.client
 	} else if s, ok := m.keyStore.(*sqlStore); ok {
 		// SQLite: the operator's settle takes the lock of the process that
 		// the store's own operations take.

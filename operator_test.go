@@ -35,7 +35,7 @@ func interruptedPayment(t *testing.T, s *shop, key string) (keys, string) {
 func runningPayment(t *testing.T, s *shop, key string) keys {
 	t.Helper()
 	k := clientKeys(s.idem.cfg.prefix, paymentID(key))
-	live := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix), WithLockLease(time.Minute)).store
+	live := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix), WithLockLease(time.Minute)).redis
 	lock, err := newTestLock()
 	require.NoError(t, err)
 	c, err := live.claim(t.Context(), k, lock.Value(), "fp")

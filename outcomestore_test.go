@@ -106,7 +106,7 @@ func TestResentTakeoverSaysRetaken(t *testing.T) {
 	lock, err := newTestLock()
 	require.NoError(t, err)
 	for range 2 {
-		c, err := s.idem.store.claim(ctx, k, lock.Value(), fp)
+		c, err := s.idem.redis.claim(ctx, k, lock.Value(), fp)
 		require.NoError(t, err)
 		require.Equal(t, outcomeClaimed, c.outcome)
 		require.True(t, c.retaken)

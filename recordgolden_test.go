@@ -55,7 +55,7 @@ func goldenRecords(t *testing.T) map[string]string {
 	var fenceA, fenceB string
 	claimA := func(name string) keys {
 		k := functionKeys(m, name)
-		cl, err := m.store.claim(ctx, k, goldenOwner, goldenFP)
+		cl, err := m.redis.claim(ctx, k, goldenOwner, goldenFP)
 		require.NoError(t, err)
 		require.Equal(t, outcomeClaimed, cl.outcome, name)
 		fenceA = strconv.FormatUint(cl.fence, 10)
@@ -64,7 +64,7 @@ func goldenRecords(t *testing.T) map[string]string {
 	crash := func(k keys) { require.NoError(t, rdb.Del(ctx, k.lock).Err()) }
 	takeOver := func(k keys) {
 		crash(k)
-		cl, err := taker.store.claim(ctx, k, goldenTaker, goldenFP)
+		cl, err := taker.redis.claim(ctx, k, goldenTaker, goldenFP)
 		require.NoError(t, err)
 		require.Equal(t, outcomeClaimed, cl.outcome)
 		fenceB = strconv.FormatUint(cl.fence, 10)
@@ -72,11 +72,11 @@ func goldenRecords(t *testing.T) map[string]string {
 	complete := func(mw *Middleware, k keys, owner, fence string, rec *record) {
 		f, err := strconv.ParseUint(fence, 10, 64)
 		require.NoError(t, err)
-		_, err = mw.store.complete(ctx, k, &owner, goldenFP, f, rec, goldenLife)
+		_, err = mw.redis.complete(ctx, k, &owner, goldenFP, f, rec, goldenLife)
 		require.NoError(t, err)
 	}
 	journal := func(mw *Middleware, k keys, owner string, before int) {
-		proof, err := mw.store.journal(ctx, k, owner, appendEntry(nil, entryResult, "charge", []byte(`{"id":"ch_1"}`)), before)
+		proof, err := mw.redis.journal(ctx, k, owner, appendEntry(nil, entryResult, "charge", []byte(`{"id":"ch_1"}`)), before)
 		require.NoError(t, err)
 		require.Equal(t, 1, proof.owned)
 	}
@@ -118,7 +118,7 @@ func goldenRecords(t *testing.T) map[string]string {
 	read("written-back", k)
 
 	k = claimA("kept")
-	require.NoError(t, m.store.keep(ctx, k, goldenOwner))
+	require.NoError(t, m.redis.keep(ctx, k, goldenOwner))
 	read("kept", k)
 
 	k = claimA("taken-over")
@@ -129,7 +129,7 @@ func goldenRecords(t *testing.T) map[string]string {
 	k = claimA("handed-back")
 	journal(m, k, goldenOwner, 0)
 	takeOver(k)
-	require.NoError(t, taker.store.release(ctx, k, goldenTaker))
+	require.NoError(t, taker.redis.release(ctx, k, goldenTaker))
 	read("handed-back", k)
 
 	k = claimA("done-after-takeover")
@@ -215,7 +215,7 @@ func TestGoldenRecordsAreRead(t *testing.T) {
 	claimOf := func(mw *Middleware, name string, age time.Duration) claim {
 		k := functionKeys(m, name)
 		require.NoError(t, rdb.Set(ctx, k.record, goldenRecord(t, name, age), time.Hour).Err())
-		cl, err := mw.store.claim(ctx, k, "reader-lock", goldenFP)
+		cl, err := mw.redis.claim(ctx, k, "reader-lock", goldenFP)
 		require.NoError(t, err, name)
 		return cl
 	}
@@ -252,12 +252,12 @@ func TestAnUnreadableRecordIsNeverWrittenOver(t *testing.T) {
 		"done 0 o 1 1 p 2   \n201 0\nbody",
 	} {
 		k := functionKeys(m, text)
-		cl, err := m.store.claim(ctx, k, goldenOwner, goldenFP)
+		cl, err := m.redis.claim(ctx, k, goldenOwner, goldenFP)
 		require.NoError(t, err)
 		require.Equal(t, outcomeClaimed, cl.outcome)
 		require.NoError(t, rdb.Set(ctx, k.record, text, time.Hour).Err())
 		owner := goldenOwner
-		_, err = m.store.complete(ctx, k, &owner, goldenFP, cl.fence, newRecord(http.StatusCreated, nil, []byte("ours")), time.Hour)
+		_, err = m.redis.complete(ctx, k, &owner, goldenFP, cl.fence, newRecord(http.StatusCreated, nil, []byte("ours")), time.Hour)
 		require.ErrorIs(t, err, ErrLockLost, "%q", text)
 		got, err := rdb.Get(ctx, k.record).Result()
 		require.NoError(t, err)

@@ -188,8 +188,8 @@ func TestStaleExecutorTrials(t *testing.T) {
 	// takes over has one that no trial outlives: had its lease run out too
 	// (a loaded machine can stall it between two steps), the trial would
 	// prove nothing about the stale one.
-	stale := New(rdb, WithKeyPrefix(prefix), WithLockLease(100*time.Millisecond)).store
-	fresh := New(rdb, WithKeyPrefix(prefix), WithLockLease(time.Minute), WithRetryAbandoned()).store
+	stale := New(rdb, WithKeyPrefix(prefix), WithLockLease(100*time.Millisecond)).redis
+	fresh := New(rdb, WithKeyPrefix(prefix), WithLockLease(time.Minute), WithRetryAbandoned()).redis
 	n := trials(200, 1000)
 	errs := make([]error, n)
 	var late atomic.Int64
@@ -216,7 +216,7 @@ func TestStaleExecutorTrials(t *testing.T) {
 // after its lease had run out (a stall on a loaded machine) claimed
 // nothing, so no stale executor exists and the trial starts again on a new
 // key; late counts those.
-func staleExecutorTrial(ctx context.Context, rdb redis.UniversalClient, stale, fresh *store, prefix string, trial int, late *atomic.Int64) error {
+func staleExecutorTrial(ctx context.Context, rdb redis.UniversalClient, stale, fresh *redisStore, prefix string, trial int, late *atomic.Int64) error {
 	// A deadline of the test's own: a busy client pool can outlast 100 ms.
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -286,7 +286,7 @@ func staleExecutorTrial(ctx context.Context, rdb redis.UniversalClient, stale, f
 
 // claimWhenFree claims k for s as soon as its lock's holder lets it go or
 // its lease runs out, as an instance that found the key taken waits.
-func claimWhenFree(ctx context.Context, s *store, k keys) (testLock, claim, error) {
+func claimWhenFree(ctx context.Context, s *redisStore, k keys) (testLock, claim, error) {
 	for {
 		lock, err := newTestLock()
 		if err != nil {

@@ -23,7 +23,7 @@ import (
 // (New refuses it otherwise), so the original still owns the key when its
 // handler starts.
 func (m *Middleware) claimReplicated(ctx context.Context, c *call, l *lease) (claim, error) {
-	primary, err := m.store.primaryFor(ctx, l.k.record)
+	primary, err := m.redis.primaryFor(ctx, l.k.record)
 	if err != nil {
 		return claim{}, err
 	}
@@ -35,7 +35,7 @@ func (m *Middleware) claimReplicated(ctx context.Context, c *call, l *lease) (cl
 			end()
 		}
 	}()
-	cl, err := m.store.claimOn(ctx, conn, l.k, l.lockValue, l.fpText)
+	cl, err := m.redis.claimOn(ctx, conn, l.k, l.lockValue, l.fpText)
 	// During a reshard the slot's keys move to another master: MOVED when
 	// the slot has moved (this client's map is behind), ASK while it is
 	// moving and the keys are not here, TRYAGAIN while the claim's two keys
@@ -56,7 +56,7 @@ func (m *Middleware) claimReplicated(ctx context.Context, c *call, l *lease) (cl
 				return claim{}, err
 			}
 			var end func()
-			if primary, end, err = m.store.masterAt(ctx, primary, addr); err != nil {
+			if primary, end, err = m.redis.masterAt(ctx, primary, addr); err != nil {
 				return claim{}, err
 			}
 			ends = append(ends, end)
@@ -65,7 +65,7 @@ func (m *Middleware) claimReplicated(ctx context.Context, c *call, l *lease) (cl
 		default:
 			return claim{}, err
 		}
-		cl, err = m.store.claimRedirected(ctx, conn, l, asking)
+		cl, err = m.redis.claimRedirected(ctx, conn, l, asking)
 	}
 	if err != nil || cl.outcome != outcomeClaimed {
 		return cl, err
@@ -95,7 +95,7 @@ var errTooFewReplicas = errors.New("too few replicas acknowledged the claim")
 // answers for the slot only to a command that follows ASKING, so the
 // script is loaded first: its EVALSHA must not meet NOSCRIPT and be resent
 // as an EVAL that comes without ASKING.
-func (s *store) claimRedirected(ctx context.Context, conn *redis.Conn, l *lease, asking bool) (claim, error) {
+func (s *redisStore) claimRedirected(ctx context.Context, conn *redis.Conn, l *lease, asking bool) (claim, error) {
 	if asking {
 		if err := claimScript.Load(ctx, conn).Err(); err != nil {
 			return claim{}, err
@@ -124,7 +124,7 @@ func redirection(err error) (kind, addr string) {
 
 // primaryFor returns a client for the primary that holds key, whose
 // connections the claim and its WAIT can share.
-func (s *store) primaryFor(ctx context.Context, key string) (*redis.Client, error) {
+func (s *redisStore) primaryFor(ctx context.Context, key string) (*redis.Client, error) {
 	switch c := s.client.(type) {
 	case *redis.ClusterClient:
 		return c.MasterForKey(ctx, key)
@@ -139,7 +139,7 @@ func (s *store) primaryFor(ctx context.Context, key string) (*redis.Client, erro
 // so that the next claim goes to the right master at once. A master this
 // client names otherwise (a hostname for an IP) gets a client of its own
 // for this claim, with the options of the master that redirected.
-func (s *store) masterAt(ctx context.Context, from *redis.Client, addr string) (*redis.Client, func(), error) {
+func (s *redisStore) masterAt(ctx context.Context, from *redis.Client, addr string) (*redis.Client, func(), error) {
 	cluster, ok := s.client.(*redis.ClusterClient)
 	if !ok {
 		return nil, nil, fmt.Errorf("a redirection to %s from a client that is not a Cluster's", addr)

@@ -116,7 +116,7 @@ func crashedOwner(t *testing.T, s *shop, c *http.Client, key string) keys {
 	require.Equal(t, http.StatusCreated, s.post(c, "/payments", key+"-probe", `{}`).status)
 	probe, err := redistest.ReadRecord(ctx, s.rdb, clientKeys(s.idem.cfg.prefix, paymentID(key+"-probe")).record)
 	require.NoError(t, err)
-	cl, err := s.idem.store.claim(ctx, k, lock.Value(), probe.Fingerprint)
+	cl, err := s.idem.redis.claim(ctx, k, lock.Value(), probe.Fingerprint)
 	require.NoError(t, err)
 	require.Equal(t, outcomeClaimed, cl.outcome)
 	require.NoError(t, s.rdb.Del(ctx, k.lock).Err())

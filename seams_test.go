@@ -162,7 +162,7 @@ func TestNestedProtectionStepsAside(t *testing.T) {
 	require.EqualValues(t, 1, s.execs.Load())
 
 	// Another Middleware on the same record steps aside too.
-	other := New(s.idem.store.client, WithKeyPrefix(s.idem.cfg.prefix), WithCallerCredentials())
+	other := New(s.idem.redis.client, WithKeyPrefix(s.idem.cfg.prefix), WithCallerCredentials())
 	s.srv.Config.Handler = s.idem.ProtectKey(other.ProtectKey(handler))
 	require.Equal(t, http.StatusCreated, s.post("other").status)
 	require.EqualValues(t, 2, s.execs.Load())

@@ -38,7 +38,7 @@ func TestReleaseReportsWhatItDidAroundSteps(t *testing.T) {
 			}, Resumable())
 			require.NoError(t, err)
 			require.Equal(t, tc.released, said)
-			rec, err := m.store.client.Exists(context.Background(), functionKeys(m, "k").record).Result()
+			rec, err := m.redis.client.Exists(context.Background(), functionKeys(m, "k").record).Result()
 			require.NoError(t, err)
 			require.Equal(t, tc.released, rec == 0, "Release said %v", said)
 		})

@@ -202,7 +202,7 @@ func TestStepSizeBound(t *testing.T) {
 		v, err = Step(ctx, "big", func(context.Context) (string, error) { return strings.Repeat("b", 40), nil })
 		require.ErrorIs(t, err, ErrStepTooLarge)
 		require.Len(t, v, 40, "the step ran: its result comes back with the error")
-		rec, rerr := redistest.ReadRecord(ctx, m.store.client, k.record)
+		rec, rerr := redistest.ReadRecord(ctx, m.redis.client, k.record)
 		require.NoError(t, rerr)
 		require.Equal(t, "sv 5 32\nsmall\""+strings.Repeat("a", 30)+"\"", rec.Journal)
 		return v, err
@@ -256,32 +256,32 @@ func TestAFencedOutExecutorCannotJournal(t *testing.T) {
 	k := functionKeys(m, "k")
 	k.resume = true
 	stale := claimFor(t, m, k, "fp")
-	ok, err := m.store.journal(ctx, k, stale, appendEntry(nil, entryResult, "a", []byte("1")), 0)
+	ok, err := m.redis.journal(ctx, k, stale, appendEntry(nil, entryResult, "a", []byte("1")), 0)
 	require.NoError(t, err)
 	require.Equal(t, 1, ok.owned)
-	require.Eventually(t, func() bool { return m.store.client.Exists(ctx, k.lock).Val() == 0 },
+	require.Eventually(t, func() bool { return m.redis.client.Exists(ctx, k.lock).Val() == 0 },
 		10*time.Second, time.Millisecond, "the lease runs out")
-	require.NoError(t, redistest.Age(ctx, m.store.client, k.record, time.Hour))
+	require.NoError(t, redistest.Age(ctx, m.redis.client, k.record, time.Hour))
 
 	lock, err := newTestLock()
 	require.NoError(t, err)
-	c, err := m.store.claim(ctx, k, lock.Value(), "fp")
+	c, err := m.redis.claim(ctx, k, lock.Value(), "fp")
 	require.NoError(t, err)
 	require.Equal(t, outcomeClaimed, c.outcome)
 	require.True(t, c.retaken)
 	require.NotNil(t, c.journal)
 	require.Equal(t, "sv 1 1\na1", *c.journal, "the takeover got the journal")
 
-	ok, err = m.store.journal(ctx, k, stale, appendEntry(nil, entryResult, "b", []byte("2")), len(*c.journal))
+	ok, err = m.redis.journal(ctx, k, stale, appendEntry(nil, entryResult, "b", []byte("2")), len(*c.journal))
 	require.NoError(t, err)
 	require.Equal(t, 0, ok.owned, "the stale executor is fenced out")
-	ok, err = m.store.journal(ctx, k, lock.Value(), appendEntry(nil, entryResult, "b", []byte("3")), len(*c.journal))
+	ok, err = m.redis.journal(ctx, k, lock.Value(), appendEntry(nil, entryResult, "b", []byte("3")), len(*c.journal))
 	require.NoError(t, err)
 	require.Equal(t, 1, ok.owned)
-	ok, err = m.store.journal(ctx, k, lock.Value(), appendEntry(nil, entryResult, "b", []byte("3")), len(*c.journal))
+	ok, err = m.redis.journal(ctx, k, lock.Value(), appendEntry(nil, entryResult, "b", []byte("3")), len(*c.journal))
 	require.NoError(t, err)
 	require.Equal(t, 1, ok.owned, "a resend finds its entry written")
-	rec, err := redistest.ReadRecord(ctx, m.store.client, k.record)
+	rec, err := redistest.ReadRecord(ctx, m.redis.client, k.record)
 	require.NoError(t, err)
 	require.Equal(t, "sv 1 1\na1sv 1 1\nb3", rec.Journal)
 	st, err := m.operated().Inspect(ctx, k.record)
@@ -296,7 +296,7 @@ func claimFor(t *testing.T, m *Middleware, k keys, fp string) string {
 	for range 100 {
 		lock, err := newTestLock()
 		require.NoError(t, err)
-		c, err := m.store.claim(t.Context(), k, lock.Value(), fp)
+		c, err := m.redis.claim(t.Context(), k, lock.Value(), fp)
 		require.NoError(t, err)
 		if c.outcome == outcomeHeld {
 			continue // another executor's lock has not run out yet
@@ -375,7 +375,7 @@ func TestNoResumeNoJournal(t *testing.T) {
 		require.Empty(t, rec.Journal)
 		w.Header().Set("X-Step-Key", StepKey(r.Context(), "charge"))
 		s.rdb.Del(r.Context(), k.lock)
-		require.NoError(t, s.idem.store.keep(r.Context(), k, rec.Owner)) // as if the instance died here
+		require.NoError(t, s.idem.redis.keep(r.Context(), k, rec.Owner)) // as if the instance died here
 		panic(http.ErrAbortHandler)
 	}
 	s.postDropped("/payments", "k", `{}`)
@@ -396,7 +396,7 @@ func TestALiveRunIsNeverResumed(t *testing.T) {
 			if n == 1 {
 				close(started)
 				time.Sleep(700 * time.Millisecond) // past three leases, renewed
-				a.store.client.Del(ctx, k.lock)    // a stall lets the lock lapse
+				a.redis.client.Del(ctx, k.lock)    // a stall lets the lock lapse
 				time.Sleep(700 * time.Millisecond)
 			}
 			return n, nil
@@ -449,5 +449,5 @@ func TestReleaseAfterAStepKeepsTheRun(t *testing.T) {
 		return 0, nil
 	}, Resumable())
 	require.NoError(t, err)
-	require.Empty(t, redistest.RecordState(context.Background(), a.store.client, functionKeys(a, "early").record))
+	require.Empty(t, redistest.RecordState(context.Background(), a.redis.client, functionKeys(a, "early").record))
 }

@@ -53,7 +53,7 @@ func TestAVanishedRecordIsNoFailureOfTheStepAfterIt(t *testing.T) {
 			if _, err := Step(ctx, "charge", func(context.Context) (string, error) { return "ch_1", nil }); err != nil {
 				return "", err
 			}
-			require.NoError(t, m.store.client.Del(ctx, k.record).Err())
+			require.NoError(t, m.redis.client.Del(ctx, k.record).Err())
 			return Step(ctx, "ship", func(context.Context) (string, error) { return "shipped", nil })
 		}
 		got, err := Do(context.Background(), m, Key{ID: "k"}, fn, Resumable(), StoreErrors())
@@ -82,11 +82,11 @@ func TestATakeoverGivesTheRecordItsTTL(t *testing.T) {
 	}, Resumable())
 	require.ErrorIs(t, err, failing)
 	ctx := context.Background()
-	require.NoError(t, m.store.client.PExpire(ctx, k.record, 2*time.Second).Err(), "the dead run's record near its end")
+	require.NoError(t, m.redis.client.PExpire(ctx, k.record, 2*time.Second).Err(), "the dead run's record near its end")
 
 	var left time.Duration
 	_, err = Do(ctx, m, Key{ID: "k"}, func(ctx context.Context) (int, error) {
-		left = m.store.client.PTTL(ctx, k.record).Val()
+		left = m.redis.client.PTTL(ctx, k.record).Val()
 		return 1, nil
 	}, Resumable())
 	require.NoError(t, err)

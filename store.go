@@ -38,7 +38,7 @@ var (
 	stepScript     = keyspace.RecordScript(stepSource)
 )
 
-// store is the Redis side of the middleware. Each method is one script and
+// redisStore is the Redis side of the middleware. Each method is one script and
 // one round trip (two the first time a script meets a server that lacks
 // it), and is safe to repeat: go-redis resends a command whose reply was
 // lost, so every script answers a repeat the way it answered the original.
@@ -47,7 +47,7 @@ var (
 // by these scripts alone: claim.lua takes it as it claims, renew.lua
 // renews it (and takes a lapsed one back), and complete.lua, release.lua,
 // keep.lua and unlock.lua let it go.
-type store struct {
+type redisStore struct {
 	client redis.UniversalClient
 	cfg    *config
 	waits  *waitRoom // every cross-instance wait, on one connection
@@ -55,12 +55,12 @@ type store struct {
 	recordTTL, retryAbandoned, horizon, lease any
 }
 
-func newStore(client redis.UniversalClient, cfg *config) *store {
+func newRedisStore(client redis.UniversalClient, cfg *config) *redisStore {
 	retry := "0"
 	if cfg.takeover() {
 		retry = "1"
 	}
-	return &store{
+	return &redisStore{
 		client: client, cfg: cfg,
 		waits:     &waitRoom{client: client, timeout: cfg.storeTimeout},
 		recordTTL: cfg.recordTTL.Milliseconds(), retryAbandoned: retry,
@@ -111,7 +111,7 @@ type claim struct {
 // the lock not made yet, or the other way round); go-redis tries a few
 // times, and the claim goes on trying, within ctx, until the slot has
 // moved.
-func (s *store) claim(ctx context.Context, k keys, lockValue, fingerprint string) (claim, error) {
+func (s *redisStore) claim(ctx context.Context, k keys, lockValue, fingerprint string) (claim, error) {
 	for {
 		cl, err := s.claimOn(ctx, s.client, k, lockValue, fingerprint)
 		if kind, _ := redirection(err); kind != "TRYAGAIN" || !awaitMigration(ctx) {
@@ -133,13 +133,13 @@ func awaitMigration(ctx context.Context) bool {
 
 // claimOn runs the claim through via: a dedicated connection when the claim
 // must be followed by WAIT on the same connection.
-func (s *store) claimOn(ctx context.Context, via redis.Scripter, k keys, lockValue, fingerprint string) (claim, error) {
+func (s *redisStore) claimOn(ctx context.Context, via redis.Scripter, k keys, lockValue, fingerprint string) (claim, error) {
 	return s.claimReply(k, claimScript.Run(ctx, via, k.redisKeys(), s.claimArgs(k, lockValue, fingerprint)...))
 }
 
 // claimArgs are claim.lua's ARGV. The lock value and the fingerprint may
 // be strings or pointers to them (see complete).
-func (s *store) claimArgs(k keys, lockValue, fingerprint any) []any {
+func (s *redisStore) claimArgs(k keys, lockValue, fingerprint any) []any {
 	token, life, abandoned := s.cfg.claimTerms(k)
 	issued, ttl, retry := argNotIssued, s.recordTTL, s.retryAbandoned
 	switch token {
@@ -186,7 +186,7 @@ func (c *config) claimTerms(k keys) (token string, life time.Duration, abandoned
 }
 
 // claimReply reads claim.lua's reply.
-func (s *store) claimReply(k keys, cmd *redis.Cmd) (claim, error) {
+func (s *redisStore) claimReply(k keys, cmd *redis.Cmd) (claim, error) {
 	reply, err := cmd.Slice()
 	if err != nil {
 		return claim{}, err
@@ -241,7 +241,7 @@ const (
 // release. It takes the lock value by pointer: go-redis writes a *string
 // argument as its value, and a pointer to the lease's own field costs no
 // allocation to pass as one, where a string would.
-func (s *store) complete(ctx context.Context, k keys, lockValue *string, fp string, fence uint64, rec *record, ttl time.Duration) (completion, error) {
+func (s *redisStore) complete(ctx context.Context, k keys, lockValue *string, fp string, fence uint64, rec *record, ttl time.Duration) (completion, error) {
 	texts := newCompletionTexts(fp, *lockValue, fence, rec)
 	life := s.recordTTL
 	if ms := k.lifetime(ttl).Milliseconds(); ms != s.cfg.recordTTL.Milliseconds() {
@@ -269,21 +269,21 @@ var (
 // release undoes a claim: the record goes (which gives an issued token
 // back), and the lock is freed. It does nothing to a record another
 // executor owns.
-func (s *store) release(ctx context.Context, k keys, lockValue string) error {
+func (s *redisStore) release(ctx context.Context, k keys, lockValue string) error {
 	return releaseScript.Run(ctx, s.client, k.flagged(), lockValue).Err()
 }
 
 // keep ends a run whose outcome cannot be known: the record stays claimed,
 // marked kept, so that claims read it interrupted at once, and the lock is
 // freed.
-func (s *store) keep(ctx context.Context, k keys, lockValue string) error {
+func (s *redisStore) keep(ctx context.Context, k keys, lockValue string) error {
 	return keepScript.Run(ctx, s.client, k.redisKeys(), lockValue).Err()
 }
 
 // renew extends the key's lock under lockValue by a lease, and reports
 // whether it is still ours. With retake, a lock that lapsed is taken back
 // when nobody holds it and the record still names a run under lockValue.
-func (s *store) renew(ctx context.Context, k keys, lockValue string, retake bool) (bool, error) {
+func (s *redisStore) renew(ctx context.Context, k keys, lockValue string, retake bool) (bool, error) {
 	mode := argRenewOnly
 	if retake {
 		mode = argRetake
@@ -294,7 +294,7 @@ func (s *store) renew(ctx context.Context, k keys, lockValue string, retake bool
 
 // unlock lets the key's lock go if lockValue still holds it, and leaves the
 // record as it is.
-func (s *store) unlock(ctx context.Context, k keys, lockValue string) error {
+func (s *redisStore) unlock(ctx context.Context, k keys, lockValue string) error {
 	return unlockScript.Run(ctx, s.client, k.lockKey(), lockValue).Err()
 }
 
@@ -310,7 +310,7 @@ type runProof struct {
 // lockValue, where the journal is before bytes long, and says what it
 // found of the run; an empty entry only proves the run's ownership.
 // Nothing is written unless the record names that run.
-func (s *store) journal(ctx context.Context, k keys, lockValue string, entry []byte, before int) (runProof, error) {
+func (s *redisStore) journal(ctx context.Context, k keys, lockValue string, entry []byte, before int) (runProof, error) {
 	retake := ""
 	if !s.cfg.takeover() {
 		// Nobody else may take the key while the record names the run: a
@@ -328,7 +328,7 @@ func (s *store) journal(ctx context.Context, k keys, lockValue string, entry []b
 }
 
 // ping asks Redis for a PONG.
-func (s *store) ping(ctx context.Context) error { return s.client.Ping(ctx).Err() }
+func (s *redisStore) ping(ctx context.Context) error { return s.client.Ping(ctx).Err() }
 
 var errCorruptRecord = errors.New("idempotency: corrupt stored record")
 

@@ -194,7 +194,7 @@ func crashAfterClaim(t *testing.T, s *shop, k keys, fp string) (string, claim) {
 	for range 100 {
 		lock, err := newTestLock()
 		require.NoError(t, err)
-		c, err := s.idem.store.claim(ctx, k, lock.Value(), fp)
+		c, err := s.idem.redis.claim(ctx, k, lock.Value(), fp)
 		require.NoError(t, err)
 		if c.outcome == outcomeHeld {
 			continue // the lock of an earlier attempt has not run out yet
@@ -245,7 +245,7 @@ func TestStaleExecutorCannotOverwrite(t *testing.T) {
 
 	// The new executor's lease does not run out during the test, however
 	// slow the machine: this test is about the stale one's.
-	fresh := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix), WithLockLease(time.Minute), WithRetryAbandoned()).store
+	fresh := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix), WithLockLease(time.Minute), WithRetryAbandoned()).redis
 	lock, err := newTestLock()
 	require.NoError(t, err)
 	c, err := fresh.claim(ctx, k, lock.Value(), "fp")
@@ -254,7 +254,7 @@ func TestStaleExecutorCannotOverwrite(t *testing.T) {
 	_, err = fresh.completeWith(ctx, k, lock.Value(), fingerprintSum{}, 1, &record{status: 201, body: []byte("fresh")}, time.Hour)
 	require.NoError(t, err)
 
-	_, err = s.idem.store.completeWith(ctx, k, stale, fingerprintSum{}, 1, &record{status: 500, body: []byte("stale")}, time.Hour)
+	_, err = s.idem.redis.completeWith(ctx, k, stale, fingerprintSum{}, 1, &record{status: 500, body: []byte("stale")}, time.Hour)
 	require.ErrorIs(t, err, ErrLockLost)
 	a := s.post(s.client(), "/payments", "k", ``)
 	require.Equal(t, 422, a.status, "fingerprint differs from the test's claim")
@@ -398,7 +398,7 @@ func TestResentClaimAfterAbandoned(t *testing.T) {
 	lock, err := newTestLock()
 	require.NoError(t, err)
 	for range 2 {
-		cl, err := s.idem.store.claim(ctx, k, lock.Value(), "fp")
+		cl, err := s.idem.redis.claim(ctx, k, lock.Value(), "fp")
 		require.NoError(t, err)
 		require.Equal(t, outcomeAbandoned, cl.outcome)
 	}
@@ -476,6 +476,6 @@ func TestStalledRedisFailsClosedWithinStoreTimeout(t *testing.T) {
 
 // completeWith is complete with plain values, for tests that store as
 // some executor would without holding its lease.
-func (s *store) completeWith(ctx context.Context, k keys, lockValue string, fp fingerprintSum, fence uint64, rec *record, ttl time.Duration) (completion, error) {
+func (s *redisStore) completeWith(ctx context.Context, k keys, lockValue string, fp fingerprintSum, fence uint64, rec *record, ttl time.Duration) (completion, error) {
 	return s.complete(ctx, k, &lockValue, fp.text(), fence, rec, ttl)
 }

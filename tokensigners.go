@@ -128,7 +128,7 @@ type signerEntry struct {
 
 // signers on Redis: PREFIX:token-signers, a sorted set scored by when
 // each key last signed, in Unix milliseconds, in one pipeline.
-func (s *store) signers(ctx context.Context, e signerEntry) ([]string, error) {
+func (s *redisStore) signers(ctx context.Context, e signerEntry) ([]string, error) {
 	var others *redis.StringSliceCmd
 	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		if e.check {

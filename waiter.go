@@ -84,7 +84,7 @@ var errNoSharedSubscription = errors.New("no shared subscription for this client
 // request then wakes within a round trip of the release instead of polling;
 // keys that nobody waits for cost no message at all. The caller stops the
 // watcher when its wait ends.
-func (s *store) watch(ctx context.Context, k keys, until time.Duration) (*watcher, error) {
+func (s *redisStore) watch(ctx context.Context, k keys, until time.Duration) (*watcher, error) {
 	w, ready, err := s.waits.join(k.waiters())
 	if err != nil {
 		return nil, err

@@ -19,7 +19,7 @@ func TestWatchdogReportsLossBeforeTheLockExpires(t *testing.T) {
 	k := clientKeys(m.cfg.prefix, identityOf(false, "watchdog", "test"))
 	began := time.Now()
 	l := m.newLease(k, "fp", began)
-	c, err := m.store.claim(t.Context(), k, l.lockValue, "fp")
+	c, err := m.redis.claim(t.Context(), k, l.lockValue, "fp")
 	require.NoError(t, err)
 	require.Equal(t, outcomeClaimed, c.outcome)
 	wd := startWatchdog(l, 1500*time.Millisecond, time.Second, began, false)
@@ -44,7 +44,7 @@ func TestWatchdogReportsLossBeforeTheLockExpires(t *testing.T) {
 // A lock still ours is renewed either way.
 func TestALapsedLockIsRetakenOnlyByTheRunItsRecordNames(t *testing.T) {
 	s := newShop(t)
-	st := s.idem.store
+	st := s.idem.redis
 	for _, tc := range []struct {
 		name, owner, holder string
 		retake, taken       bool

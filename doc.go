@@ -103,7 +103,7 @@
 //	header.go        the stored header block
 //	record.go        a record as Redis holds it: one string in keyspace's one layout, read and written whole
 //	keystore.go      the store port: what a key's life needs from storage
-//	store.go         the Redis store, one method per script in lua/
+//	redisstore.go    the Redis store, one method per script in lua/
 //	sqlstore.go      NewSQL, WithSQLTable: the SQL store, one transaction per operation
 //	sqlrow.go        a key's row, and the Go twins of the scripts that change it
 //	sqlline.go       the connection a store keeps for running keys while handlers fill the pool

@@ -83,7 +83,6 @@
 //	serve.go         one request's way: cache, in-process flight, claim, run
 //	verdict.go       the verdict a step reaches, written once
 //	cache.go         completed answers in this process's memory
-//	cacheclock.go    the cache's clock, which idemtest moves with FastForward
 //	inflight.go      duplicates inside this process wait for the first
 //	claim.go         taking the lease and claiming the key, in one script
 //	waiter.go        waiting for a holder on another instance, on one shared subscription

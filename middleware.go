@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/onceonly/idempotency/internal/cacheclock"
 )
 
 // KeyHeader carries a client's idempotency key or an issued token.
@@ -41,6 +43,9 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 	}
 	m.redis = newRedisStore(client, &m.cfg)
 	m.keyStore = m.redis
+	if now := cacheclock.Of(client); now != nil && m.cache != nil {
+		m.cache.clock = now // idemtest's in-process Redis, whose clock FastForward moves
+	}
 	if known, enabled := contextTimeouts(client); known && !enabled {
 		m.cfg.logger.Warn("idempotency: the Redis client has ContextTimeoutEnabled off, so a stalled " +
 			"Redis is cut short by go-redis's ReadTimeout (3 s by default), not by WithStoreTimeout; " +
@@ -68,9 +73,6 @@ func newMiddleware(opts []Option) *Middleware {
 	}
 	m.signers.m = m
 	m.cache = newResponseCache(m.cfg.cacheEntries, m.cfg.cacheBytes)
-	if m.cache != nil {
-		m.cache.clock = m.cfg.cacheClock
-	}
 	return m
 }
 

@@ -52,8 +52,7 @@ type config struct {
 	cacheEntries    int
 	cacheBytes      int64
 	cacheTTL        time.Duration
-	cacheClock      func() time.Time // nil: the wall clock; set by idemtest
-	unprotected     map[string]bool  // nil: the safe methods
+	unprotected     map[string]bool // nil: the safe methods
 	optionalKey     bool
 	storePolicy     StorePolicy
 	replayHook      func(r *http.Request, status int, header http.Header)

@@ -88,12 +88,18 @@ func NewRedis(t testing.TB) *Redis {
 	// ContextTimeoutEnabled, as the middleware asks of every client: its
 	// store timeout then bounds each exchange.
 	client := redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { client.Close() })
-	return &Redis{Miniredis: mr, client: client}
+	r := &Redis{Miniredis: mr, client: client}
+	cacheclock.Set(client, r.now)
+	t.Cleanup(func() {
+		cacheclock.Forget(client)
+		client.Close()
+	})
+	return r
 }
 
 // Client is a go-redis client of the in-process Redis, for the test's own
-// look at it, or for idempotency.New with a client of the test's choosing.
+// look at it, or for idempotency.New (whose response cache, too, runs on
+// this Redis's clock).
 func (r *Redis) Client() *redis.Client { return r.client }
 
 // New returns a Middleware on this Redis. Several of them are instances of
@@ -101,8 +107,7 @@ func (r *Redis) Client() *redis.Client { return r.client }
 // first and gets its answer. Its in-process response cache runs on this
 // Redis's clock, which FastForward moves.
 func (r *Redis) New(opts ...idempotency.Option) *idempotency.Middleware {
-	clock := cacheclock.Option(r.now).(idempotency.Option)
-	return idempotency.New(r.client, append([]idempotency.Option{clock}, opts...)...)
+	return idempotency.New(r.client, opts...)
 }
 
 // FastForward moves the clock by d: keys past their TTL expire, as with

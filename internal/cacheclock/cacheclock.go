@@ -1,13 +1,30 @@
-// Package cacheclock lets idemtest move the clock of a Middleware's
-// in-process response cache together with its in-process Redis's
-// (FastForward), so that an answer whose record has expired there is not
-// replayed from memory either. Only modules of this repository can import
-// it: the public API has no clock to set.
+// Package cacheclock lets idemtest move the clock of the in-process
+// response cache of every Middleware on its in-process Redis together with
+// that Redis's (FastForward), so that an answer whose record has expired
+// there is not replayed from memory either. Only modules of this
+// repository can import it: the public API has no clock to set.
 package cacheclock
 
-import "time"
+import (
+	"sync"
+	"time"
 
-// Option returns an idempotency.Option (as any, since this package cannot
-// import the one that fills it in) under which the response cache reads
-// the time from now instead of time.Now.
-var Option func(now func() time.Time) any
+	"github.com/redis/go-redis/v9"
+)
+
+var clocks sync.Map // redis.UniversalClient → func() time.Time
+
+// Set makes now the clock of the response cache of every Middleware that
+// New makes on client from then on, until Forget.
+func Set(client redis.UniversalClient, now func() time.Time) { clocks.Store(client, now) }
+
+// Forget gives client's Middlewares made from then on the wall clock.
+func Forget(client redis.UniversalClient) { clocks.Delete(client) }
+
+// Of is the clock Set gave client; nil for the wall clock.
+func Of(client redis.UniversalClient) func() time.Time {
+	if now, ok := clocks.Load(client); ok {
+		return now.(func() time.Time)
+	}
+	return nil
+}

@@ -9,20 +9,22 @@ import (
 	"github.com/onceonly/idempotency/sqldialect"
 )
 
-// StoreAnswerInTx stores a as the answer of the protected handler that
-// ctx belongs to, in tx, when the handler's Middleware keeps its keys in
-// db (NewSQL on the same database): the key's answer then commits with
-// the handler's writes in tx, or not at all: whatever becomes of the
-// process after the COMMIT, the key is answered, with no takeover and no
-// recovery. The Middleware still answers the request when the handler
-// returns, and then stores what it sent (what layers between it and the
-// handler added included) over that answer as it lets the lease go;
-// duplicates wait for that. After a crash, once the lease lapsed, the key
-// replays a, as it replays an answer recovered from an OutcomeStore.
+// StoreAnswerInTx stores a as the answer of the protected handler, or of
+// the function Do runs, that ctx belongs to, in tx, when its Middleware
+// keeps its keys in db (NewSQL on the same database): the key's answer
+// then commits with the work's writes in tx, or not at all: whatever
+// becomes of the process after the COMMIT, the key is answered, with no
+// takeover and no recovery. The Middleware still answers the request when
+// the handler returns, and then stores what it sent (what layers between
+// it and the handler added included) over that answer as it lets the
+// lease go (Do: the function's result); duplicates wait for that. After a
+// crash, once the lease lapsed, the key replays a, as it replays an answer
+// recovered from an OutcomeStore. For Do, a is the result as sqlidem.Run
+// commits it: status 200 and the body Do's codec encodes.
 //
 // It writes nothing and returns nil where the keys live elsewhere (Redis,
-// another database), for a function that Do runs, outside a protected
-// handler, and where the key's row cannot be written in tx without
+// another database), outside a protected handler or a function of Do,
+// and where the key's row cannot be written in tx without
 // aborting it: on PostgreSQL above READ COMMITTED (the lease's renewals
 // change the row after tx's snapshot), and after tx was aborted once on
 // the row (a retryable error: the caller's next attempt stores nothing
@@ -33,7 +35,7 @@ import (
 // its own transaction may call it last before COMMIT.
 func StoreAnswerInTx(ctx context.Context, db *sql.DB, tx *sql.Tx, a Answer) error {
 	x, ok := ctx.Value(executionKey).(*execution)
-	if !ok || x.owner == nil || x.lease == nil {
+	if !ok || x.lease == nil || x.owner == nil && x.codec == nil { // neither a handler nor Do's function
 		return nil
 	}
 	l := x.lease
@@ -41,7 +43,7 @@ func StoreAnswerInTx(ctx context.Context, db *sql.DB, tx *sql.Tx, a Answer) erro
 	if !ok || s.db != db || l.inTxConflicts.Load() {
 		return nil
 	}
-	rec := l.m.recordOf(a)
+	rec := l.m.recordOf(a) // for Do, a (status statusResult, the encoded result) is its own record
 	if a.NotReplayable || len(a.Body) > l.m.cfg.maxResponse {
 		rec = nil // executed, not replayable, as the Middleware would store it
 	}

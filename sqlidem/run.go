@@ -46,7 +46,9 @@ var ErrAlreadyCommitted = errors.New("sqlidem: this execution has committed its 
 // holds the first Run's result. A second Run in the same call returns
 // ErrAlreadyCommitted and runs nothing (Do then releases the key, unless
 // StoreErrors, and a redelivery's second Run would be handed the first
-// one's result). Put all of a call's writes in one Run.
+// one's result; where Do's keys live in the same database, the first
+// Run's result is the key's answer already, and a redelivery gets it).
+// Put all of a call's writes in one Run.
 //
 // Outside Do (no protected execution in ctx), fn runs in a transaction
 // with no outcome row.

@@ -233,3 +233,46 @@ func seen(t *testing.T, srv *httptest.Server, key string) answerSeen {
 	return answerSeen{status: resp.StatusCode, body: string(body), replayed: resp.Header.Get(idempotency.ReplayedHeader),
 		layer: resp.Header.Get("X-Layer")}
 }
+
+// A function that Do runs commits the key's answer in sqlidem.Run's
+// transaction too: once Run's COMMIT returned, before Do stored anything,
+// the key's record is the function's result, its lease still held; Do
+// then lets the lease go, and a redelivery gets the result without
+// running the function.
+func TestDoAnswerCommitsWithTheFunctionsWrites(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		ctx := context.Background()
+		keysTable, effects := d.Table(t, "idem_onetx_do"), effectsTable(t, d)
+		outcomes := outcomeStore(t, d)
+		m := idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(keysTable), idempotency.WithSharedKeys(),
+			idempotency.WithOutcomeStore(outcomes))
+		var runs atomic.Int32
+		var afterCommit row
+		pay := func(ctx context.Context) (string, error) {
+			runs.Add(1)
+			v, err := sqlidem.Run(ctx, outcomes, func(ctx context.Context, tx *sql.Tx) (string, error) {
+				_, err := tx.ExecContext(ctx, d.Dialect.Bind("INSERT INTO "+effects+" (k) VALUES (?)"), "msg-1")
+				return "paid", err
+			})
+			afterCommit = keyRow(t, d, keysTable)
+			return v, err
+		}
+		key := idempotency.Key{Scope: "queue", ID: "msg-1"}
+		v, err := idempotency.Do(ctx, m, key, pay)
+		require.NoError(t, err)
+		require.Equal(t, "paid", v)
+		require.True(t, strings.HasPrefix(afterCommit.record, "done "), "the result is the key's at COMMIT: %q", afterCommit.record)
+		require.NotEmpty(t, afterCommit.holder, "the lease is still held until Do lets it go")
+
+		after := keyRow(t, d, keysTable)
+		require.True(t, strings.HasPrefix(after.record, "done "), after.record)
+		require.Empty(t, after.holder, "Do let the lease go")
+		v, err = idempotency.Do(ctx, m, key, pay) // a redelivery
+		require.NoError(t, err)
+		require.Equal(t, "paid", v)
+		require.EqualValues(t, 1, runs.Load())
+		var n int
+		require.NoError(t, d.QueryRowContext(ctx, "SELECT count(*) FROM "+effects).Scan(&n))
+		require.Equal(t, 1, n)
+	})
+}

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 	"weak"
+
+	"github.com/onceonly/idempotency/sqldialect"
 )
 
 // sqlConn is what a store operation runs its statements on: db, that is
@@ -136,7 +138,7 @@ func (l *holderLine) judge() {
 // keep takes c, the connection a claim ran on, for the line; err is the
 // claim's error, after which c may be broken.
 func (l *holderLine) keep(c *sql.Conn, err error) {
-	if err != nil && broken(c) {
+	if err != nil && (connectionEnded(err) || broken(c)) {
 		c.Close()
 		l.want.Store(true)
 		return
@@ -188,7 +190,7 @@ func (l *holderLine) run(ctx context.Context, db *sql.DB, op func(c sqlConn) err
 		return op(db)
 	}
 	err := op(c)
-	if err != nil && broken(c) {
+	if err != nil && (connectionEnded(err) || broken(c)) {
 		l.mu.Lock()
 		l.conn = nil
 		l.want.Store(l.active.Load())
@@ -209,6 +211,16 @@ func broken(c *sql.Conn) bool {
 		return nil
 	})
 	return err != nil
+}
+
+// connectionEnded reports whether err is PostgreSQL saying it ended the
+// connection (57P01-57P03: its backend terminated by an administrator, a
+// crash, a server stopping or starting), which pgx may not have marked
+// closed yet: the statement did not run, or rolled back with the backend,
+// and nothing more runs on the connection.
+func connectionEnded(err error) bool {
+	e, ok := sqldialect.ErrorOf(err)
+	return ok && (e.SQLState == "57P01" || e.SQLState == "57P02" || e.SQLState == "57P03")
 }
 
 // asHolder runs op, one operation of a run that holds its lease, on db's

@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strings"
@@ -295,26 +296,51 @@ func (s *sqlStore) claim(ctx context.Context, k keys, lockValue, fingerprint str
 	if err := s.ensureTable(ctx); err != nil {
 		return claim{}, poolNamed(s.db, err)
 	}
-	// The claim's statements run on one connection, and its lease counts
-	// from when it got one: a claim that queued for the pool behind the
-	// handlers' transactions took no lease meanwhile.
+	fills := s.line.fills() // the claim's connection stays with the line (holderLine)
+	for attempt := 1; ; attempt++ {
+		var dead bool
+		cl, dead, err = s.claimOn(ctx, k, lockValue, fingerprint, fills)
+		// A connection the server had ended, so that the statement never
+		// ran (a database restarted, an idle connection terminated):
+		// another is tried, as database/sql tries its pool's. A statement
+		// of the claim that ran before it is met as our own claim resent
+		// (keyRow.claim). A reply lost with its connection is not such a
+		// case: the claim is undone in the background, and the request
+		// refused.
+		if !dead || ctx.Err() != nil || attempt == maxDeadConnAttempts {
+			return cl, poolNamed(s.db, err)
+		}
+	}
+}
+
+// maxDeadConnAttempts bounds the connections one claim tries that turn out
+// ended.
+const maxDeadConnAttempts = 3
+
+// claimOn runs the claim's statements on one connection, whose wait for
+// the pool its lease does not count: a claim that queued behind the
+// handlers' transactions took no lease meanwhile. With fills, the
+// connection stays with the line. dead: the claim failed because the
+// server had ended its connection, and ran nothing.
+func (s *sqlStore) claimOn(ctx context.Context, k keys, lockValue, fingerprint string, fills bool) (cl claim, dead bool, err error) {
 	asked := time.Now()
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
-		return claim{}, poolNamed(s.db, err)
+		if fills {
+			s.line.want.Store(true)
+		}
+		return claim{}, false, err
 	}
 	queued := time.Since(asked)
-	fills := s.line.fills() // this connection stays with the line (holderLine)
-	defer func() {
-		if fills {
-			s.line.keep(conn, err)
-		} else {
-			conn.Close()
-		}
-	}()
 	cl, err = s.claimRow(ctx, conn, k, lockValue, fingerprint)
 	cl.queued = queued
-	return cl, poolNamed(s.db, err)
+	dead = err != nil && (errors.Is(err, driver.ErrBadConn) || connectionEnded(err))
+	if fills {
+		s.line.keep(conn, err)
+	} else {
+		conn.Close()
+	}
+	return cl, dead, err
 }
 
 func (s *sqlStore) claimRow(ctx context.Context, c sqlConn, k keys, lockValue, fingerprint string) (claim, error) {

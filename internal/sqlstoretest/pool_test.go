@@ -216,3 +216,50 @@ func postAsync(srv *httptest.Server, key string) *http.Response {
 	resp.Body.Close()
 	return resp
 }
+
+// A claim that meets a pooled connection the server has closed (a
+// database restarted, an idle connection killed) goes on with another,
+// as database/sql does with its pool's: the request runs, it is not
+// refused 503.
+func TestAClaimMovesPastAKilledConnection(t *testing.T) {
+	eachServer(t, func(t *testing.T, d *sqltest.DB) {
+		ctx := context.Background()
+		db, err := sql.Open(d.Driver, d.DSN)
+		require.NoError(t, err)
+		db.SetMaxOpenConns(8)
+		db.SetMaxIdleConns(8)
+		t.Cleanup(func() { db.Close() })
+		var log syncbuf.Buffer
+		m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_killed")),
+			idempotency.WithSharedKeys(), idempotency.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+		srv, runs := shop(t, m)
+		require.Equal(t, http.StatusCreated, post(t, srv, "before").StatusCode)
+
+		// Every idle connection of the pool, killed by the server.
+		idPerConn := map[sqltest.Kind]string{sqltest.PostgreSQL: "SELECT pg_backend_pid()", sqltest.MySQL: "SELECT CONNECTION_ID()"}
+		kill := map[sqltest.Kind]string{sqltest.PostgreSQL: "SELECT pg_terminate_backend(%d)", sqltest.MySQL: "KILL %d"}
+		var conns []*sql.Conn
+		var ids []int64
+		for db.Stats().Idle > 0 || len(conns) == 0 {
+			c, err := db.Conn(ctx)
+			require.NoError(t, err)
+			var id int64
+			require.NoError(t, c.QueryRowContext(ctx, idPerConn[d.Kind]).Scan(&id))
+			conns, ids = append(conns, c), append(ids, id)
+		}
+		for _, c := range conns {
+			c.Close()
+		}
+		for _, id := range ids {
+			_, err := d.ExecContext(ctx, fmt.Sprintf(kill[d.Kind], id))
+			require.NoError(t, err)
+		}
+		time.Sleep(100 * time.Millisecond) // the server has closed them
+
+		for i := range 3 {
+			resp := post(t, srv, fmt.Sprint("after-", i))
+			require.Equal(t, http.StatusCreated, resp.StatusCode, "killed connections: %d; log:\n%s", len(ids), log.String())
+		}
+		require.EqualValues(t, 4, runs.Load())
+	})
+}

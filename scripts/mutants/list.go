@@ -389,8 +389,8 @@ var mutants = []mutant{
 	{
 		name: "sql-claim-resend-not-recognised", file: "sqlrow.go",
 		from: `case rec.State == "run" && rec.Owner == a.lockValue:`, to: `case rec.State == "run" && rec.Owner == "":`,
-		breaks: "on SQL, a claim sent again after its reply was lost is refused as another's, and its request waits on itself",
-		faults: "drop-reply,db-restart", sql: "postgres", tests: "TestStoreConformanceSQL|LostReply|Resen", module: "internal/sqlstoretest",
+		breaks: "on SQL, a claim read again is refused as another's (on MySQL after every fresh INSERT, anywhere after a lost reply), and its request waits on itself",
+		faults: "drop-reply,db-restart", sql: "mysql", tests: "TestStoreConformanceSQL|LostReply|Resen", module: "internal/sqlstoretest",
 	},
 	{
 		name: "sql-store-keeps-lease", file: "sqlstore.go",

@@ -114,8 +114,10 @@ func (o *Outage) log(logger *slog.Logger, cause error, store string) {
 	took := o.Duration.Round(time.Millisecond)
 	why := store + " does not answer"
 	if full := (*poolFullError)(nil); errors.As(cause, &full) {
-		// The database may be fine: the requests queued for a connection.
-		why = "every connection of db's pool is in use; size it (SetMaxOpenConns) for the handlers' transactions too"
+		// The requests queued for a connection: the database may be
+		// fine, and the pool too small for the handlers' transactions.
+		why = "no connection of db's pool came free: the database is slow to answer, or the handlers' " +
+			"transactions hold every connection (size the pool, SetMaxOpenConns, for them too)"
 	}
 	switch o.Phase {
 	case OutageBegan:

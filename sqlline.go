@@ -37,29 +37,36 @@ type sqlConn interface {
 //
 // Every Middleware of NewSQL on one *sql.DB shares its line. A claim
 // fills it: the connection the claim got from the pool stays with the
-// line, so that the line never waits behind the handlers it serves. It
-// goes back to the pool once no key has been claimed for holderLineIdle,
-// and a line whose connection broke is filled by the next claim. A pool
-// without a limit needs no line (nothing waits for a connection), and one
-// of fewer than minLinePool connections cannot spare it; either is logged
-// once, at the first claim.
+// line, so that the line never waits behind the handlers it serves. While
+// it is in use, the line tends itself every holderLineTend: it pings its
+// connection (one the server ended is dropped, and the next claim fills
+// the line again), judges the pool's limit anew (one lowered under
+// minLinePool gets its connection back; one raised gets a line), and
+// gives its connection back to the pool once db is closed, or once no key
+// has been claimed or renewed for holderLineIdle (or two leases, if
+// longer). A pool without a limit needs no line (nothing waits for a
+// connection), and one of fewer than minLinePool connections cannot spare
+// it; either is logged once.
 type holderLine struct {
 	db     weak.Pointer[sql.DB] // live while a store on it is
 	logger *slog.Logger
 
-	turn   chan struct{} // held by the one operation on the connection
-	claims atomic.Int64  // claims since the line was judged: it is in use
-	active atomic.Bool   // judged: kept, or to be filled, or not needed
-	want   atomic.Bool   // the next claim fills the line
-	warned atomic.Bool   // a pool without a limit, or too small for a line, was logged
-	mu     sync.Mutex
-	conn   *sql.Conn // nil while none is kept
+	turn    chan struct{} // held by the one operation on the connection
+	lastUse atomic.Int64  // unix nanoseconds of the last claim or running key's statement
+	idle    atomic.Int64  // how long the line stays unused: the longest of holderLineIdle and two leases
+	active  atomic.Bool   // it tends itself: kept, or to be filled, or not needed
+	want    atomic.Bool   // the next claim fills the line
+	warned  atomic.Bool   // a pool without a limit, or too small for a line, was logged
+	mu      sync.Mutex
+	conn    *sql.Conn // nil while none is kept
 }
 
-// holderLineIdle is how long a line stays without claims; minLinePool the
-// smallest pool limit that spares a connection for it.
+// holderLineIdle is how long a line stays unused; holderLineTend how often
+// it tends itself; minLinePool the smallest pool limit that spares a
+// connection for it.
 const (
 	holderLineIdle = 30 * time.Second
+	holderLineTend = 5 * time.Second
 	minLinePool    = 4
 )
 
@@ -79,6 +86,7 @@ func holderLineOf(db *sql.DB, logger *slog.Logger) *holderLine {
 	l := holderLines[key]
 	if l == nil {
 		l = &holderLine{db: key, logger: logger, turn: make(chan struct{}, 1)}
+		l.idle.Store(int64(holderLineIdle))
 		holderLines[key] = l
 		runtime.AddCleanup(db, func(key weak.Pointer[sql.DB]) {
 			holderLinesMu.Lock()
@@ -89,22 +97,29 @@ func holderLineOf(db *sql.DB, logger *slog.Logger) *holderLine {
 	return l
 }
 
-// fills reports whether this claim's connection is to fill the line; it
-// then runs on db.Conn's connection and gives it to keep. A claim that
-// does not fill it pays an atomic add and a load.
-func (l *holderLine) fills() bool {
-	l.claims.Add(1)
+// fills reports whether this claim's connection, under a lease of lease,
+// is to fill the line; it then runs on db.Conn's connection and gives it
+// to keep. A claim that does not fill it pays a clock read and a few
+// atomic operations.
+func (l *holderLine) fills(lease time.Duration) bool {
+	l.used()
+	if idle := max(holderLineIdle, 2*lease); time.Duration(l.idle.Load()) < idle {
+		l.idle.Store(int64(idle)) // a running key renews every third of its lease
+	}
 	if !l.active.Load() && l.active.CompareAndSwap(false, true) {
 		l.judge()
-		seen := l.claims.Load()
-		time.AfterFunc(holderLineIdle, func() { l.idle(seen) })
+		time.AfterFunc(holderLineTend, l.tend)
 	}
 	return l.want.Load() && l.want.CompareAndSwap(true, false)
 }
 
-// judge decides whether the pool, as it is capped when keys are first
-// claimed (the application may cap it after NewSQL), wants a line, and
-// logs once a limit that fails the store.
+// used notes a claim, or a statement of a running key: the line is in use.
+func (l *holderLine) used() { l.lastUse.Store(time.Now().UnixNano()) }
+
+// judge decides whether the pool, as it is capped now (the application
+// may cap it after NewSQL, or change it), wants a line, gives back the
+// line's connection when it does not, and logs once a limit that fails the
+// store.
 func (l *holderLine) judge() {
 	db := l.db.Value()
 	if db == nil {
@@ -131,7 +146,89 @@ func (l *holderLine) judge() {
 				"behind them and may lapse; allow at least 4 (SetMaxOpenConns)", "max_open_connections", limit)
 		}
 	default:
-		l.want.Store(true)
+		l.mu.Lock()
+		l.want.Store(l.conn == nil)
+		l.mu.Unlock()
+		return
+	}
+	l.want.Store(false)
+	l.giveBack()
+}
+
+// tend is the line's look at itself, every holderLineTend while it is
+// active.
+func (l *holderLine) tend() {
+	db := l.db.Value()
+	unused := time.Since(time.Unix(0, l.lastUse.Load())) > time.Duration(l.idle.Load())
+	if db == nil || unused || closed(db) {
+		l.mu.Lock()
+		l.want.Store(false)
+		l.active.Store(false)
+		l.mu.Unlock()
+		l.giveBack()
+		return
+	}
+	l.judge()
+	l.ping()
+	time.AfterFunc(holderLineTend, l.tend)
+}
+
+// closed reports whether db was closed, without taking a connection.
+func closed(db *sql.DB) bool {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := db.Conn(ctx) // a closed db says so before it looks at ctx
+	return err != nil && !errors.Is(err, context.Canceled)
+}
+
+// ping drops the line's connection when the server ended it while it
+// waited (a restart, an idle timeout, a middlebox): found now, the next
+// claim fills the line again, rather than a renewal finding it when every
+// connection of the pool is held.
+func (l *holderLine) ping() {
+	select {
+	case l.turn <- struct{}{}:
+	default:
+		return // in use: it answers
+	}
+	defer func() { <-l.turn }()
+	l.mu.Lock()
+	c := l.conn
+	l.mu.Unlock()
+	if c == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), holderLineTend)
+	err := c.PingContext(ctx)
+	cancel()
+	if err != nil {
+		l.drop(c)
+	}
+}
+
+// drop lets the line's connection c go, and has the next claim fill it.
+// Called with the turn held.
+func (l *holderLine) drop(c *sql.Conn) {
+	l.mu.Lock()
+	if l.conn == c {
+		l.conn = nil
+		l.want.Store(l.active.Load())
+	}
+	l.mu.Unlock()
+	c.Close()
+}
+
+// giveBack returns the line's connection to the pool, after the operation
+// on it.
+func (l *holderLine) giveBack() {
+	l.turn <- struct{}{}
+	l.mu.Lock()
+	c := l.conn
+	l.conn = nil
+	l.mu.Unlock()
+	<-l.turn
+	if c != nil {
+		c.Close()
 	}
 }
 
@@ -140,7 +237,7 @@ func (l *holderLine) judge() {
 func (l *holderLine) keep(c *sql.Conn, err error) {
 	if err != nil && (connectionEnded(err) || broken(c)) {
 		c.Close()
-		l.want.Store(true)
+		l.want.Store(l.active.Load())
 		return
 	}
 	l.mu.Lock()
@@ -148,26 +245,6 @@ func (l *holderLine) keep(c *sql.Conn, err error) {
 		l.conn, c = c, nil
 	}
 	l.mu.Unlock()
-	if c != nil {
-		c.Close()
-	}
-}
-
-// idle gives the connection back once no claim came for holderLineIdle;
-// seen is the claims counted at the last look.
-func (l *holderLine) idle(seen int64) {
-	if now := l.claims.Load(); now != seen {
-		time.AfterFunc(holderLineIdle, func() { l.idle(now) })
-		return
-	}
-	l.turn <- struct{}{} // no operation runs on it meanwhile
-	l.mu.Lock()
-	c := l.conn
-	l.conn = nil
-	l.want.Store(false)
-	l.active.Store(false)
-	l.mu.Unlock()
-	<-l.turn
 	if c != nil {
 		c.Close()
 	}
@@ -191,11 +268,7 @@ func (l *holderLine) run(ctx context.Context, db *sql.DB, op func(c sqlConn) err
 	}
 	err := op(c)
 	if err != nil && (connectionEnded(err) || broken(c)) {
-		l.mu.Lock()
-		l.conn = nil
-		l.want.Store(l.active.Load())
-		l.mu.Unlock()
-		c.Close()
+		l.drop(c)
 	}
 	<-l.turn
 	return err
@@ -226,7 +299,11 @@ func connectionEnded(err error) bool {
 // asHolder runs op, one operation of a run that holds its lease, on db's
 // pool, or on the line while every connection of the pool is in use.
 func (s *sqlStore) asHolder(ctx context.Context, op func(c sqlConn) error) error {
-	if s.line == nil || !poolFull(s.db) {
+	if s.line == nil {
+		return op(s.db)
+	}
+	s.line.used()
+	if !poolFull(s.db) {
 		return op(s.db)
 	}
 	return s.line.run(ctx, s.db, op)
@@ -239,8 +316,9 @@ func poolFull(db *sql.DB) bool {
 }
 
 // poolNamed names db's pool in err when err is a statement that ran out of
-// time with every connection of the pool in use: what did not answer was
-// the pool, not the database.
+// time with every connection of the pool in use: it may never have reached
+// the database, whose connections were all held, by handlers'
+// transactions or by statements that the database is slow to answer.
 func poolNamed(db *sql.DB, err error) error {
 	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
 		return err
@@ -259,7 +337,7 @@ type poolFullError struct {
 }
 
 func (e *poolFullError) Error() string {
-	return "every connection of db's pool is in use (" + strconv.Itoa(e.inUse) + ", SetMaxOpenConns): " + e.err.Error()
+	return "no connection of db's pool came free (" + strconv.Itoa(e.inUse) + " in use, SetMaxOpenConns): " + e.err.Error()
 }
 
 func (e *poolFullError) Unwrap() error { return e.err }

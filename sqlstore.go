@@ -296,7 +296,7 @@ func (s *sqlStore) claim(ctx context.Context, k keys, lockValue, fingerprint str
 	if err := s.ensureTable(ctx); err != nil {
 		return claim{}, poolNamed(s.db, err)
 	}
-	fills := s.line.fills() // the claim's connection stays with the line (holderLine)
+	fills := s.line.fills(s.cfg.lease) // the claim's connection stays with the line (holderLine)
 	for attempt := 1; ; attempt++ {
 		var dead bool
 		cl, dead, err = s.claimOn(ctx, k, lockValue, fingerprint, fills)

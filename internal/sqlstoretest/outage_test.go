@@ -51,9 +51,15 @@ func eachServer(t *testing.T, fn func(t *testing.T, d *sqltest.DB)) {
 
 // shop is a key-mode route on m that counts its runs.
 func shop(t *testing.T, m *idempotency.Middleware) (*httptest.Server, *atomic.Int32) {
+	return shopWith(t, m, func(*http.Request) {})
+}
+
+// shopWith is shop whose handler does work first.
+func shopWith(t *testing.T, m *idempotency.Middleware, work func(r *http.Request)) (*httptest.Server, *atomic.Int32) {
 	runs := new(atomic.Int32)
 	srv := httptest.NewServer(m.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
+		work(r)
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, "paid "+r.Header.Get("Idempotency-Key"))
 	})))

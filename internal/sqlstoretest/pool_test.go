@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -65,16 +66,24 @@ func TestAPoolThatFailsTheStoreIsLoggedOnce(t *testing.T) {
 // lease, and WithRetryAbandoned then ran each handler a second time.
 func TestLeasesOutlastAPoolFullOfHandlers(t *testing.T) {
 	eachServer(t, func(t *testing.T, d *sqltest.DB) {
-		for _, viaSqlidem := range []bool{false, true} {
-			t.Run(map[bool]string{false: "own-tx", true: "sqlidem"}[viaSqlidem], func(t *testing.T) {
+		for _, c := range []struct {
+			name       string
+			viaSqlidem bool
+			raisedFrom int
+		}{{"own-tx", false, 0}, {"sqlidem", true, 0}, {"pool-raised-from-2", false, 2}} {
+			t.Run(c.name, func(t *testing.T) {
 				t.Parallel() // each on a pool of its own
-				leasesOutlastAFullPool(t, d, viaSqlidem)
+				leasesOutlastAFullPool(t, d, c.viaSqlidem, c.raisedFrom)
 			})
 		}
 	})
 }
 
-func leasesOutlastAFullPool(t *testing.T, d *sqltest.DB, viaSqlidem bool) {
+// leasesOutlastAFullPool is one case of TestLeasesOutlastAPoolFullOfHandlers.
+// With raisedFrom, the pool holds that many connections at the first
+// claim (too few for a line), and 4 from a while before the handlers
+// come.
+func leasesOutlastAFullPool(t *testing.T, d *sqltest.DB, viaSqlidem bool, raisedFrom int) {
 	const pool, requests, hold = 4, 8, 1200 * time.Millisecond
 	db, err := sql.Open(d.Driver, d.DSN)
 	require.NoError(t, err)
@@ -130,6 +139,12 @@ func leasesOutlastAFullPool(t *testing.T, d *sqltest.DB, viaSqlidem bool) {
 	}
 	srv := httptest.NewServer(idempotency.NewSQL(db, d.Dialect, opts...).ProtectKey(handler))
 	t.Cleanup(srv.Close)
+	if raisedFrom > 0 {
+		db.SetMaxOpenConns(raisedFrom)
+		require.Equal(t, http.StatusCreated, post(t, srv, "pool-first").StatusCode)
+		db.SetMaxOpenConns(pool)
+		time.Sleep(6 * time.Second) // the line looks at the pool again (holderLineTend)
+	}
 
 	statuses := make(chan int, requests)
 	for i := range requests {
@@ -152,8 +167,8 @@ func leasesOutlastAFullPool(t *testing.T, d *sqltest.DB, viaSqlidem bool) {
 	}
 	var ran int
 	require.NoError(t, d.QueryRowContext(context.Background(), "SELECT COUNT(*) FROM "+effects).Scan(&ran))
-	require.Equal(t, requests, ran, "each handler's effects committed once")
-	require.NotContains(t, log.String(), "lease", "log:\n%s", log.String())
+	require.Equal(t, requests+min(raisedFrom, 1), ran, "each handler's effects committed once")
+	require.NotContains(t, log.String(), "lock lost", "log:\n%s", log.String())
 }
 
 // A request refused because every connection of the pool is in use says
@@ -192,7 +207,7 @@ func TestAFullPoolIsNamedInTheLog(t *testing.T) {
 		close(release)
 		require.NotNil(t, resp)
 		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
-		require.Contains(t, log.String(), "every connection of db's pool is in use")
+		require.Contains(t, log.String(), "no connection of db's pool came free")
 		require.NotContains(t, log.String(), "the database does not answer")
 		for range 3 {
 			r := <-held
@@ -262,4 +277,109 @@ func TestAClaimMovesPastAKilledConnection(t *testing.T) {
 		}
 		require.EqualValues(t, 4, runs.Load())
 	})
+}
+
+// The line stays while a key it serves runs, however long after the last
+// claim: a run of 40 s, on a pool whose other connections are held and
+// wanted, keeps its lease, and a duplicate replays its one answer.
+func TestTheLineStaysWhileAKeyRuns(t *testing.T) {
+	t.Parallel() // 40 s of waiting, on pools of 4
+	eachServer(t, func(t *testing.T, d *sqltest.DB) {
+		t.Parallel()
+		const pool, lasts = 4, 40 * time.Second // past the line's idle time, 30 s
+		db, err := sql.Open(d.Driver, d.DSN)
+		require.NoError(t, err)
+		db.SetMaxOpenConns(pool)
+		t.Cleanup(func() { db.Close() })
+		var log syncbuf.Buffer
+		m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_stays")),
+			idempotency.WithSharedKeys(), idempotency.WithLockLease(time.Second), idempotency.WithRetryAbandoned(),
+			idempotency.WithExecutionTimeout(time.Minute), idempotency.WithWaitTimeout(time.Minute),
+			idempotency.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+		var cut atomic.Bool
+		srv, runs := shopWith(t, m, func(r *http.Request) {
+			tx, err := db.BeginTx(r.Context(), nil)
+			if err != nil {
+				cut.Store(true)
+				return
+			}
+			defer tx.Rollback()
+			select {
+			case <-time.After(lasts):
+			case <-r.Context().Done(): // its lease lost
+				cut.Store(true)
+			}
+		})
+		first := make(chan *http.Response, 1)
+		go func() { first <- postAsync(srv, "long") }()
+		require.Eventually(t, func() bool { return runs.Load() == 1 }, 10*time.Second, 10*time.Millisecond)
+		// The pool's other connections: two held, and one more wanted.
+		for range 2 {
+			tx, err := db.BeginTx(context.Background(), nil)
+			require.NoError(t, err)
+			t.Cleanup(func() { tx.Rollback() })
+		}
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), lasts+10*time.Second)
+			defer cancel()
+			if tx, err := db.BeginTx(ctx, nil); err == nil {
+				<-ctx.Done() // and holds what it got
+				tx.Rollback()
+			}
+		}()
+		time.Sleep(lasts - 2*time.Second)
+		second := postAsync(srv, "long") // waits for the run, then replays it
+		resp := <-first
+		require.NotNil(t, resp)
+		require.Equal(t, http.StatusCreated, resp.StatusCode, "log:\n%s", log.String())
+		require.NotNil(t, second)
+		require.Equal(t, http.StatusCreated, second.StatusCode)
+		require.Equal(t, "true", second.Header.Get(idempotency.ReplayedHeader))
+		require.EqualValues(t, 1, runs.Load(), "the key ran once")
+		require.False(t, cut.Load(), "the run was not cut off; log:\n%s", log.String())
+	})
+}
+
+// A pool lowered under 4 gets the line's connection back within a few
+// seconds: the line does not keep the only connection of a pool of 1.
+func TestALoweredPoolGetsTheLineBack(t *testing.T) {
+	eachServer(t, func(t *testing.T, d *sqltest.DB) {
+		db, err := sql.Open(d.Driver, d.DSN)
+		require.NoError(t, err)
+		db.SetMaxOpenConns(8)
+		t.Cleanup(func() { db.Close() })
+		m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_lowered")),
+			idempotency.WithSharedKeys(), idempotency.WithStoreTimeout(200*time.Millisecond))
+		srv, _ := shop(t, m)
+		require.Equal(t, http.StatusCreated, post(t, srv, "before").StatusCode) // the line is filled
+		db.SetMaxOpenConns(1)
+		db.SetMaxIdleConns(0) // no idle connection left: the line holds the pool's one
+		i := 0
+		require.Eventually(t, func() bool {
+			i++
+			return post(t, srv, fmt.Sprint("after-", i)).StatusCode == http.StatusCreated
+		}, 8*time.Second, 200*time.Millisecond)
+	})
+}
+
+// Closing db gives the line's connection back to the server within a few
+// seconds, as it closes the pool's own.
+func TestClosingTheDatabaseClosesTheLine(t *testing.T) {
+	d := sqltest.Open(t, sqltest.PostgreSQL)
+	name := fmt.Sprintf("idemline%d", time.Now().UnixNano())
+	db, err := sql.Open(d.Driver, d.DSN+"&application_name="+name)
+	require.NoError(t, err)
+	db.SetMaxOpenConns(8)
+	m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_close")), idempotency.WithSharedKeys())
+	srv, _ := shop(t, m)
+	require.Equal(t, http.StatusCreated, post(t, srv, "k").StatusCode)
+	open := func() int {
+		var n int
+		require.NoError(t, d.QueryRowContext(context.Background(),
+			"SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", name).Scan(&n))
+		return n
+	}
+	require.Positive(t, open())
+	require.NoError(t, db.Close())
+	require.Eventually(t, func() bool { return open() == 0 }, 8*time.Second, 100*time.Millisecond)
 }

@@ -106,6 +106,7 @@
 //	sqlstore.go      NewSQL, WithSQLTable: the SQL store, one transaction per operation
 //	sqlrow.go        a key's row, and the Go twins of the scripts that change it
 //	sqlline.go       the connection a store keeps for running keys while handlers fill the pool
+//	sqlpool.go       what the SQL store reads of db's pool: full, a connection ended, an error naming it
 //	sqlstatements.go the SQL store's table and statements, per dialect
 //	sqlnotify.go     WithSQLListener: waiters woken by the database's notifications
 //	sqltx.go         StoreAnswerInTx: a key's answer in the handler's own transaction

@@ -3,26 +3,14 @@ package idempotency
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"log/slog"
 	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 	"weak"
-
-	"github.com/onceonly/idempotency/sqldialect"
 )
-
-// sqlConn is what a store operation runs its statements on: db, that is
-// its pool, or one connection of it (*sql.Conn).
-type sqlConn interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
-}
 
 // holderLine is one connection of a capped pool that the store keeps for
 // the statements of runs that already hold their lease: renewals, the
@@ -274,28 +262,6 @@ func (l *holderLine) run(ctx context.Context, db *sql.DB, op func(c sqlConn) err
 	return err
 }
 
-// broken reports whether c can no longer run a statement: the server
-// closed it, a statement was cut mid-way, or its driver says so.
-func broken(c *sql.Conn) bool {
-	err := c.Raw(func(dc any) error {
-		if v, ok := dc.(driver.Validator); ok && !v.IsValid() {
-			return driver.ErrBadConn
-		}
-		return nil
-	})
-	return err != nil
-}
-
-// connectionEnded reports whether err is PostgreSQL saying it ended the
-// connection (57P01-57P03: its backend terminated by an administrator, a
-// crash, a server stopping or starting), which pgx may not have marked
-// closed yet: the statement did not run, or rolled back with the backend,
-// and nothing more runs on the connection.
-func connectionEnded(err error) bool {
-	e, ok := sqldialect.ErrorOf(err)
-	return ok && (e.SQLState == "57P01" || e.SQLState == "57P02" || e.SQLState == "57P03")
-}
-
 // asHolder runs op, one operation of a run that holds its lease, on db's
 // pool, or on the line while every connection of the pool is in use.
 func (s *sqlStore) asHolder(ctx context.Context, op func(c sqlConn) error) error {
@@ -308,36 +274,3 @@ func (s *sqlStore) asHolder(ctx context.Context, op func(c sqlConn) error) error
 	}
 	return s.line.run(ctx, s.db, op)
 }
-
-// poolFull reports whether every connection db may open is in use.
-func poolFull(db *sql.DB) bool {
-	st := db.Stats()
-	return st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections
-}
-
-// poolNamed names db's pool in err when err is a statement that ran out of
-// time with every connection of the pool in use: it may never have reached
-// the database, whose connections were all held, by handlers'
-// transactions or by statements that the database is slow to answer.
-func poolNamed(db *sql.DB, err error) error {
-	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
-		return err
-	}
-	if st := db.Stats(); st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
-		return &poolFullError{inUse: st.InUse, err: err}
-	}
-	return err
-}
-
-// A poolFullError is a statement that waited for a connection of a full
-// pool until it ran out of time.
-type poolFullError struct {
-	inUse int
-	err   error
-}
-
-func (e *poolFullError) Error() string {
-	return "no connection of db's pool came free (" + strconv.Itoa(e.inUse) + " in use, SetMaxOpenConns): " + e.err.Error()
-}
-
-func (e *poolFullError) Unwrap() error { return e.err }

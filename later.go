@@ -8,8 +8,6 @@ import (
 	"sync"
 	"time"
 	"weak"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // What Redis did not answer now is done later: the release of a claim whose
@@ -165,7 +163,7 @@ func (q *later) signal() {
 
 // do tries job, pausing longer each time, until it succeeds or its deadline
 // passes (a job without one: until it succeeds), or the application closed
-// the Redis client, which nothing will answer any more.
+// the Redis client or the database, which nothing will answer any more.
 func (q *later) do(job *laterJob) {
 	for pause := 50 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
 		ctx, cancel := q.m.stepContext(context.Background())
@@ -177,8 +175,8 @@ func (q *later) do(job *laterJob) {
 		if err == nil {
 			return
 		}
-		if errors.Is(err, redis.ErrClosed) {
-			q.m.cfg.logger.Error("idempotency: the Redis client was closed with a "+job.what+" undone (call "+
+		if q.m.storeClosed(err) {
+			q.m.cfg.logger.Error("idempotency: "+q.m.storeName()+" was closed with a "+job.what+" undone (call "+
 				"Middleware.Shutdown before closing it); retries may find the key interrupted", "key", job.k.record)
 			return
 		}

@@ -41,6 +41,7 @@ type holderLine struct {
 
 	turn    chan struct{} // held by the one operation on the connection
 	lastUse atomic.Int64  // unix nanoseconds of the last claim or running key's statement
+	judged  atomic.Int64  // unix nanoseconds of the last judgement of the pool's limit
 	idle    atomic.Int64  // how long the line stays unused: the longest of holderLineIdle and two leases
 	active  atomic.Bool   // it tends itself: kept, or to be filled, or not needed
 	want    atomic.Bool   // the next claim fills the line
@@ -53,9 +54,10 @@ type holderLine struct {
 // it tends itself; minLinePool the smallest pool limit that spares a
 // connection for it.
 const (
-	holderLineIdle = 30 * time.Second
-	holderLineTend = 5 * time.Second
-	minLinePool    = 4
+	holderLineIdle  = 30 * time.Second
+	holderLineTend  = 5 * time.Second
+	holderLineJudge = time.Second // a claim that finds no line judges the limit again after this
+	minLinePool     = 4
 )
 
 // holderLines are the lines by database. An entry does not keep its
@@ -90,19 +92,29 @@ func holderLineOf(db *sql.DB, logger *slog.Logger) *holderLine {
 // to keep. A claim that does not fill it pays a clock read and a few
 // atomic operations.
 func (l *holderLine) fills(lease time.Duration) bool {
-	l.used()
 	if idle := max(holderLineIdle, 2*lease); time.Duration(l.idle.Load()) < idle {
 		l.idle.Store(int64(idle)) // a running key renews every third of its lease
 	}
-	if !l.active.Load() && l.active.CompareAndSwap(false, true) {
+	now := l.used()
+	if !l.want.Load() && now-l.judged.Load() > int64(holderLineJudge) {
+		// A limit raised since: judged at once, not at the next tending,
+		// so that a burst that follows has its line.
 		l.judge()
-		time.AfterFunc(holderLineTend, l.tend)
 	}
 	return l.want.Load() && l.want.CompareAndSwap(true, false)
 }
 
-// used notes a claim, or a statement of a running key: the line is in use.
-func (l *holderLine) used() { l.lastUse.Store(time.Now().UnixNano()) }
+// used notes a claim, or a statement of a running key: the line is in
+// use, and becomes active if it was not. It returns the time it noted.
+func (l *holderLine) used() int64 {
+	now := time.Now().UnixNano()
+	l.lastUse.Store(now)
+	if !l.active.Load() && l.active.CompareAndSwap(false, true) {
+		l.judge()
+		time.AfterFunc(holderLineTend, l.tend)
+	}
+	return now
+}
 
 // judge decides whether the pool, as it is capped now (the application
 // may cap it after NewSQL, or change it), wants a line, gives back the
@@ -113,6 +125,7 @@ func (l *holderLine) judge() {
 	if db == nil {
 		return
 	}
+	l.judged.Store(time.Now().UnixNano())
 	limit := db.Stats().MaxOpenConnections
 	switch {
 	case limit == 0:
@@ -147,13 +160,14 @@ func (l *holderLine) judge() {
 // active.
 func (l *holderLine) tend() {
 	db := l.db.Value()
-	unused := time.Since(time.Unix(0, l.lastUse.Load())) > time.Duration(l.idle.Load())
-	if db == nil || unused || closed(db) {
-		l.mu.Lock()
+	unused := func() bool { return time.Since(time.Unix(0, l.lastUse.Load())) > time.Duration(l.idle.Load()) }
+	if db == nil || unused() || closed(db) {
 		l.want.Store(false)
-		l.active.Store(false)
-		l.mu.Unlock()
 		l.giveBack()
+		l.active.Store(false)
+		if db != nil && !unused() && !closed(db) {
+			l.used() // a key came in between: the line serves it
+		}
 		return
 	}
 	l.judge()
@@ -179,28 +193,30 @@ func (l *holderLine) ping() {
 	default:
 		return // in use: it answers
 	}
-	defer func() { <-l.turn }()
 	l.mu.Lock()
 	c := l.conn
 	l.mu.Unlock()
-	if c == nil {
-		return
+	var err error
+	if c != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), holderLineTend)
+		err = c.PingContext(ctx)
+		cancel()
+		if err != nil {
+			l.drop(c)
+		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), holderLineTend)
-	err := c.PingContext(ctx)
-	cancel()
+	<-l.turn
 	if err != nil {
-		l.drop(c)
+		l.judge() // the next claim fills the line again
 	}
 }
 
-// drop lets the line's connection c go, and has the next claim fill it.
-// Called with the turn held.
+// drop lets the line's connection c go. Called with the turn held; the
+// caller then judges the pool (judge may take the turn).
 func (l *holderLine) drop(c *sql.Conn) {
 	l.mu.Lock()
 	if l.conn == c {
 		l.conn = nil
-		l.want.Store(l.active.Load())
 	}
 	l.mu.Unlock()
 	c.Close()
@@ -225,7 +241,7 @@ func (l *holderLine) giveBack() {
 func (l *holderLine) keep(c *sql.Conn, err error) {
 	if err != nil && (connectionEnded(err) || broken(c)) {
 		c.Close()
-		l.want.Store(l.active.Load())
+		l.judge() // the next claim fills the line again, if the pool still spares one
 		return
 	}
 	l.mu.Lock()
@@ -255,10 +271,14 @@ func (l *holderLine) run(ctx context.Context, db *sql.DB, op func(c sqlConn) err
 		return op(db)
 	}
 	err := op(c)
-	if err != nil && (connectionEnded(err) || broken(c)) {
+	dropped := err != nil && (connectionEnded(err) || broken(c))
+	if dropped {
 		l.drop(c)
 	}
 	<-l.turn
+	if dropped {
+		l.judge() // the next claim fills the line again
+	}
 	return err
 }
 

@@ -327,7 +327,7 @@ func (s *sqlStore) claimOn(ctx context.Context, k keys, lockValue, fingerprint s
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
 		if fills {
-			s.line.want.Store(true)
+			s.line.judge() // the next claim fills the line, if the pool still spares one
 		}
 		return claim{}, false, err
 	}

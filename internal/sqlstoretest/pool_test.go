@@ -1,12 +1,14 @@
 package sqlstoretest
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime/pprof"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -382,4 +384,39 @@ func TestClosingTheDatabaseClosesTheLine(t *testing.T) {
 	require.Positive(t, open())
 	require.NoError(t, db.Close())
 	require.Eventually(t, func() bool { return open() == 0 }, 8*time.Second, 100*time.Millisecond)
+}
+
+// Closing db while keys run ends the background work that their stores
+// and releases left: it is logged, not tried for as long as the process
+// lives (32 goroutines per Middleware, each every 500 ms).
+func TestClosingTheDatabaseEndsTheBackgroundWork(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		db, err := sql.Open(d.Driver, d.DSN)
+		require.NoError(t, err)
+		db.SetMaxOpenConns(8)
+		var log syncbuf.Buffer
+		m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_closed")),
+			idempotency.WithSharedKeys(), idempotency.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+		srv, runs := shopWith(t, m, func(*http.Request) { time.Sleep(300 * time.Millisecond) })
+		done := make(chan *http.Response, 3)
+		for i := range 3 {
+			go func() { done <- postAsync(srv, fmt.Sprint("closing-", i)) }()
+		}
+		require.Eventually(t, func() bool { return runs.Load() == 3 }, 5*time.Second, 5*time.Millisecond)
+		require.NoError(t, db.Close()) // while the three run
+		for range 3 {
+			<-done
+		}
+		require.Eventually(t, func() bool { return backgroundJobs() == 0 }, 5*time.Second, 50*time.Millisecond,
+			"log:\n%s", log.String())
+		require.Contains(t, log.String(), "the database (*sql.DB) was closed")
+	})
+}
+
+// backgroundJobs counts the goroutines of the middleware's background
+// queue.
+func backgroundJobs() int {
+	var stacks bytes.Buffer
+	pprof.Lookup("goroutine").WriteTo(&stacks, 2)
+	return strings.Count(stacks.String(), "idempotency.(*later).do(")
 }

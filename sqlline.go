@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,7 +26,10 @@ import (
 //
 // Every Middleware of NewSQL on one *sql.DB shares its line. A claim
 // fills it: the connection the claim got from the pool stays with the
-// line, so that the line never waits behind the handlers it serves. While
+// line, so that the line never waits behind the handlers it serves. A
+// pool of minSparePool or more spares it a second connection, which a
+// statement takes when the server ended the first one: with every other
+// connection held, a new one could not be had before the leases lapse. While
 // it is in use, the line tends itself every holderLineTend: it pings its
 // connection (one the server ended is dropped, and the next claim fills
 // the line again), judges the pool's limit anew (one lowered under
@@ -46,8 +50,9 @@ type holderLine struct {
 	active  atomic.Bool   // it tends itself: kept, or to be filled, or not needed
 	want    atomic.Bool   // the next claim fills the line
 	warned  atomic.Bool   // a pool without a limit, or too small for a line, was logged
+	target  atomic.Int32  // how many connections the pool spares for the line: 0, 1, or 2 (a spare)
 	mu      sync.Mutex
-	conn    *sql.Conn // nil while none is kept
+	conns   []*sql.Conn // the line's connections, the one in use first
 }
 
 // holderLineIdle is how long a line stays unused; holderLineTend how often
@@ -58,6 +63,11 @@ const (
 	holderLineTend  = 5 * time.Second
 	holderLineJudge = time.Second // a claim that finds no line judges the limit again after this
 	minLinePool     = 4
+	// minSparePool is the smallest pool limit that spares a second
+	// connection: should the server end the line's connection while every
+	// other one is held, the renewals go on on the spare, where a new one
+	// could not be had before their leases lapse.
+	minSparePool = 8
 )
 
 // holderLines are the lines by database. An entry does not keep its
@@ -147,11 +157,22 @@ func (l *holderLine) judge() {
 				"behind them and may lapse; allow at least 4 (SetMaxOpenConns)", "max_open_connections", limit)
 		}
 	default:
+		target := 1
+		if limit >= minSparePool {
+			target = 2
+		}
+		l.target.Store(int32(target))
 		l.mu.Lock()
-		l.want.Store(l.conn == nil)
+		held := len(l.conns)
+		l.want.Store(held < target)
 		l.mu.Unlock()
+		if held > target { // a pool lowered: the next claim fills the line again
+			l.giveBack()
+			l.want.Store(true)
+		}
 		return
 	}
+	l.target.Store(0)
 	l.want.Store(false)
 	l.giveBack()
 }
@@ -194,19 +215,20 @@ func (l *holderLine) ping() {
 		return // in use: it answers
 	}
 	l.mu.Lock()
-	c := l.conn
+	conns := slices.Clone(l.conns)
 	l.mu.Unlock()
-	var err error
-	if c != nil {
+	dropped := false
+	for _, c := range conns {
 		ctx, cancel := context.WithTimeout(context.Background(), holderLineTend)
-		err = c.PingContext(ctx)
+		err := c.PingContext(ctx)
 		cancel()
 		if err != nil {
 			l.drop(c)
+			dropped = true
 		}
 	}
 	<-l.turn
-	if err != nil {
+	if dropped {
 		l.judge() // the next claim fills the line again
 	}
 }
@@ -215,23 +237,21 @@ func (l *holderLine) ping() {
 // caller then judges the pool (judge may take the turn).
 func (l *holderLine) drop(c *sql.Conn) {
 	l.mu.Lock()
-	if l.conn == c {
-		l.conn = nil
-	}
+	l.conns = slices.DeleteFunc(l.conns, func(k *sql.Conn) bool { return k == c })
 	l.mu.Unlock()
 	c.Close()
 }
 
-// giveBack returns the line's connection to the pool, after the operation
-// on it.
+// giveBack returns the line's connections to the pool, after the
+// operation on them.
 func (l *holderLine) giveBack() {
 	l.turn <- struct{}{}
 	l.mu.Lock()
-	c := l.conn
-	l.conn = nil
+	conns := l.conns
+	l.conns = nil
 	l.mu.Unlock()
 	<-l.turn
-	if c != nil {
+	for _, c := range conns {
 		c.Close()
 	}
 }
@@ -245,8 +265,9 @@ func (l *holderLine) keep(c *sql.Conn, err error) {
 		return
 	}
 	l.mu.Lock()
-	if l.active.Load() && l.conn == nil {
-		l.conn, c = c, nil
+	if l.active.Load() && len(l.conns) < int(l.target.Load()) {
+		l.conns, c = append(l.conns, c), nil
+		l.want.Store(len(l.conns) < int(l.target.Load()))
 	}
 	l.mu.Unlock()
 	if c != nil {
@@ -255,31 +276,41 @@ func (l *holderLine) keep(c *sql.Conn, err error) {
 }
 
 // run runs op on the line's connection, after the operation before it;
-// on db, the line's database, when the line holds none (not filled yet,
-// or broken), as it would have run without a line.
+// on its spare when the server ended that connection (each operation is
+// safe to repeat: keyStore); on db, the line's database, when the line
+// holds none (not filled yet, or broken), as it would have run without a
+// line.
 func (l *holderLine) run(ctx context.Context, db *sql.DB, op func(c sqlConn) error) error {
 	select {
 	case l.turn <- struct{}{}:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	l.mu.Lock()
-	c := l.conn
-	l.mu.Unlock()
-	if c == nil {
-		<-l.turn
-		return op(db)
-	}
-	err := op(c)
-	dropped := err != nil && (connectionEnded(err) || broken(c))
-	if dropped {
+	dropped := false
+	defer func() {
+		if dropped {
+			l.judge() // the next claim fills the line again
+		}
+	}()
+	for {
+		l.mu.Lock()
+		var c *sql.Conn
+		if len(l.conns) > 0 {
+			c = l.conns[0]
+		}
+		l.mu.Unlock()
+		if c == nil {
+			<-l.turn
+			return op(db)
+		}
+		err := op(c)
+		if err == nil || !(connectionEnded(err) || broken(c)) || ctx.Err() != nil {
+			<-l.turn
+			return err
+		}
 		l.drop(c)
+		dropped = true
 	}
-	<-l.turn
-	if dropped {
-		l.judge() // the next claim fills the line again
-	}
-	return err
 }
 
 // asHolder runs op, one operation of a run that holds its lease, on db's

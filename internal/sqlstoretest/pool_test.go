@@ -420,3 +420,74 @@ func backgroundJobs() int {
 	pprof.Lookup("goroutine").WriteTo(&stacks, 2)
 	return strings.Count(stacks.String(), "idempotency.(*later).do(")
 }
+
+// A pool of 8 or more spares the line a second connection: when the
+// server ends the line's connection while every other one is held (and
+// wanted), the running keys' renewals go on on the spare, and no lease
+// lapses. (PostgreSQL, whose backends this test can tell apart.)
+func TestTheLinesSpareOutlivesItsConnection(t *testing.T) {
+	d := sqltest.Open(t, sqltest.PostgreSQL)
+	const pool, requests, hold = 8, 6, 2500 * time.Millisecond
+	name := fmt.Sprintf("idemspare%d", time.Now().UnixNano())
+	db, err := sql.Open(d.Driver, d.DSN+"&application_name="+name)
+	require.NoError(t, err)
+	db.SetMaxOpenConns(pool)
+	db.SetMaxIdleConns(pool)
+	t.Cleanup(func() { db.Close() })
+	var log syncbuf.Buffer
+	m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_spare")),
+		idempotency.WithSharedKeys(), idempotency.WithLockLease(time.Second), idempotency.WithRetryAbandoned(),
+		idempotency.WithStoreTimeout(5*time.Second), idempotency.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+	var cut atomic.Int32
+	holding := make(chan struct{}, requests)
+	srv, runs := shopWith(t, m, func(r *http.Request) {
+		tx, err := db.BeginTx(r.Context(), nil)
+		if err != nil {
+			cut.Add(1)
+			return
+		}
+		defer tx.Rollback()
+		tx.ExecContext(r.Context(), "SELECT 1") // in a transaction from here on
+		holding <- struct{}{}
+		select {
+		case <-time.After(hold):
+		case <-r.Context().Done():
+			cut.Add(1)
+		}
+	})
+	for i := range 2 { // two claims fill the line and its spare
+		require.Equal(t, http.StatusCreated, post(t, srv, fmt.Sprint("fill-", i)).StatusCode)
+	}
+	done := make(chan *http.Response, requests)
+	for i := range requests {
+		go func() { done <- postAsync(srv, fmt.Sprint("spare-", i)) }()
+	}
+	for range requests {
+		<-holding
+	}
+	waiter, cancel := context.WithTimeout(context.Background(), 2*hold)
+	defer cancel()
+	for range 2 { // the pool's last connection, and any freed, is wanted at once
+		go func() {
+			if tx, err := db.BeginTx(waiter, nil); err == nil {
+				<-waiter.Done()
+				tx.Rollback()
+			}
+		}()
+	}
+	time.Sleep(100 * time.Millisecond)
+	// The server ends the line's connection: the oldest of its idle ones.
+	var killed bool
+	require.NoError(t, d.QueryRowContext(context.Background(),
+		"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle' "+
+			"ORDER BY backend_start LIMIT 1", name).Scan(&killed))
+	require.True(t, killed)
+	for range requests {
+		resp := <-done
+		require.NotNil(t, resp)
+		require.Equal(t, http.StatusCreated, resp.StatusCode, "log:\n%s", log.String())
+	}
+	require.Zero(t, cut.Load(), "no run was cut off; log:\n%s", log.String())
+	require.EqualValues(t, requests+2, runs.Load())
+	require.NotContains(t, log.String(), "lock lost")
+}

@@ -38,10 +38,11 @@ var (
 	stepScript     = keyspace.RecordScript(stepSource)
 )
 
-// redisStore is the Redis side of the middleware. Each method is one script and
-// one round trip (two the first time a script meets a server that lacks
-// it), and is safe to repeat: go-redis resends a command whose reply was
-// lost, so every script answers a repeat the way it answered the original.
+// redisStore is the Redis side of the middleware. Each method is one
+// script and one round trip (two the first time a script meets a server
+// that lacks it), and is safe to repeat: go-redis resends a command whose
+// reply was lost, so every script answers a repeat the way it answered the
+// original.
 //
 // The key's lease is a lock key holding a random value for a lease, owned
 // by these scripts alone: claim.lua takes it as it claims, renew.lua

@@ -314,14 +314,15 @@ func (l *holderLine) run(ctx context.Context, db *sql.DB, op func(c sqlConn) err
 }
 
 // asHolder runs op, one operation of a run that holds its lease, on db's
-// pool, or on the line while every connection of the pool is in use.
+// pool, or on the line while every connection of the pool is in use; an
+// error that ran out of time waiting for the pool names it (poolNamed).
 func (s *sqlStore) asHolder(ctx context.Context, op func(c sqlConn) error) error {
 	if s.line == nil {
-		return op(s.db)
+		return poolNamed(s.db, op(s.db))
 	}
 	s.line.used()
-	if !poolFull(s.db) {
-		return op(s.db)
+	if full, _ := poolFull(s.db); !full {
+		return poolNamed(s.db, op(s.db))
 	}
-	return s.line.run(ctx, s.db, op)
+	return poolNamed(s.db, s.line.run(ctx, s.db, op))
 }

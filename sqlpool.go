@@ -18,10 +18,11 @@ type sqlConn interface {
 	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
 }
 
-// poolFull reports whether every connection db may open is in use.
-func poolFull(db *sql.DB) bool {
+// poolFull reports whether every connection db may open is in use, and
+// how many are.
+func poolFull(db *sql.DB) (full bool, inUse int) {
 	st := db.Stats()
-	return st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections
+	return st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections, st.InUse
 }
 
 // poolNamed names db's pool in err when err is a statement that ran out of
@@ -32,8 +33,8 @@ func poolNamed(db *sql.DB, err error) error {
 	if err == nil || !errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	if st := db.Stats(); st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
-		return &poolFullError{inUse: st.InUse, err: err}
+	if full, inUse := poolFull(db); full {
+		return &poolFullError{inUse: inUse, err: err}
 	}
 	return err
 }

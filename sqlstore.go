@@ -443,7 +443,7 @@ func (s *sqlStore) complete(ctx context.Context, k keys, lockValue *string, fp s
 		return nil
 	})
 	if err != nil {
-		return 0, poolNamed(s.db, err)
+		return 0, err
 	}
 	return done, nil
 }
@@ -474,8 +474,7 @@ func (s *sqlStore) keep(ctx context.Context, k keys, lockValue string) error {
 // rowAsHolder runs fn on the key's row (withRow) for the run that holds
 // its lease.
 func (s *sqlStore) rowAsHolder(ctx context.Context, k keys, fn func(r *keyRow)) error {
-	err := s.asHolder(ctx, func(c sqlConn) error { return s.withRow(ctx, c, k.record, fn) })
-	return poolNamed(s.db, err)
+	return s.asHolder(ctx, func(c sqlConn) error { return s.withRow(ctx, c, k.record, fn) })
 }
 
 // renew extends a lease we hold with one UPDATE (a watchdog renews every
@@ -493,7 +492,7 @@ func (s *sqlStore) renew(ctx context.Context, k keys, lockValue string, retake b
 		})
 		switch {
 		case err != nil:
-			return false, poolNamed(s.db, err)
+			return false, err
 		case n == 1:
 			return true, nil
 		case !retake:
@@ -510,13 +509,12 @@ func (s *sqlStore) unlock(ctx context.Context, k keys, lockValue string) error {
 	if err := s.ensureTable(ctx); err != nil {
 		return err
 	}
-	err := s.asHolder(ctx, func(c sqlConn) error {
+	return s.asHolder(ctx, func(c sqlConn) error {
 		_, err := s.serialized(func() (int64, error) {
 			return s.changeRow(ctx, c, s.q.unlock, k.record, lockValue)
 		})
 		return err
 	})
-	return poolNamed(s.db, err)
 }
 
 // changeRow runs an UPDATE of one row that may notify its waiters (store,

@@ -189,6 +189,26 @@ func (q *later) do(job *laterJob) {
 	}
 }
 
+// storeClosed reports whether err says that the application closed the
+// store: the Redis client, or NewSQL's database (database/sql's error for
+// it is not exported; the database is asked instead). Nothing will answer
+// any more.
+func (m *Middleware) storeClosed(err error) bool {
+	if neverSent(err) { // the Redis client's
+		return true
+	}
+	s, ok := m.keyStore.(*sqlStore)
+	return ok && closed(s.db)
+}
+
+// storeName is what keeps the keys, for the log.
+func (m *Middleware) storeName() string {
+	if m.redis != nil {
+		return "the Redis client"
+	}
+	return "the database (*sql.DB)"
+}
+
 // Shutdown waits until every call the Middleware admitted has ended and
 // every store and release that Redis did not answer at once has been done
 // in the background: call it when the server has stopped taking requests

@@ -339,26 +339,6 @@ func unavailable(err error) error {
 	return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 }
 
-// storeClosed reports whether err says that the application closed the
-// store: the Redis client, or NewSQL's database (database/sql's error for
-// it is not exported; the database is asked instead). Nothing will answer
-// any more.
-func (m *Middleware) storeClosed(err error) bool {
-	if errors.Is(err, redis.ErrClosed) {
-		return true
-	}
-	s, ok := m.keyStore.(*sqlStore)
-	return ok && closed(s.db)
-}
-
-// storeName is what keeps the keys, for the log.
-func (m *Middleware) storeName() string {
-	if m.redis != nil {
-		return "the Redis client"
-	}
-	return "the database (*sql.DB)"
-}
-
 // neverSent reports whether err says that a command never reached Redis:
 // the application closed the client. Nothing else says so for sure: a
 // command whose connection broke is resent on a new one, and when that one

@@ -35,13 +35,11 @@ func TestAPoolThatFailsTheStoreIsLoggedOnce(t *testing.T) {
 			limit int
 			told  string
 		}{{0, "has no limit"}, {2, "too small"}, {16, ""}} {
-			db, err := sql.Open(d.Driver, d.DSN)
-			require.NoError(t, err)
-			t.Cleanup(func() { db.Close() })
+			db := openPool(t, d, 0, "")
 			var log syncbuf.Buffer
 			m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSharedKeys(),
 				idempotency.WithSQLTable(d.Table(t, "idem_pools")),
-				idempotency.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+				idempotency.WithLogger(loggerTo(&log)))
 			db.SetMaxOpenConns(c.limit)
 			srv, _ := shop(t, m)
 			for i := range 3 {
@@ -87,15 +85,12 @@ func TestLeasesOutlastAPoolFullOfHandlers(t *testing.T) {
 // come.
 func leasesOutlastAFullPool(t *testing.T, d *sqltest.DB, viaSqlidem bool, raisedFrom int) {
 	const pool, requests, hold = 4, 8, 1200 * time.Millisecond
-	db, err := sql.Open(d.Driver, d.DSN)
-	require.NoError(t, err)
-	db.SetMaxOpenConns(pool)
-	t.Cleanup(func() { db.Close() })
+	db := openPool(t, d, pool, "")
 	effects := effectsTable(t, d)
 	var log syncbuf.Buffer
 	opts := []idempotency.Option{idempotency.WithSQLTable(d.Table(t, "idem_pool")), idempotency.WithSharedKeys(),
 		idempotency.WithLockLease(time.Second), idempotency.WithRetryAbandoned(),
-		idempotency.WithStoreTimeout(5 * time.Second), idempotency.WithLogger(slog.New(slog.NewTextHandler(&log, nil)))}
+		idempotency.WithStoreTimeout(5 * time.Second), idempotency.WithLogger(loggerTo(&log))}
 	pay := func(ctx context.Context, tx *sql.Tx, key string) error {
 		if _, err := tx.ExecContext(ctx, d.Dialect.Bind("INSERT INTO "+effects+" (k) VALUES (?)"), key); err != nil {
 			return err
@@ -177,14 +172,11 @@ func leasesOutlastAFullPool(t *testing.T, d *sqltest.DB, viaSqlidem bool, raised
 // so in the log: the database answers, and what to size is the pool.
 func TestAFullPoolIsNamedInTheLog(t *testing.T) {
 	eachServer(t, func(t *testing.T, d *sqltest.DB) {
-		db, err := sql.Open(d.Driver, d.DSN)
-		require.NoError(t, err)
-		db.SetMaxOpenConns(4)
-		t.Cleanup(func() { db.Close() })
+		db := openPool(t, d, 4, "")
 		var log syncbuf.Buffer
 		m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_full")),
 			idempotency.WithSharedKeys(), idempotency.WithStoreTimeout(300*time.Millisecond),
-			idempotency.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+			idempotency.WithLogger(loggerTo(&log)))
 		release := make(chan struct{})
 		holding := make(chan struct{}, 4)
 		srv := httptest.NewServer(m.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -241,14 +233,11 @@ func postAsync(srv *httptest.Server, key string) *http.Response {
 func TestAClaimMovesPastAKilledConnection(t *testing.T) {
 	eachServer(t, func(t *testing.T, d *sqltest.DB) {
 		ctx := context.Background()
-		db, err := sql.Open(d.Driver, d.DSN)
-		require.NoError(t, err)
-		db.SetMaxOpenConns(8)
+		db := openPool(t, d, 8, "")
 		db.SetMaxIdleConns(8)
-		t.Cleanup(func() { db.Close() })
 		var log syncbuf.Buffer
 		m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_killed")),
-			idempotency.WithSharedKeys(), idempotency.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+			idempotency.WithSharedKeys(), idempotency.WithLogger(loggerTo(&log)))
 		srv, runs := shop(t, m)
 		require.Equal(t, http.StatusCreated, post(t, srv, "before").StatusCode)
 
@@ -289,15 +278,12 @@ func TestTheLineStaysWhileAKeyRuns(t *testing.T) {
 	eachServer(t, func(t *testing.T, d *sqltest.DB) {
 		t.Parallel()
 		const pool, lasts = 4, 40 * time.Second // past the line's idle time, 30 s
-		db, err := sql.Open(d.Driver, d.DSN)
-		require.NoError(t, err)
-		db.SetMaxOpenConns(pool)
-		t.Cleanup(func() { db.Close() })
+		db := openPool(t, d, pool, "")
 		var log syncbuf.Buffer
 		m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_stays")),
 			idempotency.WithSharedKeys(), idempotency.WithLockLease(time.Second), idempotency.WithRetryAbandoned(),
 			idempotency.WithExecutionTimeout(time.Minute), idempotency.WithWaitTimeout(time.Minute),
-			idempotency.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+			idempotency.WithLogger(loggerTo(&log)))
 		var cut atomic.Bool
 		srv, runs := shopWith(t, m, func(r *http.Request) {
 			tx, err := db.BeginTx(r.Context(), nil)
@@ -346,10 +332,7 @@ func TestTheLineStaysWhileAKeyRuns(t *testing.T) {
 // seconds: the line does not keep the only connection of a pool of 1.
 func TestALoweredPoolGetsTheLineBack(t *testing.T) {
 	eachServer(t, func(t *testing.T, d *sqltest.DB) {
-		db, err := sql.Open(d.Driver, d.DSN)
-		require.NoError(t, err)
-		db.SetMaxOpenConns(8)
-		t.Cleanup(func() { db.Close() })
+		db := openPool(t, d, 8, "")
 		m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_lowered")),
 			idempotency.WithSharedKeys(), idempotency.WithStoreTimeout(200*time.Millisecond))
 		srv, _ := shop(t, m)
@@ -369,9 +352,7 @@ func TestALoweredPoolGetsTheLineBack(t *testing.T) {
 func TestClosingTheDatabaseClosesTheLine(t *testing.T) {
 	d := sqltest.Open(t, sqltest.PostgreSQL)
 	name := fmt.Sprintf("idemline%d", time.Now().UnixNano())
-	db, err := sql.Open(d.Driver, d.DSN+"&application_name="+name)
-	require.NoError(t, err)
-	db.SetMaxOpenConns(8)
+	db := openPool(t, d, 8, "&application_name="+name)
 	m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_close")), idempotency.WithSharedKeys())
 	srv, _ := shop(t, m)
 	require.Equal(t, http.StatusCreated, post(t, srv, "k").StatusCode)
@@ -391,12 +372,10 @@ func TestClosingTheDatabaseClosesTheLine(t *testing.T) {
 // lives (32 goroutines per Middleware, each every 500 ms).
 func TestClosingTheDatabaseEndsTheBackgroundWork(t *testing.T) {
 	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
-		db, err := sql.Open(d.Driver, d.DSN)
-		require.NoError(t, err)
-		db.SetMaxOpenConns(8)
+		db := openPool(t, d, 8, "")
 		var log syncbuf.Buffer
 		m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_closed")),
-			idempotency.WithSharedKeys(), idempotency.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+			idempotency.WithSharedKeys(), idempotency.WithLogger(loggerTo(&log)))
 		srv, runs := shopWith(t, m, func(*http.Request) { time.Sleep(300 * time.Millisecond) })
 		done := make(chan *http.Response, 3)
 		for i := range 3 {
@@ -429,15 +408,12 @@ func TestTheLinesSpareOutlivesItsConnection(t *testing.T) {
 	d := sqltest.Open(t, sqltest.PostgreSQL)
 	const pool, requests, hold = 8, 6, 2500 * time.Millisecond
 	name := fmt.Sprintf("idemspare%d", time.Now().UnixNano())
-	db, err := sql.Open(d.Driver, d.DSN+"&application_name="+name)
-	require.NoError(t, err)
-	db.SetMaxOpenConns(pool)
+	db := openPool(t, d, pool, "&application_name="+name)
 	db.SetMaxIdleConns(pool)
-	t.Cleanup(func() { db.Close() })
 	var log syncbuf.Buffer
 	m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_spare")),
 		idempotency.WithSharedKeys(), idempotency.WithLockLease(time.Second), idempotency.WithRetryAbandoned(),
-		idempotency.WithStoreTimeout(5*time.Second), idempotency.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+		idempotency.WithStoreTimeout(5*time.Second), idempotency.WithLogger(loggerTo(&log)))
 	var cut atomic.Int32
 	holding := make(chan struct{}, requests)
 	srv, runs := shopWith(t, m, func(r *http.Request) {
@@ -491,3 +467,17 @@ func TestTheLinesSpareOutlivesItsConnection(t *testing.T) {
 	require.EqualValues(t, requests+2, runs.Load())
 	require.NotContains(t, log.String(), "lock lost")
 }
+
+// openPool opens d again, on a pool of its own of at most limit
+// connections (0: no limit), closed when t ends; dsnSuffix is appended to
+// d's DSN.
+func openPool(t *testing.T, d *sqltest.DB, limit int, dsnSuffix string) *sql.DB {
+	db, err := sql.Open(d.Driver, d.DSN+dsnSuffix)
+	require.NoError(t, err)
+	db.SetMaxOpenConns(limit)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// loggerTo is a middleware's text log written to log.
+func loggerTo(log *syncbuf.Buffer) *slog.Logger { return slog.New(slog.NewTextHandler(log, nil)) }

@@ -93,7 +93,15 @@ func contended(attempts int, err error) error {
 // is what READ COMMITTED would read in the transaction; what decides is the
 // row's unique key at the end (writeAnswer), at every isolation level.
 func (s *Store) transact(ctx context.Context, exec idempotency.Execution, do work) outcome {
-	row, found, err := s.lookup(ctx, s.db, exec.Key)
+	var row Row
+	var found bool
+	conn, err := s.connect(ctx, func(conn *sql.Conn) (err error) {
+		row, found, err = s.lookup(ctx, conn, exec.Key)
+		return err
+	})
+	if conn != nil {
+		defer conn.Close()
+	}
 	switch {
 	case err != nil && retryable(ctx, err):
 		return outcome{verdict: aborted, err: err}
@@ -108,7 +116,7 @@ func (s *Store) transact(ctx context.Context, exec idempotency.Execution, do wor
 	case found && row.Fence > exec.Fence:
 		return outcome{verdict: refused, err: idempotency.ErrInProgress}
 	}
-	tx, err := s.db.BeginTx(ctx, s.txOptions)
+	tx, err := conn.BeginTx(ctx, s.txOptions)
 	if err != nil {
 		return outcome{verdict: refused, err: failed(ctx, err)}
 	}
@@ -126,6 +134,14 @@ func (s *Store) transact(ctx context.Context, exec idempotency.Execution, do wor
 	case retryable(ctx, err):
 		return outcome{verdict: aborted, err: err}
 	default:
+		tx.Rollback() // the connection is free to be asked
+		if ended(ctx, conn) {
+			// The database ended the connection under the work: it
+			// failed for want of the database, as a claim that cannot
+			// reach it does (503, the key released so that the retry
+			// runs), not of its own accord.
+			return outcome{verdict: refused, err: unavailable(err)}
+		}
 		return outcome{verdict: rolledBack, err: err}
 	}
 	if err := s.writeAnswer(ctx, tx, exec, answer, found); err != nil {
@@ -293,7 +309,15 @@ func (s *Store) afterFailedCommit(ctx context.Context, exec idempotency.Executio
 	ended := ctx
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), checkTimeout)
 	defer cancel()
-	row, found, err := s.lookup(ctx, s.db, exec.Key)
+	var row Row
+	var found bool
+	conn, err := s.connect(ctx, func(conn *sql.Conn) (err error) {
+		row, found, err = s.lookup(ctx, conn, exec.Key)
+		return err
+	})
+	if conn != nil {
+		defer conn.Close()
+	}
 	switch {
 	case err != nil:
 		return outcome{verdict: refused, err: unavailable(errors.Join(cause, err))}

@@ -42,7 +42,9 @@ type TxFunc func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error
 // corrected retry may fix); otherwise, and for an answer below 400, which
 // would tell of writes that rolled back, the error handler answers (see
 // WithErrorHandler). A failure of the database is answered
-// idempotency.ErrStoreUnavailable, and a run whose lease was lost
+// idempotency.ErrStoreUnavailable, fn's error too when the database ended
+// the connection under fn (fn failed for want of the database, not of
+// its own accord), and a run whose lease was lost
 // idempotency.ErrInProgress, the key released, unless the commit turns
 // out to have happened. A COMMIT whose reply was lost is settled first:
 // the answer is the committed one, or ErrStoreUnavailable once nothing
@@ -197,16 +199,25 @@ func (s *Store) refuse(w http.ResponseWriter, r *http.Request, err error) {
 
 // serveUnprotected runs fn in a transaction of its own.
 func (s *Store) serveUnprotected(w http.ResponseWriter, r *http.Request, fn TxFunc) {
-	tx, err := s.db.BeginTx(r.Context(), nil)
+	var tx *sql.Tx
+	conn, err := s.connect(r.Context(), func(conn *sql.Conn) (err error) {
+		tx, err = conn.BeginTx(r.Context(), nil)
+		return err
+	})
 	if err != nil {
 		s.fail(w, r, unavailable(err))
 		return
 	}
+	defer conn.Close()
 	defer tx.Rollback()
 	buf := newBuffer(1 << 20) // nothing is committed; past this it waits on disk
 	defer buf.close()
 	if err := fn(tx, buf, r); err != nil {
 		tx.Rollback()
+		if ended(r.Context(), conn) {
+			s.fail(w, r, unavailable(err))
+			return
+		}
 		s.rolledBack(w, r, buf, err)
 		return
 	}

@@ -232,7 +232,6 @@ func postAsync(srv *httptest.Server, key string) *http.Response {
 // refused 503.
 func TestAClaimMovesPastAKilledConnection(t *testing.T) {
 	eachServer(t, func(t *testing.T, d *sqltest.DB) {
-		ctx := context.Background()
 		db := openPool(t, d, 8, "")
 		db.SetMaxIdleConns(8)
 		var log syncbuf.Buffer
@@ -241,26 +240,7 @@ func TestAClaimMovesPastAKilledConnection(t *testing.T) {
 		srv, runs := shop(t, m)
 		require.Equal(t, http.StatusCreated, post(t, srv, "before").StatusCode)
 
-		// Every idle connection of the pool, killed by the server.
-		idPerConn := map[sqltest.Kind]string{sqltest.PostgreSQL: "SELECT pg_backend_pid()", sqltest.MySQL: "SELECT CONNECTION_ID()"}
-		kill := map[sqltest.Kind]string{sqltest.PostgreSQL: "SELECT pg_terminate_backend(%d)", sqltest.MySQL: "KILL %d"}
-		var conns []*sql.Conn
-		var ids []int64
-		for db.Stats().Idle > 0 || len(conns) == 0 {
-			c, err := db.Conn(ctx)
-			require.NoError(t, err)
-			var id int64
-			require.NoError(t, c.QueryRowContext(ctx, idPerConn[d.Kind]).Scan(&id))
-			conns, ids = append(conns, c), append(ids, id)
-		}
-		for _, c := range conns {
-			c.Close()
-		}
-		for _, id := range ids {
-			_, err := d.ExecContext(ctx, fmt.Sprintf(kill[d.Kind], id))
-			require.NoError(t, err)
-		}
-		time.Sleep(100 * time.Millisecond) // the server has closed them
+		ids := killIdle(t, db, d)
 
 		for i := range 3 {
 			resp := post(t, srv, fmt.Sprint("after-", i))
@@ -268,6 +248,39 @@ func TestAClaimMovesPastAKilledConnection(t *testing.T) {
 		}
 		require.EqualValues(t, 4, runs.Load())
 	})
+}
+
+// killIdle has the server end every idle connection of db's pool (at
+// least one), and returns their ids.
+func killIdle(t *testing.T, db *sql.DB, d *sqltest.DB) []int64 {
+	ctx := context.Background()
+	var conns []*sql.Conn
+	var ids []int64
+	for db.Stats().Idle > 0 || len(conns) == 0 {
+		c, err := db.Conn(ctx)
+		require.NoError(t, err)
+		var id int64
+		require.NoError(t, c.QueryRowContext(ctx, ownConnectionID[d.Kind]).Scan(&id))
+		conns, ids = append(conns, c), append(ids, id)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	for _, id := range ids {
+		kill(t, d, id)
+	}
+	time.Sleep(100 * time.Millisecond) // the server has closed them
+	return ids
+}
+
+// ownConnectionID asks the server for the id of the connection it runs on.
+var ownConnectionID = map[sqltest.Kind]string{sqltest.PostgreSQL: "SELECT pg_backend_pid()", sqltest.MySQL: "SELECT CONNECTION_ID()"}
+
+// kill has the server end the connection id, from another connection.
+func kill(t *testing.T, d *sqltest.DB, id int64) {
+	statement := map[sqltest.Kind]string{sqltest.PostgreSQL: "SELECT pg_terminate_backend(%d)", sqltest.MySQL: "KILL %d"}
+	_, err := d.ExecContext(context.Background(), fmt.Sprintf(statement[d.Kind], id))
+	require.NoError(t, err)
 }
 
 // The line stays while a key it serves runs, however long after the last

@@ -1,0 +1,113 @@
+package sqlstoretest
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/sqltest"
+	"github.com/onceonly/idempotency/sqlidem"
+)
+
+// A handler whose transaction's connection the database ends (a backend
+// terminated, a connection killed, a server restarting) committed
+// nothing: its request is answered as a database that does not answer
+// is, 503 store-unavailable with Retry-After, not as the handler's own
+// failure, and the key is free, so that the retry runs once and commits.
+func TestAHandlersEndedConnectionIsStoreUnavailable(t *testing.T) {
+	eachServer(t, func(t *testing.T, d *sqltest.DB) {
+		ctx := context.Background()
+		effects, outcomes := effectsTable(t, d), outcomeStore(t, d)
+		m := idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_ended")),
+			idempotency.WithSharedKeys(), idempotency.WithOutcomeStore(outcomes))
+		var runs, cut atomic.Int32
+		srv := httptest.NewServer(m.ProtectKey(outcomes.Handler(func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error {
+			runs.Add(1)
+			if cut.Add(1) == 1 {
+				var id int64
+				if err := tx.QueryRowContext(r.Context(), ownConnectionID[d.Kind]).Scan(&id); err != nil {
+					return err
+				}
+				kill(t, d, id)
+			}
+			if _, err := tx.ExecContext(r.Context(), d.Dialect.Bind("INSERT INTO "+effects+" (k) VALUES (?)"),
+				r.Header.Get("Idempotency-Key")); err != nil {
+				return fmt.Errorf("paying: %w", err)
+			}
+			w.WriteHeader(http.StatusCreated)
+			io.WriteString(w, "paid")
+			return nil
+		})))
+		t.Cleanup(srv.Close)
+
+		send := func() (*http.Response, string) {
+			req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{"amount":5}`))
+			require.NoError(t, err)
+			req.Header.Set("Idempotency-Key", "ended-1")
+			resp, err := srv.Client().Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			return resp, string(body)
+		}
+		resp, body := send()
+		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, body)
+		require.Equal(t, "application/problem+json", resp.Header.Get("Content-Type"))
+		require.NotEmpty(t, resp.Header.Get("Retry-After"))
+		var problem struct{ Type, Detail string }
+		require.NoError(t, json.Unmarshal([]byte(body), &problem))
+		require.True(t, strings.HasSuffix(problem.Type, "store-unavailable"), body)
+		require.NotContains(t, body, "paying", "the handler's error text stays on the server")
+
+		resp, body = send()
+		require.Equal(t, http.StatusCreated, resp.StatusCode, body)
+		resp, body = send()
+		require.Equal(t, http.StatusCreated, resp.StatusCode, body)
+		require.Equal(t, "paid", body)
+		require.EqualValues(t, 2, runs.Load(), "the first run committed nothing; the retry ran once")
+		var paid int
+		require.NoError(t, d.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+effects).Scan(&paid))
+		require.Equal(t, 1, paid)
+	})
+}
+
+// A transaction that begins on a pooled connection the server ended while
+// it sat idle goes on with another, as database/sql's own BeginTx does:
+// the request runs once, it is not refused 503.
+func TestAHandlerMovesPastAKilledIdleConnection(t *testing.T) {
+	eachServer(t, func(t *testing.T, d *sqltest.DB) {
+		db := openPool(t, d, 8, "")
+		db.SetMaxIdleConns(8)
+		outcomes, err := sqlidem.New(db, d.Dialect, sqlidem.WithTable(d.Table(t, "idem_outcomes")))
+		require.NoError(t, err)
+		require.NoError(t, outcomes.CreateTable(context.Background()))
+		m := idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_idlekilled")),
+			idempotency.WithSharedKeys(), idempotency.WithOutcomeStore(outcomes))
+		var runs atomic.Int32
+		srv := httptest.NewServer(m.ProtectKey(outcomes.Handler(func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error {
+			runs.Add(1)
+			w.WriteHeader(http.StatusCreated)
+			return nil
+		})))
+		t.Cleanup(srv.Close)
+		require.Equal(t, http.StatusCreated, post(t, srv, "before").StatusCode)
+
+		ids := killIdle(t, db, d)
+		for i := range 3 {
+			resp := post(t, srv, fmt.Sprint("after-", i))
+			require.Equal(t, http.StatusCreated, resp.StatusCode, "killed connections: %d", len(ids))
+		}
+		require.EqualValues(t, 4, runs.Load())
+	})
+}

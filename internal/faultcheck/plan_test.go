@@ -77,11 +77,11 @@ func sqlKinds(kind sqltest.Kind) []string {
 // kindSet is the kinds of fault a run injects.
 type kindSet map[string]bool
 
-// everyKind is every kind of fault on any store, once each: Redis's, then
-// the SQL databases' own.
+// everyKind is every kind of fault on any store, once each: Redis's, the
+// SQL databases' own, then the steps workload's own.
 func everyKind() []string {
 	kinds := slices.Clone(allKinds)
-	for _, k := range sqlKinds(sqltest.PostgreSQL) {
+	for _, k := range slices.Concat(sqlKinds(sqltest.PostgreSQL), stepsFaultKinds, stepsSQLKinds(sqltest.PostgreSQL)) {
 		if !slices.Contains(kinds, k) {
 			kinds = append(kinds, k)
 		}

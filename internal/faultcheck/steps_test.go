@@ -261,14 +261,15 @@ func stepsSQLKinds(kind sqltest.Kind) []string {
 	return kinds
 }
 
-// stepsKinds is the kinds of fault the steps workload draws: those of
-// -idem.faults among known, or all of them.
-func stepsKinds(known []string) []string {
-	if *flagFaults == "" {
-		return known
+// stepsKinds is the kinds of fault the steps workload draws, of those
+// known on its store: as TestFaultCheck's, those -idem.faults names (or
+// all), less those -idem.skip names.
+func stepsKinds(t *testing.T, known []string) []string {
+	kinds, err := parseKinds(*flagFaults, *flagSkip, known)
+	if err != nil {
+		t.Fatal(err)
 	}
-	only := strings.Split(*flagFaults, ",")
-	return slices.DeleteFunc(slices.Clone(known), func(k string) bool { return !slices.Contains(only, k) })
+	return slices.DeleteFunc(slices.Clone(known), func(k string) bool { return !kinds[k] })
 }
 
 func newStepsPlan(seed uint64, index int, kinds []string, onSQL bool) *stepsPlan {
@@ -567,7 +568,7 @@ func (r *rig) awaitStepsStore(ctx context.Context, h *stepsHistory, k *stepsKey)
 }
 
 func TestFaultCheckSteps(t *testing.T) {
-	runStepsCheck(t, stepsKinds(stepsFaultKinds), boundedRun, newRig(t))
+	runStepsCheck(t, stepsKinds(t, stepsFaultKinds), boundedRun, newRig(t))
 }
 
 // TestFaultCheckStepsSQL runs the steps workload on the SQL store: SQLite
@@ -580,7 +581,7 @@ func TestFaultCheckSteps(t *testing.T) {
 func TestFaultCheckStepsSQL(t *testing.T) {
 	for _, kind := range []sqltest.Kind{sqltest.SQLite, sqltest.PostgreSQL, sqltest.MySQL} {
 		t.Run(string(kind), func(t *testing.T) {
-			runStepsCheck(t, stepsKinds(stepsSQLKinds(kind)), boundedStepsSQLRun, newSQLRig(t, sqltest.Open(t, kind)))
+			runStepsCheck(t, stepsKinds(t, stepsSQLKinds(kind)), boundedStepsSQLRun, newSQLRig(t, sqltest.Open(t, kind)))
 		})
 	}
 }
@@ -641,6 +642,9 @@ func runStepsCheck(t *testing.T, kinds []string, bounded time.Duration, r *rig) 
 	}
 	lanes.Wait()
 	t.Logf("steps fault check: %d histories in %v", histories, time.Since(began).Round(time.Second))
+	if histories == 0 && !r.broken.Load() {
+		t.Errorf("no history ran: a history starts only while more than %v of the run (-idem.duration %v) is left", stepsBound, limit)
+	}
 	t.Logf("answers:\n%s", counts(answers))
 	t.Logf("what the histories did:\n%s", counts(did))
 	if len(broken) == 0 {

@@ -45,8 +45,8 @@ const (
 	ruleSlowWakeups         = "duplicates waiting on another instance replayed long after the key's answer (the run's median)"
 	ruleSlowReplays         = "duplicates sent after the key's answer to another instance were slow to replay it (the run's median)"
 	ruleReplayedRelease     = "a request got a replay of an execution that gave its key up"
-	ruleTakenFromLive       = "a key was taken over from a live executor that Redis could reach"
-	ruleLeaseLostLive       = "a live executor that Redis could reach lost its lease"
+	ruleTakenFromLive       = "a key was taken over from a live executor that its store could reach"
+	ruleLeaseLostLive       = "a live executor that its store could reach lost its lease"
 )
 
 // checkedRules are the rules TestFaultCheck holds every history to, in the
@@ -454,7 +454,7 @@ func (c *keyCase) checkLeasesOfLiveExecutors() {
 		c.h.arm(ruleLeaseLostLive)
 		if cut && tr.Cause == causeLockLost {
 			c.fail(ruleLeaseLostLive, "execution %s was cut off with ErrLockLost %v after it started, with nothing "+
-				"between its instance and Redis", c.describe(exec), end.Sub(began).Round(time.Millisecond))
+				"between its instance and its store", c.describe(exec), end.Sub(began).Round(time.Millisecond))
 		}
 	}
 }
@@ -605,7 +605,7 @@ func (c *keyCase) checkReleases() {
 		return // not claimed, or claimed last by a claim that never reached a handler
 	}
 	c.fail(ruleReleaseLeftClaimed, "execution %s gave the key up, yet it stays claimed (a retry gets 409 interrupted); "+
-		"Redis was out for %v around it, and the release took %v", c.describe(x.Exec), out.Round(time.Millisecond),
+		"its store was out of reach for %v around it, and the release took %v", c.describe(x.Exec), out.Round(time.Millisecond),
 		answered.Sub(gaveUp).Round(time.Millisecond))
 }
 
@@ -740,14 +740,14 @@ func (c *keyCase) uncaused(x *exchange, slug string) string {
 		case !c.othersBefore(x):
 			return "no other request of the key was sent before it ended, and none of its own tries ran"
 		case c.quietBefore(x):
-			return "every other request of the key had its answer before it was sent, and nothing came between the instances and Redis"
+			return "every other request of the key had its answer before it was sent, and nothing came between the instances and their store"
 		}
 		return ""
 	case "interrupted":
 		return c.uncausedInterrupted(x)
 	case "store-unavailable":
 		if !c.h.disturbed(instanceIndex(x.instance), x.sent.Add(-c.cfg.Lease-c.cfg.StoreTimeout), x.done) {
-			return "nothing came between its instance and Redis around it"
+			return "nothing came between its instance and its store around it"
 		}
 		return ""
 	case "not-replayable":

@@ -55,8 +55,8 @@ func New(client redis.UniversalClient, opts ...Option) *Middleware {
 	if failoverClient(client) && m.cfg.replicaAcks == 0 {
 		m.cfg.logger.Warn("idempotency: a Sentinel failover client without WithReplicaAcks: a failover loses the " +
 			"claims the old primary took and did not replicate, and their retries run again (a planned SENTINEL " +
-			"FAILOVER, about a second of them). WithReplicaAcks(1, timeout) runs no handler before a replica has " +
-			"its claim; see docs/redis.md#sentinel")
+			"FAILOVER, about a second of them). WithReplicaAcks(n, timeout), n the number of replicas, runs no handler " +
+			"before every replica has its claim; see docs/redis.md#sentinel")
 	}
 	remember(m)
 	return m

@@ -30,6 +30,11 @@ type SentinelSet struct {
 	// and the replicas reach the primary through it, and its StartBlackhole
 	// splits the primary off. Nil otherwise.
 	Link *Proxy
+	// Behind are the links to the replicas left on the primary's side of
+	// a split (SentinelOptions.LeftBehind): they replicate the primary
+	// directly, and the Sentinels and the other replicas reach them
+	// through these. Split cuts them with Link.
+	Behind []*Proxy
 }
 
 // SentinelOptions shape a SentinelSet.
@@ -40,6 +45,11 @@ type SentinelOptions struct {
 	// and replicas, so that a test can split the primary off while clients
 	// made by PrimarySideClient still reach it.
 	Splittable bool
+	// LeftBehind, in a Splittable set, is how many of the replicas (the
+	// last started) stay on the primary's side of a split: they keep
+	// replicating it, and acknowledging its writes, while the Sentinels
+	// and the other replicas cannot reach them.
+	LeftBehind int
 }
 
 // SentinelDownAfter is how long the Sentinels of a SentinelSet wait for a
@@ -93,8 +103,17 @@ func SentinelWith(t testing.TB, opts SentinelOptions) *SentinelSet {
 			t.Fatalf("redistest: %v", err)
 		}
 	}
-	for range opts.Replicas {
-		r, err := StartReplica(reach)
+	if opts.LeftBehind > 0 && (!opts.Splittable || opts.LeftBehind >= opts.Replicas) {
+		t.Fatalf("redistest: %d replicas left behind of %d, splittable %v: a split leaves at least one with the Sentinels",
+			opts.LeftBehind, opts.Replicas, opts.Splittable)
+	}
+	for i := range opts.Replicas {
+		var r *Server
+		if i < opts.Replicas-opts.LeftBehind {
+			r, err = StartReplica(reach)
+		} else {
+			r, err = set.startBehind(t)
+		}
 		if err != nil {
 			t.Fatalf("redistest: %v", err)
 		}
@@ -114,6 +133,43 @@ func SentinelWith(t testing.TB, opts SentinelOptions) *SentinelSet {
 		t.Fatalf("redistest: %v", err)
 	}
 	return set
+}
+
+// startBehind starts a replica on the primary's side of a split: it
+// replicates the primary itself, and names itself, to the primary and so
+// to the Sentinels, by the address of a link of its own in Behind.
+func (s *SentinelSet) startBehind(t testing.TB) (*Server, error) {
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	link := NewProxy(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	_, announced, _ := net.SplitHostPort(link.Addr())
+	host, primaryPort, _ := net.SplitHostPort(s.Primary.Addr())
+	r, err := startOnPort(port, "--replicaof", host, primaryPort, "--repl-diskless-sync-delay", "0",
+		"--replica-announce-port", announced)
+	if err != nil {
+		return nil, err
+	}
+	s.Behind = append(s.Behind, link)
+	return r, nil
+}
+
+// Split cuts the network between the primary, with the replicas left
+// behind, and the rest of the set (Link and Behind), until Heal.
+func (s *SentinelSet) Split() {
+	s.Link.StartBlackhole()
+	for _, p := range s.Behind {
+		p.StartBlackhole()
+	}
+}
+
+// Heal ends Split.
+func (s *SentinelSet) Heal() {
+	s.Link.EndBlackhole()
+	for _, p := range s.Behind {
+		p.EndBlackhole()
+	}
 }
 
 // StartReplica starts a private server that replicates primary (host:port).

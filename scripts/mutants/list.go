@@ -439,6 +439,20 @@ var mutants = []mutant{
 		unseen: "the fault checker's instances run no outcome store; the SQL store's tests hold the transaction",
 	},
 	{
+		name: "sqlidem-ended-connection-is-handlers-error", file: "sqlidem/commit.go",
+		from: "\t\tif ended(ctx, conn) {", to: "\t\tif false && ended(ctx, conn) {",
+		breaks: "a handler whose connection the database ended is answered 500 internal, as its own failure, not 503 store-unavailable",
+		tests:  "TestAHandlersEndedConnectionIsStoreUnavailable", module: "internal/sqlstoretest",
+		unseen: "the fault checker's instances run no outcome store; the SQL store's tests kill a handler's connection",
+	},
+	{
+		name: "sqlidem-stops-at-an-ended-idle-connection", file: "sqlidem/conn.go",
+		from: "if !gone || attempt == 3 || ctx.Err() != nil {", to: "if _ = gone; true {",
+		breaks: "an outcome store that meets a pooled connection the server ended while idle answers 503 on a healthy database",
+		tests:  "TestAHandlerMovesPastAKilledIdleConnection", module: "internal/sqlstoretest",
+		unseen: "the fault checker's instances run no outcome store; the SQL store's tests kill idle connections",
+	},
+	{
 		name: "sql-committed-answer-replayed-early", file: "sqlrow.go",
 		from: `case rec.State != "run" && r.holder != "" && r.holder == rec.Owner:`, to: `case false && rec.State != "run" && r.holder != "" && r.holder == rec.Owner:`,
 		breaks: "on SQL with sqlidem, a duplicate between the commit and the middleware's store replays the committed answer, not what the first caller got",

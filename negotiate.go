@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"bytes"
+	"compress/flate"
 	"compress/gzip"
 	"compress/zlib"
 	"errors"
@@ -20,8 +21,8 @@ import (
 //     without Accept-Encoding accepts none, as servers treat it) is sent
 //     decoded when the coding is gzip or deflate, and refused as
 //     ErrNotAcceptable otherwise (br, zstd: no decoder in the standard
-//     library). Outer layers of the replaying request compress it again
-//     by their own negotiation.
+//     library; codings applied one over another). Outer layers of the
+//     replaying request compress it again by their own negotiation.
 //   - Vary: the recorder stores the first request's values of the headers
 //     the handler's Vary names (under varyPrefix, a name no header can
 //     have); a replaying request whose value differs gets
@@ -52,8 +53,12 @@ func appendVaried(pairs []string, vary []string, request http.Header) []string {
 }
 
 // negotiate decides how rec may be replayed to a request with header h:
-// as stored, decoded (decode), or not at all (err).
+// as stored, decoded (decode), or not at all (err). Codings applied one
+// over another (a Content-Encoding list, or two of its lines) are passed
+// on only to a request that accepts them all: the replay decodes one
+// coding at most.
 func (rec *record) negotiate(h http.Header) (decode bool, err error) {
+	var codings []string
 	for i := 0; i < len(rec.header); i += 2 {
 		name, value := rec.header[i], rec.header[i+1]
 		if varied, ok := strings.CutPrefix(name, varyPrefix); ok {
@@ -62,19 +67,30 @@ func (rec *record) negotiate(h http.Header) (decode bool, err error) {
 			}
 			continue
 		}
-		if !strings.EqualFold(name, "Content-Encoding") {
-			continue
+		if strings.EqualFold(name, "Content-Encoding") {
+			codings = appendCodings(codings, value)
 		}
-		coding := strings.ToLower(strings.TrimSpace(value))
-		switch {
-		case coding == "" || coding == "identity" || accepts(h["Accept-Encoding"], coding):
-		case decodable(coding):
-			decode = true
-		default:
+	}
+	for _, coding := range codings {
+		if !accepts(h["Accept-Encoding"], coding) {
+			if len(codings) == 1 && decodable(coding) {
+				return true, nil
+			}
 			return false, ErrNotAcceptable
 		}
 	}
-	return decode, nil
+	return false, nil
+}
+
+// appendCodings appends the codings a Content-Encoding value lists, in
+// lower case, leaving out identity.
+func appendCodings(codings []string, value string) []string {
+	for _, coding := range strings.Split(value, ",") {
+		if coding = strings.ToLower(strings.TrimSpace(coding)); coding != "" && coding != "identity" {
+			codings = append(codings, coding)
+		}
+	}
+	return codings
 }
 
 // joined is a header's values as one, without allocating for one value.
@@ -131,31 +147,67 @@ const decodeLimit = 32
 // errDecodedTooLarge: a stored body decodes to more than the limit.
 var errDecodedTooLarge = errors.New("idempotency: the stored body decodes past the response limit")
 
-// decoded is rec's body decoded from its Content-Encoding, up to limit
-// bytes: a small compressed body can decode to a thousand times its size,
-// and a replay must not let whoever holds a key make this process hold
-// that.
-func (rec *record) decoded(limit int) ([]byte, error) {
-	var coding string
+// A body decoded for a replay is streamed to the client, never held: a
+// compression-friendly answer of a few kilobytes decodes to tens of
+// megabytes, and concurrent replays of it would hold that each. The body
+// is decoded twice: once into nothing, which proves that it decodes, and
+// within the limit, before anything is sent (checkDecoding), then to the
+// client (decodeTo).
+
+// coding is the one coding of rec's body, as negotiate read it.
+func (rec *record) coding() string {
+	var codings []string
 	for i := 0; i < len(rec.header); i += 2 {
 		if strings.EqualFold(rec.header[i], "Content-Encoding") {
-			coding = strings.ToLower(strings.TrimSpace(rec.header[i+1]))
+			codings = appendCodings(codings, rec.header[i+1])
 		}
+	}
+	if len(codings) != 1 {
+		return ""
+	}
+	return codings[0]
+}
+
+// checkDecoding decodes rec's body into nothing, up to limit bytes, and
+// says how to decode it again: raw for a deflate body without zlib's
+// wrapper, which many servers send as deflate. A small compressed body can
+// decode to a thousand times its size, and a replay must not let whoever
+// holds a key make this process decode that for a client (see
+// decodeLimit).
+func (rec *record) checkDecoding(limit int) (raw bool, err error) {
+	err = rec.decodeTo(io.Discard, false, limit)
+	if err != nil && rec.coding() == "deflate" && !errors.Is(err, errDecodedTooLarge) {
+		if rawErr := rec.decodeTo(io.Discard, true, limit); rawErr == nil || errors.Is(rawErr, errDecodedTooLarge) {
+			return true, rawErr
+		}
+	}
+	return false, err
+}
+
+// decodeTo writes rec's body, decoded from its coding (deflate raw when
+// raw is set), to w, up to limit bytes. An empty body decodes to nothing:
+// an answer without a body (204, 304) may still name a coding.
+func (rec *record) decodeTo(w io.Writer, raw bool, limit int) error {
+	if len(rec.body) == 0 {
+		return nil
 	}
 	var rd io.ReadCloser
 	var err error
-	if coding == "deflate" {
+	switch coding := rec.coding(); {
+	case coding == "deflate" && raw:
+		rd = flate.NewReader(bytes.NewReader(rec.body))
+	case coding == "deflate":
 		rd, err = zlib.NewReader(bytes.NewReader(rec.body))
-	} else {
+	default:
 		rd, err = gzip.NewReader(bytes.NewReader(rec.body))
 	}
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer rd.Close()
-	b, err := io.ReadAll(io.LimitReader(rd, int64(limit)+1))
-	if err == nil && len(b) > limit {
-		return nil, errDecodedTooLarge
+	n, err := io.Copy(w, io.LimitReader(rd, int64(limit)+1))
+	if err == nil && n > int64(limit) {
+		return errDecodedTooLarge
 	}
-	return b, err
+	return err
 }

@@ -57,9 +57,10 @@ var replayedValue = []string{"true"}
 // computes it for what is actually sent, and a transform outside us
 // (compression) would contradict one computed here.
 func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config, decode bool) {
-	body := rec.body
+	var raw bool
 	if decode {
-		b, err := rec.decoded(decodeLimit * cfg.maxResponse)
+		var err error
+		raw, err = rec.checkDecoding(decodeLimit * cfg.maxResponse)
 		switch {
 		case errors.Is(err, errDecodedTooLarge):
 			// Far past what the middleware would store (a compression
@@ -68,10 +69,12 @@ func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config, de
 			cfg.errorHandler(w, r, ErrNotAcceptable)
 			return
 		case err != nil:
+			cfg.logger.Error("idempotency: a stored answer's body cannot be decoded from its Content-Encoding "+
+				"for a request that does not accept it; such requests get the unreadable-record problem",
+				"coding", rec.coding(), "path", r.URL.Path, "error", err)
 			cfg.errorHandler(w, r, ErrUnreadableRecord)
 			return
 		}
-		body = b
 	}
 	h := w.Header()
 	block := make([]string, 0, len(rec.header)/2+1)
@@ -104,7 +107,11 @@ func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config, de
 		cfg.replayHook(r, rec.status, h)
 	}
 	w.WriteHeader(rec.status)
-	w.Write(body)
+	if decode {
+		rec.decodeTo(w, raw, decodeLimit*cfg.maxResponse) // it decoded above: only the client can fail it now
+	} else {
+		w.Write(rec.body)
+	}
 	if trailers {
 		rec.sendTrailers(h, cfg)
 	}

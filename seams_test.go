@@ -2,10 +2,13 @@ package idempotency
 
 import (
 	"bytes"
+	"compress/flate"
 	"compress/gzip"
+	"compress/zlib"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -226,6 +229,116 @@ func TestReplayHonoursStoredContentEncoding(t *testing.T) {
 		})
 	}
 }
+
+// Every stored coding the replay can undo is undone for a request that
+// does not accept it, and any other is refused, never sent under a
+// Content-Encoding it does not have: an answer with no body (a 204, or a
+// 201 that a compressing layer marked), deflate with and without zlib's
+// wrapper, and codings applied twice (two Content-Encoding lines).
+func TestReplayDecodesEveryStoredCoding(t *testing.T) {
+	body := strings.Repeat(`{"order":"tea"}`, 70)
+	compress := func(w io.WriteCloser) {
+		io.WriteString(w, body)
+		w.Close()
+	}
+	var gz, twice, zl, raw bytes.Buffer
+	compress(gzip.NewWriter(&gz))
+	outer := gzip.NewWriter(&twice)
+	outer.Write(gz.Bytes())
+	outer.Close()
+	compress(zlib.NewWriter(&zl))
+	fw, _ := flate.NewWriter(&raw, flate.DefaultCompression)
+	compress(fw)
+	for _, tc := range []struct {
+		name     string
+		status   int
+		codings  []string
+		stored   []byte
+		plain    string // what a request without Accept-Encoding gets; "" with status 406: refused
+		refusedQ bool
+	}{
+		{"no content, gzip", http.StatusNoContent, []string{"gzip"}, nil, "", false},
+		{"created without a body, gzip", http.StatusCreated, []string{"gzip"}, nil, "", false},
+		{"deflate in zlib", http.StatusOK, []string{"deflate"}, zl.Bytes(), body, false},
+		{"raw deflate", http.StatusOK, []string{"deflate"}, raw.Bytes(), body, false},
+		{"gzip twice, two lines", http.StatusOK, []string{"gzip", "gzip"}, twice.Bytes(), "", true},
+		{"gzip twice, one line", http.StatusOK, []string{"gzip, gzip"}, twice.Bytes(), "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStack(t, nil, func(w http.ResponseWriter, r *http.Request) {
+				for _, c := range tc.codings {
+					w.Header().Add("Content-Encoding", c)
+				}
+				w.WriteHeader(tc.status)
+				w.Write(tc.stored)
+			}, false)
+			first := s.post("c", "Accept-Encoding", "gzip, deflate")
+			require.Equal(t, tc.status, first.status, first.body)
+			plain := s.post("c")
+			if tc.refusedQ {
+				requireProblem(t, plain, http.StatusNotAcceptable, "not-acceptable")
+			} else {
+				require.Equal(t, tc.status, plain.status, plain.body)
+				require.Empty(t, plain.header.Values("Content-Encoding"))
+				require.Equal(t, tc.plain, plain.body)
+				require.Equal(t, "true", plain.header.Get(ReplayedHeader))
+			}
+			again := s.post("c", "Accept-Encoding", "gzip, deflate")
+			require.Equal(t, tc.status, again.status)
+			require.Equal(t, tc.codings, again.header.Values("Content-Encoding"), "served as stored where acceptable")
+			require.Equal(t, string(tc.stored), again.body)
+			require.EqualValues(t, 1, s.execs.Load())
+		})
+	}
+}
+
+// A body decoded for a replay streams to the client: a replay does not
+// hold the decoded body, which for a compression-friendly answer is many
+// times the stored one, and concurrent replays would hold it each.
+func TestADecodedReplayStreams(t *testing.T) {
+	const decodedSize = 24 << 20 // within decodeLimit × the default 1 MiB
+	var zipped bytes.Buffer
+	zw := gzip.NewWriter(&zipped)
+	zw.Write(make([]byte, decodedSize))
+	zw.Close()
+	m := New(redistest.Client(t, "test-"+t.Name()), WithKeyPrefix("test-"+t.Name()), WithSharedKeys())
+	h := m.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Write(zipped.Bytes())
+	}))
+	serve := func(acceptGzip bool) (*counted, int) {
+		r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`))
+		r.Header.Set(KeyHeader, "big")
+		if acceptGzip {
+			r.Header.Set("Accept-Encoding", "gzip")
+		}
+		w := &counted{h: http.Header{}}
+		h.ServeHTTP(w, r)
+		return w, w.status
+	}
+	_, status := serve(true)
+	require.Equal(t, http.StatusOK, status)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	w, status := serve(false)
+	runtime.ReadMemStats(&after)
+	require.Equal(t, http.StatusOK, status)
+	require.EqualValues(t, decodedSize, w.n, "the whole body, decoded")
+	require.Empty(t, w.h.Get("Content-Encoding"))
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(decodedSize/4), "allocated for one decoded replay")
+}
+
+// counted is a ResponseWriter that counts the body's bytes and keeps none.
+type counted struct {
+	h      http.Header
+	status int
+	n      int64
+}
+
+func (w *counted) Header() http.Header         { return w.h }
+func (w *counted) WriteHeader(code int)        { w.status = code }
+func (w *counted) Write(p []byte) (int, error) { w.n += int64(len(p)); return len(p), nil }
 
 // A small gzip body that decodes to far more than the response limit (a
 // compression bomb a handler passed through; past decodeLimit times it) is

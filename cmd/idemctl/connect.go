@@ -62,6 +62,9 @@ func connect(ctx context.Context, o options, stderr io.Writer) (*session, error)
 		return s, nil
 	}
 	d, err := databaseOf(o.dsn, o.driver)
+	if err == nil {
+		err = sqliteFileExists(d, "-db")
+	}
 	if err != nil {
 		s.close()
 		return nil, err
@@ -100,6 +103,9 @@ func (s *session) openStore(ctx context.Context, o options, opts []idempotency.O
 		return usagef("-store-table %q: not a table name", o.storeTable)
 	}
 	if err := checked(d, "-store"); err != nil {
+		return err
+	}
+	if err := sqliteFileExists(d, "-store"); err != nil {
 		return err
 	}
 	if d.Driver == dburl.SQLite && !strings.Contains(d.DSN, "busy_timeout") {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"errors"
+	"fmt"
+	"os"
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
@@ -73,6 +75,24 @@ func checked(d dburl.Database, flag string) error {
 	if _, err := mysql.ParseDSN(d.DSN); err != nil {
 		return usagef("%s: %v; a mysql:// URL is mysql://user:password@host:port/dbname "+
 			"or mysql://user:password@tcp(host:port)/dbname", flag, err)
+	}
+	return nil
+}
+
+// sqliteFileExists refuses a SQLite database file that is not there: the
+// driver would create an empty one, and a mistyped path would leave a
+// file behind and fail with "no such table" instead of naming the path.
+func sqliteFileExists(d dburl.Database, flag string) error {
+	if d.Driver != dburl.SQLite {
+		return nil
+	}
+	dsn := d.DSN
+	path, _, _ := strings.Cut(strings.TrimPrefix(dsn, "file:"), "?")
+	if path == "" || path == ":memory:" || strings.HasPrefix(dsn, "file::memory:") {
+		return nil
+	}
+	if _, err := os.Stat(path); err != nil {
+		return fmt.Errorf("%s: no SQLite database at %s: %w", flag, path, err)
 	}
 	return nil
 }

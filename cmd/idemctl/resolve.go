@@ -60,7 +60,12 @@ func (s *session) resolve(ctx context.Context, stdin io.Reader, out io.Writer, k
 			fmt.Fprintf(out, "SQL holds its committed answer: resolve -replay would replay it. After -forget\n"+
 				"the retry runs the handler, which replays it only if it commits through sqlidem.\n")
 		}
-		fmt.Fprintf(out, "Delete its record, so that the next retry runs the handler again?\n")
+		if tokenRecord(st.Key) {
+			fmt.Fprintf(out, "Forget it? Its token stays spent: a retry is answered 422 token-not-found, and the form\n"+
+				"asks for a new token, which runs the handler.\n")
+		} else {
+			fmt.Fprintf(out, "Delete its record, so that the next retry runs the handler again?\n")
+		}
 	}
 	if !o.yes {
 		fmt.Fprint(out, "Type yes to go on: ")
@@ -85,6 +90,8 @@ func (s *session) resolve(ctx context.Context, stdin io.Reader, out io.Writer, k
 		fmt.Fprintf(out, "Settled: %s now answers 409 not-replayable to every retry.\n", st.Key)
 	case o.replay:
 		fmt.Fprintf(out, "Replayed: %s now answers status %d to every retry.\n", st.Key, found.row.Answer.Status)
+	case tokenRecord(st.Key):
+		fmt.Fprintf(out, "Forgotten: %s; its token stays spent (a retry is answered 422 token-not-found).\n", st.Key)
 	default:
 		fmt.Fprintf(out, "Forgotten: %s has no record; the next retry runs the handler.\n", st.Key)
 	}
@@ -95,4 +102,16 @@ func (s *session) resolve(ctx context.Context, stdin io.Reader, out io.Writer, k
 func confirmed(stdin io.Reader) bool {
 	line, _ := bufio.NewReader(stdin).ReadString('\n')
 	return strings.TrimSpace(line) == "yes"
+}
+
+// tokenRecord reports whether name is a token's record
+// (PREFIX:{t…}:r:TOKEN): forgetting it leaves the token spent, and a
+// retry is refused 422 token-not-found rather than run.
+func tokenRecord(name string) bool {
+	i := strings.LastIndex(name, "}:r:")
+	if i < 0 {
+		return false
+	}
+	j := strings.LastIndex(name[:i], "{")
+	return j >= 0 && name[j+1] == 't'
 }

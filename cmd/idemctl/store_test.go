@@ -2,10 +2,13 @@ package main
 
 import (
 	"database/sql"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +17,7 @@ import (
 	"time"
 
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/admin"
 	"github.com/onceonly/idempotency/internal/keyspace"
 	"github.com/onceonly/idempotency/internal/sqltest"
 	"github.com/onceonly/idempotency/sqlidem"
@@ -202,5 +206,44 @@ func TestSQLStoreUsage(t *testing.T) {
 		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
 			t.Errorf("%q: exit %d, %q; want 2 and %q", tc.args, r.code, r.stderr, tc.want)
 		}
+	}
+}
+
+// A SQLite file that is not there is named, and not created: a mistyped
+// path must not leave an empty database behind.
+func TestASQLiteFileThatIsNotThere(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "none.db")
+	for _, flag := range []string{"-store", "-db"} {
+		args := []string{flag, "sqlite:" + path, "interrupted"}
+		if flag == "-db" {
+			args = []string{"-redis", "redis://127.0.0.1:1", "-db", "sqlite:" + path, "interrupted"}
+		}
+		r := runBinary(t, "", args...)
+		if r.code == 0 || !strings.Contains(r.stderr, "no SQLite database at "+path) {
+			t.Errorf("%s: exit %d, %q; want the missing file named", flag, r.code, r.stderr)
+		}
+		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s: %s was created (%v)", flag, path, err)
+		}
+	}
+}
+
+// A token's record, forgotten, keeps its token spent: idemctl says a retry
+// is refused, not that it runs the handler.
+func TestATokensRecordIsToldApart(t *testing.T) {
+	for name, want := range map[string]bool{
+		"idem:{tAbC_-x}:r:v1.ZmFrZQ.c2ln":  true,
+		"app:{x}:idem:{tQ}:r:tok":          true,
+		"idem:{kbQnsaXpLyQtRdmppGhjoKg}:r": false,
+		"idem:{fQ}:r":                      false,
+		"idem:{t}:r":                       false, // no token after it: not a record name idemctl takes
+	} {
+		if got := tokenRecord(name); got != want {
+			t.Errorf("tokenRecord(%q) = %v, want %v", name, got, want)
+		}
+	}
+	st := admin.KeyState{Key: "idem:{tQ}:r:tok", State: "none"}
+	if v := verdict(st, nil, 0, 0); !strings.Contains(v, "422 token-not-found") {
+		t.Errorf("verdict of a token's forgotten record: %q", v)
 	}
 }

@@ -13,6 +13,9 @@ import (
 func verdict(st admin.KeyState, found *sqlAnswer, claimed, minAge time.Duration) string {
 	key := shellQuote(st.Key)
 	switch {
+	case st.State == "none" && tokenRecord(st.Key):
+		return "no record (never spent, expired, or forgotten): a retry with this token is answered 422 " +
+			"token-not-found, unless the token was never spent and is still valid, which spends it and runs the handler"
 	case st.State == "none":
 		return "no record (never claimed, expired, or forgotten): a retry runs the handler"
 	case st.State == "done":

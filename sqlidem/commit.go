@@ -121,6 +121,13 @@ func (s *Store) transact(ctx context.Context, exec idempotency.Execution, do wor
 		return outcome{verdict: refused, err: failed(ctx, err)}
 	}
 	defer tx.Rollback() // after a commit, a no-op
+	// done ends the transaction, if it has not ended, and gives its
+	// connection back before a step that needs another: learning what
+	// became of a COMMIT must not wait for a pool this execution fills.
+	done := func() {
+		tx.Rollback()
+		conn.Close()
+	}
 	answer, err := do(tx)
 	switch {
 	case err == nil:
@@ -130,12 +137,13 @@ func (s *Store) transact(ctx context.Context, exec idempotency.Execution, do wor
 		return outcome{verdict: refused, err: endedBecause(ctx)}
 	case errors.Is(err, sql.ErrTxDone):
 		// The work committed or rolled back tx itself, and then used it.
+		done()
 		return s.outcomeUnknown(ctx, exec, found, err)
 	case retryable(ctx, err):
 		return outcome{verdict: aborted, err: err}
 	default:
 		tx.Rollback() // the connection is free to be asked
-		if ended(ctx, conn) {
+		if ended(ctx, conn, err) {
 			// The database ended the connection under the work: it
 			// failed for want of the database, as a claim that cannot
 			// reach it does (503, the key released so that the retry
@@ -145,13 +153,13 @@ func (s *Store) transact(ctx context.Context, exec idempotency.Execution, do wor
 		return outcome{verdict: rolledBack, err: err}
 	}
 	if err := s.writeAnswer(ctx, tx, exec, answer, found); err != nil {
+		done()
 		if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
 			// Not ended by the context (database/sql rolls back the
 			// transaction of a context that ends): by the work itself.
 			return s.outcomeUnknown(ctx, exec, found, err)
 		}
 		// The COMMIT never went out: nothing of the transaction can commit.
-		tx.Rollback()
 		if retryable(ctx, err) {
 			return outcome{verdict: aborted, err: err}
 		}
@@ -160,7 +168,7 @@ func (s *Store) transact(ctx context.Context, exec idempotency.Execution, do wor
 	// Where the middleware keeps its keys in this database, the key's
 	// answer commits in this transaction too.
 	if err := idempotency.StoreAnswerInTx(ctx, s.db, tx, answer); err != nil {
-		tx.Rollback()
+		done()
 		switch {
 		case errors.Is(err, idempotency.ErrLockLost):
 			return outcome{verdict: refused, err: idempotency.ErrInProgress}
@@ -169,7 +177,9 @@ func (s *Store) transact(ctx context.Context, exec idempotency.Execution, do wor
 		}
 		return s.afterFailedCommit(ctx, exec, err)
 	}
-	switch err := tx.Commit(); {
+	err = tx.Commit()
+	done()
+	switch {
 	case err == nil:
 		return outcome{verdict: committed}
 	case retryable(ctx, err):

@@ -214,7 +214,7 @@ func (s *Store) serveUnprotected(w http.ResponseWriter, r *http.Request, fn TxFu
 	defer buf.close()
 	if err := fn(tx, buf, r); err != nil {
 		tx.Rollback()
-		if ended(r.Context(), conn) {
+		if ended(r.Context(), conn, err) {
 			s.fail(w, r, unavailable(err))
 			return
 		}

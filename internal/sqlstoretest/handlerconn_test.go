@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -109,5 +110,33 @@ func TestAHandlerMovesPastAKilledIdleConnection(t *testing.T) {
 			require.Equal(t, http.StatusCreated, resp.StatusCode, "killed connections: %d", len(ids))
 		}
 		require.EqualValues(t, 4, runs.Load())
+	})
+}
+
+// A handler that gives up on a statement of its own (its own timeout) and
+// answers for itself keeps its answer: the driver closes the connection
+// under a cancelled statement, but the database did not end it, and the
+// request is not told to retry as if the database were down.
+func TestAHandlersOwnTimeoutIsItsOwnAnswer(t *testing.T) {
+	eachServer(t, func(t *testing.T, d *sqltest.DB) {
+		outcomes := outcomeStore(t, d)
+		m := idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_owntimeout")),
+			idempotency.WithSharedKeys(), idempotency.WithOutcomeStore(outcomes))
+		sleep := map[sqltest.Kind]string{sqltest.PostgreSQL: "SELECT pg_sleep(2)", sqltest.MySQL: "SELECT SLEEP(2)"}
+		srv := httptest.NewServer(m.ProtectKey(outcomes.Handler(func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error {
+			ctx, cancel := context.WithTimeout(r.Context(), 100*time.Millisecond)
+			defer cancel()
+			if _, err := tx.ExecContext(ctx, sleep[d.Kind]); err != nil {
+				w.WriteHeader(http.StatusGatewayTimeout)
+				io.WriteString(w, "the rates lookup timed out")
+				return fmt.Errorf("rates: %w", err)
+			}
+			w.WriteHeader(http.StatusCreated)
+			return nil
+		})))
+		t.Cleanup(srv.Close)
+		resp := post(t, srv, "own-timeout")
+		require.Equal(t, http.StatusGatewayTimeout, resp.StatusCode)
+		require.Empty(t, resp.Header.Get("Retry-After"))
 	})
 }

@@ -28,9 +28,14 @@ type commitTrap struct {
 
 var errLostReply = fmt.Errorf("read tcp: connection reset by peer: %w", io.ErrUnexpectedEOF)
 
-// trapped returns d with its pool replaced by one whose commits trap can
-// lose.
+// trapped returns d with its pool replaced by one of 16 connections whose
+// commits trap can lose.
 func trapped(t *testing.T, d *sqltest.DB, trap *commitTrap) *sqltest.DB {
+	return trappedPool(t, d, trap, 16)
+}
+
+// trappedPool is trapped with a pool of limit connections.
+func trappedPool(t *testing.T, d *sqltest.DB, trap *commitTrap, limit int) *sqltest.DB {
 	trap.landed = make(chan error, 1)
 	plain, err := sql.Open(d.Driver, d.DSN)
 	must(t, err)
@@ -41,7 +46,7 @@ func trapped(t *testing.T, d *sqltest.DB, trap *commitTrap) *sqltest.DB {
 	}
 	plain.Close()
 	db := sql.OpenDB(trapConnector{connector, trap})
-	db.SetMaxOpenConns(16)
+	db.SetMaxOpenConns(limit)
 	t.Cleanup(func() { db.Close() })
 	c := *d
 	c.DB = db
@@ -296,6 +301,33 @@ func TestRunLostCommitReplyThatLandsLater(t *testing.T) {
 		again, err := l.consume("m1", 3)
 		if err != nil || again != r || l.rows() != 1 {
 			t.Fatalf("redelivery: %+v, %v; %d ledger rows", again, err, l.rows())
+		}
+	})
+}
+
+// On a pool of one connection, learning what became of a COMMIT whose
+// reply was lost takes the pool's one connection: the execution gives its
+// own back first. The client learns the outcome as soon as the database
+// settled it (its 201, or 503 once the rollback is certain), not when its
+// execution's time is up.
+func TestLostCommitReplyOnAPoolOfOne(t *testing.T) {
+	sqltest.Each(t, func(t *testing.T, d *sqltest.DB) {
+		for _, land := range []bool{true, false} {
+			t.Run(map[bool]string{true: "lands", false: "never lands"}[land], func(t *testing.T) {
+				trap := &commitTrap{delay: 300 * time.Millisecond, land: land}
+				b := newBank(t, trappedPool(t, d, trap, 1), idempotency.WithExecutionTimeout(20*time.Second))
+				trap.armed.Store(true)
+				began := time.Now()
+				r := b.post("k1", 12)
+				took := time.Since(began)
+				if err := <-trap.landed; err != nil {
+					t.Fatalf("the delayed COMMIT or ROLLBACK: %v", err)
+				}
+				want := map[bool]int{true: 201, false: 503}[land]
+				if r.status != want || took > 10*time.Second {
+					t.Fatalf("answered %+v after %v; want %d as soon as the database settled it", r, took, want)
+				}
+			})
 		}
 	})
 }

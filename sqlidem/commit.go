@@ -93,12 +93,7 @@ func contended(attempts int, err error) error {
 // is what READ COMMITTED would read in the transaction; what decides is the
 // row's unique key at the end (writeAnswer), at every isolation level.
 func (s *Store) transact(ctx context.Context, exec idempotency.Execution, do work) outcome {
-	var row Row
-	var found bool
-	conn, err := s.connect(ctx, func(conn *sql.Conn) (err error) {
-		row, found, err = s.lookup(ctx, conn, exec.Key)
-		return err
-	})
+	conn, row, found, err := s.lookupOnConn(ctx, exec.Key)
 	if conn != nil {
 		defer conn.Close()
 	}
@@ -319,12 +314,7 @@ func (s *Store) afterFailedCommit(ctx context.Context, exec idempotency.Executio
 	ended := ctx
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), checkTimeout)
 	defer cancel()
-	var row Row
-	var found bool
-	conn, err := s.connect(ctx, func(conn *sql.Conn) (err error) {
-		row, found, err = s.lookup(ctx, conn, exec.Key)
-		return err
-	})
+	conn, row, found, err := s.lookupOnConn(ctx, exec.Key)
 	if conn != nil {
 		defer conn.Close()
 	}

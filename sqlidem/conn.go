@@ -37,6 +37,16 @@ func (s *Store) connect(ctx context.Context, first func(*sql.Conn) error) (*sql.
 	}
 }
 
+// lookupOnConn reads key's row (lookup) on a connection of its own, which
+// it returns for the statements after it (nil when err is set).
+func (s *Store) lookupOnConn(ctx context.Context, key string) (conn *sql.Conn, row Row, found bool, err error) {
+	conn, err = s.connect(ctx, func(conn *sql.Conn) (err error) {
+		row, found, err = s.lookup(ctx, conn, key)
+		return err
+	})
+	return conn, row, found, err
+}
+
 // ended reports whether the database ended conn under a statement that
 // failed with err: the server terminated it, a restart or the network cut
 // it. Its transaction then committed nothing, whatever err says. Without

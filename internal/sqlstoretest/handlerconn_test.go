@@ -52,14 +52,7 @@ func TestAHandlersEndedConnectionIsStoreUnavailable(t *testing.T) {
 		t.Cleanup(srv.Close)
 
 		send := func() (*http.Response, string) {
-			req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{"amount":5}`))
-			require.NoError(t, err)
-			req.Header.Set("Idempotency-Key", "ended-1")
-			resp, err := srv.Client().Do(req)
-			require.NoError(t, err)
-			defer resp.Body.Close()
-			body, err := io.ReadAll(resp.Body)
-			require.NoError(t, err)
+			resp, body := postRead(t, srv, "ended-1")
 			return resp, string(body)
 		}
 		resp, body := send()

@@ -3,7 +3,6 @@ package sqlstoretest
 import (
 	"bytes"
 	"database/sql"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -65,17 +64,7 @@ func TestMySQLAnswerOverThePacketIsNotReplayable(t *testing.T) {
 	})))
 	t.Cleanup(srv.Close)
 
-	req := func() (*http.Response, []byte) {
-		r, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("{}"))
-		require.NoError(t, err)
-		r.Header.Set("Idempotency-Key", "big")
-		resp, err := srv.Client().Do(r)
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return resp, b
-	}
+	req := func() (*http.Response, []byte) { return postRead(t, srv, "big") }
 	resp, got := req()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.True(t, bytes.Equal(body, got), "the first caller gets the whole answer")

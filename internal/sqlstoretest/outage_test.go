@@ -67,6 +67,19 @@ func shopWith(t *testing.T, m *idempotency.Middleware, work func(r *http.Request
 	return srv, runs
 }
 
+// postRead is post that reads the answer's body too.
+func postRead(t *testing.T, srv *httptest.Server, key string) (*http.Response, []byte) {
+	req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{"amount":5}`))
+	require.NoError(t, err)
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, body
+}
+
 func post(t *testing.T, srv *httptest.Server, key string) *http.Response {
 	req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{"amount":5}`))
 	require.NoError(t, err)

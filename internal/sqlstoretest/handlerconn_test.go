@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -106,30 +107,72 @@ func TestAHandlerMovesPastAKilledIdleConnection(t *testing.T) {
 	})
 }
 
-// A handler that gives up on a statement of its own (its own timeout) and
-// answers for itself keeps its answer: the driver closes the connection
-// under a cancelled statement, but the database did not end it, and the
-// request is not told to retry as if the database were down.
-func TestAHandlersOwnTimeoutIsItsOwnAnswer(t *testing.T) {
+// A handler that fails for a reason of its own keeps its own answer, also
+// when its connection went with it: it gave up on a statement of its own
+// (its own timeout, whose cancelled statement the driver answers by
+// closing the connection), whether it passes that error on or answers
+// with one of its own; or a connection of its own (dblink, a foreign
+// table) reported a connection's SQLSTATE, which the database relays at
+// ERROR, not as the end of this session. The request is not told to retry
+// as if the database were down.
+func TestAHandlersOwnFailureIsItsOwnAnswer(t *testing.T) {
 	eachServer(t, func(t *testing.T, d *sqltest.DB) {
 		outcomes := outcomeStore(t, d)
-		m := idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_owntimeout")),
+		m := idempotency.NewSQL(d.DB, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_ownfailure")),
 			idempotency.WithSharedKeys(), idempotency.WithOutcomeStore(outcomes))
 		sleep := map[sqltest.Kind]string{sqltest.PostgreSQL: "SELECT pg_sleep(2)", sqltest.MySQL: "SELECT SLEEP(2)"}
-		srv := httptest.NewServer(m.ProtectKey(outcomes.Handler(func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error {
-			ctx, cancel := context.WithTimeout(r.Context(), 100*time.Millisecond)
-			defer cancel()
-			if _, err := tx.ExecContext(ctx, sleep[d.Kind]); err != nil {
-				w.WriteHeader(http.StatusGatewayTimeout)
-				io.WriteString(w, "the rates lookup timed out")
+		relayed := map[sqltest.Kind]string{
+			sqltest.PostgreSQL: "DO $$ BEGIN RAISE EXCEPTION 'remote is down' USING ERRCODE = '08001'; END $$",
+			sqltest.MySQL:      "SIGNAL SQLSTATE '08001' SET MESSAGE_TEXT = 'remote is down'",
+		}
+		terminated := "DO $$ BEGIN RAISE EXCEPTION 'remote backend ended' USING ERRCODE = '57P01'; END $$"
+		for _, tc := range []struct {
+			name   string
+			status int
+			fail   func(ctx context.Context, tx *sql.Tx) error
+		}{
+			{"own timeout, passed on", http.StatusGatewayTimeout, func(ctx context.Context, tx *sql.Tx) error {
+				ctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+				defer cancel()
+				_, err := tx.ExecContext(ctx, sleep[d.Kind])
 				return fmt.Errorf("rates: %w", err)
-			}
-			w.WriteHeader(http.StatusCreated)
-			return nil
-		})))
-		t.Cleanup(srv.Close)
-		resp := post(t, srv, "own-timeout")
-		require.Equal(t, http.StatusGatewayTimeout, resp.StatusCode)
-		require.Empty(t, resp.Header.Get("Retry-After"))
+			}},
+			{"own timeout, answered as its own", http.StatusUnprocessableEntity, func(ctx context.Context, tx *sql.Tx) error {
+				ctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+				defer cancel()
+				if _, err := tx.ExecContext(ctx, sleep[d.Kind]); err != nil {
+					return errors.New("could not verify the card")
+				}
+				return nil
+			}},
+			{"a connection's SQLSTATE, relayed", http.StatusBadGateway, func(ctx context.Context, tx *sql.Tx) error {
+				_, err := tx.ExecContext(ctx, relayed[d.Kind])
+				return fmt.Errorf("remote: %w", err)
+			}},
+			{"a terminated backend's SQLSTATE, relayed", http.StatusBadGateway, func(ctx context.Context, tx *sql.Tx) error {
+				if d.Kind != sqltest.PostgreSQL {
+					return errors.New("remote backend ended")
+				}
+				_, err := tx.ExecContext(ctx, terminated)
+				return fmt.Errorf("remote: %w", err)
+			}},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				srv := httptest.NewServer(m.ProtectKey(outcomes.Handler(func(tx *sql.Tx, w http.ResponseWriter, r *http.Request) error {
+					if err := tc.fail(r.Context(), tx); err != nil {
+						w.WriteHeader(tc.status)
+						io.WriteString(w, "the handler's own answer")
+						return err
+					}
+					w.WriteHeader(http.StatusCreated)
+					return nil
+				})))
+				t.Cleanup(srv.Close)
+				resp, body := postRead(t, srv, "own-"+tc.name)
+				require.Equal(t, tc.status, resp.StatusCode, string(body))
+				require.Equal(t, "the handler's own answer", string(body))
+				require.Empty(t, resp.Header.Get("Retry-After"))
+			})
+		}
 	})
 }

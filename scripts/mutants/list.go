@@ -440,7 +440,7 @@ var mutants = []mutant{
 	},
 	{
 		name: "sqlidem-ended-connection-is-handlers-error", file: "sqlidem/commit.go",
-		from: "\t\tif ended(ctx, conn) {", to: "\t\tif false && ended(ctx, conn) {",
+		from: "\t\tif ended(ctx, conn, err) {", to: "\t\tif false && ended(ctx, conn, err) {",
 		breaks: "a handler whose connection the database ended is answered 500 internal, as its own failure, not 503 store-unavailable",
 		tests:  "TestAHandlersEndedConnectionIsStoreUnavailable", module: "internal/sqlstoretest",
 		unseen: "the fault checker's instances run no outcome store; the SQL store's tests kill a handler's connection",
@@ -451,6 +451,21 @@ var mutants = []mutant{
 		breaks: "an outcome store that meets a pooled connection the server ended while idle answers 503 on a healthy database",
 		tests:  "TestAHandlerMovesPastAKilledIdleConnection", module: "internal/sqlstoretest",
 		unseen: "the fault checker's instances run no outcome store; the SQL store's tests kill idle connections",
+	},
+	{
+		name: "sqlidem-own-timeout-is-the-databases", file: "sqlidem/ended.go",
+		from:   "case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):\n\t\treturn false",
+		to:     "case errors.Is(err, context.Canceled) && false:\n\t\treturn false",
+		breaks: "a handler that gave up on its own statement (its own timeout) is answered 503 store-unavailable, not with its own answer",
+		tests:  "TestAHandlersOwnFailureIsItsOwnAnswer", module: "internal/sqlstoretest",
+		unseen: "the fault checker's instances run no outcome store; the SQL store's tests time a handler's statement out",
+	},
+	{
+		name: "sqlidem-relayed-sqlstate-is-the-databases", file: "sqlidem/ended.go",
+		from: `return e.SQLState != "" && (severity == "FATAL" || severity == "PANIC")`, to: `return e.SQLState != "" && severity != ""`,
+		breaks: "a handler whose own connection elsewhere (dblink, a foreign table) failed is answered 503 store-unavailable, not with its own answer",
+		tests:  "TestAHandlersOwnFailureIsItsOwnAnswer", module: "internal/sqlstoretest",
+		unseen: "the fault checker's instances run no outcome store; the SQL store's tests relay a connection's SQLSTATE",
 	},
 	{
 		name: "sql-committed-answer-replayed-early", file: "sqlrow.go",

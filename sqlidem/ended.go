@@ -9,6 +9,7 @@ import (
 	"net"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/onceonly/idempotency/sqldialect"
@@ -18,42 +19,74 @@ import (
 // failed with err: the server terminated it, a restart or the network cut
 // it. Its transaction then committed nothing, and the failure is the
 // database's, not the work's. A work's own failure must stay its own (its
-// answer goes to the client), so err must carry the connection's end:
+// answer goes to the client): an error of its own, its own timeout (whose
+// cancelled statement a driver answers by closing the connection), or a
+// failure of another connection it made (another database, dblink, a
+// foreign table), which reports the same errors as this one would. So
+// both must hold:
 //
-//   - a context's end never does: it is the work's own (its own timeout,
-//     say, whose cancelled statement a driver answers by closing the
-//     connection);
-//   - driver.ErrBadConn does, and so does the server ending this session:
-//     PostgreSQL's FATAL (57P01, a backend terminated), MySQL's 1927 (a
-//     connection killed) or 1053 (a server shutting down). PostgreSQL's
-//     other severities do not: an ERROR with a connection's SQLSTATE comes
-//     from a connection the work made itself (dblink, a foreign table),
-//     and the work's own survives it;
-//   - an error of the connection's kind (an EOF, a net.Error,
-//     go-sql-driver's "invalid connection") may be the database's or the
-//     work's own call to another service: the connection is asked
-//     (driver.Validator: go-sql-driver), or, where the driver cannot tell
-//     (pgx), pinged, within endedPing; a ping that runs out of time leaves
-//     the error the work's.
+//   - err is what a connection's end gives (endedKind), and not a
+//     context's end, which is the work's own;
+//   - conn is gone (gone): database/sql closed it, its driver says so, or
+//     it fails a ping.
 //
-// Anything else (the work's own error, however it answered) is the
-// work's, whatever became of the connection.
+// Anything else is the work's, whatever became of the connection.
 func ended(ctx context.Context, conn *sql.Conn, err error) bool {
 	switch {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return false
-	case errors.Is(err, driver.ErrBadConn), sessionEnded(err):
-		return true
-	case !connectionKind(err):
+	case !endedKind(err):
 		return false
 	}
+	return gone(ctx, conn)
+}
+
+// endedKind reports whether err is of the kind a connection's end gives:
+// driver.ErrBadConn; one that closed mid-reply (an EOF) or a net.Error;
+// go-sql-driver's ErrInvalidConn; a server ending a session (PostgreSQL's
+// FATAL or PANIC, a connection's SQLSTATE, class 08 or 57P01 to 57P03;
+// MySQL's 1927, a connection killed, or 1053, a server shutting down).
+func endedKind(err error) bool {
+	var netErr net.Error
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.As(err, &netErr) || invalidConnection(err) {
+		return true
+	}
+	e, ok := sqldialect.ErrorOf(err)
+	switch {
+	case !ok:
+		return false
+	case e.MySQL == mysqlConnectionKilled, e.MySQL == mysqlServerShutdown:
+		return true
+	case strings.HasPrefix(e.SQLState, "08"), e.SQLState == "57P01", e.SQLState == "57P02", e.SQLState == "57P03":
+		return true
+	}
+	severity := severityOf(err)
+	return severity == "FATAL" || severity == "PANIC"
+}
+
+// MySQL's error numbers for a connection it ended.
+const (
+	mysqlServerShutdown   = 1053 // ER_SERVER_SHUTDOWN
+	mysqlConnectionKilled = 1927 // ER_CONNECTION_KILLED
+)
+
+// gone reports whether conn can no longer run a statement: database/sql
+// closed it (over driver.ErrBadConn), its driver says so
+// (driver.Validator: go-sql-driver/mysql), or, where the driver cannot
+// tell (pgx, which marks a connection closed and fails its ping at once),
+// it fails a ping within endedPing. A ping that runs out of time says
+// nothing: the database is slow, not gone.
+func gone(ctx context.Context, conn *sql.Conn) bool {
 	asked, alive := false, true
-	conn.Raw(func(dc any) error {
+	if conn.Raw(func(dc any) error {
 		if v, ok := dc.(driver.Validator); ok {
 			asked, alive = true, v.IsValid()
 		}
 		return nil
-	})
+	}) != nil {
+		return true
+	}
 	if asked {
 		return !alive
 	}
@@ -62,29 +95,8 @@ func ended(ctx context.Context, conn *sql.Conn, err error) bool {
 	return conn.PingContext(ping) != nil && ping.Err() == nil
 }
 
-// endedPing bounds ended's ping: a database slower than this to answer it
-// leaves the work's error as the work's.
+// endedPing bounds gone's ping.
 const endedPing = 250 * time.Millisecond
-
-// sessionEnded reports whether err is the server ending the session it
-// was sent on.
-func sessionEnded(err error) bool {
-	e, ok := sqldialect.ErrorOf(err)
-	switch {
-	case !ok:
-		return false
-	case e.MySQL == mysqlConnectionKilled || e.MySQL == mysqlServerShutdown:
-		return true
-	}
-	severity := severityOf(err)
-	return e.SQLState != "" && (severity == "FATAL" || severity == "PANIC")
-}
-
-// MySQL's error numbers for a connection it ended.
-const (
-	mysqlServerShutdown   = 1053 // ER_SERVER_SHUTDOWN
-	mysqlConnectionKilled = 1927 // ER_CONNECTION_KILLED
-)
 
 // severityOf reads the severity of the PostgreSQL error in err's chain, as
 // sqldialect reads drivers' errors without importing them: pgx's
@@ -105,15 +117,6 @@ func severityOf(err error) string {
 		}
 	}
 	return ""
-}
-
-// connectionKind reports whether err is of the kind a connection fails
-// with: one that closed mid-reply (an EOF), a net.Error, or
-// go-sql-driver's ErrInvalidConn.
-func connectionKind(err error) bool {
-	var netErr net.Error
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &netErr) ||
-		invalidConnection(err)
 }
 
 // invalidConnection reports whether err's chain holds go-sql-driver's

@@ -1,6 +1,7 @@
 package sqlidem
 
 import (
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
@@ -22,37 +23,23 @@ type MySQLError struct {
 
 func (e *MySQLError) Error() string { return fmt.Sprint("Error ", e.Number) }
 
-// Only the server ending this session is the database's: not the same
-// SQLSTATE at another severity, which a work's own connection (dblink, a
-// foreign table) relays.
-func TestSessionEnded(t *testing.T) {
+// What a connection's end gives is asked about (ended then asks the
+// connection); a work's own errors are not.
+func TestEndedKind(t *testing.T) {
 	for _, tc := range []struct {
 		err  error
 		want bool
 	}{
-		{&pgError{Code: "57P01", Severity: "FATAL"}, true},
-		{fmt.Errorf("paying: %w", &pgError{Code: "57P01", Severity: "FATAL", SeverityUnlocalized: "FATAL"}), true},
-		{&pgError{Code: "57P01", Severity: "ERROR"}, false},
-		{&pgError{Code: "08001", Severity: "ERROR"}, false},
-		{&pgError{Code: "08006", Severity: "FATAL"}, true},
-		{&pgError{Code: "08006", Severity: "FATAL", SeverityUnlocalized: "ERROR"}, false},
+		{fmt.Errorf("paying: %w", &pgError{Code: "57P01", Severity: "FATAL"}), true},
+		{&pgError{Code: "25P03", Severity: "FATAL", SeverityUnlocalized: "FATAL"}, true},
+		{&pgError{Code: "3D000", Severity: "FATAL"}, true}, // another database's refusal: the connection tells them apart
+		{&pgError{Code: "08001", Severity: "ERROR"}, true},
+		{&pgError{Code: "23505", Severity: "ERROR"}, false},
+		{&pgError{Code: "23505", Severity: "FEHLER", SeverityUnlocalized: "ERROR"}, false},
 		{&MySQLError{Number: 1927}, true},
 		{&MySQLError{Number: 1053}, true},
 		{&MySQLError{Number: 1062}, false},
-		{errors.New("could not verify"), false},
-	} {
-		if got := sessionEnded(tc.err); got != tc.want {
-			t.Errorf("sessionEnded(%v) = %v, want %v", tc.err, got, tc.want)
-		}
-	}
-}
-
-// Errors of a connection's kind are asked about; a work's own are not.
-func TestConnectionKind(t *testing.T) {
-	for _, tc := range []struct {
-		err  error
-		want bool
-	}{
+		{fmt.Errorf("paying: %w", driver.ErrBadConn), true},
 		{fmt.Errorf("paying: %w", io.ErrUnexpectedEOF), true},
 		{&net.OpError{Op: "read", Err: errors.New("connection reset by peer")}, true},
 		{fmt.Errorf("paying: %w", errors.New("invalid connection")), true},
@@ -60,8 +47,8 @@ func TestConnectionKind(t *testing.T) {
 		{errors.New("could not verify"), false},
 		{errors.New("an invalid connection string"), false},
 	} {
-		if got := connectionKind(tc.err); got != tc.want {
-			t.Errorf("connectionKind(%v) = %v, want %v", tc.err, got, tc.want)
+		if got := endedKind(tc.err); got != tc.want {
+			t.Errorf("endedKind(%v) = %v, want %v", tc.err, got, tc.want)
 		}
 	}
 }

@@ -149,6 +149,15 @@ func TestAHandlersOwnFailureIsItsOwnAnswer(t *testing.T) {
 				_, err := tx.ExecContext(ctx, relayed[d.Kind])
 				return fmt.Errorf("remote: %w", err)
 			}},
+			{"another database refuses a connection", http.StatusBadGateway, func(ctx context.Context, tx *sql.Tx) error {
+				// PostgreSQL refuses at FATAL, as it ends a session.
+				other, err := sql.Open(d.Driver, strings.Replace(d.DSN, "/test", "/no_such_database_idem", 1))
+				if err != nil {
+					return err
+				}
+				defer other.Close()
+				return fmt.Errorf("ledger replica: %w", other.PingContext(ctx))
+			}},
 			{"a terminated backend's SQLSTATE, relayed", http.StatusBadGateway, func(ctx context.Context, tx *sql.Tx) error {
 				if d.Kind != sqltest.PostgreSQL {
 					return errors.New("remote backend ended")

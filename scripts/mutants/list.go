@@ -461,11 +461,11 @@ var mutants = []mutant{
 		unseen: "the fault checker's instances run no outcome store; the SQL store's tests time a handler's statement out",
 	},
 	{
-		name: "sqlidem-relayed-sqlstate-is-the-databases", file: "sqlidem/ended.go",
-		from: `return e.SQLState != "" && (severity == "FATAL" || severity == "PANIC")`, to: `return e.SQLState != "" && severity != ""`,
-		breaks: "a handler whose own connection elsewhere (dblink, a foreign table) failed is answered 503 store-unavailable, not with its own answer",
+		name: "sqlidem-end-not-confirmed", file: "sqlidem/ended.go",
+		from: "\treturn gone(ctx, conn)\n}", to: "\treturn true || gone(ctx, conn)\n}",
+		breaks: "a handler whose other connection failed (another database, dblink, a foreign table) is answered 503 store-unavailable, not with its own answer",
 		tests:  "TestAHandlersOwnFailureIsItsOwnAnswer", module: "internal/sqlstoretest",
-		unseen: "the fault checker's instances run no outcome store; the SQL store's tests relay a connection's SQLSTATE",
+		unseen: "the fault checker's instances run no outcome store; the SQL store's tests fail a handler's other connections",
 	},
 	{
 		name: "sql-committed-answer-replayed-early", file: "sqlrow.go",

@@ -311,7 +311,7 @@ func (s *Store) outcomeUnknown(ctx context.Context, exec idempotency.Execution, 
 func (s *Store) afterFailedCommit(ctx context.Context, exec idempotency.Execution, cause error) outcome {
 	// The execution's context may be what ended the transaction: the
 	// check runs on, for as long as a statement may take.
-	ended := ctx
+	execution := ctx
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), checkTimeout)
 	defer cancel()
 	conn, row, found, err := s.lookupOnConn(ctx, exec.Key)
@@ -328,7 +328,7 @@ func (s *Store) afterFailedCommit(ctx context.Context, exec idempotency.Executio
 	case found && row.Fence > exec.Fence, errors.Is(cause, errFenced):
 		return outcome{verdict: refused, err: idempotency.ErrInProgress}
 	}
-	return outcome{verdict: refused, err: failed(ended, cause)}
+	return outcome{verdict: refused, err: failed(execution, cause)}
 }
 
 // settleCommit learns whether a COMMIT whose reply never came landed.

@@ -7,6 +7,7 @@ import (
 	"compress/zlib"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -144,6 +145,31 @@ func decodable(coding string) bool {
 // not be.
 const decodeLimit = 32
 
+// decodedLimit is how many bytes a replay decodes at most under cfg:
+// decodeLimit times the response limit, or the most an int holds for a
+// limit so large that the product would wrap (WithMaxResponseBytes of
+// math.MaxInt, "no limit").
+func (c *config) decodedLimit() int {
+	if c.maxResponse > math.MaxInt/decodeLimit {
+		return math.MaxInt
+	}
+	return decodeLimit * c.maxResponse
+}
+
+// codedOnly are headers that describe the body's bytes as stored, in its
+// coding: a replay that sends it decoded leaves them out. An entity tag
+// stays, weakened (decodedTag): the decoded body is the same resource,
+// not the same bytes.
+var codedOnly = map[string]bool{"Content-Digest": true, "Repr-Digest": true, "Digest": true, "Content-Md5": true}
+
+// decodedTag weakens a strong entity tag for a body sent decoded.
+func decodedTag(tag string) string {
+	if strings.HasPrefix(tag, `"`) {
+		return "W/" + tag
+	}
+	return tag
+}
+
 // errDecodedTooLarge: a stored body decodes to more than the limit.
 var errDecodedTooLarge = errors.New("idempotency: the stored body decodes past the response limit")
 
@@ -205,7 +231,7 @@ func (rec *record) decodeTo(w io.Writer, raw bool, limit int) error {
 		return err
 	}
 	defer rd.Close()
-	n, err := io.Copy(w, io.LimitReader(rd, int64(limit)+1))
+	n, err := io.Copy(w, io.LimitReader(rd, int64(min(limit, math.MaxInt-1))+1)) // one byte past: over the limit
 	if err == nil && n > int64(limit) {
 		return errDecodedTooLarge
 	}

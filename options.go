@@ -117,9 +117,10 @@ func WithMaxKeyLength(n int) Option { return func(c *config) { c.maxKeyLen = n }
 func WithTokensPerScope(int) Option { return func(*config) {} }
 
 // WithReplayHeaders replaces the default header policy with an allowlist:
-// only the named response headers are stored and replayed. Naming Set-Cookie
-// here is the only way to replay it. Default: every header except Set-Cookie
-// and the hop-by-hop headers.
+// only the named response headers are stored and replayed, and
+// Content-Encoding, which says what the stored body's bytes are. Naming
+// Set-Cookie here is the only way to replay it. Default: every header
+// except Set-Cookie and the hop-by-hop headers.
 func WithReplayHeaders(names ...string) Option {
 	return func(c *config) {
 		c.replayHeaders = make(map[string]bool, len(names))

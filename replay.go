@@ -60,7 +60,7 @@ func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config, de
 	var raw bool
 	if decode {
 		var err error
-		raw, err = rec.checkDecoding(decodeLimit * cfg.maxResponse)
+		raw, err = rec.checkDecoding(cfg.decodedLimit())
 		switch {
 		case errors.Is(err, errDecodedTooLarge):
 			// Far past what the middleware would store (a compression
@@ -85,8 +85,12 @@ func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config, de
 		if strings.HasPrefix(name, http.TrailerPrefix) {
 			trailers, keep = trailers || keep, false
 		}
+		tag := decode && strings.EqualFold(name, "Etag")
 		for ; i < len(rec.header) && rec.header[i] == name; i += 2 {
-			if keep {
+			switch {
+			case keep && tag:
+				block = append(block, decodedTag(rec.header[i+1]))
+			case keep:
 				block = append(block, rec.header[i+1])
 			}
 		}
@@ -108,7 +112,7 @@ func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config, de
 	}
 	w.WriteHeader(rec.status)
 	if decode {
-		rec.decodeTo(w, raw, decodeLimit*cfg.maxResponse) // it decoded above: only the client can fail it now
+		rec.decodeTo(w, raw, cfg.decodedLimit()) // it decoded above: only the client can fail it now
 	} else {
 		w.Write(rec.body)
 	}
@@ -121,7 +125,8 @@ func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config, de
 // varied request value, not the coding of a body sent decoded, and only
 // what cfg stores.
 func (rec *record) keeps(name string, cfg *config, decode bool) bool {
-	if strings.HasPrefix(name, varyPrefix) || decode && strings.EqualFold(name, "Content-Encoding") {
+	if strings.HasPrefix(name, varyPrefix) ||
+		decode && (strings.EqualFold(name, "Content-Encoding") || codedOnly[http.CanonicalHeaderKey(name)]) {
 		return false
 	}
 	return rec.filtered || cfg.storable(http.CanonicalHeaderKey(strings.TrimPrefix(name, http.TrailerPrefix)))
@@ -200,7 +205,9 @@ func (c *config) storable(name string) bool {
 	}
 	name = strings.TrimPrefix(name, http.TrailerPrefix)
 	if c.replayHeaders != nil {
-		return c.replayHeaders[name] && !hopByHop[name]
+		// Content-Encoding says what the stored bytes are: without it a
+		// compressed body would replay as if it were plain.
+		return (c.replayHeaders[name] || name == "Content-Encoding") && !hopByHop[name]
 	}
 	return name != "Set-Cookie" && !hopByHop[name]
 }

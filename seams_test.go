@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"compress/zlib"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -290,6 +291,39 @@ func TestReplayDecodesEveryStoredCoding(t *testing.T) {
 			require.EqualValues(t, 1, s.execs.Load())
 		})
 	}
+}
+
+// A body sent decoded is sent without what described its coded bytes: a
+// digest of them is left out, and a strong entity tag is weakened (the
+// same resource, not the same bytes); a response limit too large to
+// multiply (math.MaxInt, "no limit") still decodes; and an allowlist of
+// replayed headers that does not name Content-Encoding still keeps it
+// with the body it describes.
+func TestADecodedReplayDropsWhatDescribedItsBytes(t *testing.T) {
+	body := strings.Repeat(`{"order":"tea"}`, 70)
+	var zipped bytes.Buffer
+	zw := gzip.NewWriter(&zipped)
+	io.WriteString(zw, body)
+	zw.Close()
+	s := newStack(t, nil, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Header().Set("Etag", `"v1-gzip"`)
+		w.Header().Set("Content-Digest", "sha-256=:AAAA:")
+		w.Header().Set("Cache-Control", "no-cache")
+		w.Write(zipped.Bytes())
+	}, false, WithMaxResponseBytes(math.MaxInt), WithReplayHeaders("Etag", "Content-Digest", "Cache-Control"))
+	first := s.post("tag", "Accept-Encoding", "gzip")
+	require.Equal(t, `"v1-gzip"`, first.header.Get("Etag"))
+	plain := s.post("tag")
+	require.Equal(t, http.StatusOK, plain.status, plain.body)
+	require.Equal(t, body, plain.body)
+	require.Equal(t, `W/"v1-gzip"`, plain.header.Get("Etag"))
+	require.Empty(t, plain.header.Values("Content-Digest"))
+	require.Equal(t, "no-cache", plain.header.Get("Cache-Control"))
+	again := s.post("tag", "Accept-Encoding", "gzip")
+	require.Equal(t, `"v1-gzip"`, again.header.Get("Etag"))
+	require.Equal(t, "sha-256=:AAAA:", again.header.Get("Content-Digest"))
+	require.EqualValues(t, 1, s.execs.Load())
 }
 
 // A body decoded for a replay streams to the client: a replay does not

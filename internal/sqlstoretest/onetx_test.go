@@ -222,14 +222,7 @@ type answerSeen struct {
 
 // seen posts key to srv and returns what came back.
 func seen(t *testing.T, srv *httptest.Server, key string) answerSeen {
-	req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{"amount":5}`))
-	require.NoError(t, err)
-	req.Header.Set("Idempotency-Key", key)
-	resp, err := srv.Client().Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
+	resp, body := postRead(t, srv, key)
 	return answerSeen{status: resp.StatusCode, body: string(body), replayed: resp.Header.Get(idempotency.ReplayedHeader),
 		layer: resp.Header.Get("X-Layer")}
 }

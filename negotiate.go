@@ -177,8 +177,8 @@ var errDecodedTooLarge = errors.New("idempotency: the stored body decodes past t
 // compression-friendly answer of a few kilobytes decodes to tens of
 // megabytes, and concurrent replays of it would hold that each. The body
 // is decoded twice: once into nothing, which proves that it decodes, and
-// within the limit, before anything is sent (checkDecoding), then to the
-// client (decodeTo).
+// within the limit, before anything is sent (decodingOf), then to the
+// client (decoding.to).
 
 // coding is the one coding of rec's body, as negotiate read it.
 func (rec *record) coding() string {
@@ -194,45 +194,55 @@ func (rec *record) coding() string {
 	return codings[0]
 }
 
-// checkDecoding decodes rec's body into nothing, up to limit bytes, and
-// says how to decode it again: raw for a deflate body without zlib's
-// wrapper, which many servers send as deflate. A small compressed body can
-// decode to a thousand times its size, and a replay must not let whoever
-// holds a key make this process decode that for a client (see
-// decodeLimit).
-func (rec *record) checkDecoding(limit int) (raw bool, err error) {
-	err = rec.decodeTo(io.Discard, false, limit)
-	if err != nil && rec.coding() == "deflate" && !errors.Is(err, errDecodedTooLarge) {
-		if rawErr := rec.decodeTo(io.Discard, true, limit); rawErr == nil || errors.Is(rawErr, errDecodedTooLarge) {
-			return true, rawErr
-		}
-	}
-	return false, err
+// A decoding is how a replay decodes a stored body: its coding, raw for a
+// deflate body without zlib's wrapper (which many servers send as
+// deflate), and the most bytes it may give.
+type decoding struct {
+	coding string
+	raw    bool
+	limit  int
 }
 
-// decodeTo writes rec's body, decoded from its coding (deflate raw when
-// raw is set), to w, up to limit bytes. An empty body decodes to nothing:
-// an answer without a body (204, 304) may still name a coding.
-func (rec *record) decodeTo(w io.Writer, raw bool, limit int) error {
-	if len(rec.body) == 0 {
+// decodingOf decodes rec's body into nothing, up to limit bytes, and says
+// how to decode it again. A small compressed body can decode to a
+// thousand times its size, and a replay must not let whoever holds a key
+// make this process decode that for a client (see decodeLimit).
+func (rec *record) decodingOf(limit int) (decoding, error) {
+	d := decoding{coding: rec.coding(), limit: limit}
+	err := d.to(io.Discard, rec.body)
+	if err != nil && d.coding == "deflate" && !errors.Is(err, errDecodedTooLarge) {
+		raw := d
+		raw.raw = true
+		if rawErr := raw.to(io.Discard, rec.body); rawErr == nil || errors.Is(rawErr, errDecodedTooLarge) {
+			return raw, rawErr
+		}
+	}
+	return d, err
+}
+
+// to writes body, decoded, to w, up to d.limit bytes. An empty body
+// decodes to nothing: an answer without a body (204, 304) may still name
+// a coding.
+func (d decoding) to(w io.Writer, body []byte) error {
+	if len(body) == 0 {
 		return nil
 	}
 	var rd io.ReadCloser
 	var err error
-	switch coding := rec.coding(); {
-	case coding == "deflate" && raw:
-		rd = flate.NewReader(bytes.NewReader(rec.body))
-	case coding == "deflate":
-		rd, err = zlib.NewReader(bytes.NewReader(rec.body))
+	switch {
+	case d.coding == "deflate" && d.raw:
+		rd = flate.NewReader(bytes.NewReader(body))
+	case d.coding == "deflate":
+		rd, err = zlib.NewReader(bytes.NewReader(body))
 	default:
-		rd, err = gzip.NewReader(bytes.NewReader(rec.body))
+		rd, err = gzip.NewReader(bytes.NewReader(body))
 	}
 	if err != nil {
 		return err
 	}
 	defer rd.Close()
-	n, err := io.Copy(w, io.LimitReader(rd, int64(min(limit, math.MaxInt-1))+1)) // one byte past: over the limit
-	if err == nil && n > int64(limit) {
+	n, err := io.Copy(w, io.LimitReader(rd, int64(min(d.limit, math.MaxInt-1))+1)) // one byte past: over the limit
+	if err == nil && n > int64(d.limit) {
 		return errDecodedTooLarge
 	}
 	return err

@@ -57,10 +57,10 @@ var replayedValue = []string{"true"}
 // computes it for what is actually sent, and a transform outside us
 // (compression) would contradict one computed here.
 func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config, decode bool) {
-	var raw bool
+	var dec decoding
 	if decode {
 		var err error
-		raw, err = rec.checkDecoding(cfg.decodedLimit())
+		dec, err = rec.decodingOf(cfg.decodedLimit())
 		switch {
 		case errors.Is(err, errDecodedTooLarge):
 			// Far past what the middleware would store (a compression
@@ -71,7 +71,7 @@ func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config, de
 		case err != nil:
 			cfg.logger.Error("idempotency: a stored answer's body cannot be decoded from its Content-Encoding "+
 				"for a request that does not accept it; such requests get the unreadable-record problem",
-				"coding", rec.coding(), "path", r.URL.Path, "error", err)
+				"coding", dec.coding, "path", r.URL.Path, "error", err)
 			cfg.errorHandler(w, r, ErrUnreadableRecord)
 			return
 		}
@@ -112,7 +112,7 @@ func (rec *record) write(w http.ResponseWriter, r *http.Request, cfg *config, de
 	}
 	w.WriteHeader(rec.status)
 	if decode {
-		rec.decodeTo(w, raw, cfg.decodedLimit()) // it decoded above: only the client can fail it now
+		dec.to(w, rec.body) // it decoded above: only the client can fail it now
 	} else {
 		w.Write(rec.body)
 	}

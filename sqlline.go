@@ -259,7 +259,7 @@ func (l *holderLine) giveBack() {
 // keep takes c, the connection a claim ran on, for the line; err is the
 // claim's error, after which c may be broken.
 func (l *holderLine) keep(c *sql.Conn, err error) {
-	if err != nil && (connectionEnded(err) || broken(c)) {
+	if gone(c, err) {
 		c.Close()
 		l.judge() // the next claim fills the line again, if the pool still spares one
 		return
@@ -304,7 +304,7 @@ func (l *holderLine) run(ctx context.Context, db *sql.DB, op func(c sqlConn) err
 			return op(db)
 		}
 		err := op(c)
-		if err == nil || !(connectionEnded(err) || broken(c)) || ctx.Err() != nil {
+		if !gone(c, err) || ctx.Err() != nil {
 			<-l.turn
 			return err
 		}

@@ -73,3 +73,9 @@ func connectionEnded(err error) bool {
 	e, ok := sqldialect.ErrorOf(err)
 	return ok && (e.SQLState == "57P01" || e.SQLState == "57P02" || e.SQLState == "57P03")
 }
+
+// gone reports whether c, a statement on which failed with err, can run no
+// more: the server ended it, or it is broken.
+func gone(c *sql.Conn, err error) bool {
+	return err != nil && (connectionEnded(err) || broken(c))
+}

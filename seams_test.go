@@ -194,10 +194,7 @@ func TestFlushThatCannotFlushIsNotStreaming(t *testing.T) {
 // sent decoded (gzip, deflate) or refused, never in that coding.
 func TestReplayHonoursStoredContentEncoding(t *testing.T) {
 	body := strings.Repeat(`{"order":"tea"}`, 70)
-	var zipped bytes.Buffer
-	zw := gzip.NewWriter(&zipped)
-	io.WriteString(zw, body)
-	zw.Close()
+	zipped := gzipped([]byte(body))
 	for _, coding := range []string{"gzip", "br"} {
 		t.Run(coding, func(t *testing.T) {
 			s := newStack(t, nil, func(w http.ResponseWriter, r *http.Request) {
@@ -206,7 +203,7 @@ func TestReplayHonoursStoredContentEncoding(t *testing.T) {
 				w.Header().Set("Content-Type", "application/json")
 				if strings.Contains(r.Header.Get("Accept-Encoding"), coding) {
 					w.Header().Set("Content-Encoding", coding)
-					w.Write(zipped.Bytes()) // the bytes matter not for br: it is refused
+					w.Write(zipped) // the bytes matter not for br: it is refused
 					return
 				}
 				io.WriteString(w, body)
@@ -242,11 +239,8 @@ func TestReplayDecodesEveryStoredCoding(t *testing.T) {
 		io.WriteString(w, body)
 		w.Close()
 	}
-	var gz, twice, zl, raw bytes.Buffer
-	compress(gzip.NewWriter(&gz))
-	outer := gzip.NewWriter(&twice)
-	outer.Write(gz.Bytes())
-	outer.Close()
+	var zl, raw bytes.Buffer
+	twice := gzipped(gzipped([]byte(body)))
 	compress(zlib.NewWriter(&zl))
 	fw, _ := flate.NewWriter(&raw, flate.DefaultCompression)
 	compress(fw)
@@ -262,8 +256,8 @@ func TestReplayDecodesEveryStoredCoding(t *testing.T) {
 		{"created without a body, gzip", http.StatusCreated, []string{"gzip"}, nil, "", false},
 		{"deflate in zlib", http.StatusOK, []string{"deflate"}, zl.Bytes(), body, false},
 		{"raw deflate", http.StatusOK, []string{"deflate"}, raw.Bytes(), body, false},
-		{"gzip twice, two lines", http.StatusOK, []string{"gzip", "gzip"}, twice.Bytes(), "", true},
-		{"gzip twice, one line", http.StatusOK, []string{"gzip, gzip"}, twice.Bytes(), "", true},
+		{"gzip twice, two lines", http.StatusOK, []string{"gzip", "gzip"}, twice, "", true},
+		{"gzip twice, one line", http.StatusOK, []string{"gzip, gzip"}, twice, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newStack(t, nil, func(w http.ResponseWriter, r *http.Request) {
@@ -301,16 +295,13 @@ func TestReplayDecodesEveryStoredCoding(t *testing.T) {
 // with the body it describes.
 func TestADecodedReplayDropsWhatDescribedItsBytes(t *testing.T) {
 	body := strings.Repeat(`{"order":"tea"}`, 70)
-	var zipped bytes.Buffer
-	zw := gzip.NewWriter(&zipped)
-	io.WriteString(zw, body)
-	zw.Close()
+	zipped := gzipped([]byte(body))
 	s := newStack(t, nil, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Encoding", "gzip")
 		w.Header().Set("Etag", `"v1-gzip"`)
 		w.Header().Set("Content-Digest", "sha-256=:AAAA:")
 		w.Header().Set("Cache-Control", "no-cache")
-		w.Write(zipped.Bytes())
+		w.Write(zipped)
 	}, false, WithMaxResponseBytes(math.MaxInt), WithReplayHeaders("Etag", "Content-Digest", "Cache-Control"))
 	first := s.post("tag", "Accept-Encoding", "gzip")
 	require.Equal(t, `"v1-gzip"`, first.header.Get("Etag"))
@@ -331,14 +322,11 @@ func TestADecodedReplayDropsWhatDescribedItsBytes(t *testing.T) {
 // times the stored one, and concurrent replays would hold it each.
 func TestADecodedReplayStreams(t *testing.T) {
 	const decodedSize = 24 << 20 // within decodeLimit × the default 1 MiB
-	var zipped bytes.Buffer
-	zw := gzip.NewWriter(&zipped)
-	zw.Write(make([]byte, decodedSize))
-	zw.Close()
+	zipped := gzipped(make([]byte, decodedSize))
 	m := New(redistest.Client(t, "test-"+t.Name()), WithKeyPrefix("test-"+t.Name()), WithSharedKeys())
 	h := m.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Encoding", "gzip")
-		w.Write(zipped.Bytes())
+		w.Write(zipped)
 	}))
 	serve := func(acceptGzip bool) (*counted, int) {
 		r := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{}`))
@@ -363,6 +351,15 @@ func TestADecodedReplayStreams(t *testing.T) {
 	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(decodedSize/4), "allocated for one decoded replay")
 }
 
+// gzipped is b in gzip.
+func gzipped(b []byte) []byte {
+	var out bytes.Buffer
+	zw := gzip.NewWriter(&out)
+	zw.Write(b)
+	zw.Close()
+	return out.Bytes()
+}
+
 // counted is a ResponseWriter that counts the body's bytes and keeps none.
 type counted struct {
 	h      http.Header
@@ -379,21 +376,18 @@ func (w *counted) Write(p []byte) (int, error) { w.n += int64(len(p)); return le
 // never decoded for a replay: a request that does not accept gzip gets 406, one that does gets
 // the stored bytes.
 func TestAReplayNeverDecodesPastTheLimit(t *testing.T) {
-	var zipped bytes.Buffer
-	zw := gzip.NewWriter(&zipped)
-	zw.Write(make([]byte, 4<<20)) // more than decodeLimit × 64 KiB
-	zw.Close()
+	zipped := gzipped(make([]byte, 4<<20)) // more than decodeLimit × 64 KiB
 	s := newStack(t, nil, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Vary", "Accept-Encoding")
 		w.Header().Set("Content-Encoding", "gzip")
-		w.Write(zipped.Bytes())
+		w.Write(zipped)
 	}, false, WithMaxResponseBytes(64<<10))
 	first := s.post("bomb", "Accept-Encoding", "gzip")
 	require.Equal(t, http.StatusOK, first.status)
 	requireProblem(t, s.post("bomb"), http.StatusNotAcceptable, "not-acceptable")
 	again := s.post("bomb", "Accept-Encoding", "gzip")
 	require.Equal(t, "gzip", again.header.Get("Content-Encoding"))
-	require.Equal(t, zipped.Len(), len(again.body))
+	require.Equal(t, len(zipped), len(again.body))
 	require.EqualValues(t, 1, s.execs.Load())
 }
 

@@ -132,6 +132,13 @@ func goldenRecords(t *testing.T) map[string]string {
 	require.NoError(t, taker.redis.release(ctx, k, goldenTaker))
 	read("handed-back", k)
 
+	k = claimA("released-after-hand-back")
+	journal(m, k, goldenOwner, 0)
+	takeOver(k)
+	require.NoError(t, taker.redis.release(ctx, k, goldenTaker))
+	require.NoError(t, m.redis.release(ctx, k, goldenOwner))
+	read("released-after-hand-back", k)
+
 	k = claimA("done-after-takeover")
 	takeOver(k)
 	complete(taker, k, goldenTaker, fenceB, answer)
@@ -230,11 +237,15 @@ func TestGoldenRecordsAreRead(t *testing.T) {
 		require.Equal(t, outcomeRunning, claimOf(m, name, 0).outcome, "%s: its owner may still store", name)
 		require.Equal(t, outcomeAbandoned, claimOf(m, name, time.Hour).outcome, "%s: past the horizon", name)
 	}
-	require.Equal(t, outcomeAbandoned, claimOf(m, "kept", 0).outcome, "a kept run stores nothing")
-	cl := claimOf(taker, "journaled", time.Hour)
-	require.Equal(t, outcomeClaimed, cl.outcome)
-	require.NotNil(t, cl.journal)
-	require.Contains(t, *cl.journal, `{"id":"ch_1"}`, "a takeover hands the journal on")
+	for _, name := range []string{"kept", "released-after-hand-back"} {
+		require.Equal(t, outcomeAbandoned, claimOf(m, name, 0).outcome, "%s: a kept run stores nothing", name)
+	}
+	for _, name := range []string{"journaled", "released-after-hand-back"} {
+		cl := claimOf(taker, name, 0)
+		require.Equal(t, outcomeClaimed, cl.outcome, name)
+		require.NotNil(t, cl.journal, name)
+		require.Contains(t, *cl.journal, `{"id":"ch_1"}`, "%s: a takeover hands the journal on", name)
+	}
 	require.Equal(t, outcomeClaimed, claimOf(m, "forgotten", time.Hour).outcome, "a forgotten key runs again")
 }
 

@@ -187,14 +187,19 @@ func completedText(line keyspace.Record, stored string) string {
 }
 
 // release is release.lua: a takeover goes back to the executor it was
-// taken from, a fresh claim's record goes.
+// taken from, a fresh claim's record goes, and a record that earlier
+// executors left (a takeover handed back, a journal) is kept.
 func (r *keyRow) release(lockValue string) {
 	if rec, ok := keyspace.ParseRecord(r.record); ok && rec.State == "run" && rec.Owner == lockValue {
-		if rec.PrevOwner != "" {
+		switch {
+		case rec.PrevOwner != "":
 			rec.Owner, rec.Fence, rec.PrevOwner, rec.PrevFence = rec.PrevOwner, rec.PrevFence, "", ""
 			r.setRecord(rec.String(), r.recordUntil)
-		} else {
+		case rec.Executions == "1" && rec.Journal == "":
 			r.setRecord("", 0)
+		default:
+			rec.Owner = "!" + rec.Owner
+			r.setRecord(rec.String(), r.recordUntil)
 		}
 	}
 	r.letGo(lockValue)

@@ -103,6 +103,13 @@ func TestRowsWriteTheGoldenRecords(t *testing.T) {
 	row("handed-back").release(goldenTaker)
 	expect("handed-back")
 
+	claimA("released-after-hand-back")
+	journal("released-after-hand-back", goldenOwner)
+	takeOver("released-after-hand-back")
+	row("released-after-hand-back").release(goldenTaker)
+	row("released-after-hand-back").release(goldenOwner)
+	expect("released-after-hand-back")
+
 	claimA("done-after-takeover")
 	takeOver("done-after-takeover")
 	complete("done-after-takeover", goldenTaker, fenceB, answer)
@@ -118,7 +125,8 @@ func TestRowsReadTheGoldenRecords(t *testing.T) {
 	for name, want := range map[string]string{
 		"claimed": "abandoned", "journaled": "abandoned", "done": "done", "big": "big",
 		"written-back": "done", "kept": "abandoned", "taken-over": "abandoned", "handed-back": "abandoned",
-		"done-after-takeover": "done", "resolved": "done", "forgotten": "claimed",
+		"released-after-hand-back": "abandoned", "done-after-takeover": "done", "resolved": "done",
+		"forgotten": "claimed",
 	} {
 		r := &keyRow{now: time.Now().UnixMicro(), record: goldenRecord(t, name, time.Hour)}
 		r.recordUntil = r.now + time.Hour.Microseconds()

@@ -4,8 +4,9 @@
 -- ARGV[1] our lock value
 -- An issued token's record is what marks it spent, so deleting the record
 -- gives the token back until it expires. A takeover is undone by handing
--- the key back to the executor it was taken from. The record's layout is
--- record.lua's.
+-- the key back to the executor it was taken from. Only a fresh claim's
+-- record goes: one that earlier executors left is kept. The record's
+-- layout is record.lua's.
 local rec = redis.call('GET', KEYS[1])
 if rec then
   local st, fp, o, f, n, p, q, w, s, j = readRecord(rec)
@@ -17,8 +18,16 @@ if rec then
       -- next retry finds it abandoned again.
       -- The steps it journaled stay with it (step.lua).
       redis.call('SET', KEYS[1], recordLine('run', fp, p, q, n, '', '', w, s) .. string.sub(rec, j), 'KEEPTTL')
-    else
+    elseif n == '1' and j > #rec then
       redis.call('DEL', KEYS[1])
+    else
+      -- A run that took effect before ours: a takeover handed back to us
+      -- by the undo of a takeover of ours (the record names one previous
+      -- owner only), or steps journaled. Deleting it would drop its
+      -- journal, and let a fresh claim run what was done as if nothing
+      -- had; instead it is kept as nothing can store for it any more, and
+      -- the next claim takes it over, journal and all (keep.lua's mark).
+      redis.call('SET', KEYS[1], recordLine('run', fp, '!' .. o, f, n, p, q, w, s) .. string.sub(rec, j), 'KEEPTTL')
     end
   end
 end

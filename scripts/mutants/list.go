@@ -167,9 +167,15 @@ var mutants = []mutant{
 	// release.lua and keep.lua: letting a key go.
 	{
 		name: "release-frees-takeover", file: "lua/release.lua",
-		from: "if p ~= '' then", to: "if false then",
+		from: "if p ~= '' then\n", to: "if p ~= '' then\n      redis.call('DEL', KEYS[1])\n    elseif false then\n",
 		breaks: "undoing a takeover frees the key, although the executor it was taken from may have taken effect",
 		faults: "takeover,drop-reply", tests: "Release|Takeover|Undo|HandBack|Abandoned",
+	},
+	{
+		name: "release-frees-handed-back", file: "lua/release.lua",
+		from: "elseif n == '1' and j > #rec then", to: "elseif true then",
+		breaks: "the late undo of a takeover, handed the key back by the undo of a takeover of it, frees the key, and a fresh claim runs the first run's journaled steps again",
+		faults: "kill,redis-stop,blackhole,drop-reply", steps: true, tests: "Golden|Undone|HandBack|Takeover",
 	},
 	{
 		name: "release-anyones-record", file: "lua/release.lua",
@@ -408,9 +414,15 @@ var mutants = []mutant{
 	},
 	{
 		name: "sql-release-frees-takeover", file: "sqlrow.go",
-		from: `if rec.PrevOwner != "" {`, to: `if false && rec.PrevOwner != "" {`,
+		from: `case rec.PrevOwner != "":`, to: "case rec.PrevOwner != \"\":\n\t\t\tr.setRecord(\"\", 0)\n\t\tcase false:",
 		breaks: "on SQL, undoing a takeover frees the key instead of handing it back to the executor it was taken from",
 		faults: "takeover", sql: "postgres", tests: "TestRowsWriteTheGoldenRecords",
+	},
+	{
+		name: "sql-release-frees-handed-back", file: "sqlrow.go",
+		from: `case rec.Executions == "1" && rec.Journal == "":`, to: `case true:`,
+		breaks: "on SQL, the late undo of a takeover, handed the key back by the undo of a takeover of it, frees the key, and a fresh claim runs the first run's journaled steps again",
+		faults: "kill,blackhole,drop-reply", steps: true, sql: "sqlite", tests: "TestUndoneTakeovers|TestRowsWriteTheGoldenRecords",
 	},
 	{
 		name: "sql-keep-not-marked", file: "sqlrow.go",

@@ -33,10 +33,11 @@ import (
 // it is in use, the line tends itself every holderLineTend: it pings its
 // connection (one the server ended is dropped, and the next claim fills
 // the line again), judges the pool's limit anew (one lowered under
-// minLinePool gets its connection back; one raised gets a line), and
-// gives its connection back to the pool once db is closed, or once no key
-// has been claimed or renewed for holderLineIdle (or two leases, if
-// longer). A pool without a limit needs no line (nothing waits for a
+// minLinePool gets its connection back; one raised gets a line), trades
+// a connection it has held for holderLineAge for a fresh one of the
+// pool's, and gives its connection back to the pool once db is closed, or
+// once no key has been claimed or renewed for holderLineIdle (or two
+// leases, if longer). A pool without a limit needs no line (nothing waits for a
 // connection), and one of fewer than minLinePool connections cannot spare
 // it; either is logged once.
 type holderLine struct {
@@ -52,7 +53,13 @@ type holderLine struct {
 	warned  atomic.Bool   // a pool without a limit, or too small for a line, was logged
 	target  atomic.Int32  // how many connections the pool spares for the line: 0, 1, or 2 (a spare)
 	mu      sync.Mutex
-	conns   []*sql.Conn // the line's connections, the one in use first
+	conns   []lineConn // the line's connections, the one in use first
+}
+
+// A lineConn is a connection of the line, and when the line took it.
+type lineConn struct {
+	c     *sql.Conn
+	taken time.Time
 }
 
 // holderLineIdle is how long a line stays unused; holderLineTend how often
@@ -68,6 +75,14 @@ const (
 	// other one is held, the renewals go on on the spare, where a new one
 	// could not be had before their leases lapse.
 	minSparePool = 8
+	// holderLineAge is how long the line keeps a connection before it
+	// trades it for another of the pool's, at a tending while the pool has
+	// one free. A connection held for good would escape the pool's own
+	// rules (database/sql expires a connection only when it is given
+	// back): it would outlive SetConnMaxLifetime, and stay with a server
+	// that a failover made a read-only replica, or that a proxy or a load
+	// balancer meant to drain.
+	holderLineAge = 30 * time.Second
 )
 
 // holderLines are the lines by database. An entry does not keep its
@@ -193,6 +208,7 @@ func (l *holderLine) tend() {
 	}
 	l.judge()
 	l.ping()
+	l.refresh(db)
 	time.AfterFunc(holderLineTend, l.tend)
 }
 
@@ -218,12 +234,12 @@ func (l *holderLine) ping() {
 	conns := slices.Clone(l.conns)
 	l.mu.Unlock()
 	dropped := false
-	for _, c := range conns {
+	for _, lc := range conns {
 		ctx, cancel := context.WithTimeout(context.Background(), holderLineTend)
-		err := c.PingContext(ctx)
+		err := lc.c.PingContext(ctx)
 		cancel()
 		if err != nil {
-			l.drop(c)
+			l.drop(lc.c)
 			dropped = true
 		}
 	}
@@ -237,7 +253,7 @@ func (l *holderLine) ping() {
 // caller then judges the pool (judge may take the turn).
 func (l *holderLine) drop(c *sql.Conn) {
 	l.mu.Lock()
-	l.conns = slices.DeleteFunc(l.conns, func(k *sql.Conn) bool { return k == c })
+	l.conns = slices.DeleteFunc(l.conns, func(k lineConn) bool { return k.c == c })
 	l.mu.Unlock()
 	c.Close()
 }
@@ -251,8 +267,47 @@ func (l *holderLine) giveBack() {
 	l.conns = nil
 	l.mu.Unlock()
 	<-l.turn
-	for _, c := range conns {
-		c.Close()
+	for _, lc := range conns {
+		lc.c.Close()
+	}
+}
+
+// refresh trades each connection the line has held for holderLineAge for
+// another of db's pool, taken first, while the pool has one free: the one
+// given back then goes by the pool's rules (closed past
+// SetConnMaxLifetime, kept idle otherwise). With the pool full it waits,
+// since the line is what serves the running keys then, and a connection
+// given back would go to a statement waiting for the pool.
+func (l *holderLine) refresh(db *sql.DB) {
+	l.mu.Lock()
+	var aged []*sql.Conn
+	for _, lc := range l.conns {
+		if time.Since(lc.taken) >= holderLineAge {
+			aged = append(aged, lc.c)
+		}
+	}
+	l.mu.Unlock()
+	for _, c := range aged {
+		if full, _ := poolFull(db); full {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), holderLineTend)
+		fresh, err := db.Conn(ctx)
+		cancel()
+		if err != nil {
+			return
+		}
+		// What goes back to the pool: c once fresh took its place, or
+		// fresh when c left the line meanwhile.
+		given := fresh
+		l.turn <- struct{}{} // after the operation on c, if one runs
+		l.mu.Lock()
+		if i := slices.IndexFunc(l.conns, func(k lineConn) bool { return k.c == c }); i >= 0 {
+			l.conns[i], given = lineConn{fresh, time.Now()}, c
+		}
+		l.mu.Unlock()
+		<-l.turn
+		given.Close()
 	}
 }
 
@@ -266,7 +321,7 @@ func (l *holderLine) keep(c *sql.Conn, err error) {
 	}
 	l.mu.Lock()
 	if l.active.Load() && len(l.conns) < int(l.target.Load()) {
-		l.conns, c = append(l.conns, c), nil
+		l.conns, c = append(l.conns, lineConn{c, time.Now()}), nil
 		l.want.Store(len(l.conns) < int(l.target.Load()))
 	}
 	l.mu.Unlock()
@@ -296,7 +351,7 @@ func (l *holderLine) run(ctx context.Context, db *sql.DB, op func(c sqlConn) err
 		l.mu.Lock()
 		var c *sql.Conn
 		if len(l.conns) > 0 {
-			c = l.conns[0]
+			c = l.conns[0].c
 		}
 		l.mu.Unlock()
 		if c == nil {

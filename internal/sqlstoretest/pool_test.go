@@ -481,6 +481,36 @@ func TestTheLinesSpareOutlivesItsConnection(t *testing.T) {
 	require.NotContains(t, log.String(), "lock lost")
 }
 
+// The line trades a connection it has held for 30 s for a fresh one of
+// the pool's, so the pool's own rules reach it too: under a steady stream
+// of keys on a pool whose connections live 2 s (SetConnMaxLifetime, as
+// operators set it to follow a failover or a proxy's rotation), none of
+// the store's connections lives 30 s, and every key is answered once.
+func TestTheLineFollowsThePoolsConnectionLifetime(t *testing.T) {
+	t.Parallel() // 40 s of traffic
+	d := sqltest.Open(t, sqltest.PostgreSQL)
+	const lifetime, traffic, lineAge = 2 * time.Second, 40 * time.Second, 30 * time.Second
+	name := fmt.Sprintf("idemlineage%d", time.Now().UnixNano())
+	db := openPool(t, d, 8, "&application_name="+name)
+	db.SetConnMaxLifetime(lifetime)
+	m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_line_age")),
+		idempotency.WithSharedKeys())
+	srv, runs := shop(t, m)
+	n := 0
+	for end := time.Now().Add(traffic); time.Now().Before(end); n++ {
+		require.Equal(t, http.StatusCreated, post(t, srv, fmt.Sprint("age-", n)).StatusCode)
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.EqualValues(t, n, runs.Load())
+	var oldest float64
+	require.NoError(t, d.QueryRowContext(context.Background(),
+		"SELECT COALESCE(EXTRACT(EPOCH FROM max(now() - backend_start)), 0)::float8 FROM pg_stat_activity "+
+			"WHERE application_name = $1", name).Scan(&oldest))
+	age := time.Duration(oldest * float64(time.Second))
+	t.Logf("after %v of keys, the store's oldest connection is %v old", traffic, age.Round(time.Millisecond))
+	require.Less(t, age, lineAge, "a connection outlived the pool's lifetime of %v by the line's age", lifetime)
+}
+
 // openPool opens d again, on a pool of its own of at most limit
 // connections (0: no limit), closed when t ends; dsnSuffix is appended to
 // d's DSN.

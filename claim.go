@@ -42,7 +42,7 @@ func (m *Middleware) storeUnavailable(c *call, err error) verdict {
 	if !m.cfg.failOpen {
 		return refuse(err)
 	}
-	m.cfg.logger.Warn("idempotency: Redis unavailable, running the handler unprotected", "error", err)
+	m.cfg.logger.Warn("idempotency: "+m.storeWord()+" unavailable, running the handler unprotected", "error", err)
 	v := m.runUnprotected(c, err)
 	v.outcome = Executed
 	return v

@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -80,7 +81,7 @@ func newLater(m *Middleware) *later {
 // errBacklog: the background queue is full, or Redis is failing with work
 // queued; errShuttingDown: Shutdown has begun.
 var (
-	errBacklog      = errors.New("too many stores and releases wait for Redis")
+	errBacklog      = errors.New("too many stores and releases wait to be tried again")
 	errShuttingDown = errors.New("shutting down")
 )
 
@@ -181,7 +182,7 @@ func (q *later) do(job *laterJob) {
 			return
 		}
 		if !job.deadline.IsZero() && time.Now().Add(pause).After(job.deadline) {
-			q.m.cfg.logger.Warn("idempotency: Redis did not take a "+job.what+" for as long as the key's "+
+			q.m.cfg.logger.Warn("idempotency: "+q.m.storeWord()+" did not take a "+job.what+" for as long as the key's "+
 				"record lives; it is dropped", "key", job.k.record, "error", err)
 			return
 		}
@@ -200,6 +201,9 @@ func (m *Middleware) storeClosed(err error) bool {
 	s, ok := m.keyStore.(*sqlStore)
 	return ok && closed(s.db)
 }
+
+// storeWord is what keeps the keys, as the log names it in a sentence.
+func (m *Middleware) storeWord() string { return cmp.Or(m.outage.store, "Redis") }
 
 // storeName is what keeps the keys, for the log.
 func (m *Middleware) storeName() string {
@@ -303,7 +307,7 @@ func (q *later) abandon() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for job := range q.pending {
-		q.m.cfg.logger.Error("idempotency: shutdown: a "+job.what+" Redis has not taken is left undone; "+
+		q.m.cfg.logger.Error("idempotency: shutdown: a "+job.what+" "+q.m.storeWord()+" has not taken is left undone; "+
 			"settle the key with idemctl if it reads interrupted", "key", job.k.record)
 	}
 	for c := range q.calls {

@@ -50,6 +50,49 @@ func TestUndoneTakeoversKeepTheFirstRunsJournal(t *testing.T) {
 	}
 }
 
+// A release undoes only the claim it names: an executor's late release,
+// after its key went on to another run (a takeover, or a fresh claim once
+// the record was settled), changes nothing of that run, whatever the
+// record holds, in Redis and in an SQL row alike.
+func TestAReleaseOfAnotherExecutorsRunChangesNothing(t *testing.T) {
+	entry := string(appendEntry(nil, entryResult, "charge", []byte(`{"id":"ch_1"}`)))
+	for _, store := range []struct {
+		name string
+		open func(t *testing.T) takeoverChain
+	}{
+		{"redis", openRedisChain},
+		{"sql row", openRowChain},
+	} {
+		for _, shape := range []string{"fresh claim", "journaled", "takeover"} {
+			t.Run(store.name+"/"+shape, func(t *testing.T) {
+				s := store.open(t)
+				owner := "owner"
+				require.Equal(t, "claimed", s.claim(owner).word)
+				switch shape {
+				case "journaled":
+					s.journal(owner, entry)
+				case "takeover":
+					s.journal(owner, entry)
+					s.crash()
+					owner = "taker"
+					require.True(t, s.claim(owner).retaken)
+				}
+				s.release("stale")
+				found := s.claim(owner) // the run's own claim, resent: still its own
+				require.Equal(t, "claimed", found.word, "the run still owns its key")
+				require.Equal(t, shape == "takeover", found.retaken)
+				s.crash()
+				found = s.claim("next")
+				require.Equal(t, "claimed", found.word)
+				require.True(t, found.retaken, "the run's record is still there to take over")
+				if shape != "fresh claim" {
+					require.Equal(t, entry, found.journal, "with its journal")
+				}
+			})
+		}
+	}
+}
+
 // takeoverChain is one key in a store that takes runs over at once
 // (WithRetryAbandoned), driven claim by claim.
 type takeoverChain interface {

@@ -23,6 +23,9 @@ const (
 	kindBlackhole = "blackhole"  // every byte lost for a while
 	kindKill      = "kill"       // SIGKILL of an instance, then a restart
 	kindPause     = "pause"      // SIGSTOP of an instance, then SIGCONT (steps workload)
+	// Two takeovers of a key, each claim's reply lost, undone in the order
+	// that hands the key back to the first (steps workload: takeovers_test.go).
+	kindLostTakeovers = "lost-takeovers"
 	// Clients.
 	kindDisconnect     = "disconnect"      // the client gives up mid-request
 	kindClientDeadline = "client-deadline" // the client's own deadline

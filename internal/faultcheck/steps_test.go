@@ -251,7 +251,7 @@ type stepsFault struct {
 
 // stepsFaultKinds are the kinds of fault the steps workload draws on
 // Redis; stepsSQLKinds those on an SQL database of kind.
-var stepsFaultKinds = []string{kindKill, kindRedisStop, kindBlackhole, kindDropReply, kindPause}
+var stepsFaultKinds = []string{kindKill, kindRedisStop, kindBlackhole, kindDropReply, kindPause, kindLostTakeovers}
 
 func stepsSQLKinds(kind sqltest.Kind) []string {
 	kinds := []string{kindKill, kindDBStall, kindPause}
@@ -326,6 +326,14 @@ func newStepsPlan(seed uint64, index int, kinds []string, onSQL bool) *stepsPlan
 			}
 		case kindKill:
 			f.dur = d.between(50*ms, 300*ms)
+		case kindLostTakeovers:
+			// After a journaled step, in runs taken over once their lease
+			// lapsed; one chain a history.
+			if slices.ContainsFunc(p.faults, func(sf *stepsFault) bool { return sf.fault.kind == kindLostTakeovers }) {
+				continue
+			}
+			f.dur, bound = d.between(50*ms, 300*ms), 1+rng.IntN(len(k.pauses))
+			p.cfg.RetryAbandoned = true
 		case kindPause:
 			// After a step: in the handler's gap before the next one, or
 			// into the next one.
@@ -432,6 +440,11 @@ func (r *rig) runSteps(p *stepsPlan) *stepsHistory {
 						r.sendStep(h, f.key, 1-f.fault.instance, fmt.Sprintf("#%d", n.Add(1)), false, sent)
 					}
 				})
+			}
+			if f.fault.kind == kindLostTakeovers {
+				r.loseTakeovers(h, f.key, f.fault) // a kill and blackholes, each on the timeline
+				h.run.count(kindLostTakeovers)
+				return
 			}
 			r.inject(h.run, f.fault)
 		})

@@ -3,6 +3,7 @@ package redistest
 import (
 	"bytes"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,7 +22,9 @@ import (
 //     both directions (a partition). When it lifts, the connections that
 //     lost bytes are closed, as a healed network resets the connections it
 //     broke: a stream with a hole in it is not a Redis conversation any
-//     more;
+//     more. A blackhole can begin at a chosen command, which then never
+//     runs, or at a chosen reply, which is lost with everything after it
+//     (a resend's too): the command ran, and the instance cannot tell;
 //   - refuses: closes every connection and stops listening, so that a
 //     connection attempt is refused at once (a Redis that is down), and
 //     listens again on the same address when it ends.
@@ -29,11 +32,12 @@ type Proxy struct {
 	addr   string
 	target string
 
-	delay     atomic.Int64           // nanoseconds added before each reply
-	blackhole atomic.Bool            // discard everything while set
-	holeAt    atomic.Pointer[[]byte] // start the blackhole at the next command containing this
-	drop      atomic.Pointer[[]byte] // lose the reply to the next command containing this
-	dropped   atomic.Int64           // replies lost so far
+	delay     atomic.Int64              // nanoseconds added before each reply
+	blackhole atomic.Bool               // discard everything while set
+	holeAt    atomic.Pointer[[]byte]    // start the blackhole at the next command containing this
+	holeAfter atomic.Pointer[replyHole] // start it at a chosen reply
+	drop      atomic.Pointer[[]byte]    // lose the reply to the next command containing this
+	dropped   atomic.Int64              // replies lost so far
 
 	mu     sync.Mutex
 	ln     net.Listener // nil while refusing
@@ -46,8 +50,9 @@ type Proxy struct {
 // given.
 type proxyPair struct {
 	client, server net.Conn
-	doomed         atomic.Bool // its next reply is lost
-	torn           atomic.Bool // it lost bytes to a blackhole
+	doomed         atomic.Bool               // its next reply is lost
+	watched        atomic.Pointer[replyHole] // its next reply may begin that blackhole
+	torn           atomic.Bool               // it lost bytes to a blackhole
 }
 
 func (p *proxyPair) close() {
@@ -142,6 +147,33 @@ func (p *Proxy) BlackholeAt(needle string) {
 	p.holeAt.Store(&b)
 }
 
+// A replyHole is where BlackholeAtReply begins a blackhole.
+type replyHole struct {
+	command, reply []byte
+	holed          chan struct{}
+}
+
+// BlackholeAtReply arms the proxy: the next reply whose bytes, in lower
+// case, contain reply (a word of a script's answer), to a command whose
+// bytes contain command (a key's name), is discarded, and so is every byte
+// after it, until EndBlackhole. Redis ran the command; the instance hears
+// neither its reply nor that of a resend. The channel is closed when the
+// blackhole begins.
+func (p *Proxy) BlackholeAtReply(command, reply string) <-chan struct{} {
+	h := &replyHole{command: []byte(strings.ToLower(command)), reply: []byte(strings.ToLower(reply)),
+		holed: make(chan struct{})}
+	p.holeAfter.Store(h)
+	return h.holed
+}
+
+// Disarm forgets the commands and replies the proxy was armed to act on
+// (DropNextReply, BlackholeAt, BlackholeAtReply) that have not come yet.
+func (p *Proxy) Disarm() {
+	p.drop.Store(nil)
+	p.holeAt.Store(nil)
+	p.holeAfter.Store(nil)
+}
+
 // EndBlackhole passes bytes again, and closes the connections that lost
 // some.
 func (p *Proxy) EndBlackhole() {
@@ -208,6 +240,9 @@ func (p *Proxy) commands(pair *proxyPair) {
 				bytes.Contains(bytes.ToLower(buf[:n]), *needle) && p.drop.CompareAndSwap(needle, nil) {
 				pair.doomed.Store(true)
 			}
+			if h := p.holeAfter.Load(); h != nil && bytes.Contains(bytes.ToLower(buf[:n]), h.command) {
+				pair.watched.Store(h)
+			}
 			if _, err := pair.server.Write(buf[:n]); err != nil {
 				return
 			}
@@ -232,6 +267,11 @@ func (p *Proxy) replies(pair *proxyPair) {
 			}
 			if d := time.Duration(p.delay.Load()); d > 0 {
 				time.Sleep(d)
+			}
+			if h := pair.watched.Swap(nil); h != nil &&
+				bytes.Contains(bytes.ToLower(buf[:n]), h.reply) && p.holeAfter.CompareAndSwap(h, nil) {
+				p.blackhole.Store(true)
+				close(h.holed)
 			}
 			if p.blackhole.Load() {
 				pair.torn.Store(true)

@@ -38,7 +38,12 @@ import (
 // During an outage each retrying job would otherwise be a goroutine of its
 // own, all knocking on a Redis that is coming back. They wait in a queue,
 // worked by at most laterWorkers goroutines that exist only while it holds
-// something. Shutdown drains it.
+// something. While the last try failed, one job at a time tries, and not
+// before a pause that grows with each failure (50 ms to 500 ms): the store
+// meets one try per pause from each process, not one per job. A database
+// whose queue of new connections a storm of retries keeps full (every
+// connection abandoned at the store timeout before it is accepted, and
+// retried) would never come back. Shutdown drains the queue.
 const (
 	laterWorkers = 32
 	laterJobs    = 8192
@@ -68,6 +73,11 @@ type later struct {
 	calls   map[*call]struct{}
 	closing bool
 	failing bool // the last try failed
+	// While failing: a job is trying (probing), and none tries before
+	// notBefore, backoff after the last failure.
+	probing   bool
+	notBefore time.Time
+	backoff   time.Duration
 	// changed is closed whenever a job ends or a call leaves, while
 	// Shutdown waits on it (nil otherwise: a call costs no channel).
 	changed chan struct{}
@@ -166,20 +176,22 @@ func (q *later) signal() {
 // passes (a job without one: until it succeeds), or the application closed
 // the Redis client or the database, which nothing will answer any more.
 func (q *later) do(job *laterJob) {
+	var err error
 	for pause := 50 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
-		ctx, cancel := q.m.stepContext(context.Background())
-		err := job.try(ctx)
-		cancel()
-		q.mu.Lock()
-		q.failing = err != nil
-		q.mu.Unlock()
-		if err == nil {
-			return
-		}
-		if q.m.storeClosed(err) {
-			q.m.cfg.logger.Error("idempotency: "+q.m.storeName()+" was closed with a "+job.what+" undone (call "+
-				"Middleware.Shutdown before closing it); retries may find the key interrupted", "key", job.k.record)
-			return
+		if probe, ok := q.turn(); ok {
+			ctx, cancel := q.m.stepContext(context.Background())
+			err = job.try(ctx)
+			cancel()
+			closed := err != nil && q.m.storeClosed(err)
+			q.tried(err, probe, closed)
+			if err == nil {
+				return
+			}
+			if closed {
+				q.m.cfg.logger.Error("idempotency: "+q.m.storeName()+" was closed with a "+job.what+" undone (call "+
+					"Middleware.Shutdown before closing it); retries may find the key interrupted", "key", job.k.record)
+				return
+			}
 		}
 		if !job.deadline.IsZero() && time.Now().Add(pause).After(job.deadline) {
 			q.m.cfg.logger.Warn("idempotency: "+q.m.storeWord()+" did not take a "+job.what+" for as long as the key's "+
@@ -187,6 +199,41 @@ func (q *later) do(job *laterJob) {
 			return
 		}
 		time.Sleep(pause)
+	}
+}
+
+// turn reports whether a job may try now: any while the last try
+// succeeded; while it failed, one at a time (the probe), once the pause
+// after that failure is over.
+func (q *later) turn() (probe, ok bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	switch {
+	case !q.failing:
+		return false, true
+	case q.probing || time.Now().Before(q.notBefore):
+		return false, false
+	}
+	q.probing = true
+	return true, true
+}
+
+// tried records a try's error (nil when it succeeded); probe says whether
+// it was the probe, closed whether the application closed the store, which
+// then fails every job at once rather than one per pause.
+func (q *later) tried(err error, probe, closed bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.failing = err != nil
+	if probe {
+		q.probing = false
+	}
+	switch {
+	case err == nil:
+		q.backoff = 0
+	case !closed:
+		q.backoff = min(max(2*q.backoff, 50*time.Millisecond), 500*time.Millisecond)
+		q.notBefore = time.Now().Add(q.backoff)
 	}
 }
 

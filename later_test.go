@@ -342,3 +342,48 @@ func TestAJobEndsWhenItsClientIsClosed(t *testing.T) {
 	require.NoError(t, m.Shutdown(drain), "the job ended")
 	require.Contains(t, logs.String(), "the Redis client was closed")
 }
+
+// While the store does not answer, the queue of work owed to it tries one
+// job at a time, once a pause that grows with each failure is over: a store
+// on its way back (or a database whose queue of new connections a storm of
+// retries would keep full) meets one try per pause from each process, not
+// one per job. Once a try succeeds, every job is done.
+func TestAFailingStoreIsTriedByOneJobAtATime(t *testing.T) {
+	srv := redistest.Private(t)
+	proxy := redistest.NewProxy(t, srv.Addr())
+	m := New(clientTo(t, proxy.Addr()), WithKeyPrefix("probe"), WithStoreTimeout(100*time.Millisecond))
+	const jobs = 40
+	var claimed []*lease
+	for i := range jobs {
+		c := &call{ctx: t.Context(), key: fmt.Sprint("k", i)}
+		c.id = identityOfKind('f', "", c.key)
+		l := &lease{m: m, k: m.redisKeys(c), lockValue: newLockValue()}
+		cl, err := m.redis.claim(t.Context(), l.k, l.lockValue, "fp")
+		require.NoError(t, err)
+		require.Equal(t, outcomeClaimed, cl.outcome)
+		claimed = append(claimed, l)
+	}
+	proxy.StartBlackhole()
+	for _, l := range claimed {
+		l.releaseLater()
+	}
+	time.Sleep(time.Second) // every worker's first try has failed
+	before := proxy.Unheard()
+	const outage = 3 * time.Second
+	time.Sleep(outage)
+	tries := proxy.Unheard() - before
+	proxy.EndBlackhole()
+	t.Logf("%d jobs queued; %d tries reached the proxy in %v of outage", jobs, tries, outage)
+	// One try per 600 ms (the longest pause and the store timeout) is 5;
+	// a try per job and pause would be over 150.
+	require.Less(t, tries, int64(20), "tries during the outage")
+	direct := srv.Client(t)
+	require.Eventually(t, func() bool {
+		for _, l := range claimed {
+			if direct.Exists(t.Context(), l.k.record).Val() == 1 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 20*time.Millisecond, "every claim undone once the store answers")
+}

@@ -38,6 +38,7 @@ type Proxy struct {
 	holeAfter atomic.Pointer[replyHole] // start it at a chosen reply
 	drop      atomic.Pointer[[]byte]    // lose the reply to the next command containing this
 	dropped   atomic.Int64              // replies lost so far
+	unheard   atomic.Int64              // reads of commands a blackhole discarded so far
 
 	mu     sync.Mutex
 	ln     net.Listener // nil while refusing
@@ -78,6 +79,11 @@ func (p *Proxy) Addr() string { return p.addr }
 
 // Dropped is how many replies the proxy has lost so far.
 func (p *Proxy) Dropped() int64 { return p.dropped.Load() }
+
+// Unheard is how many reads of the instance's commands blackholes have
+// discarded so far: about one for each command sent into one, as a client
+// sends a command in one write.
+func (p *Proxy) Unheard() int64 { return p.unheard.Load() }
 
 // Close stops accepting, closes every connection and waits for the
 // forwarding goroutines.
@@ -231,6 +237,7 @@ func (p *Proxy) commands(pair *proxyPair) {
 			}
 			if p.blackhole.Load() {
 				pair.torn.Store(true)
+				p.unheard.Add(1)
 				continue
 			}
 			if pair.torn.Load() {

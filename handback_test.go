@@ -18,25 +18,18 @@ import (
 // the recovery of what it committed). The next claim resumes the first
 // run, in either order of the undos, in Redis and in an SQL row alike.
 func TestUndoneTakeoversKeepTheFirstRunsJournal(t *testing.T) {
-	entry := string(appendEntry(nil, entryResult, "charge", []byte(`{"id":"ch_1"}`)))
-	for _, store := range []struct {
-		name string
-		open func(t *testing.T) takeoverChain
-	}{
-		{"redis", openRedisChain},
-		{"sql row", openRowChain},
-	} {
+	for _, store := range chainStores {
 		for _, undo := range [][2]string{{"taker-of-taker", "taker"}, {"taker", "taker-of-taker"}} {
 			t.Run(store.name+"/"+undo[0]+" first", func(t *testing.T) {
 				s := store.open(t)
 				require.Equal(t, "claimed", s.claim("first").word)
-				s.journal("first", entry)
+				s.journal("first", chainEntry)
 				s.crash()
 				for _, owner := range []string{"taker", "taker-of-taker"} {
 					found := s.claim(owner)
 					require.Equal(t, "claimed", found.word, owner)
 					require.True(t, found.retaken, owner)
-					require.Equal(t, entry, found.journal, "%s resumes the first run", owner)
+					require.Equal(t, chainEntry, found.journal, "%s resumes the first run", owner)
 					s.crash() // its claim's reply was lost: it never ran
 				}
 				s.release(undo[0])
@@ -44,7 +37,7 @@ func TestUndoneTakeoversKeepTheFirstRunsJournal(t *testing.T) {
 				found := s.claim("retry")
 				require.Equal(t, "claimed", found.word)
 				require.True(t, found.retaken, "the retry resumes the first run, not a fresh claim")
-				require.Equal(t, entry, found.journal, "the first run's journal survives both undos")
+				require.Equal(t, chainEntry, found.journal, "the first run's journal survives both undos")
 			})
 		}
 	}
@@ -55,14 +48,7 @@ func TestUndoneTakeoversKeepTheFirstRunsJournal(t *testing.T) {
 // the record was settled), changes nothing of that run, whatever the
 // record holds, in Redis and in an SQL row alike.
 func TestAReleaseOfAnotherExecutorsRunChangesNothing(t *testing.T) {
-	entry := string(appendEntry(nil, entryResult, "charge", []byte(`{"id":"ch_1"}`)))
-	for _, store := range []struct {
-		name string
-		open func(t *testing.T) takeoverChain
-	}{
-		{"redis", openRedisChain},
-		{"sql row", openRowChain},
-	} {
+	for _, store := range chainStores {
 		for _, shape := range []string{"fresh claim", "journaled", "takeover"} {
 			t.Run(store.name+"/"+shape, func(t *testing.T) {
 				s := store.open(t)
@@ -70,9 +56,9 @@ func TestAReleaseOfAnotherExecutorsRunChangesNothing(t *testing.T) {
 				require.Equal(t, "claimed", s.claim(owner).word)
 				switch shape {
 				case "journaled":
-					s.journal(owner, entry)
+					s.journal(owner, chainEntry)
 				case "takeover":
-					s.journal(owner, entry)
+					s.journal(owner, chainEntry)
 					s.crash()
 					owner = "taker"
 					require.True(t, s.claim(owner).retaken)
@@ -86,12 +72,25 @@ func TestAReleaseOfAnotherExecutorsRunChangesNothing(t *testing.T) {
 				require.Equal(t, "claimed", found.word)
 				require.True(t, found.retaken, "the run's record is still there to take over")
 				if shape != "fresh claim" {
-					require.Equal(t, entry, found.journal, "with its journal")
+					require.Equal(t, chainEntry, found.journal, "with its journal")
 				}
 			})
 		}
 	}
 }
+
+// chainStores are the stores a takeoverChain drives; chainEntry the step
+// journaled in them.
+var (
+	chainStores = []struct {
+		name string
+		open func(t *testing.T) takeoverChain
+	}{
+		{"redis", openRedisChain},
+		{"sql row", openRowChain},
+	}
+	chainEntry = string(appendEntry(nil, entryResult, "charge", []byte(`{"id":"ch_1"}`)))
+)
 
 // takeoverChain is one key in a store that takes runs over at once
 // (WithRetryAbandoned), driven claim by claim.
@@ -128,7 +127,7 @@ func (c *redisChain) claim(owner string) claimFound {
 }
 
 func (c *redisChain) journal(owner, entry string) {
-	proof, err := c.m.redis.journal(c.t.Context(), c.k, owner, []byte(entry), 0)
+	proof, err := c.m.redis.journal(c.t.Context(), c.k, owner, []byte(chainEntry), 0)
 	require.NoError(c.t, err)
 	require.Equal(c.t, 1, proof.owned)
 }
@@ -155,7 +154,7 @@ func (c *rowChain) claim(owner string) claimFound {
 }
 
 func (c *rowChain) journal(owner, entry string) {
-	owned, _ := c.r.step(owner, entry, 0, 0)
+	owned, _ := c.r.step(owner, chainEntry, 0, 0)
 	require.Equal(c.t, 1, owned)
 }
 

@@ -127,7 +127,7 @@ func (c *redisChain) claim(owner string) claimFound {
 }
 
 func (c *redisChain) journal(owner, entry string) {
-	proof, err := c.m.redis.journal(c.t.Context(), c.k, owner, []byte(chainEntry), 0)
+	proof, err := c.m.redis.journal(c.t.Context(), c.k, owner, []byte(entry), 0)
 	require.NoError(c.t, err)
 	require.Equal(c.t, 1, proof.owned)
 }
@@ -154,7 +154,7 @@ func (c *rowChain) claim(owner string) claimFound {
 }
 
 func (c *rowChain) journal(owner, entry string) {
-	owned, _ := c.r.step(owner, chainEntry, 0, 0)
+	owned, _ := c.r.step(owner, entry, 0, 0)
 	require.Equal(c.t, 1, owned)
 }
 

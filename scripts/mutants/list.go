@@ -204,6 +204,14 @@ var mutants = []mutant{
 		tests:  "TestALapsedLockIsRetakenOnlyByTheRunItsRecordNames",
 		unseen: retakeUnseen,
 	},
+	// later.go: what Redis did not take at once.
+	{
+		name: "later-every-job-tries", file: "later.go",
+		from: "case q.probing || time.Now().Before(q.notBefore):", to: "case false:",
+		breaks: "while the store fails, every queued job tries on its own pause, and a store coming back (a database whose queue of new connections fills) is kept down by the retries",
+		tests:  "TestAFailingStoreIsTriedByOneJobAtATime",
+		unseen: "the fault checker judges answers, not how often a failing store is tried; its outages end on their own",
+	},
 	{
 		name: "watchdog-never-renews", file: "watchdog.go",
 		from: "wd.timer = time.AfterFunc(first, wd.renew)", to: "wd.timer = time.AfterFunc(first+time.Hour, wd.renew)",
@@ -487,6 +495,13 @@ var mutants = []mutant{
 		breaks: "on SQL with sqlidem, a duplicate between the commit and the middleware's store replays the committed answer, not what the first caller got",
 		tests:  "TestAnswerCommitsWithTheHandlersWrites", module: "internal/sqlstoretest",
 		unseen: "the fault checker's instances run no outcome store; the SQL store's tests hold the transaction",
+	},
+	{
+		name: "sql-line-kept-for-good", file: "sqlline.go",
+		from: "\tl.refresh(db)\n", to: "\n",
+		breaks: "on SQL, the connection kept for running keys lives for as long as keys run, past SetConnMaxLifetime, on a server a failover made a replica",
+		tests:  "TestTheLineFollowsThePoolsConnectionLifetime", module: "internal/sqlstoretest",
+		unseen: "the fault checker's instances set no connection lifetime, and a connection that lives on changes no answer",
 	},
 	{
 		name: "sql-waiters-never-notified", file: "sqlstatements.go",

@@ -74,10 +74,12 @@ type later struct {
 	closing bool
 	failing bool // the last try failed
 	// While failing: a job is trying (probing), and none tries before
-	// notBefore, backoff after the last failure.
+	// notBefore, backoff after the last failure; recovered is closed for
+	// the jobs waiting their turn once a try succeeds.
 	probing   bool
 	notBefore time.Time
 	backoff   time.Duration
+	recovered chan struct{}
 	// changed is closed whenever a job ends or a call leaves, while
 	// Shutdown waits on it (nil otherwise: a call costs no channel).
 	changed chan struct{}
@@ -178,7 +180,8 @@ func (q *later) signal() {
 func (q *later) do(job *laterJob) {
 	var err error
 	for pause := 50 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
-		if probe, ok := q.turn(); ok {
+		probe, ok, recovered := q.turn()
+		if ok {
 			ctx, cancel := q.m.stepContext(context.Background())
 			err = job.try(ctx)
 			cancel()
@@ -198,24 +201,37 @@ func (q *later) do(job *laterJob) {
 				"record lives; it is dropped", "key", job.k.record, "error", err)
 			return
 		}
-		time.Sleep(pause)
+		if recovered == nil {
+			time.Sleep(pause)
+			continue
+		}
+		timer := time.NewTimer(pause)
+		select {
+		case <-recovered: // the store answers again: every job goes on at once
+		case <-timer.C:
+		}
+		timer.Stop()
 	}
 }
 
 // turn reports whether a job may try now: any while the last try
 // succeeded; while it failed, one at a time (the probe), once the pause
-// after that failure is over.
-func (q *later) turn() (probe, ok bool) {
+// after that failure is over. A job that may not try gets what tells it
+// that a try succeeded.
+func (q *later) turn() (probe, ok bool, recovered <-chan struct{}) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	switch {
 	case !q.failing:
-		return false, true
+		return false, true, nil
 	case q.probing || time.Now().Before(q.notBefore):
-		return false, false
+		if q.recovered == nil {
+			q.recovered = make(chan struct{})
+		}
+		return false, false, q.recovered
 	}
 	q.probing = true
-	return true, true
+	return true, true, nil
 }
 
 // tried records a try's error (nil when it succeeded); probe says whether
@@ -231,6 +247,10 @@ func (q *later) tried(err error, probe, closed bool) {
 	switch {
 	case err == nil:
 		q.backoff = 0
+		if q.recovered != nil {
+			close(q.recovered)
+			q.recovered = nil
+		}
 	case !closed:
 		q.backoff = min(max(2*q.backoff, 50*time.Millisecond), 500*time.Millisecond)
 		q.notBefore = time.Now().Add(q.backoff)

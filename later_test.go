@@ -377,7 +377,7 @@ func TestAFailingStoreIsTriedByOneJobAtATime(t *testing.T) {
 	// One try per 600 ms (the longest pause and the store timeout) is 5;
 	// a try per job and pause would be over 150.
 	require.Less(t, tries, int64(20), "tries during the outage")
-	direct := srv.Client(t)
+	healed, direct := time.Now(), srv.Client(t)
 	require.Eventually(t, func() bool {
 		for _, l := range claimed {
 			if direct.Exists(t.Context(), l.k.record).Val() == 1 {
@@ -386,4 +386,5 @@ func TestAFailingStoreIsTriedByOneJobAtATime(t *testing.T) {
 		}
 		return true
 	}, 10*time.Second, 20*time.Millisecond, "every claim undone once the store answers")
+	t.Logf("every claim undone %v after the store answered again", time.Since(healed).Round(time.Millisecond))
 }

@@ -263,6 +263,34 @@ func TestStaleExecutorCannotOverwrite(t *testing.T) {
 	require.Equal(t, "fresh", rec.Body)
 }
 
+// The same while the new executor still runs: the stale executor's store
+// finds the key another's, writes nothing, and the new executor's answer
+// is the key's.
+func TestStaleExecutorCannotStoreOverARunningTakeover(t *testing.T) {
+	s := newShop(t, WithLockLease(100*time.Millisecond), WithRetryAbandoned())
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	k := clientKeys(s.idem.cfg.prefix, paymentID("k"))
+	stale, _ := crashAfterClaim(t, s, k, "fp")
+	fresh := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix), WithLockLease(time.Minute), WithRetryAbandoned()).redis
+	lock, err := newTestLock()
+	require.NoError(t, err)
+	c, err := fresh.claim(ctx, k, lock.Value(), "fp")
+	require.NoError(t, err)
+	require.Equal(t, outcomeClaimed, c.outcome, "the new executor took over")
+
+	_, err = s.idem.redis.completeWith(ctx, k, stale, fingerprintSum{}, 1, &record{status: 500, body: []byte("stale")}, time.Hour)
+	require.ErrorIs(t, err, ErrLockLost)
+	state, err := redistest.ReadRecord(ctx, s.rdb, k.record)
+	require.NoError(t, err)
+	require.Equal(t, "run", state.State, "still the new executor's run")
+	_, err = fresh.completeWith(ctx, k, lock.Value(), fingerprintSum{}, c.fence, &record{status: 201, body: []byte("fresh")}, time.Hour)
+	require.NoError(t, err)
+	rec, err := redistest.ReadRecord(ctx, s.rdb, k.record)
+	require.NoError(t, err)
+	require.Equal(t, "fresh", rec.Body)
+}
+
 func TestRedisCluster(t *testing.T) {
 	prefix := "test-cluster"
 	rdb := redistest.Cluster(t, prefix)

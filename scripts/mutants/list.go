@@ -141,7 +141,7 @@ var mutants = []mutant{
 		name: "complete-over-another", file: "lua/complete.lua",
 		from: "elseif o == ARGV[1] then", to: "else",
 		breaks: "an executor whose key was taken over stores its answer over the new executor's",
-		faults: "takeover,blackhole", tests: "Complete|Takeover|Abandoned|Store|Settle",
+		faults: "takeover,blackhole", tests: "Complete|Takeover|Abandoned|Store|Settle|StaleExecutor",
 	},
 	{
 		name: "complete-no-wakeup", file: "lua/complete.lua",

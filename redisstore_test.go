@@ -243,15 +243,8 @@ func TestStaleExecutorCannotOverwrite(t *testing.T) {
 	k := clientKeys(s.idem.cfg.prefix, paymentID("k"))
 	stale, _ := crashAfterClaim(t, s, k, "fp") // the stale executor pauses past its lease
 
-	// The new executor's lease does not run out during the test, however
-	// slow the machine: this test is about the stale one's.
-	fresh := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix), WithLockLease(time.Minute), WithRetryAbandoned()).redis
-	lock, err := newTestLock()
-	require.NoError(t, err)
-	c, err := fresh.claim(ctx, k, lock.Value(), "fp")
-	require.NoError(t, err)
-	require.Equal(t, outcomeClaimed, c.outcome, "the new executor took over")
-	_, err = fresh.completeWith(ctx, k, lock.Value(), fingerprintSum{}, 1, &record{status: 201, body: []byte("fresh")}, time.Hour)
+	fresh, lock, _ := takeOverFromStale(t, s, k)
+	_, err := fresh.completeWith(ctx, k, lock, fingerprintSum{}, 1, &record{status: 201, body: []byte("fresh")}, time.Hour)
 	require.NoError(t, err)
 
 	_, err = s.idem.redis.completeWith(ctx, k, stale, fingerprintSum{}, 1, &record{status: 500, body: []byte("stale")}, time.Hour)
@@ -272,23 +265,32 @@ func TestStaleExecutorCannotStoreOverARunningTakeover(t *testing.T) {
 	defer cancel()
 	k := clientKeys(s.idem.cfg.prefix, paymentID("k"))
 	stale, _ := crashAfterClaim(t, s, k, "fp")
-	fresh := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix), WithLockLease(time.Minute), WithRetryAbandoned()).redis
-	lock, err := newTestLock()
-	require.NoError(t, err)
-	c, err := fresh.claim(ctx, k, lock.Value(), "fp")
-	require.NoError(t, err)
-	require.Equal(t, outcomeClaimed, c.outcome, "the new executor took over")
+	fresh, lock, fence := takeOverFromStale(t, s, k)
 
-	_, err = s.idem.redis.completeWith(ctx, k, stale, fingerprintSum{}, 1, &record{status: 500, body: []byte("stale")}, time.Hour)
+	_, err := s.idem.redis.completeWith(ctx, k, stale, fingerprintSum{}, 1, &record{status: 500, body: []byte("stale")}, time.Hour)
 	require.ErrorIs(t, err, ErrLockLost)
 	state, err := redistest.ReadRecord(ctx, s.rdb, k.record)
 	require.NoError(t, err)
 	require.Equal(t, "run", state.State, "still the new executor's run")
-	_, err = fresh.completeWith(ctx, k, lock.Value(), fingerprintSum{}, c.fence, &record{status: 201, body: []byte("fresh")}, time.Hour)
+	_, err = fresh.completeWith(ctx, k, lock, fingerprintSum{}, fence, &record{status: 201, body: []byte("fresh")}, time.Hour)
 	require.NoError(t, err)
 	rec, err := redistest.ReadRecord(ctx, s.rdb, k.record)
 	require.NoError(t, err)
 	require.Equal(t, "fresh", rec.Body)
+}
+
+// takeOverFromStale has a new executor take k over from a stale one
+// whose lease lapsed, and returns its store, lock value and fence. Its
+// lease does not run out during the test, however slow the machine: the
+// tests are about the stale one's.
+func takeOverFromStale(t *testing.T, s *shop, k keys) (*redisStore, string, uint64) {
+	fresh := New(s.rdb, WithKeyPrefix(s.idem.cfg.prefix), WithLockLease(time.Minute), WithRetryAbandoned()).redis
+	lock, err := newTestLock()
+	require.NoError(t, err)
+	c, err := fresh.claim(t.Context(), k, lock.Value(), "fp")
+	require.NoError(t, err)
+	require.Equal(t, outcomeClaimed, c.outcome, "the new executor took over")
+	return fresh, lock.Value(), c.fence
 }
 
 func TestRedisCluster(t *testing.T) {

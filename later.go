@@ -201,13 +201,9 @@ func (q *later) do(job *laterJob) {
 				"record lives; it is dropped", "key", job.k.record, "error", err)
 			return
 		}
-		if recovered == nil {
-			time.Sleep(pause)
-			continue
-		}
 		timer := time.NewTimer(pause)
 		select {
-		case <-recovered: // the store answers again: every job goes on at once
+		case <-recovered: // the store answers again: every job goes on at once (nil: never)
 		case <-timer.C:
 		}
 		timer.Stop()

@@ -198,8 +198,7 @@ func (r *keyRow) release(lockValue string) {
 		case rec.Executions == "1" && rec.Journal == "":
 			r.setRecord("", 0)
 		default:
-			rec.Owner = "!" + rec.Owner
-			r.setRecord(rec.String(), r.recordUntil)
+			r.keep(lockValue) // nobody to hand it to: kept, as keep.lua marks a run
 		}
 	}
 	r.letGo(lockValue)

@@ -370,7 +370,7 @@ func newInstance(spec instanceSpec) (*instance, error) {
 		s.store = redis.NewClient(&redis.Options{Addr: spec.Store, ContextTimeoutEnabled: true})
 		return s, nil
 	}
-	db, err := sql.Open(spec.Driver, spec.Store)
+	db, err := openTimed(spec.Driver, spec.Store, printSlowDial)
 	if err != nil {
 		return nil, err
 	}

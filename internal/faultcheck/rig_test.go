@@ -113,7 +113,8 @@ func (r *rig) start() *rig {
 	t.Cleanup(transport.CloseIdleConnections)
 	for i, name := range []string{"a", "b"} {
 		p := &instanceProc{name: name, proxy: r.newProxy(), effects: r.effects.Addr(), drain: drainDeadline,
-			starved: func(from, to time.Time) { r.markStarved(i, from, to) }}
+			starved:  func(from, to time.Time) { r.markStarved(i, from, to) },
+			slowDial: func(from, to time.Time) { r.markSlowDial(i, from, to) }}
 		p.spec = instanceSpec{Name: name, Effects: p.effects, Drain: p.drain}
 		addr := ""
 		if p.proxy != nil {
@@ -130,7 +131,7 @@ func (r *rig) start() *rig {
 	go watchScheduling(stop, func(from, to time.Time) { r.markStarved(-1, from, to) })
 	t.Cleanup(func() {
 		close(stop)
-		t.Logf("a process of the check went %v or more unscheduled, or the database as long to commit, %d times", starvedAfter, r.starved.Load())
+		t.Logf("a process of the check went %v or more unscheduled, the database as long to commit, or an instance as long to open a connection, %d times", starvedAfter, r.starved.Load())
 	})
 	return r
 }
@@ -144,8 +145,9 @@ type instanceProc struct {
 	effects string
 	drain   time.Duration // the deadline of its drain after SIGTERM
 	// starved is told each window its process reports it was not
-	// scheduled in (starved_test.go).
-	starved func(from, to time.Time)
+	// scheduled in (starved_test.go), slowDial each of its database
+	// connections that took as long to open (dial_test.go).
+	starved, slowDial func(from, to time.Time)
 
 	// lifecycle serializes kills and restarts; proxyFaults the delays
 	// and blackholes of its proxy.
@@ -175,7 +177,7 @@ func (p *instanceProc) start() error {
 	cmd.Env = append(os.Environ(), instanceEnv+"="+string(specJSON))
 	cmd.SysProcAttr = instanceProcAttr()
 	out := &syncbuf.Buffer{}
-	listening := &listenWatch{out: out, addr: make(chan string, 1), starved: p.starved}
+	listening := &listenWatch{out: out, addr: make(chan string, 1), starved: p.starved, slowDial: p.slowDial}
 	cmd.Stdout, cmd.Stderr = listening, out
 	if err := cmd.Start(); err != nil {
 		return err
@@ -207,13 +209,14 @@ func (p *instanceProc) start() error {
 }
 
 // listenWatch keeps an instance's standard output, passes on the address
-// in its listening line, and the windows in which it was not scheduled.
+// in its listening line, the windows in which it was not scheduled, and
+// its slow dials.
 type listenWatch struct {
-	out     *syncbuf.Buffer
-	addr    chan string
-	starved func(from, to time.Time)
-	pending []byte // the line being written
-	told    bool
+	out               *syncbuf.Buffer
+	addr              chan string
+	starved, slowDial func(from, to time.Time)
+	pending           []byte // the line being written
+	told              bool
 }
 
 func (w *listenWatch) Write(b []byte) (int, error) {
@@ -228,8 +231,10 @@ func (w *listenWatch) Write(b []byte) (int, error) {
 		if a, ok := strings.CutPrefix(string(line), listeningLine); ok && !w.told {
 			w.addr <- a
 			w.told = true
-		} else if from, to, ok := readStarved(string(line)); ok && w.starved != nil {
+		} else if from, to, ok := readWindow(string(line), starvedLine); ok && w.starved != nil {
 			w.starved(from, to)
+		} else if from, to, ok := readWindow(string(line), slowDialLine); ok && w.slowDial != nil {
+			w.slowDial(from, to)
 		}
 	}
 }

@@ -57,9 +57,10 @@ func printStarved(from, to time.Time) {
 	fmt.Printf("%s%d %d\n", starvedLine, from.UnixNano(), to.UnixNano())
 }
 
-// readStarved reads an instance's line of a window.
-func readStarved(line string) (from, to time.Time, ok bool) {
-	rest, ok := strings.CutPrefix(line, starvedLine)
+// readWindow reads an instance's line of a window that begins with prefix
+// (starvedLine, slowDialLine).
+func readWindow(line, prefix string) (from, to time.Time, ok bool) {
+	rest, ok := strings.CutPrefix(line, prefix)
 	if !ok {
 		return time.Time{}, time.Time{}, false
 	}

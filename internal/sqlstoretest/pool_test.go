@@ -514,7 +514,7 @@ func TestTheLineFollowsThePoolsConnectionLifetime(t *testing.T) {
 // openPool opens d again, on a pool of its own of at most limit
 // connections (0: no limit), closed when t ends; dsnSuffix is appended to
 // d's DSN.
-func openPool(t *testing.T, d *sqltest.DB, limit int, dsnSuffix string) *sql.DB {
+func openPool(t testing.TB, d *sqltest.DB, limit int, dsnSuffix string) *sql.DB {
 	db, err := sql.Open(d.Driver, d.DSN+dsnSuffix)
 	require.NoError(t, err)
 	db.SetMaxOpenConns(limit)

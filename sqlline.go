@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"log/slog"
 	"runtime"
@@ -21,8 +22,8 @@ import (
 // lapses while the database is healthy, every run is cut, and
 // WithRetryAbandoned runs the handlers again. Those statements take the
 // line instead, one at a time, and only while the pool has no connection
-// free; new claims still wait for the pool, which is what bounds the work
-// in flight.
+// free, or while none comes within holderPoolWait; new claims still wait
+// for the pool, which is what bounds the work in flight.
 //
 // Every Middleware of NewSQL on one *sql.DB shares its line. A claim
 // fills it: the connection the claim got from the pool stays with the
@@ -368,16 +369,54 @@ func (l *holderLine) run(ctx context.Context, db *sql.DB, op func(c sqlConn) err
 	}
 }
 
-// asHolder runs op, one operation of a run that holds its lease, on db's
-// pool, or on the line while every connection of the pool is in use; an
-// error that ran out of time waiting for the pool names it (poolNamed).
+// asHolder runs op, one operation of a run that holds its lease, on a
+// connection of db's pool, or on the line while every connection of the
+// pool is in use, or when none comes within holderPoolWait; an error that
+// ran out of time waiting for the pool names it (poolNamed).
 func (s *sqlStore) asHolder(ctx context.Context, op func(c sqlConn) error) error {
 	if s.line == nil {
 		return poolNamed(s.db, op(s.db))
 	}
 	s.line.used()
 	if full, _ := poolFull(s.db); !full {
-		return poolNamed(s.db, op(s.db))
+		if done, err := s.onPool(ctx, op); done {
+			return poolNamed(s.db, err)
+		}
 	}
 	return poolNamed(s.db, s.line.run(ctx, s.db, op))
+}
+
+// holderPoolWait is how long a running key's statement waits for a
+// connection of a pool that was not full when it looked: an eighth of its
+// lease, which leaves the line most of the time a renewal has. The pool
+// can fill between the look and the wait (a handler's transaction takes
+// the last connection, and holds it for as long as it runs), and a new
+// connection can be slow to open (a server busy starting backends, or
+// refusing them at its connection limit): waiting for either, a renewal
+// outlasted its lease, and another instance took the key over from a live
+// run.
+func holderPoolWait(lease time.Duration) time.Duration { return lease / 8 }
+
+// onPool runs op on a connection of db's pool, moving past ones the server
+// ended as a claim does. done is false when no connection came within
+// holderPoolWait or none could be opened, and op is to run on the line
+// (it ran at most on connections the server had ended: each operation is
+// safe to repeat).
+func (s *sqlStore) onPool(ctx context.Context, op func(c sqlConn) error) (done bool, err error) {
+	for attempt := 1; ; attempt++ {
+		wait, cancel := context.WithTimeout(ctx, holderPoolWait(s.cfg.lease))
+		c, err := s.db.Conn(wait)
+		cancel()
+		if err != nil {
+			// A closed db ends here, as on db itself: the line's
+			// connection outlives it only until the line gives it back.
+			return ctx.Err() != nil || closed(s.db), err
+		}
+		err = op(c)
+		c.Close()
+		dead := err != nil && (errors.Is(err, driver.ErrBadConn) || connectionEnded(err))
+		if !dead || ctx.Err() != nil || attempt == maxDeadConnAttempts {
+			return true, err
+		}
+	}
 }

@@ -504,6 +504,14 @@ var mutants = []mutant{
 		unseen: "the fault checker's instances set no connection lifetime, and a connection that lives on changes no answer",
 	},
 	{
+		name: "sql-holder-waits-for-the-pool", file: "sqlline.go",
+		from:   "\t\tif done, err := s.onPool(ctx, op); done {\n\t\t\treturn poolNamed(s.db, err)\n\t\t}\n",
+		to:     "\t\treturn poolNamed(s.db, op(s.db))\n",
+		breaks: "on SQL, a renewal waits for a new connection the database is slow to open, or for one a handler's transaction took first, past its lease, and another instance takes the key over from a live run",
+		tests:  "TestLeasesOutlastSlowNewConnections", module: "internal/sqlstoretest",
+		unseen: "the fault checker's database opens its connections at the machine's pace and its handlers hold none",
+	},
+	{
 		name: "sql-waiters-never-notified", file: "sqlstatements.go",
 		from: `"WHERE u.waiting_until > " + now + ") n ON true"`, to: `"WHERE u.waiting_until > " + now + " AND false) n ON true"`,
 		breaks: "on PostgreSQL with a listener, a waiting duplicate is not told when the key's holder lets go, and waits for its next poll",

@@ -9,6 +9,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -65,7 +67,9 @@ func newInstance(t *testing.T, bin, name string, env ...string) *instance {
 // start runs one life of the server and waits until it answers, or dies.
 func (in *instance) start() (exited chan struct{}, err error) {
 	cmd := exec.Command(in.bin)
+	in.mu.Lock()
 	cmd.Env = in.env
+	in.mu.Unlock()
 	cmd.Stdout, cmd.Stderr = in.logs, in.logs
 	// Dies with the test binary, even when a -timeout panic skips the
 	// cleanups.
@@ -124,6 +128,16 @@ func (in *instance) keepAlive(t *testing.T) {
 			}
 		}
 	}()
+}
+
+// setEnv sets name to value in the environment of the server's next
+// lives.
+func (in *instance) setEnv(name, value string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.env = append(slices.DeleteFunc(slices.Clone(in.env), func(kv string) bool {
+		return strings.HasPrefix(kv, name+"=")
+	}), name+"="+value)
 }
 
 // kill sends SIGKILL to the running life, reporting whether one was up.

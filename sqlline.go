@@ -25,15 +25,16 @@ import (
 // free, or while none comes within holderPoolWait; new claims still wait
 // for the pool, which is what bounds the work in flight.
 //
-// Every Middleware of NewSQL on one *sql.DB shares its line. A claim
-// fills it: the connection the claim got from the pool stays with the
+// Every Middleware of NewSQL on one *sql.DB shares its line. It is filled
+// by the next connection that a claim or a running key's statement gets
+// from the pool once the line wants one: that connection stays with the
 // line, so that the line never waits behind the handlers it serves. A
 // pool of minSparePool or more spares it a second connection, which a
 // statement takes when the server ended the first one: with every other
-// connection held, a new one could not be had before the leases lapse. While
-// it is in use, the line tends itself every holderLineTend: it pings its
-// connection (one the server ended is dropped, and the next claim fills
-// the line again), judges the pool's limit anew (one lowered under
+// connection held, the next one may come only after the leases lapse.
+// While it is in use, the line tends itself every holderLineTend: it pings
+// its connection (one the server ended is dropped, and the next one got
+// from the pool fills the line again), judges the pool's limit anew (one lowered under
 // minLinePool gets its connection back; one raised gets a line), trades
 // a connection it has held for holderLineAge for a fresh one of the
 // pool's, and gives its connection back to the pool once db is closed, or
@@ -50,7 +51,7 @@ type holderLine struct {
 	judged  atomic.Int64  // unix nanoseconds of the last judgement of the pool's limit
 	idle    atomic.Int64  // how long the line stays unused: the longest of holderLineIdle and two leases
 	active  atomic.Bool   // it tends itself: kept, or to be filled, or not needed
-	want    atomic.Bool   // the next claim fills the line
+	want    atomic.Bool   // the next connection got from the pool fills the line
 	warned  atomic.Bool   // a pool without a limit, or too small for a line, was logged
 	target  atomic.Int32  // how many connections the pool spares for the line: 0, 1, or 2 (a spare)
 	mu      sync.Mutex
@@ -113,11 +114,9 @@ func holderLineOf(db *sql.DB, logger *slog.Logger) *holderLine {
 	return l
 }
 
-// fills reports whether this claim's connection, under a lease of lease,
-// is to fill the line; it then runs on db.Conn's connection and gives it
-// to keep. A claim that does not fill it pays a clock read and a few
-// atomic operations.
-func (l *holderLine) fills(lease time.Duration) bool {
+// claiming notes a claim under a lease of lease. It pays a clock read and
+// a few atomic operations.
+func (l *holderLine) claiming(lease time.Duration) {
 	if idle := max(holderLineIdle, 2*lease); time.Duration(l.idle.Load()) < idle {
 		l.idle.Store(int64(idle)) // a running key renews every third of its lease
 	}
@@ -127,6 +126,15 @@ func (l *holderLine) fills(lease time.Duration) bool {
 		// so that a burst that follows has its line.
 		l.judge()
 	}
+}
+
+// takes reports whether a connection just got from the pool, by a claim
+// or a running key's statement, is to fill the line; its holder then
+// gives it to keep rather than back to the pool. It is asked once the
+// connection is got, not before the wait for it: with every connection of
+// the pool held, the one that comes next is the only one the line can
+// have, whoever waited for it.
+func (l *holderLine) takes() bool {
 	return l.want.Load() && l.want.CompareAndSwap(true, false)
 }
 
@@ -182,7 +190,7 @@ func (l *holderLine) judge() {
 		held := len(l.conns)
 		l.want.Store(held < target)
 		l.mu.Unlock()
-		if held > target { // a pool lowered: the next claim fills the line again
+		if held > target { // a pool lowered: the next connection fills the line again
 			l.giveBack()
 			l.want.Store(true)
 		}
@@ -246,7 +254,7 @@ func (l *holderLine) ping() {
 	}
 	<-l.turn
 	if dropped {
-		l.judge() // the next claim fills the line again
+		l.judge() // the next connection got from the pool fills the line again
 	}
 }
 
@@ -317,7 +325,7 @@ func (l *holderLine) refresh(db *sql.DB) {
 func (l *holderLine) keep(c *sql.Conn, err error) {
 	if gone(c, err) {
 		c.Close()
-		l.judge() // the next claim fills the line again, if the pool still spares one
+		l.judge() // the next connection fills the line again, if the pool still spares one
 		return
 	}
 	l.mu.Lock()
@@ -345,7 +353,7 @@ func (l *holderLine) run(ctx context.Context, db *sql.DB, op func(c sqlConn) err
 	dropped := false
 	defer func() {
 		if dropped {
-			l.judge() // the next claim fills the line again
+			l.judge() // the next connection got from the pool fills the line again
 		}
 	}()
 	for {
@@ -357,7 +365,12 @@ func (l *holderLine) run(ctx context.Context, db *sql.DB, op func(c sqlConn) err
 		l.mu.Unlock()
 		if c == nil {
 			<-l.turn
-			return op(db)
+			if dropped {
+				l.judge() // the connection this statement gets fills the line again
+				dropped = false
+			}
+			_, err := l.onPool(ctx, db, 0, op)
+			return err
 		}
 		err := op(c)
 		if !gone(c, err) || ctx.Err() != nil {
@@ -379,7 +392,7 @@ func (s *sqlStore) asHolder(ctx context.Context, op func(c sqlConn) error) error
 	}
 	s.line.used()
 	if full, _ := poolFull(s.db); !full {
-		if done, err := s.onPool(ctx, op); done {
+		if done, err := s.line.onPool(ctx, s.db, holderPoolWait(s.cfg.lease), op); done {
 			return poolNamed(s.db, err)
 		}
 	}
@@ -397,26 +410,40 @@ func (s *sqlStore) asHolder(ctx context.Context, op func(c sqlConn) error) error
 // run.
 func holderPoolWait(lease time.Duration) time.Duration { return lease / 8 }
 
-// onPool runs op on a connection of db's pool, moving past ones the server
-// ended as a claim does. done is false when no connection came within
-// holderPoolWait or none could be opened, and op is to run on the line
-// (it ran at most on connections the server had ended: each operation is
-// safe to repeat).
-func (s *sqlStore) onPool(ctx context.Context, op func(c sqlConn) error) (done bool, err error) {
+// onPool runs op, a running key's statement, on a connection of db's pool
+// that comes within wait (0: while ctx lasts), moving past ones the server
+// ended as a claim does, and gives the connection to the line when the
+// line wants one (takes). done is false when no connection came in time
+// or none could be opened, and op is to run on the line (it ran at most on
+// connections the server had ended: each operation is safe to repeat).
+func (l *holderLine) onPool(ctx context.Context, db *sql.DB, wait time.Duration, op func(c sqlConn) error) (done bool, err error) {
 	for attempt := 1; ; attempt++ {
-		wait, cancel := context.WithTimeout(ctx, holderPoolWait(s.cfg.lease))
-		c, err := s.db.Conn(wait)
-		cancel()
+		c, err := connWithin(ctx, db, wait)
 		if err != nil {
 			// A closed db ends here, as on db itself: the line's
 			// connection outlives it only until the line gives it back.
-			return ctx.Err() != nil || closed(s.db), err
+			return ctx.Err() != nil || closed(db), err
 		}
 		err = op(c)
-		c.Close()
 		dead := err != nil && (errors.Is(err, driver.ErrBadConn) || connectionEnded(err))
+		if l.takes() {
+			l.keep(c, err)
+		} else {
+			c.Close()
+		}
 		if !dead || ctx.Err() != nil || attempt == maxDeadConnAttempts {
 			return true, err
 		}
 	}
+}
+
+// connWithin is a connection of db's pool that comes within wait (0:
+// while ctx lasts).
+func connWithin(ctx context.Context, db *sql.DB, wait time.Duration) (*sql.Conn, error) {
+	if wait == 0 {
+		return db.Conn(ctx)
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return db.Conn(ctx)
 }

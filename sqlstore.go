@@ -296,10 +296,10 @@ func (s *sqlStore) claim(ctx context.Context, k keys, lockValue, fingerprint str
 	if err := s.ensureTable(ctx); err != nil {
 		return claim{}, poolNamed(s.db, err)
 	}
-	fills := s.line.fills(s.cfg.lease) // the claim's connection stays with the line (holderLine)
+	s.line.claiming(s.cfg.lease)
 	for attempt := 1; ; attempt++ {
 		var dead bool
-		cl, dead, err = s.claimOn(ctx, k, lockValue, fingerprint, fills)
+		cl, dead, err = s.claimOn(ctx, k, lockValue, fingerprint)
 		// A connection the server had ended, so that the statement never
 		// ran (a database restarted, an idle connection terminated):
 		// another is tried, as database/sql tries its pool's. A statement
@@ -319,23 +319,21 @@ const maxDeadConnAttempts = 3
 
 // claimOn runs the claim's statements on one connection, whose wait for
 // the pool its lease does not count: a claim that queued behind the
-// handlers' transactions took no lease meanwhile. With fills, the
-// connection stays with the line. dead: the claim failed because the
-// server had ended its connection, and ran nothing.
-func (s *sqlStore) claimOn(ctx context.Context, k keys, lockValue, fingerprint string, fills bool) (cl claim, dead bool, err error) {
+// handlers' transactions took no lease meanwhile. The connection then
+// stays with the line if the line wants one (holderLine.takes). dead: the
+// claim failed because the server had ended its connection, and ran
+// nothing.
+func (s *sqlStore) claimOn(ctx context.Context, k keys, lockValue, fingerprint string) (cl claim, dead bool, err error) {
 	asked := time.Now()
 	conn, err := s.db.Conn(ctx)
 	if err != nil {
-		if fills {
-			s.line.judge() // the next claim fills the line, if the pool still spares one
-		}
 		return claim{}, false, err
 	}
 	queued := time.Since(asked)
 	cl, err = s.claimRow(ctx, conn, k, lockValue, fingerprint)
 	cl.queued = queued
 	dead = err != nil && (errors.Is(err, driver.ErrBadConn) || connectionEnded(err))
-	if fills {
+	if s.line.takes() {
 		s.line.keep(conn, err)
 	} else {
 		conn.Close()

@@ -504,8 +504,16 @@ var mutants = []mutant{
 		unseen: "the fault checker's instances set no connection lifetime, and a connection that lives on changes no answer",
 	},
 	{
+		name: "sql-line-never-filled", file: "sqlline.go",
+		from:   "\treturn l.want.Load() && l.want.CompareAndSwap(true, false)\n",
+		to:     "\treturn false\n",
+		breaks: "on SQL, the store keeps no connection for running keys: while handlers' transactions hold every connection of the pool, renewals wait behind them, leases lapse under live runs, and WithRetryAbandoned runs the keys again",
+		tests:  "TestLeasesOutlastAPoolFullOfHandlers|TestTheLineFillsAgainFromTheNextConnection|TestTheLinesSpareOutlivesItsConnection", module: "internal/sqlstoretest",
+		unseen: "the fault checker's handlers hold no connection of the pool",
+	},
+	{
 		name: "sql-holder-waits-for-the-pool", file: "sqlline.go",
-		from:   "\t\tif done, err := s.onPool(ctx, op); done {\n\t\t\treturn poolNamed(s.db, err)\n\t\t}\n",
+		from:   "\t\tif done, err := s.line.onPool(ctx, s.db, holderPoolWait(s.cfg.lease), op); done {\n\t\t\treturn poolNamed(s.db, err)\n\t\t}\n",
 		to:     "\t\treturn poolNamed(s.db, op(s.db))\n",
 		breaks: "on SQL, a renewal waits for a new connection the database is slow to open, or for one a handler's transaction took first, past its lease, and another instance takes the key over from a live run",
 		tests:  "TestLeasesOutlastSlowNewConnections", module: "internal/sqlstoretest",

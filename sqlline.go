@@ -320,8 +320,9 @@ func (l *holderLine) refresh(db *sql.DB) {
 	}
 }
 
-// keep takes c, the connection a claim ran on, for the line; err is the
-// claim's error, after which c may be broken.
+// keep takes c, the connection a claim or a running key's statement ran
+// on, for the line; err is that statement's error, after which c may be
+// broken.
 func (l *holderLine) keep(c *sql.Conn, err error) {
 	if gone(c, err) {
 		c.Close()

@@ -2,6 +2,7 @@ package sqlstoretest
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"net/http"
 	"strings"
@@ -37,27 +38,15 @@ func TestTheLineFillsAgainFromTheNextConnection(t *testing.T) {
 		idempotency.WithStoreTimeout(2*hold), idempotency.WithLogger(loggerTo(&log)))
 	var cut atomic.Int32
 	holding := make(chan struct{}, holders)
-	srv, runs := shopWith(t, m, func(r *http.Request) {
-		tx, err := db.BeginTx(r.Context(), nil)
-		if err != nil {
-			cut.Add(1)
-			return
-		}
-		defer tx.Rollback()
-		tx.ExecContext(r.Context(), "SELECT 1") // in a transaction from here on
+	srv, runs := shopWith(t, m, holdingTransactions(db, &cut, func(r *http.Request) time.Duration {
 		// The holders' transactions take the pool for hold; the others
 		// hold their connection for half of it once they have it.
-		held := hold / 2
 		if strings.HasPrefix(r.Header.Get("Idempotency-Key"), "held-") {
 			holding <- struct{}{}
-			held = hold
+			return hold
 		}
-		select {
-		case <-time.After(held):
-		case <-r.Context().Done():
-			cut.Add(1)
-		}
-	})
+		return hold / 2
+	}))
 	require.Equal(t, http.StatusCreated, post(t, srv, "fill").StatusCode) // its claim fills the line
 	done := make(chan *http.Response, holders+queued)
 	for i := range holders { // with the line, every connection of the pool
@@ -70,12 +59,7 @@ func TestTheLineFillsAgainFromTheNextConnection(t *testing.T) {
 		go func() { done <- postAsync(srv, fmt.Sprint("queued-", i)) }()
 	}
 	time.Sleep(200 * time.Millisecond)
-	// The server ends the line's connection, the one idle connection.
-	var killed bool
-	require.NoError(t, d.QueryRowContext(context.Background(),
-		"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle' "+
-			"ORDER BY backend_start LIMIT 1", name).Scan(&killed))
-	require.True(t, killed)
+	terminateLine(t, d, name) // the one idle connection
 	for range holders + queued {
 		resp := <-done
 		require.NotNil(t, resp)
@@ -84,4 +68,34 @@ func TestTheLineFillsAgainFromTheNextConnection(t *testing.T) {
 	require.Zero(t, cut.Load(), "no run was cut off; log:\n%s", log.String())
 	require.EqualValues(t, 1+holders+queued, runs.Load())
 	require.NotContains(t, log.String(), "lock lost")
+}
+
+// holdingTransactions is a handler's work that holds a transaction of db
+// for as long as holdFor says, once it has begun it; a run cut short (its
+// context ended, or no transaction) counts in cut.
+func holdingTransactions(db *sql.DB, cut *atomic.Int32, holdFor func(r *http.Request) time.Duration) func(r *http.Request) {
+	return func(r *http.Request) {
+		tx, err := db.BeginTx(r.Context(), nil)
+		if err != nil {
+			cut.Add(1)
+			return
+		}
+		defer tx.Rollback()
+		tx.ExecContext(r.Context(), "SELECT 1") // in a transaction from here on
+		select {
+		case <-time.After(holdFor(r)):
+		case <-r.Context().Done():
+			cut.Add(1)
+		}
+	}
+}
+
+// terminateLine has PostgreSQL end the line's connection: the oldest idle
+// one of the pool whose connections name themselves name.
+func terminateLine(t *testing.T, d *sqltest.DB, name string) {
+	var killed bool
+	require.NoError(t, d.QueryRowContext(context.Background(),
+		"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle' "+
+			"ORDER BY backend_start LIMIT 1", name).Scan(&killed))
+	require.True(t, killed)
 }

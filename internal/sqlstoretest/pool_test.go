@@ -429,21 +429,10 @@ func TestTheLinesSpareOutlivesItsConnection(t *testing.T) {
 		idempotency.WithStoreTimeout(5*time.Second), idempotency.WithLogger(loggerTo(&log)))
 	var cut atomic.Int32
 	holding := make(chan struct{}, requests)
-	srv, runs := shopWith(t, m, func(r *http.Request) {
-		tx, err := db.BeginTx(r.Context(), nil)
-		if err != nil {
-			cut.Add(1)
-			return
-		}
-		defer tx.Rollback()
-		tx.ExecContext(r.Context(), "SELECT 1") // in a transaction from here on
+	srv, runs := shopWith(t, m, holdingTransactions(db, &cut, func(*http.Request) time.Duration {
 		holding <- struct{}{}
-		select {
-		case <-time.After(hold):
-		case <-r.Context().Done():
-			cut.Add(1)
-		}
-	})
+		return hold
+	}))
 	for i := range 2 { // two claims fill the line and its spare
 		require.Equal(t, http.StatusCreated, post(t, srv, fmt.Sprint("fill-", i)).StatusCode)
 	}
@@ -465,12 +454,7 @@ func TestTheLinesSpareOutlivesItsConnection(t *testing.T) {
 		}()
 	}
 	time.Sleep(100 * time.Millisecond)
-	// The server ends the line's connection: the oldest of its idle ones.
-	var killed bool
-	require.NoError(t, d.QueryRowContext(context.Background(),
-		"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle' "+
-			"ORDER BY backend_start LIMIT 1", name).Scan(&killed))
-	require.True(t, killed)
+	terminateLine(t, d, name) // the oldest of its idle ones
 	for range requests {
 		resp := <-done
 		require.NotNil(t, resp)

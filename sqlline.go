@@ -342,22 +342,16 @@ func (l *holderLine) keep(c *sql.Conn, err error) {
 
 // run runs op on the line's connection, after the operation before it;
 // on its spare when the server ended that connection (each operation is
-// safe to repeat: keyStore); on db, the line's database, when the line
-// holds none (not filled yet, or broken), as it would have run without a
-// line.
+// safe to repeat: keyStore); on a connection of db's pool while the line
+// holds none (not filled yet, or ended by the server), unless a claim or
+// another statement fills the line first (poolOrLine).
 func (l *holderLine) run(ctx context.Context, db *sql.DB, op func(c sqlConn) error) error {
-	select {
-	case l.turn <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	dropped := false
-	defer func() {
-		if dropped {
-			l.judge() // the next connection got from the pool fills the line again
+	for attempt := 1; ; attempt++ {
+		select {
+		case l.turn <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-	}()
-	for {
 		l.mu.Lock()
 		var c *sql.Conn
 		if len(l.conns) > 0 {
@@ -366,12 +360,17 @@ func (l *holderLine) run(ctx context.Context, db *sql.DB, op func(c sqlConn) err
 		l.mu.Unlock()
 		if c == nil {
 			<-l.turn
-			if dropped {
-				l.judge() // the connection this statement gets fills the line again
-				dropped = false
+			pooled, err := l.poolOrLine(ctx, db)
+			switch {
+			case err != nil:
+				return err
+			case pooled == nil:
+				continue // the line holds a connection again
 			}
-			_, err := l.onPool(ctx, db, 0, op)
-			return err
+			if done, err := l.runOn(ctx, pooled, op, attempt); done {
+				return err
+			}
+			continue
 		}
 		err := op(c)
 		if !gone(c, err) || ctx.Err() != nil {
@@ -379,9 +378,56 @@ func (l *holderLine) run(ctx context.Context, db *sql.DB, op func(c sqlConn) err
 			return err
 		}
 		l.drop(c)
-		dropped = true
+		<-l.turn
+		l.judge() // the next connection got from the pool fills the line again
 	}
 }
+
+// poolOrLine waits, while the line holds no connection, for one of db's
+// pool, looking at the line every holderLineLook: it returns nil once the
+// line holds one again, so that a statement waiting behind the handlers'
+// transactions moves to the line as soon as a claim or another statement
+// has filled it. The pool's connection, should it come after that, goes
+// to the line if the line wants one, or back to the pool.
+func (l *holderLine) poolOrLine(ctx context.Context, db *sql.DB) (*sql.Conn, error) {
+	wait, stop := context.WithCancel(ctx)
+	type pooled struct {
+		c   *sql.Conn
+		err error
+	}
+	got := make(chan pooled, 1)
+	go func() {
+		c, err := db.Conn(wait)
+		got <- pooled{c, err}
+	}()
+	look := time.NewTicker(holderLineLook)
+	defer look.Stop()
+	for {
+		select {
+		case p := <-got:
+			stop()
+			return p.c, p.err
+		case <-look.C:
+			l.mu.Lock()
+			filled := len(l.conns) > 0
+			l.mu.Unlock()
+			if !filled {
+				continue
+			}
+			stop()
+			go func() {
+				if p := <-got; p.c != nil {
+					l.keepOrGiveBack(p.c, nil)
+				}
+			}()
+			return nil, nil
+		}
+	}
+}
+
+// holderLineLook is how often a running key's statement that waits for
+// the pool, the line having no connection, looks at the line again.
+const holderLineLook = 50 * time.Millisecond
 
 // asHolder runs op, one operation of a run that holds its lease, on a
 // connection of db's pool, or on the line while every connection of the
@@ -412,10 +458,9 @@ func (s *sqlStore) asHolder(ctx context.Context, op func(c sqlConn) error) error
 func holderPoolWait(lease time.Duration) time.Duration { return lease / 8 }
 
 // onPool runs op, a running key's statement, on a connection of db's pool
-// that comes within wait (0: while ctx lasts), moving past ones the server
-// ended as a claim does, and gives the connection to the line when the
-// line wants one (takes). done is false when no connection came in time
-// or none could be opened, and op is to run on the line (it ran at most on
+// that comes within wait, moving past ones the server ended as a claim
+// does (runOn). done is false when no connection came in time or none
+// could be opened, and op is to run on the line (it ran at most on
 // connections the server had ended: each operation is safe to repeat).
 func (l *holderLine) onPool(ctx context.Context, db *sql.DB, wait time.Duration, op func(c sqlConn) error) (done bool, err error) {
 	for attempt := 1; ; attempt++ {
@@ -425,25 +470,35 @@ func (l *holderLine) onPool(ctx context.Context, db *sql.DB, wait time.Duration,
 			// connection outlives it only until the line gives it back.
 			return ctx.Err() != nil || closed(db), err
 		}
-		err = op(c)
-		dead := err != nil && (errors.Is(err, driver.ErrBadConn) || connectionEnded(err))
-		if l.takes() {
-			l.keep(c, err)
-		} else {
-			c.Close()
-		}
-		if !dead || ctx.Err() != nil || attempt == maxDeadConnAttempts {
+		if done, err := l.runOn(ctx, c, op, attempt); done {
 			return true, err
 		}
 	}
 }
 
-// connWithin is a connection of db's pool that comes within wait (0:
-// while ctx lasts).
-func connWithin(ctx context.Context, db *sql.DB, wait time.Duration) (*sql.Conn, error) {
-	if wait == 0 {
-		return db.Conn(ctx)
+// runOn runs op on c, a connection of db's pool, which then goes to the
+// line if the line wants one, or back to the pool. done is false when the
+// server had ended c, so that op did not run, and may run on another: at
+// most maxDeadConnAttempts times, as a claim.
+func (l *holderLine) runOn(ctx context.Context, c *sql.Conn, op func(c sqlConn) error, attempt int) (done bool, err error) {
+	err = op(c)
+	dead := err != nil && (errors.Is(err, driver.ErrBadConn) || connectionEnded(err))
+	l.keepOrGiveBack(c, err)
+	return !dead || ctx.Err() != nil || attempt >= maxDeadConnAttempts, err
+}
+
+// keepOrGiveBack gives c, a connection of the pool that a statement ran on
+// (err its error), to the line if the line wants one, or back to the pool.
+func (l *holderLine) keepOrGiveBack(c *sql.Conn, err error) {
+	if l.takes() {
+		l.keep(c, err)
+	} else {
+		c.Close()
 	}
+}
+
+// connWithin is a connection of db's pool that comes within wait.
+func connWithin(ctx context.Context, db *sql.DB, wait time.Duration) (*sql.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	return db.Conn(ctx)

@@ -333,11 +333,7 @@ func (s *sqlStore) claimOn(ctx context.Context, k keys, lockValue, fingerprint s
 	cl, err = s.claimRow(ctx, conn, k, lockValue, fingerprint)
 	cl.queued = queued
 	dead = err != nil && (errors.Is(err, driver.ErrBadConn) || connectionEnded(err))
-	if s.line.takes() {
-		s.line.keep(conn, err)
-	} else {
-		conn.Close()
-	}
+	s.line.keepOrGiveBack(conn, err)
 	return cl, dead, err
 }
 

@@ -75,8 +75,12 @@ const (
 	// minSparePool is the smallest pool limit that spares a second
 	// connection: should the server end the line's connection while every
 	// other one is held, the renewals go on on the spare, where a new one
-	// could not be had before their leases lapse.
-	minSparePool = 8
+	// could not be had before their leases lapse. Under it, with new
+	// connections slow to open and the line's ended every 700 ms, keys
+	// whose leases lapsed so ran twice in 4 of 8 runs at a pool of 6; with
+	// a spare from 6, none did in 6 runs, at the price of more claims
+	// refused 503 while the pool was full.
+	minSparePool = 6
 	// holderLineAge is how long the line keeps a connection before it
 	// trades it for another of the pool's, at a tending while the pool has
 	// one free. A connection held for good would escape the pool's own

@@ -26,7 +26,7 @@ import (
 func TestLeasesOutlastSlowNewConnections(t *testing.T) {
 	eachServer(t, func(t *testing.T, d *sqltest.DB) {
 		var dialDelay atomic.Int64
-		db := openDelayedDials(t, d, &dialDelay)
+		db := openDelayedDials(t, d, &dialDelay, "")
 		db.SetMaxOpenConns(8)
 		db.SetMaxIdleConns(0) // every statement on the pool dials
 		var log syncbuf.Buffer
@@ -65,15 +65,15 @@ func TestLeasesOutlastSlowNewConnections(t *testing.T) {
 	})
 }
 
-// openDelayedDials opens d with every new connection's dial delayed by
-// what delay holds.
-func openDelayedDials(t *testing.T, d *sqltest.DB, delay *atomic.Int64) *sql.DB {
-	plain, err := sql.Open(d.Driver, d.DSN)
+// openDelayedDials opens d, its DSN followed by dsnSuffix, with every new
+// connection's dial delayed by what delay holds.
+func openDelayedDials(t *testing.T, d *sqltest.DB, delay *atomic.Int64, dsnSuffix string) *sql.DB {
+	plain, err := sql.Open(d.Driver, d.DSN+dsnSuffix)
 	require.NoError(t, err)
 	dc, ok := plain.Driver().(driver.DriverContext)
 	plain.Close()
 	require.True(t, ok, "%s opens no connector", d.Driver)
-	c, err := dc.OpenConnector(d.DSN)
+	c, err := dc.OpenConnector(d.DSN + dsnSuffix)
 	require.NoError(t, err)
 	db := sql.OpenDB(delayedConnector{Connector: c, delay: delay})
 	t.Cleanup(func() { db.Close() })

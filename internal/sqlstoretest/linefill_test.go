@@ -17,7 +17,7 @@ import (
 	"github.com/onceonly/idempotency/internal/syncbuf"
 )
 
-// A pool of fewer than 8 keeps no spare for the line. When the server
+// A pool of fewer than 6 keeps no spare for the line. When the server
 // ends the line's connection while handlers hold every other one, the
 // first connection that a claim or a running key's statement gets from the
 // pool fills the line again, and the running keys keep their leases. Only
@@ -28,7 +28,7 @@ import (
 // again. (PostgreSQL, whose backends this test can tell apart.)
 func TestTheLineFillsAgainFromTheNextConnection(t *testing.T) {
 	d := sqltest.Open(t, sqltest.PostgreSQL)
-	const pool, holders, queued, lease, hold = 6, 5, 3, 2 * time.Second, 5 * time.Second
+	const pool, holders, queued, lease, hold = 5, 4, 3, 2 * time.Second, 5 * time.Second
 	name := fmt.Sprintf("idemrefill%d", time.Now().UnixNano())
 	db := openPool(t, d, pool, "&application_name="+name)
 	db.SetMaxIdleConns(pool)

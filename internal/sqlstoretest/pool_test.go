@@ -413,15 +413,18 @@ func backgroundJobs() int {
 	return strings.Count(stacks.String(), "idempotency.(*later).do(")
 }
 
-// A pool of 8 or more spares the line a second connection: when the
+// A pool of 6 or more spares the line a second connection: when the
 // server ends the line's connection while every other one is held (and
-// wanted), the running keys' renewals go on on the spare, and no lease
-// lapses. (PostgreSQL, whose backends this test can tell apart.)
+// wanted), and a new one takes longer than a lease to open, the running
+// keys' renewals go on on the spare, and no lease lapses. (PostgreSQL,
+// whose backends this test can tell apart.)
 func TestTheLinesSpareOutlivesItsConnection(t *testing.T) {
 	d := sqltest.Open(t, sqltest.PostgreSQL)
-	const pool, requests, hold = 8, 6, 2500 * time.Millisecond
+	const pool, requests, hold = 6, 4, 2500 * time.Millisecond // the smallest pool with a spare
 	name := fmt.Sprintf("idemspare%d", time.Now().UnixNano())
-	db := openPool(t, d, pool, "&application_name="+name)
+	var dialDelay atomic.Int64
+	db := openDelayedDials(t, d, &dialDelay, "&application_name="+name)
+	db.SetMaxOpenConns(pool)
 	db.SetMaxIdleConns(pool)
 	var log syncbuf.Buffer
 	m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSQLTable(d.Table(t, "idem_spare")),
@@ -454,7 +457,8 @@ func TestTheLinesSpareOutlivesItsConnection(t *testing.T) {
 		}()
 	}
 	time.Sleep(100 * time.Millisecond)
-	terminateLine(t, d, name) // the oldest of its idle ones
+	dialDelay.Store(int64(3 * time.Second)) // the slot it frees fills only after the leases
+	terminateLine(t, d, name)               // the oldest of its idle ones
 	for range requests {
 		resp := <-done
 		require.NotNil(t, resp)

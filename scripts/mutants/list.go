@@ -504,6 +504,14 @@ var mutants = []mutant{
 		unseen: "the fault checker's instances set no connection lifetime, and a connection that lives on changes no answer",
 	},
 	{
+		name: "sql-line-without-spare", file: "sqlline.go",
+		from:   "\tminSparePool = 6\n",
+		to:     "\tminSparePool = 1 << 30\n",
+		breaks: "on SQL, when the server ends the connection kept for running keys while handlers hold every other one, renewals wait for the pool, leases lapse under live runs, and WithRetryAbandoned runs the keys again",
+		tests:  "TestTheLinesSpareOutlivesItsConnection", module: "internal/sqlstoretest",
+		unseen: "the fault checker's handlers hold no connection of the pool",
+	},
+	{
 		name: "sql-line-never-filled", file: "sqlline.go",
 		from:   "\treturn l.want.Load() && l.want.CompareAndSwap(true, false)\n",
 		to:     "\treturn false\n",

@@ -34,14 +34,14 @@ import (
 // connection held, the next one may come only after the leases lapse.
 // While it is in use, the line tends itself every holderLineTend: it pings
 // its connection (one the server ended is dropped, and the next one got
-// from the pool fills the line again), judges the pool's limit anew (one lowered under
-// minLinePool gets its connection back; one raised gets a line), trades
-// a connection it has held for holderLineAge for a fresh one of the
-// pool's, and gives its connection back to the pool once db is closed, or
-// once no key has been claimed or renewed for holderLineIdle (or two
-// leases, if longer). A pool without a limit needs no line (nothing waits for a
-// connection), and one of fewer than minLinePool connections cannot spare
-// it; either is logged once.
+// from the pool fills the line again), judges the pool's limit anew (one
+// lowered under minLinePool gets its connection back; one raised gets a
+// line), trades a connection it has held for holderLineAge for a fresh
+// one of the pool's, and gives its connection back to the pool once db is
+// closed, or once no key has been claimed or renewed for holderLineIdle
+// (or two leases, if longer). A pool without a limit needs no line
+// (nothing waits for a connection), and one of fewer than minLinePool
+// connections cannot spare it; either is logged once.
 type holderLine struct {
 	db     weak.Pointer[sql.DB] // live while a store on it is
 	logger *slog.Logger

@@ -39,16 +39,10 @@ func (r *rig) loseTakeovers(h *stepsHistory, k *stepsKey, f *faultPlan) {
 	cfg := h.plan.cfg
 	record := r.stepsRecord(h, k)
 	locks := []*sync.Mutex{&x.lifecycle, &r.instances[0].proxyFaults, &r.instances[1].proxyFaults}
-	for i, l := range locks {
-		if !l.TryLock() {
-			for _, held := range locks[:i] {
-				held.Unlock()
-			}
-			record = ""
-			break
-		}
-	}
-	if record == "" {
+	// A key with no run to take over yet, or whose instance or proxies
+	// another fault holds, gets a plain kill, which takes the instance's
+	// lock itself: none of the three may be held here then.
+	if record == "" || !tryLockAll(locks) {
 		r.inject(h.run, &faultPlan{kind: kindKill, instance: f.instance, dur: f.dur})
 		return
 	}
@@ -125,6 +119,19 @@ func (r *rig) loseTakeovers(h *stepsHistory, k *stepsKey, f *faultPlan) {
 	ended[first](what, 0)
 	ended[1-first](fmt.Sprintf("lost-takeovers: %s deaf to Redis from a takeover's reply on, for %v, "+
 		"then again until %s's undo landed", other.name, hole, one.name), 0)
+}
+
+// tryLockAll locks every one of locks, or, when one is held, none.
+func tryLockAll(locks []*sync.Mutex) bool {
+	for i, l := range locks {
+		if !l.TryLock() {
+			for _, held := range locks[:i] {
+				held.Unlock()
+			}
+			return false
+		}
+	}
+	return true
 }
 
 // stepsRecord is the name of k's record, from its first run's trace.

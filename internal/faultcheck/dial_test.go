@@ -17,6 +17,8 @@ import (
 	"database/sql/driver"
 	"fmt"
 	"time"
+
+	"github.com/onceonly/idempotency/internal/sqltest"
 )
 
 // slowDialLine begins an instance's line of a dial that took starvedAfter
@@ -24,24 +26,11 @@ import (
 const slowDialLine = "faultcheck instance slow dial "
 
 // openTimed opens dsn with driverName as sql.Open does, with every new
-// connection's dial timed and a slow one reported by slow. A driver that
-// cannot open a connector of its own (none here dials over a network
-// without one) is opened untimed.
+// connection's dial timed and a slow one reported by slow.
 func openTimed(driverName, dsn string, slow func(from, to time.Time)) (*sql.DB, error) {
-	db, err := sql.Open(driverName, dsn)
-	if err != nil {
-		return nil, err
-	}
-	dc, ok := db.Driver().(driver.DriverContext)
-	if !ok {
-		return db, nil
-	}
-	db.Close()
-	c, err := dc.OpenConnector(dsn)
-	if err != nil {
-		return nil, err
-	}
-	return sql.OpenDB(timedConnector{Connector: c, slow: slow}), nil
+	return sqltest.OpenWrapped(driverName, dsn, func(c driver.Connector) driver.Connector {
+		return timedConnector{Connector: c, slow: slow}
+	})
 }
 
 // A timedConnector is a driver's connector whose dials are timed.

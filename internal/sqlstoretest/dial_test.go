@@ -68,14 +68,10 @@ func TestLeasesOutlastSlowNewConnections(t *testing.T) {
 // openDelayedDials opens d, its DSN followed by dsnSuffix, with every new
 // connection's dial delayed by what delay holds.
 func openDelayedDials(t *testing.T, d *sqltest.DB, delay *atomic.Int64, dsnSuffix string) *sql.DB {
-	plain, err := sql.Open(d.Driver, d.DSN+dsnSuffix)
+	db, err := sqltest.OpenWrapped(d.Driver, d.DSN+dsnSuffix, func(c driver.Connector) driver.Connector {
+		return delayedConnector{Connector: c, delay: delay}
+	})
 	require.NoError(t, err)
-	dc, ok := plain.Driver().(driver.DriverContext)
-	plain.Close()
-	require.True(t, ok, "%s opens no connector", d.Driver)
-	c, err := dc.OpenConnector(d.DSN + dsnSuffix)
-	require.NoError(t, err)
-	db := sql.OpenDB(delayedConnector{Connector: c, delay: delay})
 	t.Cleanup(func() { db.Close() })
 	return db
 }

@@ -356,12 +356,7 @@ func (l *holderLine) run(ctx context.Context, db *sql.DB, op func(c sqlConn) err
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		l.mu.Lock()
-		var c *sql.Conn
-		if len(l.conns) > 0 {
-			c = l.conns[0].c
-		}
-		l.mu.Unlock()
+		c := l.first()
 		if c == nil {
 			<-l.turn
 			pooled, err := l.poolOrLine(ctx, db)
@@ -385,6 +380,16 @@ func (l *holderLine) run(ctx context.Context, db *sql.DB, op func(c sqlConn) err
 		<-l.turn
 		l.judge() // the next connection got from the pool fills the line again
 	}
+}
+
+// first is the line's connection in use, nil when it holds none.
+func (l *holderLine) first() *sql.Conn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.conns) == 0 {
+		return nil
+	}
+	return l.conns[0].c
 }
 
 // poolOrLine waits, while the line holds no connection, for one of db's
@@ -412,10 +417,7 @@ func (l *holderLine) poolOrLine(ctx context.Context, db *sql.DB) (*sql.Conn, err
 			stop()
 			return p.c, p.err
 		case <-look.C:
-			l.mu.Lock()
-			filled := len(l.conns) > 0
-			l.mu.Unlock()
-			if !filled {
+			if l.first() == nil {
 				continue
 			}
 			stop()

@@ -325,12 +325,12 @@ func runTrial(t *testing.T, bin string, d *sqltest.DB, tr trial) {
 	// to be answered: a busy machine can take half of it for the first
 	// thousand).
 	for tr.minKills > 0 && len(reqs) < 4*tr.requests && time.Since(began) < tr.within*3/4 {
-		kills := killCounts(t, killLog)
-		if !tooFewKills(kills, tr.minKills) {
+		short := killsShort(killCounts(t, killLog), tr.minKills)
+		if short == "" {
 			break
 		}
 		toppingUp.Store(true)
-		victim.setEnv("KILL_AT", killsShort(kills, tr.minKills))
+		victim.setEnv("KILL_AT", short)
 		for range 100 {
 			r := newTransfer(len(reqs))
 			reqs = append(reqs, r)
@@ -639,20 +639,8 @@ func sqlRecords(t *testing.T, d *sqltest.DB, table string) (orphans, takenOver i
 	return orphans, takenOver
 }
 
-// killCounts reads the victim's kill log: one line per kill, its point.
-// tooFewKills reports whether the victim died fewer than least times at a
-// kill point.
-func tooFewKills(kills map[string]int, least int) bool {
-	for _, point := range []string{before, inside, committed, stored} {
-		if kills[point] < least {
-			return true
-		}
-	}
-	return false
-}
-
 // killsShort is a KILL_AT that kills only at the points that died fewer
-// than least times, each for one request in eight.
+// than least times, each for one request in eight; "" when none did.
 func killsShort(kills map[string]int, least int) string {
 	var points []string
 	for _, point := range []string{before, inside, committed, stored} {
@@ -663,6 +651,7 @@ func killsShort(kills map[string]int, least int) string {
 	return strings.Join(points, ",")
 }
 
+// killCounts reads the victim's kill log: one line per kill, its point.
 func killCounts(t *testing.T, path string) map[string]int {
 	out := map[string]int{}
 	f, err := os.Open(path)

@@ -41,7 +41,6 @@
 -- a repeated claim answers 'claimed' to the same executor, and every other
 -- answer is decided from what the record and the lock say.
 local rec = redis.pcall('GET', KEYS[1])
-local holder = redis.call('GET', KEYS[2])
 local st, fp, o, f, n, p, q, w, s, j
 if rec then
   if type(rec) == 'string' then
@@ -57,10 +56,21 @@ if rec then
   end
 end
 
+-- The lock's value, read by lockHolder where a claim decides by it (a
+-- duplicate answered from a finished record never does): nil until then,
+-- false when nobody holds the lock.
+local holder
+local function lockHolder()
+  if holder == nil then
+    holder = redis.call('GET', KEYS[2])
+  end
+  return holder
+end
+
 -- lease takes the lock for us unless another executor holds it, and
 -- reports whether it is ours.
 local function lease()
-  if not holder then
+  if not lockHolder() then
     redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[7])
     holder = ARGV[1]
   end
@@ -114,7 +124,7 @@ if st then
     -- as it holds the lock; once nobody holds it under that value, the
     -- execution was abandoned: its lease ran out before it stored an
     -- answer.
-    if holder == o then
+    if lockHolder() == o then
       return {'held'} -- that executor holds the key
     end
     if ARGV[5] ~= '1' then
@@ -145,8 +155,9 @@ if st then
 end
 -- No record. While another executor holds the lock, its claim may still be
 -- on its way (an instance of an earlier version takes the lock and claims
--- in two scripts): wait for it.
-if holder and holder ~= ARGV[1] then
+-- in two scripts): wait for it. A claim that writes asks by taking the
+-- lock (below); a token that cannot be spent asks first.
+if (ARGV[4] == 'r' or ARGV[4] == 'x') and lockHolder() and holder ~= ARGV[1] then
   return {'held'}
 end
 if ARGV[4] == 'r' then
@@ -162,8 +173,13 @@ end
 
 -- The lock's SET is the script's first write: under maxmemory it is
 -- refused before anything changed, so a full Redis fails the claim and the
--- handler never starts. TIME's microseconds are padded to six digits.
-lease()
+-- handler never starts. It takes the lock only if nobody holds it (SET NX,
+-- so a fresh key's lock costs no read); a lock it finds is read: ours, when
+-- this claim was resent after its record vanished, or another's on its way.
+-- TIME's microseconds are padded to six digits.
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[7]) and lockHolder() ~= ARGV[1] then
+  return {'held'}
+end
 local t = redis.call('TIME')
 local fence = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
 redis.call('SET', KEYS[1], recordLine('run', ARGV[2], ARGV[1], fence, '1', '', '', '', ''), 'PX', ARGV[3])

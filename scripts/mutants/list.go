@@ -113,7 +113,7 @@ var mutants = []mutant{
 	},
 	{
 		name: "claim-takes-no-lock", file: "lua/claim.lua",
-		from: "redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[7])", to: "redis.call('GET', KEYS[2])",
+		from: "if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[7])", to: "if not true",
 		breaks: "a claim runs its handler without the key's lock, and a duplicate on another instance finds the key free to take over or abandoned",
 		faults: "takeover,impostor", tests: "Takeover|Abandoned|Lock|Lease|Concurrent",
 	},

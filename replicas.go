@@ -110,6 +110,9 @@ func (s *redisStore) claimRedirected(ctx context.Context, conn *redis.Conn, l *l
 // redirection reads a Cluster's MOVED, ASK or TRYAGAIN error: its kind,
 // and the master to ask instead.
 func redirection(err error) (kind, addr string) {
+	if err == nil {
+		return "", "" // before redisErr, which escapes: no allocation per claim
+	}
 	var redisErr redis.Error
 	if !errors.As(err, &redisErr) {
 		return "", ""

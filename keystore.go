@@ -9,7 +9,7 @@ import (
 
 // keyStore is the port between a key's life (lifecycle.go) and the storage
 // that keeps it: what each transition needs, one operation each, and
-// nothing of how it is kept. Redis (store.go, one script per operation)
+// nothing of how it is kept. Redis (redisstore.go, one script per operation)
 // and SQL (sqlstore.go, one transaction per operation) implement it.
 //
 // Every implementation keeps the same record, in the one layout of

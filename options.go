@@ -69,8 +69,9 @@ func WithKeyPrefix(prefix string) Option { return func(c *config) { c.prefix = p
 func WithTokenTTL(d time.Duration) Option { return func(c *config) { c.tokenTTL = d } }
 
 // WithRecordTTL sets how long a stored response is replayed. It must exceed
-// the lock lease plus the execution timeout, so that a record outlives every
-// execution it describes; New panics otherwise. Default 24 hours.
+// the claim horizon (the execution timeout, the lock lease and four store
+// timeouts), so that a record outlives every execution it describes and
+// every store of its answer; New panics otherwise. Default 24 hours.
 func WithRecordTTL(d time.Duration) Option { return func(c *config) { c.recordTTL = d } }
 
 // WithLockLease sets the lease of the per-key lock. A watchdog renews it every
@@ -356,9 +357,6 @@ func WithExpiryHeader(name string) Option {
 	return func(c *config) { c.expiryHeader = http.CanonicalHeaderKey(name) }
 }
 
-// takeover reports whether a retry may take over a key whose executor
-// vanished: then a run whose lease is lost must stop, since another may
-// run in its place.
 // WithObserver calls fn once for every request on a protected route (those
 // let through unprotected included, as Unprotected), after it was
 // answered, from the request's goroutine: keep it fast. LogObserver and the
@@ -399,6 +397,9 @@ func WithReleaseOnServerError() Option {
 // with WithRetryAbandoned).
 func WithOutcomeStore(s OutcomeStore) Option { return func(c *config) { c.outcomes = s } }
 
+// takeover reports whether a retry may take over a key whose executor
+// vanished: then a run whose lease is lost must stop, since another may
+// run in its place.
 func (c *config) takeover() bool { return c.retryAbandoned || c.outcomes != nil }
 
 // claimHorizon is how long after its claim a live executor has had to

@@ -386,8 +386,8 @@ func TestCrossInstanceWaiterWakesOnReleaseWithoutPolling(t *testing.T) {
 	}
 	t.Logf("a 1 s wait on another instance cost %d commands (%d scripts: %v); the waiter answered %v after the release",
 		len(cmds), evals, cmds, woke)
-	// A 2 ms..50 ms poll would have sent over 20 lock attempts in that
-	// second; each attempt is two scripts, since the claim rides with it.
+	// A 2 ms..50 ms poll would have sent over 20 attempts in that second,
+	// each a claim.
 	require.LessOrEqual(t, evals, 30)
 }
 
@@ -436,9 +436,9 @@ func TestResentClaimAfterAbandoned(t *testing.T) {
 }
 
 // A Redis that lost its scripts (a restart, a failover to a replica that
-// never loaded them, SCRIPT FLUSH) answers NOSCRIPT to the lock, and to the
-// claim that rides with it or runs it without the lock. Both are sent again
-// as scripts: the first request runs once and its duplicate on another
+// never loaded them, SCRIPT FLUSH) answers NOSCRIPT to the claim, or to the
+// completion when only the claim's script was loaded again. Each is sent
+// again whole: the first request runs once and its duplicate on another
 // instance is replayed.
 func TestScriptsFlushedBetweenRequests(t *testing.T) {
 	prefix := "test-" + t.Name()
@@ -449,7 +449,7 @@ func TestScriptsFlushedBetweenRequests(t *testing.T) {
 	for _, claimLoaded := range []bool{false, true} {
 		key := fmt.Sprint("after-flush-", claimLoaded)
 		require.NoError(t, rdb.ScriptFlush(t.Context()).Err())
-		if claimLoaded { // the lock's script is missing, the claim's is not
+		if claimLoaded { // the completion's script is missing, the claim's is not
 			require.NoError(t, claimScript.Load(t.Context(), rdb).Err())
 		}
 		first := a.post(a.client(), "/payments", key, `{}`)

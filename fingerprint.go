@@ -1,9 +1,13 @@
 package idempotency
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"io"
+	"mime"
+	"mime/multipart"
 	"net/http"
 	"net/url"
 	"slices"
@@ -34,26 +38,88 @@ func (f *fingerprintSum) text() string {
 type Fingerprinter func(r *http.Request, body []byte) []byte
 
 // DefaultFingerprint is the method, the path, the raw query and a digest of
-// the raw body: a retry must send the same bytes. It is what the middleware
-// uses without WithFingerprint (computed there without allocating). The
-// path, here and in the other ready-made fingerprints, is the one the
-// client sent, before http.StripPrefix or a router rewrote r.URL.Path.
+// the raw body: a retry must send the same bytes. A multipart body (a form
+// with enctype="multipart/form-data") counts by its parts, each with its
+// headers, and not by the boundary between them, which a browser draws
+// anew for every submission. It is what the middleware uses without
+// WithFingerprint (computed there without allocating, but for a multipart
+// body). The path, here and in the other ready-made fingerprints, is the
+// one the client sent, before http.StripPrefix or a router rewrote
+// r.URL.Path.
 func DefaultFingerprint(r *http.Request, body []byte) []byte {
 	return appendDefault(nil, r, body)
 }
 
 // appendDefault appends the default fingerprint's material. Neither a
 // client's path nor a method holds a NUL, and the body's digest has a fixed
-// length, so the parts cannot run into each other.
+// length, so the parts cannot run into each other; a multipart body's
+// digest is followed by a mark, so that no raw body's material ends as a
+// multipart body's does (and a raw body's material is what it was before
+// multipart bodies had digests of their own).
 func appendDefault(b []byte, r *http.Request, body []byte) []byte {
-	bodySum := sha256.Sum256(body)
+	bodySum, parts := multipartDigest(r.Header.Get("Content-Type"), body)
+	if !parts {
+		bodySum = sha256.Sum256(body)
+	}
 	b = append(b, r.Method...)
 	b = append(b, 0)
 	b = append(b, route.Path(r)...)
 	b = append(b, 0)
 	b = append(b, r.URL.RawQuery...)
 	b = append(b, 0)
-	return append(b, bodySum[:]...)
+	b = append(b, bodySum[:]...)
+	if parts {
+		b = append(b, 'm')
+	}
+	return b
+}
+
+// multipartDigest is the digest of a multipart body with its boundary left
+// out: for each part, its headers in canonical order and its bytes as sent,
+// each written with its length. The preamble and the epilogue, which no
+// form parser reads, do not count. It reports false for any other content type, and for a body
+// that does not parse as multipart with its declared boundary: that counts
+// as its raw bytes.
+func multipartDigest(contentType string, body []byte) (fingerprintSum, bool) {
+	if len(contentType) < len("multipart/") || !strings.EqualFold(contentType[:len("multipart/")], "multipart/") {
+		return fingerprintSum{}, false // the common case: nothing parsed, nothing allocated
+	}
+	return partsDigest(contentType, body)
+}
+
+func partsDigest(contentType string, body []byte) (sum fingerprintSum, ok bool) {
+	mediaType, params, err := mime.ParseMediaType(contentType)
+	if err != nil || params["boundary"] == "" {
+		return sum, false
+	}
+	h := sha256.New()
+	h.Write(appendParts(nil, "multipart", mediaType))
+	parts := multipart.NewReader(bytes.NewReader(body), params["boundary"])
+	for {
+		part, err := parts.NextRawPart()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return sum, false
+		}
+		names := make([]string, 0, len(part.Header))
+		for name := range part.Header {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		material := appendParts(nil, "part", strings.Join(names, "\x00"))
+		for _, name := range names {
+			material = appendParts(material, strings.Join(part.Header[name], "\x00"))
+		}
+		content := sha256.New()
+		if _, err := io.Copy(content, part); err != nil {
+			return sum, false
+		}
+		h.Write(content.Sum(material))
+	}
+	h.Sum(sum[:0])
+	return sum, true
 }
 
 // CanonicalJSON is the method, the path, the query in canonical order and

@@ -2,7 +2,10 @@ package idempotency
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
+	"io"
+	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -79,6 +82,83 @@ func TestCanonicalJSONReplaysAReorderedRetry(t *testing.T) {
 	plain := newShop(t)
 	require.Equal(t, http.StatusCreated, plain.post(c, "/payments", "raw", `{"amount":500,"currency":"EUR"}`).status)
 	requireProblem(t, plain.post(c, "/payments", "raw", `{"currency": "EUR", "amount": 500}`), 422, "key-reused")
+}
+
+// A browser draws a new multipart boundary for every submission, so a
+// double click on a form with enctype="multipart/form-data" sends the same
+// fields between other boundaries: it is the same request, and replayed.
+// Another field's value, or another file, is another request.
+func TestAMultipartFormResubmittedWithAnotherBoundaryIsReplayed(t *testing.T) {
+	s := newShop(t)
+	c := s.client()
+	token := s.token(c)
+	submit := func(boundary, quantity, file string) answer {
+		var body bytes.Buffer
+		mw := multipart.NewWriter(&body)
+		require.NoError(t, mw.SetBoundary(boundary))
+		mw.WriteField("item", "tea")
+		mw.WriteField("quantity", quantity)
+		mw.WriteField("idempotency_token", token)
+		fw, err := mw.CreateFormFile("note", "note.txt")
+		require.NoError(t, err)
+		io.WriteString(fw, file)
+		require.NoError(t, mw.Close())
+		req, err := http.NewRequest(http.MethodPost, s.srv.URL+"/orders", &body)
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", mw.FormDataContentType())
+		return do(t, c, req)
+	}
+	first := submit("----WebKitFormBoundaryAAAAAAAAAAAAAAAA", "1", "ring twice")
+	require.Equal(t, http.StatusCreated, first.status, first.body)
+
+	again := submit("----WebKitFormBoundaryBBBBBBBBBBBBBBBB", "1", "ring twice")
+	require.Equal(t, http.StatusCreated, again.status, again.body)
+	require.Equal(t, "true", again.header.Get(ReplayedHeader))
+	require.Equal(t, first.body, again.body)
+	require.EqualValues(t, 1, s.execs.Load())
+
+	requireProblem(t, submit("----WebKitFormBoundaryCCCCCCCCCCCCCCCC", "2", "ring twice"), 422, "key-reused")
+	requireProblem(t, submit("----WebKitFormBoundaryDDDDDDDDDDDDDDDD", "1", "ring once"), 422, "key-reused")
+	require.EqualValues(t, 1, s.execs.Load())
+}
+
+// The multipart digest leaves out the boundary and nothing else: each
+// part's headers and bytes, and their order, count.
+func TestMultipartDigest(t *testing.T) {
+	body := func(boundary string, parts ...[2]string) (string, []byte) {
+		var b bytes.Buffer
+		mw := multipart.NewWriter(&b)
+		require.NoError(t, mw.SetBoundary(boundary))
+		for _, p := range parts {
+			mw.WriteField(p[0], p[1])
+		}
+		require.NoError(t, mw.Close())
+		return mw.FormDataContentType(), b.Bytes()
+	}
+	digest := func(contentType string, b []byte) string {
+		sum, ok := multipartDigest(contentType, b)
+		require.True(t, ok)
+		return hex.EncodeToString(sum[:])
+	}
+	a, b := [2]string{"a", "1"}, [2]string{"b", "2"}
+	want := digest(body("x1", a, b))
+	require.Equal(t, want, digest(body("another-boundary", a, b)))
+	require.NotEqual(t, want, digest(body("x1", b, a)), "the parts' order")
+	require.NotEqual(t, want, digest(body("x1", a, [2]string{"b", "3"})), "a value")
+	require.NotEqual(t, want, digest(body("x1", a, [2]string{"c", "2"})), "a name")
+	require.NotEqual(t, want, digest(body("x1", a)), "a part fewer")
+
+	ct, raw := body("x1", a, b)
+	require.Equal(t, want, digest(strings.ToUpper(ct[:9])+ct[9:], raw), "the media type's case")
+	for _, odd := range []struct{ contentType, body string }{
+		{"application/x-www-form-urlencoded", "a=1&b=2"},
+		{"multipart/form-data", string(raw)},                 // no boundary
+		{"multipart/form-data; boundary=other", string(raw)}, // not the body's boundary
+		{ct, strings.TrimSuffix(string(raw), "--x1--\r\n")},  // cut short
+	} {
+		_, ok := multipartDigest(odd.contentType, []byte(odd.body))
+		require.False(t, ok, odd.contentType)
+	}
 }
 
 func FuzzCanonicalizers(f *testing.F) {

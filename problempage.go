@@ -54,8 +54,13 @@ func newProblemPage(p *problem) problemPage {
 func (p *problem) page(after time.Duration) []byte {
 	var advice string
 	if after > 0 {
-		advice = "<p>Try again in " + retryAfterSeconds(after) +
-			" seconds: go back and submit the form again, or reload this page.</p>\n"
+		seconds := retryAfterSeconds(after)
+		unit := " seconds"
+		if seconds == "1" {
+			unit = " second"
+		}
+		advice = "<p>Try again in " + seconds + unit +
+			": go back and submit the form again, or reload this page.</p>\n"
 	}
 	return []byte(p.html.head + advice + p.html.tail)
 }

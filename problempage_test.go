@@ -44,8 +44,10 @@ func TestARefusedFormSubmissionGetsAPage(t *testing.T) {
 			body := w.Body.String()
 			require.Contains(t, body, "<h1>"+p.title+"</h1>")
 			require.Contains(t, body, ProblemTypeBase+p.slug)
-			if after := w.Header().Get("Retry-After"); after != "" {
-				require.Contains(t, body, "Try again in "+after+" seconds")
+			if after := w.Header().Get("Retry-After"); after == "1" {
+				require.Contains(t, body, "Try again in 1 second:")
+			} else if after != "" {
+				require.Contains(t, body, "Try again in "+after+" seconds:")
 			} else {
 				require.NotContains(t, body, "Try again")
 			}

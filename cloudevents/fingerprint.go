@@ -27,7 +27,9 @@ var transportNoise = []string{"traceparent", "tracestate"}
 // event's datacontenttype) and the body's bytes. Structured mode: the
 // event's JSON object as canonical JSON (member order, spacing and number
 // spelling do not count). Either way the method, the path and the query
-// count too, as in idempotency.DefaultFingerprint.
+// count too, as in idempotency.DefaultFingerprint. Each mode is compared
+// with itself: one event delivered once in binary mode and once in
+// structured mode is two requests, and the second gets 422 key-reused.
 //
 // Without it, binary mode fingerprints only the data: an event that
 // reuses an id under the same source with the same data but another type

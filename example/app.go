@@ -17,6 +17,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/onceonly/idempotency"
 	"github.com/onceonly/idempotency/example/internal/bank"
+	"github.com/onceonly/idempotency/example/internal/input"
 	"github.com/onceonly/idempotency/example/internal/provider"
 	"github.com/onceonly/idempotency/example/internal/reply"
 	"github.com/onceonly/idempotency/optimistic"
@@ -62,6 +63,7 @@ func newApp(back backend, cfg config, accounts *bank.Bank) (http.Handler, middle
 		idempotency.WithExecutionTimeout(max(5*time.Second, 3*cfg.paymentLatency)), idempotency.WithLockLease(time.Second))
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
+	r.Use(middleware.GetHead) // HEAD of every page, which RFC 9110 asks of a server
 	r.Get("/", a.home)
 	r.Method(http.MethodGet, "/readyz", a.idem.ReadyHandler()) // a load balancer's readiness probe
 	routeStatic(r)
@@ -177,6 +179,9 @@ type orderInput struct {
 func (a *app) createOrder(w http.ResponseWriter, r *http.Request) {
 	in, isForm, err := decodeOrder(r)
 	if err != nil {
+		// Nothing ran: the token goes back, so that the corrected form,
+		// submitted again with it, places the order.
+		idempotency.Release(r.Context())
 		reply.Problem(w, http.StatusBadRequest, "invalid-order", err.Error())
 		return
 	}
@@ -214,8 +219,8 @@ func decodeOrder(r *http.Request) (orderInput, bool, error) {
 	}
 	in.Item = strings.TrimSpace(in.Item)
 	switch {
-	case in.Item == "" || len(in.Item) > 100:
-		return in, isForm, errors.New("item must have 1 to 100 characters")
+	case !input.Text(in.Item, 100):
+		return in, isForm, errors.New("item must be 1 to 100 bytes of printable text")
 	case in.Quantity < 1 || in.Quantity > 100:
 		return in, isForm, errors.New("quantity must be between 1 and 100")
 	}
@@ -309,9 +314,25 @@ type paymentInput struct {
 	Currency string `json:"currency"`
 }
 
+// currencyCode reports whether s is three ASCII letters, as ISO 4217's
+// codes are (in either case: the payment keeps them upper-case).
+func currencyCode(s string) bool {
+	if len(s) != 3 {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if (c < 'A' || c > 'Z') && (c < 'a' || c > 'z') {
+			return false
+		}
+	}
+	return true
+}
+
 func (a *app) createPayment(w http.ResponseWriter, r *http.Request) {
 	var in paymentInput
-	if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Amount <= 0 || len(in.Currency) != 3 {
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Amount <= 0 || !currencyCode(in.Currency) {
+		// Nothing ran: the key goes back for the corrected request.
+		idempotency.Release(r.Context())
 		reply.Problem(w, http.StatusBadRequest, "invalid-payment",
 			"body must be a JSON object with a positive amount (in cents) and a 3-letter currency")
 		return

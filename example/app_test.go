@@ -187,6 +187,49 @@ func TestEmbeddedRedisNeedsNoSetUp(t *testing.T) {
 	require.Equal(t, 1, countOf[Order](t, srv.URL, "/orders"))
 }
 
+// A request the shop refuses before it does anything (a form with an item
+// of spaces, a payment with a negative amount) gives its token or key
+// back: the corrected request, sent again with it, runs. Text that a
+// store could not keep is refused alike, whatever the store.
+func TestARefusedRequestGivesItsKeyBack(t *testing.T) {
+	rdb := redistest.Client(t, "shop:")
+	redistest.DeletePrefix(t, rdb, "shop:")
+	srv := startShop(t, rdb, config{})
+	c := browser(t)
+	token := formToken(t, c, srv.URL)
+	for _, item := range []string{"   ", "te\x00a", "\xff\xfe"} {
+		resp, err := c.PostForm(srv.URL+"/orders", url.Values{"item": {item}, "quantity": {"1"}, "idempotency_token": {token}})
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode, "%q", item)
+	}
+	resp, err := c.PostForm(srv.URL+"/orders", url.Values{"item": {"Green tea"}, "quantity": {"1"}, "idempotency_token": {token}})
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	require.Empty(t, resp.Header.Get("Idempotent-Replayed"))
+	require.Equal(t, 1, countOf[Order](t, srv.URL, "/orders"))
+
+	for _, tc := range []struct{ path, bad, good string }{
+		{"/payments", `{"amount":-1,"currency":"eur"}`, `{"amount":1,"currency":"eur"}`},
+		{"/payments", `{"amount":1,"currency":"e\u0000r"}`, `{"amount":1,"currency":"eur"}`},
+		{"/callbacks/orders", `{"order":1,"status":"pa\u0000id"}`, `{"order":1,"status":"paid"}`},
+		{"/callbacks/orders", `{"order":1,"status":"` + strings.Repeat("x", 70_000) + `"}`, `{"order":1,"status":"paid"}`},
+	} {
+		key := "refused-" + strconv.Itoa(len(tc.bad))
+		bad := postJSON(t, srv.URL+tc.path, key, tc.bad)
+		require.Equal(t, http.StatusBadRequest, bad.status, bad.body)
+		good := postJSON(t, srv.URL+tc.path, key, tc.good)
+		require.Less(t, good.status, 300, good.body)
+		require.Empty(t, good.replayed)
+	}
+
+	head, err := http.Head(srv.URL + "/orders")
+	require.NoError(t, err)
+	head.Body.Close()
+	require.Equal(t, http.StatusOK, head.StatusCode)
+}
+
 // submitTwice loads the order form and posts it twice in a row, as a user
 // resubmitting it does.
 func submitTwice(t *testing.T, c *http.Client, base string) {

@@ -39,6 +39,11 @@ func onSQL(ctx context.Context, db *sql.DB, dialect idempotency.SQLDialect) (bac
 
 // protection is a middleware that keeps its keys in the backend.
 func (b backend) protection(opts ...idempotency.Option) *idempotency.Middleware {
+	// A handler in flight when the process is told to stop ends (its
+	// answer stored, or cut off and its key kept) before the server's
+	// share of the grace runs out; an option of the route's own comes
+	// after, and wins.
+	opts = append([]idempotency.Option{idempotency.WithExecutionTimeout(executionBound)}, opts...)
 	if b.db != nil {
 		if b.dialect == idempotency.PostgreSQL {
 			// Waiting duplicates are told when the key's holder lets go.

@@ -73,6 +73,20 @@ func TestIdempotencyStoreNeedsNoRedis(t *testing.T) {
 			resp.Body.Close()
 			require.Equal(t, "0", resp.Header.Get(RerunsHeader))
 			require.Equal(t, 1, countOf[struct{}](t, shop.URL, "/callbacks/orders"))
+
+			// Text the database could not keep (a NUL, a status longer than
+			// its column) is refused before anything runs, and the key goes
+			// back for the corrected request: never a 500, stored for a day.
+			for _, tc := range []struct{ path, key, bad, good string }{
+				{"/payments", "sql-pay-3", `{"amount":500,"currency":"e\u0000r"}`, `{"amount":500,"currency":"eur"}`},
+				{"/callbacks/orders", "sql-event-2", `{"order":2,"status":"` + strings.Repeat("x", 70_000) + `"}`,
+					`{"order":2,"status":"paid"}`},
+			} {
+				bad := postJSON(t, shop.URL+tc.path, tc.key, tc.bad)
+				require.Equal(t, http.StatusBadRequest, bad.status, bad.body)
+				good := postJSON(t, shop.URL+tc.path, tc.key, tc.good)
+				require.Less(t, good.status, 300, good.body)
+			}
 		})
 	}
 }

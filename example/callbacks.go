@@ -108,6 +108,8 @@ func (cb *callbacks) handle(decode eventDecoder) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		key, ev, err := decode(r)
 		if err != nil || !ev.Valid() {
+			// Nothing ran: the key goes back, for a corrected event.
+			idempotency.Release(r.Context())
 			reply.Problem(w, http.StatusBadRequest, "invalid-event",
 				"body must be an order event: a JSON object with a positive order")
 			return

@@ -144,10 +144,13 @@ func run() error {
 }
 
 // grace bounds a shutdown, within Kubernetes' default 30 s; drainShare of
-// it is kept for the middleware's drain after the server's.
+// it is kept for the middleware's drain after the server's; executionBound
+// is the longest a protected handler runs (WithExecutionTimeout), short of
+// the server's share.
 const (
-	grace      = 28 * time.Second
-	drainShare = 3 * time.Second
+	grace          = 28 * time.Second
+	drainShare     = 3 * time.Second
+	executionBound = 20 * time.Second
 )
 
 // browsable is a clickable address for a listener: localhost for a

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/onceonly/idempotency/example/internal/input"
 	"github.com/onceonly/idempotency/example/internal/reply"
 )
 
@@ -54,6 +55,9 @@ func (b *Bank) Transfer(tx *sql.Tx, w http.ResponseWriter, r *http.Request) erro
 	case in.Amount <= 0 || in.Amount > MaxAmount:
 		reply.Problem(w, http.StatusUnprocessableEntity, "invalid-amount",
 			"amount must be a whole number of cents between 1 and 100000000000")
+		return errRefused
+	case !input.Text(in.From, 64) || !input.Text(in.To, 64):
+		reply.Problem(w, http.StatusUnprocessableEntity, "unknown-account", "from and to must name accounts")
 		return errRefused
 	case in.From == in.To:
 		reply.Problem(w, http.StatusUnprocessableEntity, "same-account", "from and to must be two different accounts")

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/example/internal/input"
 	"github.com/onceonly/idempotency/optimistic"
 	"github.com/redis/go-redis/v9"
 )
@@ -47,8 +48,11 @@ type Event struct {
 	WorkMS int `json:"work_ms,omitempty"`
 }
 
-// Valid reports whether the event names an order.
-func (ev Event) Valid() bool { return ev.Order > 0 }
+// Valid reports whether the event names an order, and its status (if
+// any) is up to 64 bytes of printable text.
+func (ev Event) Valid() bool {
+	return ev.Order > 0 && (ev.Status == "" || input.Text(ev.Status, 64))
+}
 
 // Work is how long handling the event takes on top of base.
 func (ev Event) Work(base time.Duration) time.Duration {

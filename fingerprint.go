@@ -77,9 +77,9 @@ func appendDefault(b []byte, r *http.Request, body []byte) []byte {
 // multipartDigest is the digest of a multipart body with its boundary left
 // out: for each part, its headers in canonical order and its bytes as sent,
 // each written with its length. The preamble and the epilogue, which no
-// form parser reads, do not count. It reports false for any other content type, and for a body
-// that does not parse as multipart with its declared boundary: that counts
-// as its raw bytes.
+// form parser reads, do not count. It reports false for any other content
+// type, and for a body that does not parse as multipart with its declared
+// boundary: that counts as its raw bytes.
 func multipartDigest(contentType string, body []byte) (fingerprintSum, bool) {
 	if len(contentType) < len("multipart/") || !strings.EqualFold(contentType[:len("multipart/")], "multipart/") {
 		return fingerprintSum{}, false // the common case: nothing parsed, nothing allocated
@@ -87,6 +87,8 @@ func multipartDigest(contentType string, body []byte) (fingerprintSum, bool) {
 	return partsDigest(contentType, body)
 }
 
+// partsDigest is multipartDigest past its first look at the content type,
+// apart so that the common case allocates nothing.
 func partsDigest(contentType string, body []byte) (sum fingerprintSum, ok bool) {
 	mediaType, params, err := mime.ParseMediaType(contentType)
 	if err != nil || params["boundary"] == "" {

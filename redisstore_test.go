@@ -236,6 +236,39 @@ func TestAbandonedExecution(t *testing.T) {
 	}
 }
 
+// A takeover holds the key's lock as a fresh claim does: a duplicate on
+// another instance, sent while the run that took the key over runs, waits
+// for its answer instead of taking the key over in turn.
+func TestATakeoverTakesTheLock(t *testing.T) {
+	prefix := "test-" + t.Name()
+	rdb := redistest.Client(t, prefix)
+	opts := []Option{WithKeyPrefix(prefix), WithLockLease(300 * time.Millisecond), WithRetryAbandoned()}
+	a := newShopOn(t, rdb, opts...)
+	b := newShopOn(t, redistest.Client(t, prefix), opts...)
+	proceed := make(chan struct{})
+	a.handler = func(w http.ResponseWriter, r *http.Request) {
+		<-proceed
+		a.defaultHandler(w, r)
+	}
+	req, _ := http.NewRequest(http.MethodPost, a.srv.URL+"/payments", strings.NewReader(`{}`))
+	fp := (&config{}).fingerprint(req, []byte(`{}`), true)
+	crashAfterClaim(t, a, clientKeys(prefix, paymentID("k")), fp.text())
+
+	c := a.client()
+	first := a.postAsync(c, "/payments", "k", `{}`)
+	require.Eventually(t, func() bool { return a.execs.Load() == 1 }, 10*time.Second, time.Millisecond,
+		"the retry takes the abandoned key over")
+	dup := b.postAsync(c, "/payments", "k", `{}`)
+	time.Sleep(600 * time.Millisecond) // two leases: the duplicate's claims find the lock held
+	close(proceed)
+	taken, replayed := (<-first).must(t), (<-dup).must(t)
+	require.Equal(t, http.StatusCreated, taken.status, taken.body)
+	require.Equal(t, http.StatusCreated, replayed.status, replayed.body)
+	require.Equal(t, "true", replayed.header.Get(ReplayedHeader))
+	require.Equal(t, taken.body, replayed.body)
+	require.EqualValues(t, 1, a.execs.Load()+b.execs.Load())
+}
+
 func TestStaleExecutorCannotOverwrite(t *testing.T) {
 	s := newShop(t, WithLockLease(100*time.Millisecond), WithRetryAbandoned())
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)

@@ -118,6 +118,12 @@ var mutants = []mutant{
 		faults: "takeover,impostor", tests: "Takeover|Abandoned|Lock|Lease|Concurrent",
 	},
 	{
+		name: "claim-takeover-takes-no-lock", file: "lua/claim.lua",
+		from: "    redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[7])", to: "    -- no lock",
+		breaks: "a takeover runs without the key's lock, and a third executor takes the key over from it",
+		faults: "takeover,kill", tests: "Takeover|Abandoned|Retake|Concurrent",
+	},
+	{
 		name: "claim-fence-not-above", file: "lua/claim.lua",
 		from: "local fence = string.format('%.0f', math.max((tonumber(f) or 0) + 1,", to: "local fence = f or string.format('%.0f', math.max((tonumber(f) or 0) + 1,",
 		breaks: "a takeover runs under the fencing token of the executor it took the key from",

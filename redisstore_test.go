@@ -242,7 +242,10 @@ func TestAbandonedExecution(t *testing.T) {
 func TestATakeoverTakesTheLock(t *testing.T) {
 	prefix := "test-" + t.Name()
 	rdb := redistest.Client(t, prefix)
-	opts := []Option{WithKeyPrefix(prefix), WithLockLease(300 * time.Millisecond), WithRetryAbandoned()}
+	// 1 s, as TestWatchdogKeepsLockForSlowHandler's: the run that took the
+	// key over must keep it through the stalls of a loaded machine.
+	const lease = time.Second
+	opts := []Option{WithKeyPrefix(prefix), WithLockLease(lease), WithRetryAbandoned()}
 	a := newShopOn(t, rdb, opts...)
 	b := newShopOn(t, redistest.Client(t, prefix), opts...)
 	proceed := make(chan struct{})
@@ -259,7 +262,7 @@ func TestATakeoverTakesTheLock(t *testing.T) {
 	require.Eventually(t, func() bool { return a.execs.Load() == 1 }, 10*time.Second, time.Millisecond,
 		"the retry takes the abandoned key over")
 	dup := b.postAsync(c, "/payments", "k", `{}`)
-	time.Sleep(600 * time.Millisecond) // two leases: the duplicate's claims find the lock held
+	time.Sleep(lease + lease/2) // the duplicate's claims find the lock held, past a renewal
 	close(proceed)
 	taken, replayed := (<-first).must(t), (<-dup).must(t)
 	require.Equal(t, http.StatusCreated, taken.status, taken.body)

@@ -111,7 +111,7 @@ func (cb *callbacks) handle(decode eventDecoder) http.HandlerFunc {
 			// Nothing ran: the key goes back, for a corrected event.
 			idempotency.Release(r.Context())
 			reply.Problem(w, http.StatusBadRequest, "invalid-event",
-				"body must be an order event: a JSON object with a positive order")
+				"body must be an order event: a JSON object with a positive order, and a status of up to 64 bytes of printable text")
 			return
 		}
 		if err := sleep(r.Context(), ev.Work(cb.latency)); err != nil {

@@ -30,7 +30,7 @@ type orderProcess struct {
 func (o *orderProcess) process(ctx context.Context, key string, msg jetstream.Msg) error {
 	var ev orderlog.Event
 	if err := json.Unmarshal(msg.Data(), &ev); err != nil || !ev.Valid() {
-		return Permanent(errors.New("not an order event: a JSON object with a positive order"))
+		return Permanent(errors.New("not an order event: a JSON object with a positive order, and a status of up to 64 bytes of printable text"))
 	}
 	select {
 	case <-time.After(ev.Work(o.work)):

@@ -68,7 +68,9 @@ local function lockHolder()
 end
 
 -- lease takes the lock for us unless another executor holds it, and
--- reports whether it is ours.
+-- reports whether it is ours. It reads the lock before it writes (where a
+-- fresh claim sets it with NX, below): a claim resent to a Redis at
+-- maxmemory finds its own lock and writes nothing.
 local function lease()
   if not lockHolder() then
     redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[7])

@@ -12,13 +12,13 @@
 -- (then nothing is written). Our lock is released whatever the answer. Safe
 -- to run twice.
 local rec = redis.call('GET', KEYS[1])
-local stored, text, asClaimed = 0, nil, false
+local stored, text = 0, nil
 if rec == ARGV[4] then
   -- The record as our claim left it: the common case. Nobody else can
   -- hold the lock then (every script that takes it for another executor
   -- writes that executor into the record in the same step: a takeover), so
   -- it is ours or lapsed, and goes without a read.
-  stored, text, asClaimed = 1, ARGV[2], true
+  stored, text = 1, ARGV[2]
 else
   local st, fp, o, f, n, p, q, w, s
   if rec then
@@ -51,9 +51,10 @@ if text then
   -- The handler has run: its answer must be kept even if Redis reached
   -- maxmemory meanwhile. Redis refuses a memory-growing command only in a
   -- script that has not written yet, so a write that cannot grow memory
-  -- goes before the SET: the lock's DEL or, when the lock is no longer
-  -- ours, a PEXPIRE of the record.
-  if asClaimed or redis.call('GET', KEYS[2]) == ARGV[1] then
+  -- goes before the SET: the lock's DEL (read first unless the record
+  -- was as our claim left it, above) or, when the lock is no longer ours,
+  -- a PEXPIRE of the record.
+  if rec == ARGV[4] or redis.call('GET', KEYS[2]) == ARGV[1] then
     redis.call('DEL', KEYS[2])
   else
     redis.call('PEXPIRE', KEYS[1], ARGV[3])

@@ -154,17 +154,24 @@ func TestResentScriptsNeverRunTwice(t *testing.T) {
 	require.EqualValues(t, 3, s.execs.Load())
 }
 
-func TestWatchdogKeepsLockForSlowHandler(t *testing.T) {
+// takingOverLease is the lease of takingOverPair's instances. A renewal
+// is due every third of a lease, and a stall of the machine past the rest
+// of it loses the lease: 1 s leaves room for the stalls of a loaded
+// machine under the race detector (300 ms did not).
+const takingOverLease = time.Second
+
+// takingOverPair is two instances of one deployment that take abandoned
+// keys over (WithRetryAbandoned), so that a lost lease shows as a second
+// execution, on a lease of takingOverLease.
+func takingOverPair(t *testing.T) (a, b *shop) {
 	prefix := "test-" + t.Name()
-	rdb := redistest.Client(t, prefix)
-	// WithRetryAbandoned makes a lost lease visible as a second execution.
-	// A renewal is due every third of a lease, and a stall of the machine
-	// past the rest of it loses the lease: 1 s leaves room for the stalls
-	// of a loaded machine under the race detector (300 ms did not).
-	const lease = time.Second
-	opts := []Option{WithKeyPrefix(prefix), WithLockLease(lease), WithRetryAbandoned()}
-	a := newShopOn(t, rdb, opts...)
-	b := newShopOn(t, rdb, opts...)
+	opts := []Option{WithKeyPrefix(prefix), WithLockLease(takingOverLease), WithRetryAbandoned()}
+	return newShopOn(t, redistest.Client(t, prefix), opts...), newShopOn(t, redistest.Client(t, prefix), opts...)
+}
+
+func TestWatchdogKeepsLockForSlowHandler(t *testing.T) {
+	const lease = takingOverLease
+	a, b := takingOverPair(t)
 	slow := func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(4 * lease)
 		a.defaultHandler(w, r)
@@ -240,14 +247,8 @@ func TestAbandonedExecution(t *testing.T) {
 // another instance, sent while the run that took the key over runs, waits
 // for its answer instead of taking the key over in turn.
 func TestATakeoverTakesTheLock(t *testing.T) {
-	prefix := "test-" + t.Name()
-	rdb := redistest.Client(t, prefix)
-	// 1 s, as TestWatchdogKeepsLockForSlowHandler's: the run that took the
-	// key over must keep it through the stalls of a loaded machine.
-	const lease = time.Second
-	opts := []Option{WithKeyPrefix(prefix), WithLockLease(lease), WithRetryAbandoned()}
-	a := newShopOn(t, rdb, opts...)
-	b := newShopOn(t, redistest.Client(t, prefix), opts...)
+	const lease = takingOverLease
+	a, b := takingOverPair(t)
 	proceed := make(chan struct{})
 	a.handler = func(w http.ResponseWriter, r *http.Request) {
 		<-proceed
@@ -255,7 +256,7 @@ func TestATakeoverTakesTheLock(t *testing.T) {
 	}
 	req, _ := http.NewRequest(http.MethodPost, a.srv.URL+"/payments", strings.NewReader(`{}`))
 	fp := (&config{}).fingerprint(req, []byte(`{}`), true)
-	crashAfterClaim(t, a, clientKeys(prefix, paymentID("k")), fp.text())
+	crashAfterClaim(t, a, clientKeys(a.idem.cfg.prefix, paymentID("k")), fp.text())
 
 	c := a.client()
 	first := a.postAsync(c, "/payments", "k", `{}`)

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/onceonly/idempotency/internal/cacheclock"
+	"github.com/onceonly/idempotency/internal/keyspace"
 )
 
 // KeyHeader carries a client's idempotency key or an issued token.
@@ -28,6 +29,8 @@ type Middleware struct {
 	tokens   *tokenSigner
 	signers  signerWatch // names the signing key in Redis, and finds other instances' (tokensigners.go)
 	outage   outageWatch // when protected routes refuse because Redis does not answer
+
+	operatorView // the records as package admin reads them (operator.go)
 }
 
 // New returns a Middleware that keeps its state in client, which may be a
@@ -73,6 +76,7 @@ func newMiddleware(opts []Option) *Middleware {
 	}
 	m.signers.m = m
 	m.cache = newResponseCache(m.cfg.cacheEntries, m.cfg.cacheBytes)
+	m.operatorView = keyspace.NewOperated(m.operated)
 	return m
 }
 

@@ -8,12 +8,11 @@ import (
 	"github.com/onceonly/idempotency/internal/keyspace"
 )
 
-// The operator's API (package admin) reads and settles this middleware's
-// records through the store it is handed here, so that it needs nothing
-// unexported of this package and adds nothing to its API.
-func init() {
-	keyspace.StoreOf = func(m any) *keyspace.Store { return m.(*Middleware).operated() }
-}
+// operatorView is how the operator's API (package admin) reaches a
+// middleware's records: Middleware embeds it, under this unexported name,
+// and keyspace.StoreOf reads it, so that admin needs nothing unexported of
+// this package and this package's API gains nothing.
+type operatorView = keyspace.Operated
 
 // operated is the middleware's records as an operator sees them: in Redis,
 // or in NewSQL's table.

@@ -372,7 +372,21 @@ func remaining(pttl int64) time.Duration {
 	return time.Duration(pttl) * time.Millisecond
 }
 
-// StoreOf returns the Store of a *idempotency.Middleware. The root package
-// sets it when it is initialised; package admin, which imports the root,
-// calls it.
-var StoreOf func(middleware any) *Store
+// An Operated is what package admin needs of a *idempotency.Middleware:
+// its Store. The root package embeds it in Middleware under an unexported
+// name, so that Middleware's API gains nothing; Go promotes the unexported
+// method below to Middleware all the same, so that StoreOf, which package
+// admin calls, takes the middleware itself, its type checked by the
+// compiler, and no variable is set when a package is initialised.
+type Operated struct{ store func() *Store }
+
+// NewOperated returns the Operated whose Store store builds.
+func NewOperated(store func() *Store) Operated { return Operated{store: store} }
+
+func (o Operated) operatedStore() *Store { return o.store() }
+
+// operable is implemented only by the types that embed an Operated.
+type operable interface{ operatedStore() *Store }
+
+// StoreOf returns the Store of m, a *idempotency.Middleware.
+func StoreOf(m operable) *Store { return m.operatedStore() }

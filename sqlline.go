@@ -182,12 +182,18 @@ func (l *holderLine) judge() {
 		if l.warned.CompareAndSwap(false, true) {
 			l.logger.Warn("idempotency: NewSQL: db's pool is too small to keep a connection for the statements "+
 				"of running keys: when handlers' transactions take every connection, lease renewals wait "+
-				"behind them and may lapse; allow at least 4 (SetMaxOpenConns)", "max_open_connections", limit)
+				"behind them and may lapse; allow at least 6 (SetMaxOpenConns): 4 keep one, 6 a spare",
+				"max_open_connections", limit)
 		}
 	default:
 		target := 1
 		if limit >= minSparePool {
 			target = 2
+		} else if l.warned.CompareAndSwap(false, true) {
+			l.logger.Warn("idempotency: NewSQL: db's pool keeps one connection for the statements of running keys "+
+				"and no spare: should the server end it while handlers' transactions hold every other one, lease "+
+				"renewals wait behind them and may lapse; allow at least 6 (SetMaxOpenConns)",
+				"max_open_connections", limit)
 		}
 		l.target.Store(int32(target))
 		l.mu.Lock()

@@ -26,7 +26,8 @@ import (
 // no limit, a burst of new keys opens a connection per request, and the
 // server refuses those past its limit while it is healthy (387 of 400
 // answered 503 at once on PostgreSQL's 100 connections; none with a pool
-// of 16). Under 4, the store cannot keep a connection for running keys.
+// of 16). Under 4, the store cannot keep a connection for running keys;
+// under 6, it keeps one and no spare, should the server end that one.
 // A pool capped after NewSQL, before the first request, is judged as
 // capped; SQLite's is not judged, having no connection limit to pass.
 func TestAPoolThatFailsTheStoreIsLoggedOnce(t *testing.T) {
@@ -34,7 +35,7 @@ func TestAPoolThatFailsTheStoreIsLoggedOnce(t *testing.T) {
 		for _, c := range []struct {
 			limit int
 			told  string
-		}{{0, "has no limit"}, {2, "too small"}, {16, ""}} {
+		}{{0, "has no limit"}, {2, "too small"}, {5, "no spare"}, {6, ""}, {16, ""}} {
 			db := openPool(t, d, 0, "")
 			var log syncbuf.Buffer
 			m := idempotency.NewSQL(db, d.Dialect, idempotency.WithSharedKeys(),

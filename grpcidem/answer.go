@@ -1,6 +1,7 @@
 package grpcidem
 
 import (
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -23,8 +24,8 @@ import (
 // can rebuild the message without knowing the method.
 
 // answerOf is what the first call's outcome stores; an error releases the
-// key instead (a non-final status, or a response that is not a proto
-// message and so cannot be replayed).
+// key instead (a status the error policy does not keep). A response the
+// method returned that cannot be stored is answered unstorable.
 func answerOf(resp any, err error, storeError func(*status.Status) bool) (*spb.Status, error) {
 	if err != nil {
 		s := sentStatus(err)
@@ -35,14 +36,26 @@ func answerOf(resp any, err error, storeError func(*status.Status) bool) (*spb.S
 	}
 	msg, ok := messageOf(resp)
 	if !ok {
-		return nil, fmt.Errorf("grpcidem: response %T is not a proto message", resp)
+		return unstorable(fmt.Errorf("grpcidem: response %T is not a proto message", resp)), nil
 	}
 	seen.learn(msg)
 	detail, err := anypb.New(msg)
 	if err != nil {
-		return nil, err
+		return unstorable(fmt.Errorf("grpcidem: the response does not marshal: %w", err)), nil
 	}
 	return &spb.Status{Code: int32(codes.OK), Details: []*anypb.Any{detail}}, nil
+}
+
+// unstorableCode marks the answer of a method that ran and returned a
+// response that cannot be stored: not a proto message, or one that does
+// not marshal (a string field that is not UTF-8). answerCodec refuses to
+// encode such an answer, so that Do keeps the key as executed and not
+// replayable, as it keeps an answer too large: the method ran, and
+// releasing its key would let a retry run it again. It is no gRPC code.
+const unstorableCode = -1
+
+func unstorable(why error) *spb.Status {
+	return &spb.Status{Code: unstorableCode, Message: why.Error()}
 }
 
 // sentStatus is the status grpc-go sends the caller for a method's error:
@@ -136,6 +149,9 @@ func messageOf(v any) (proto.Message, bool) {
 type answerCodec struct{}
 
 func (answerCodec) Marshal(v any) ([]byte, error) {
+	if s, ok := v.(*spb.Status); ok && s.GetCode() == unstorableCode {
+		return nil, errors.New(s.GetMessage())
+	}
 	if m, ok := v.(proto.Message); ok {
 		return proto.Marshal(m)
 	}

@@ -201,6 +201,25 @@ func TestDuplicateOfARunningCallIsAbortedWithRetryDelay(t *testing.T) {
 	require.EqualValues(t, 1, svc.runs.Load())
 }
 
+// A response that does not marshal fails the first call (grpc-go cannot
+// send it either), and the method, which ran, never runs again for its
+// key: duplicates learn that it ran and its answer is gone.
+func TestAResponseThatDoesNotMarshalIsNotReplayable(t *testing.T) {
+	svc := newPayments()
+	m := middleware(t)
+	conn := dial(t, serve(t, svc, grpcidem.UnaryServerInterceptor(m, grpcidem.WithCallerCredentials())))
+
+	first := charge(withKey(t, "order-1"), conn, "unsendable")
+	require.Equal(t, codes.Internal, status.Code(first.err), "%v", first.err)
+	for range 2 {
+		r := charge(withKey(t, "order-1"), conn, "unsendable")
+		require.Equal(t, codes.DataLoss, status.Code(r.err), "%v", r.err)
+		reason, _ := problemOf(r.err)
+		require.Equal(t, "NOT_REPLAYABLE", reason)
+	}
+	require.EqualValues(t, 1, svc.runs.Load())
+}
+
 // An answer over WithMaxResponseBytes reaches the first caller only;
 // duplicates learn that the call ran but its answer is gone.
 func TestTooLargeAnswerIsNotReplayable(t *testing.T) {

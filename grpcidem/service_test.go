@@ -72,7 +72,8 @@ var paymentsDesc = grpc.ServiceDesc{
 
 // payments counts its executions. A request's value chooses what Charge
 // does: "fail:N" returns code N, "slow…" takes 300ms, "release" calls
-// idempotency.Release, "big" answers 4 KiB, anything else succeeds.
+// idempotency.Release, "big" answers 4 KiB, "unsendable" a response that
+// does not marshal, anything else succeeds.
 type payments struct {
 	runs   atomic.Int64
 	mu     sync.Mutex
@@ -100,6 +101,8 @@ func (p *payments) Charge(ctx context.Context, in *wrapperspb.StringValue) (*wra
 		idempotency.Release(ctx)
 	case v == "big":
 		return wrapperspb.String(strings.Repeat("x", 4096)), nil
+	case v == "unsendable": // a string field that is not UTF-8 does not marshal
+		return wrapperspb.String(fmt.Sprintf("charge %d caf\xe9", n)), nil
 	case v == "deadline": // a dependency's own timeout, wrapped
 		return nil, fmt.Errorf("ledger %d: %w", n, context.DeadlineExceeded)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/gob"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -20,6 +21,29 @@ import (
 type withWarning struct {
 	Amount  int64
 	Warning error // an interface JSON cannot decode into
+}
+
+// money encodes itself with methods of its pointer, from an unexported
+// field, as types with an invariant to keep often do. encoding/json
+// writes it {} where it cannot call them, which decodes to no money.
+type money struct{ cents int64 }
+
+type moneyJSON struct {
+	Cents int64 `json:"cents"`
+}
+
+func (m *money) MarshalJSON() ([]byte, error) { return json.Marshal(moneyJSON{m.cents}) }
+
+func (m *money) UnmarshalJSON(b []byte) error {
+	var j moneyJSON
+	err := json.Unmarshal(b, &j)
+	m.cents = j.Cents
+	return err
+}
+
+type order struct {
+	ID    string
+	Total money
 }
 
 type withBytes struct {
@@ -98,6 +122,20 @@ func TestDoResultsRoundTripOrAreRefused(t *testing.T) {
 		require.True(t, v.Equal(again))
 	})
 	t.Run("channel", func(t *testing.T) { requireRoundTrip(t, m, "chan", make(chan int), false) })
+	// encoding/json calls a method of the pointer only where it can
+	// address the value; decoding always can.
+	t.Run("encoded by its pointer's methods", func(t *testing.T) {
+		requireRoundTrip(t, m, "ptr-marshaler", money{cents: 4200}, true)
+	})
+	t.Run("a field encoded by its pointer's methods", func(t *testing.T) {
+		requireRoundTrip(t, m, "ptr-marshaler-field", order{ID: "o1", Total: money{cents: 4200}}, true)
+	})
+	t.Run("encoded by its pointer's methods in a map", func(t *testing.T) {
+		requireRoundTrip(t, m, "ptr-marshaler-map", map[string]money{"total": {cents: 4200}}, false)
+	})
+	t.Run("encoded by its pointer's methods in an interface", func(t *testing.T) {
+		requireRoundTrip(t, m, "ptr-marshaler-any", []any{money{cents: 4200}}, false)
+	})
 }
 
 // The check goes as deep as the result does: an int64 in an interface is

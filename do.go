@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 )
 
@@ -39,13 +40,31 @@ type Codec interface {
 }
 
 // JSON is the default Codec, encoding/json. A result type must survive it:
-// exported fields, no cycles.
+// exported fields, no cycles. It marshals a result as encoding/json does a
+// value behind a pointer, so that a MarshalJSON or MarshalText declared on
+// a pointer type is called, as its Unmarshal counterpart is.
 var JSON Codec = jsonCodec{}
 
 type jsonCodec struct{}
 
-func (jsonCodec) Marshal(v any) ([]byte, error)      { return json.Marshal(v) }
+func (jsonCodec) Marshal(v any) ([]byte, error)      { return json.Marshal(addressable(v)) }
 func (jsonCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
+
+// addressable is v behind a pointer to a copy of it, or v itself when it
+// is a pointer or nil. encoding/json calls a MarshalJSON or MarshalText
+// declared on a type's pointer only where it can address the value, of
+// the result and of each field in it, and decoding always can: a result
+// marshalled as it was handed in would skip the method that its decoding
+// calls, and come back other than it went.
+func addressable(v any) any {
+	rv := reflect.ValueOf(v)
+	if !rv.IsValid() || rv.Kind() == reflect.Pointer {
+		return v
+	}
+	p := reflect.New(rv.Type())
+	p.Elem().Set(rv)
+	return p.Interface()
+}
 
 // A DoOption configures one Do call.
 type DoOption func(*doConfig)

@@ -116,6 +116,20 @@ func TestInvalidTables(t *testing.T) {
 		require.ErrorContains(t, ok.FencedUpdate(t.Context(), db, 1, 1, Set("fence", 5)), "managed by the helper")
 		require.Empty(t, db.query)
 	})
+	// A versioned write that reset the fence would let a stale executor's
+	// fenced write through; a fenced write that set the version back
+	// would let a reader's stale compare-and-set through.
+	t.Run("sets the other helper's column", func(t *testing.T) {
+		db := &recorder{}
+		_, err := ok.Update(t.Context(), db, 1, 0, Set("Fence", 0))
+		require.ErrorContains(t, err, "managed by the helper")
+		require.ErrorContains(t, ok.FencedUpdate(t.Context(), db, 1, 1, Set("VERSION", 0)), "managed by the helper")
+		renamed := Table{Dialect: SQLite, Name: "a", Version: "rev", Fence: "epoch"}
+		_, err = renamed.Update(t.Context(), db, 1, 0, Set("epoch", 0))
+		require.ErrorContains(t, err, "managed by the helper")
+		require.ErrorContains(t, renamed.FencedUpdate(t.Context(), db, 1, 1, Set("rev", 0)), "managed by the helper")
+		require.Empty(t, db.query)
+	})
 }
 
 // recorder is a Querier that remembers the last statement and reports one

@@ -43,7 +43,9 @@ var (
 // A missing row is not created: the error matches ErrNotFound. token 0
 // (no protected execution) fails with ErrNoFencingToken, and a token above
 // math.MaxInt64 does not fit a BIGINT and fails as well. set must not name
-// the id or fence column.
+// the id, fence or version column: the version is Update's to keep, and a
+// write that set it back could let a reader's stale compare-and-set
+// through.
 func (t Table) FencedUpdate(ctx context.Context, db Querier, id any, token uint64, set ...Assignment) error {
 	if token == 0 {
 		return ErrNoFencingToken
@@ -57,7 +59,7 @@ func (t Table) FencedUpdate(ctx context.Context, db Querier, id any, token uint6
 	}
 	store := func(s *statement) string { return q.fence + " = " + s.param(int64(token)) }
 	below := func(s *statement) string { return "COALESCE(" + q.fence + ", 0) <= " + s.param(int64(token)) }
-	s, err := q.update(id, set, []string{q.raw.ID, q.raw.Fence}, store, below)
+	s, err := q.update(id, set, []string{q.raw.ID, q.raw.Fence, q.raw.Version}, store, below)
 	if err != nil {
 		return err
 	}
@@ -98,14 +100,15 @@ func (t Table) FencedUpdate(ctx context.Context, db Querier, id any, token uint6
 // token 0 fails with ErrNoFencingToken. Tokens are compared exactly over the
 // whole uint64 range.
 //
-// fields must not name the fence field. The call touches one key, so it
+// fields must not name the fence field or the version field (see
+// FencedUpdate). The call touches one key, so it
 // works on Redis Cluster.
 func (h Hash) FencedSet(ctx context.Context, rdb redis.Scripter, key string, token uint64, fields map[string]any) error {
 	if token == 0 {
 		return ErrNoFencingToken
 	}
-	ff := orDefault(h.FenceField, "fence")
-	args, err := fieldArgs(key, fields, ff, strconv.FormatUint(token, 10))
+	ff := h.fenceField()
+	args, err := fieldArgs(key, fields, ff, strconv.FormatUint(token, 10), h.versionField())
 	if err != nil {
 		return err
 	}

@@ -117,6 +117,7 @@ func TestFencedSet(t *testing.T) {
 		{name: "fence only", token: 3},
 		{name: "no token", token: 0, want: ErrNoFencingToken},
 		{name: "sets the fence field", token: 3, fields: map[string]any{"fence": 9}, wantErr: "managed by the helper"},
+		{name: "sets the version field", token: 3, fields: map[string]any{"version": 0}, wantErr: "managed by the helper"},
 		{name: "largest token", stored: "18446744073709551614", token: math.MaxUint64},
 		{name: "largest token again", stored: "18446744073709551615", token: math.MaxUint64},
 		{name: "below the largest token", stored: "18446744073709551615", token: math.MaxUint64 - 1, want: ErrStaleFence},

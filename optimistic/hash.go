@@ -69,13 +69,14 @@ func (h Hash) Read(ctx context.Context, rdb HashReader, key string) (map[string]
 // carrying the current version; a missing hash (with expected > 0) gets one
 // with Missing set, which matches ErrNotFound too. An existing hash without
 // the version field is refused with an error that is not a conflict.
-// fields must not name the version field; values are anything go-redis
+// fields must not name the version field or the fence field (see
+// FencedSet); values are anything go-redis
 // accepts as an argument (strings, []byte, numbers, bools).
 func (h Hash) CompareAndSet(ctx context.Context, rdb redis.Scripter, key string, expected int64, fields map[string]any) (int64, error) {
 	if expected < 0 {
 		return 0, fmt.Errorf("optimistic: hash %s: negative expected version %d", key, expected)
 	}
-	args, err := fieldArgs(key, fields, h.versionField(), strconv.FormatInt(expected, 10))
+	args, err := fieldArgs(key, fields, h.versionField(), strconv.FormatInt(expected, 10), h.fenceField())
 	if err != nil {
 		return 0, err
 	}
@@ -96,15 +97,17 @@ func (h Hash) CompareAndSet(ctx context.Context, rdb redis.Scripter, key string,
 }
 
 func (h Hash) versionField() string { return orDefault(h.VersionField, "version") }
+func (h Hash) fenceField() string   { return orDefault(h.FenceField, "fence") }
 
 // fieldArgs lays out a script's ARGV: the guard field and its value, then
 // the fields in name order (so the same call always sends the same
-// command), refusing a field that would overwrite the guard.
-func fieldArgs(key string, fields map[string]any, guard, value string) ([]any, error) {
+// command), refusing a field that would overwrite the guard or the other
+// helper's field (the version beside a fence, the fence beside a version).
+func fieldArgs(key string, fields map[string]any, guard, value, other string) ([]any, error) {
 	args := make([]any, 0, 2+2*len(fields))
 	args = append(args, guard, value)
 	for _, name := range slices.Sorted(maps.Keys(fields)) {
-		if name == guard {
+		if name == guard || name == other {
 			return nil, fmt.Errorf("optimistic: hash %s: field %q is managed by the helper and cannot be set", key, name)
 		}
 		args = append(args, name, fields[name])

@@ -94,6 +94,10 @@ func TestCompareAndSet(t *testing.T) {
 			_, err := Hash{}.CompareAndSet(ctx, rdb, key, 0, map[string]any{"version": 7})
 			return err
 		}, "managed by the helper"},
+		{"sets the fence field", nil, func(key string) error {
+			_, err := Hash{FenceField: "epoch"}.CompareAndSet(ctx, rdb, key, 0, map[string]any{"epoch": 0})
+			return err
+		}, "managed by the helper"},
 		{"unversioned hash", func(key string) { rdb.HSet(ctx, key, "a", 1) }, func(key string) error {
 			_, err := Hash{}.CompareAndSet(ctx, rdb, key, 0, map[string]any{"a": 2})
 			return err

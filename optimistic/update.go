@@ -24,8 +24,9 @@ import (
 // concurrent update with a serialization error (SQLSTATE 40001) itself,
 // which does not match ErrConflict: retry the transaction.
 //
-// set may be empty, which only bumps the version. It must not name the id
-// or version column. Any other error (a bad name, the driver's) does not
+// set may be empty, which only bumps the version. It must not name the id,
+// version or fence column: the fence is FencedUpdate's to keep, and a
+// write that set it could let a stale executor's write through. Any other error (a bad name, the driver's) does not
 // match ErrConflict, so Retry stops on it.
 func (t Table) Update(ctx context.Context, db Querier, id any, expected int64, set ...Assignment) (int64, error) {
 	if expected < 0 {
@@ -41,7 +42,7 @@ func (t Table) Update(ctx context.Context, db Querier, id any, expected int64, s
 	matches := func(s *statement) string {
 		return "COALESCE(" + q.version + ", 0) = " + s.param(expected)
 	}
-	s, err := q.update(id, set, []string{q.raw.ID, q.raw.Version}, bump, matches)
+	s, err := q.update(id, set, []string{q.raw.ID, q.raw.Version, q.raw.Fence}, bump, matches)
 	if err != nil {
 		return 0, err
 	}

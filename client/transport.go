@@ -75,6 +75,13 @@ const inProgressProblem = "https://github.com/onceonly/idempotency/blob/main/REA
 // closed; the last answer is returned as is, headers and body, so that a
 // replay is visible.
 //
+// A connection that fails under the answer's body, after its headers came,
+// loses nothing either: the body sends the request again under the same
+// key, while attempts are left, and goes on from the replay of the stored
+// answer once the replay proves to be the same answer (marked replayed, of
+// the same status, its first bytes the ones already read); otherwise the
+// read returns the failure as it came. The key is on resp.Request.Header.
+//
 // A body that stalls after its headers never holds RoundTrip, even for a
 // request with no deadline. A 409's problem type is waited for at most a
 // second: a 409 whose problem has not come whole by then is not known to
@@ -125,31 +132,43 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.send(req, key)
 }
 
-// send runs the attempts of one request.
+// send runs the attempts of one request. The answer's body resumes, under
+// the same key, when the connection fails under it (resume.go), with the
+// attempts left.
 func (t *Transport) send(req *http.Request, key string) (*http.Response, error) {
-	ctx := req.Context()
 	attempts := t.attempts()
 	if !resendable(req) {
 		attempts = 1
 	}
-	for attempt := 1; ; attempt++ {
+	resp, used, err := t.sendFrom(req, key, 1, attempts)
+	if err == nil && used < attempts && key != "" {
+		resp.Body = newResumingBody(t, req, key, resp, used, attempts)
+	}
+	return resp, err
+}
+
+// sendFrom runs attempts first to attempts of one request, and returns the
+// last answer with the number of the attempt that got it.
+func (t *Transport) sendFrom(req *http.Request, key string, first, attempts int) (*http.Response, int, error) {
+	ctx := req.Context()
+	for attempt := first; ; attempt++ {
 		try, err := attemptOf(req, key, attempt)
 		if err != nil {
-			return nil, err
+			return nil, attempt, err
 		}
 		base := t.base()
 		resp, err := base.RoundTrip(try)
 		if resp == nil && err == nil {
 			// A broken RoundTripper: answered as http.Client answers it.
-			return nil, fmt.Errorf("client: Base (%T) returned a nil *http.Response with a nil error", base)
+			return nil, attempt, fmt.Errorf("client: Base (%T) returned a nil *http.Response with a nil error", base)
 		}
 		if attempt >= attempts || ctx.Err() != nil || (err == nil && !retryable(ctx, resp)) ||
 			(err != nil && !retryableError(err)) {
-			return resp, err
+			return resp, attempt, err
 		}
 		wait := t.wait(resp, attempt)
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= wait {
-			return resp, err
+			return resp, attempt, err
 		}
 		// The answer's rest is drained during the wait, and for at most
 		// drainGrace in all, then closed.
@@ -165,14 +184,14 @@ func (t *Transport) send(req *http.Request, key string) (*http.Response, error) 
 			if resp != nil {
 				resp.Body.Close()
 			}
-			return nil, ctx.Err()
+			return nil, attempt, ctx.Err()
 		case <-timer.C:
 		}
 		if resp != nil {
 			closeDrained(ctx, resp.Body, drained, cutoff)
 		}
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, attempt, ctx.Err()
 		}
 	}
 }

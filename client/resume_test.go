@@ -1,0 +1,177 @@
+package client
+
+import (
+	"bytes"
+	"io"
+	"log"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/onceonly/idempotency"
+	"github.com/onceonly/idempotency/internal/redistest"
+	"github.com/stretchr/testify/require"
+)
+
+// receipt is an answer long enough to be cut after its headers.
+var receipt = bytes.Repeat([]byte(`{"paid":500,"ref":"0123456789abcdef"},`), 2500)
+
+// cutting serves a protected payment route whose first answer is cut after
+// its headers and its first 2,000 bytes, after the payment ran and its
+// answer was stored: over HTTP/1 the connection closes short of its
+// Content-Length, over HTTP/2 the stream is reset. It returns the URL to
+// post to, the count of payments and a Transport for the Base of a client.
+func cutting(t *testing.T, http2 bool) (string, *atomic.Int32, *http.Transport) {
+	prefix := "test-client-cut-" + t.Name()
+	idem := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix), idempotency.WithCallerCredentials(),
+		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
+	payments := new(atomic.Int32)
+	protected := idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		payments.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		w.Write(receipt)
+	}))
+	var cut atomic.Bool
+	server := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !cut.CompareAndSwap(false, true) {
+			protected.ServeHTTP(w, r)
+			return
+		}
+		rec := httptest.NewRecorder()
+		protected.ServeHTTP(rec, r) // it ran and was stored
+		w.Header().Set("Content-Type", rec.Header().Get("Content-Type"))
+		w.Header().Set("Content-Length", strconv.Itoa(rec.Body.Len()))
+		w.WriteHeader(rec.Code)
+		w.Write(rec.Body.Bytes()[:2000])
+		http.NewResponseController(w).Flush()
+		panic(http.ErrAbortHandler) // and the rest is lost
+	}))
+	server.Config.ErrorLog = log.New(io.Discard, "", 0)
+	if http2 {
+		server.EnableHTTP2 = true
+		server.StartTLS()
+	} else {
+		server.Start()
+	}
+	t.Cleanup(server.Close)
+	return server.URL + "/payments", payments, server.Client().Transport.(*http.Transport).Clone()
+}
+
+// An answer whose connection fails after its headers came is read to its
+// end all the same: the body sends the request again under its key, and
+// goes on from the replay of the stored answer. The caller gets the whole
+// receipt of the one payment, not an error that would make it retry under
+// a new key and pay twice.
+func TestTransportResumesAnAnswerCutAfterItsHeaders(t *testing.T) {
+	for _, http2 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "HTTP/1.1", true: "HTTP/2"}[http2], func(t *testing.T) {
+			url, payments, base := cutting(t, http2)
+			t.Cleanup(base.CloseIdleConnections)
+			rt := &Transport{Base: base, BaseDelay: 1, MaxDelay: 1}
+			code, header, body := postTo(t, rt, newPost(t, url, `{"amount":500}`))
+			require.Equal(t, http.StatusCreated, code)
+			require.Empty(t, header.Get(ReplayedHeader), "the caller got the first answer's headers")
+			require.Equal(t, string(receipt), body)
+			require.EqualValues(t, 1, payments.Load())
+		})
+	}
+}
+
+// cutAnswer answers receipt's headers and its first 2,000 bytes, then cuts
+// the connection; marked replayed when replayed is set.
+func cutAnswer(replayed bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if replayed {
+			w.Header().Set(ReplayedHeader, "true")
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(receipt)))
+		w.WriteHeader(http.StatusCreated)
+		w.Write(receipt[:2000])
+		http.NewResponseController(w).Flush()
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// The body goes on only from an answer that proves to be the same one;
+// anything else leaves the failure for the caller to see, never bytes of
+// two answers joined.
+func TestTransportResumesOnlyFromTheSameAnswer(t *testing.T) {
+	other := bytes.Clone(receipt)
+	other[1000] = 'X'
+	for _, c := range []struct {
+		name  string
+		again http.HandlerFunc
+		tries int
+	}{
+		{"not replayed", answerWith(http.StatusCreated, string(receipt)), 2},
+		{"another status", answerWith(http.StatusOK, string(receipt), ReplayedHeader, "true"), 2},
+		{"other bytes", answerWith(http.StatusCreated, string(other), ReplayedHeader, "true"), 2},
+		{"shorter", answerWith(http.StatusCreated, string(receipt[:1000]), ReplayedHeader, "true"), 2},
+		{"cut every time", cutAnswer(true), 3},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := newScriptedServer(t, cutAnswer(false), c.again)
+			srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+			rt := fastTransport(t)
+			rt.MaxAttempts = 3
+			resp, err := (&http.Client{Transport: rt}).Do(newPost(t, srv.URL, `{"amount":500}`))
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			require.ErrorIs(t, err, io.ErrUnexpectedEOF)
+			require.Equal(t, receipt[:2000], body, "the first answer's bytes, and none of another's")
+			key := generatedKey(t, srv.seen(), c.tries)
+			require.Equal(t, key.String(), resp.Request.Header.Get(KeyHeader), "the key, for a caller that retries by hand")
+		})
+	}
+}
+
+// The attempts that resume a body count against MaxAttempts: a request
+// sent once is never resent to resume its answer.
+func TestTransportResumesWithinMaxAttempts(t *testing.T) {
+	srv := newScriptedServer(t, cutAnswer(false), cutAnswer(true))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	rt := fastTransport(t)
+	rt.MaxAttempts = 1
+	resp, err := (&http.Client{Transport: rt}).Do(newPost(t, srv.URL, `{"amount":500}`))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	_, err = io.ReadAll(resp.Body)
+	require.ErrorIs(t, err, io.ErrUnexpectedEOF)
+	require.Len(t, srv.seen(), 1, "MaxAttempts 1 sends the request once")
+}
+
+// A body closed while it resumes ends the request it resent: the reader
+// returns at once, not when the server answers.
+func TestClosingAResumingBodyEndsItsResend(t *testing.T) {
+	stalled, release := make(chan struct{}), make(chan struct{})
+	defer close(release)
+	srv := newScriptedServer(t, cutAnswer(false), func(w http.ResponseWriter, r *http.Request) {
+		close(stalled)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	resp, err := (&http.Client{Transport: fastTransport(t)}).Do(newPost(t, srv.URL, `{"amount":500}`))
+	require.NoError(t, err)
+	read := make(chan error, 1)
+	go func() {
+		_, err := io.ReadAll(resp.Body)
+		read <- err
+	}()
+	<-stalled
+	resp.Body.Close()
+	select {
+	case err := <-read:
+		require.Error(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the reader still waits for the resent request")
+	}
+}

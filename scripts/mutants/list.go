@@ -540,6 +540,32 @@ var mutants = []mutant{
 		tests:  "TestWaitingDuplicateIsNotified|TestListenerConnectsAgain|TestListenerTakesNoPooledConnection", module: "internal/sqlstoretest",
 		faults: "listen,impostor", sql: "postgres",
 	},
+	// What the adapters over the lifecycle promise: Do's results, gRPC's
+	// answers, the client's retries.
+	{
+		name: "do-compares-pointer-encoders-by-fields", file: "codec.go",
+		from:   "for _, t := range []reflect.Type{a.Type(), reflect.PointerTo(a.Type())} {",
+		to:     "for _, t := range []reflect.Type{a.Type()} {",
+		breaks: "a duplicate of Do gets a result changed on the way, with a nil error: a value encoded by its pointer's MarshalJSON, in a map, comes back zero",
+		tests:  "TestDoResultsRoundTripOrAreRefused",
+		unseen: "the fault checker's results are plain structs that encoding/json carries whole",
+	},
+	{
+		name: "grpc-unstorable-answer-releases", file: "grpcidem/answer.go",
+		from:   "return unstorable(fmt.Errorf(\"grpcidem: the response does not marshal: %w\", err)), nil",
+		to:     "return nil, err",
+		breaks: "a gRPC method that ran and returned a response that does not marshal runs again for every retry of its key",
+		tests:  "TestAResponseThatDoesNotMarshalIsNotReplayable", module: "grpcidem",
+		unseen: "the fault checker calls HTTP routes and Do, not gRPC methods",
+	},
+	{
+		name: "client-resumes-from-another-answer", file: "client/resume.go",
+		from:   "case copied != b.read || !bytes.Equal(again.Sum(nil), want):",
+		to:     "case copied != b.read || !bytes.Equal(want, want):",
+		breaks: "a client whose answer was cut under its body reads the first answer's bytes joined to another answer's (a layer that encodes each answer anew)",
+		tests:  "Resum", pkgs: []string{"./client/"},
+		unseen: "the fault checker's clients are its own driver, not client.Transport",
+	},
 }
 
 // describe is the mutant's line in --list.

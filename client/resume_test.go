@@ -175,3 +175,35 @@ func TestClosingAResumingBodyEndsItsResend(t *testing.T) {
 		t.Fatal("the reader still waits for the resent request")
 	}
 }
+
+// A POST that upgrades the connection gets its body as net/http gives it,
+// the connection read and written, not a body that resumes.
+func TestAnUpgradedConnectionIsNotWrapped(t *testing.T) {
+	srv := newScriptedServer(t, func(w http.ResponseWriter, r *http.Request) {
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		buf := make([]byte, 4)
+		if n, err := io.ReadFull(conn, buf); err == nil {
+			conn.Write(buf[:n])
+		}
+	})
+	req := newPost(t, srv.URL, "")
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "echo")
+	resp, err := (&http.Client{Transport: fastTransport(t)}).Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode)
+	rw, ok := resp.Body.(io.ReadWriteCloser)
+	require.True(t, ok, "the body is the upgraded connection (%T)", resp.Body)
+	_, err = io.WriteString(rw, "ping")
+	require.NoError(t, err)
+	got := make([]byte, 4)
+	_, err = io.ReadFull(rw, got)
+	require.NoError(t, err)
+	require.Equal(t, "ping", string(got))
+}

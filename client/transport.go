@@ -141,7 +141,9 @@ func (t *Transport) send(req *http.Request, key string) (*http.Response, error) 
 		attempts = 1
 	}
 	resp, used, err := t.sendFrom(req, key, 1, attempts)
-	if err == nil && used < attempts && key != "" {
+	// A 101's body is the upgraded connection, read and written: it is
+	// no answer to resume, and it must stay an io.ReadWriteCloser.
+	if err == nil && used < attempts && key != "" && resp.StatusCode != http.StatusSwitchingProtocols {
 		resp.Body = newResumingBody(t, req, key, resp, used, attempts)
 	}
 	return resp, err

@@ -16,18 +16,21 @@ import (
 // lost. A caller that sees the error would send the request again under a
 // new key and run it twice, so the body resends it itself, under the same
 // key, and goes on from where the failure cut it, once the replay proves
-// to be the same answer: replayed, of the same status, its first bytes
-// the bytes already read (compared by their SHA-256). Whatever else comes
-// back (another status, an answer not replayed, one shorter, or other
-// bytes, as when a layer outside the middleware encodes each answer anew)
-// leaves the failure as it came, for the caller to see.
+// to be the same answer: replayed, of the same status and representation
+// (Content-Type, Content-Encoding, Content-Length), its first bytes the
+// bytes already read (compared by their SHA-256). Whatever else comes back
+// (another status, an answer not replayed, one shorter, or one encoded
+// otherwise, as when a layer outside the middleware encodes each answer
+// anew) leaves the failure as it came, for the caller to see. The replay's
+// trailers, once its body ends, are the answer's.
 type resumingBody struct {
 	t        *Transport
-	req      *http.Request // the caller's, to send again
+	req      *http.Request  // the caller's, to send again
+	resp     *http.Response // the answer being read, whose headers the caller has
 	key      string
-	status   int
 	attempt  int // the attempts the request has used
 	attempts int
+	replay   *http.Response // the answer the body goes on from, once it resumed
 
 	read int64     // the bytes read so far
 	sum  hash.Hash // their SHA-256
@@ -39,7 +42,7 @@ type resumingBody struct {
 }
 
 func newResumingBody(t *Transport, req *http.Request, key string, resp *http.Response, attempt, attempts int) *resumingBody {
-	return &resumingBody{t: t, req: req, key: key, status: resp.StatusCode,
+	return &resumingBody{t: t, req: req, resp: resp, key: key,
 		attempt: attempt, attempts: attempts, sum: sha256.New(), body: resp.Body}
 }
 
@@ -50,10 +53,37 @@ func (b *resumingBody) Read(p []byte) (int, error) {
 	n, err := body.Read(p)
 	b.sum.Write(p[:n])
 	b.read += int64(n)
+	if err == io.EOF && b.replay != nil {
+		// net/http fills a body's trailers in once it ends.
+		if b.resp.Trailer == nil {
+			b.resp.Trailer = http.Header{}
+		}
+		for name, values := range b.replay.Trailer {
+			b.resp.Trailer[name] = values
+		}
+	}
 	if err == nil || err == io.EOF || !retryableError(err) || !b.resume() {
 		return n, err
 	}
 	return n, nil
+}
+
+// sameAnswer reports whether resp may be the replay of the answer being
+// read, by what the caller already has of it: its status and the headers
+// that say how its bytes are to be read. A replay encoded otherwise (a
+// layer that chose another encoding) would be read under the wrong ones,
+// even before any of its bytes could be compared.
+func (b *resumingBody) sameAnswer(resp *http.Response) bool {
+	if resp.StatusCode != b.resp.StatusCode || resp.Header.Get(ReplayedHeader) != "true" ||
+		resp.Uncompressed != b.resp.Uncompressed {
+		return false
+	}
+	for _, name := range []string{"Content-Type", "Content-Encoding"} {
+		if resp.Header.Get(name) != b.resp.Header.Get(name) {
+			return false
+		}
+	}
+	return resp.ContentLength < 0 || b.resp.ContentLength < 0 || resp.ContentLength == b.resp.ContentLength
 }
 
 // resume sends the request again under its key, for as many attempts as
@@ -81,7 +111,7 @@ func (b *resumingBody) resume() bool {
 		if err != nil {
 			return false // sendFrom's last word: its attempts are spent, the context ended, or it cannot pass
 		}
-		if resp.StatusCode != b.status || resp.Header.Get(ReplayedHeader) != "true" {
+		if !b.sameAnswer(resp) {
 			resp.Body.Close()
 			return false // another answer: what was read is not its beginning
 		}
@@ -102,7 +132,7 @@ func (b *resumingBody) resume() bool {
 			return false
 		}
 		b.body.Close()
-		b.body = resp.Body
+		b.body, b.replay = resp.Body, resp
 		return true
 	}
 	return false

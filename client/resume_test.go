@@ -33,8 +33,10 @@ func cutting(t *testing.T, http2 bool) (string, *atomic.Int32, *http.Transport) 
 	protected := idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		payments.Add(1)
 		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Trailer", "X-Receipt-Length")
 		w.WriteHeader(http.StatusCreated)
 		w.Write(receipt)
+		w.Header().Set("X-Receipt-Length", strconv.Itoa(len(receipt)))
 	}))
 	var cut atomic.Bool
 	server := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -45,7 +47,7 @@ func cutting(t *testing.T, http2 bool) (string, *atomic.Int32, *http.Transport) 
 		rec := httptest.NewRecorder()
 		protected.ServeHTTP(rec, r) // it ran and was stored
 		w.Header().Set("Content-Type", rec.Header().Get("Content-Type"))
-		w.Header().Set("Content-Length", strconv.Itoa(rec.Body.Len()))
+		w.Header().Set("Trailer", "X-Receipt-Length")
 		w.WriteHeader(rec.Code)
 		w.Write(rec.Body.Bytes()[:2000])
 		http.NewResponseController(w).Flush()
@@ -65,18 +67,23 @@ func cutting(t *testing.T, http2 bool) (string, *atomic.Int32, *http.Transport) 
 // An answer whose connection fails after its headers came is read to its
 // end all the same: the body sends the request again under its key, and
 // goes on from the replay of the stored answer. The caller gets the whole
-// receipt of the one payment, not an error that would make it retry under
-// a new key and pay twice.
+// receipt of the one payment, and its trailers, not an error that would
+// make it retry under a new key and pay twice.
 func TestTransportResumesAnAnswerCutAfterItsHeaders(t *testing.T) {
 	for _, http2 := range []bool{false, true} {
 		t.Run(map[bool]string{false: "HTTP/1.1", true: "HTTP/2"}[http2], func(t *testing.T) {
 			url, payments, base := cutting(t, http2)
 			t.Cleanup(base.CloseIdleConnections)
 			rt := &Transport{Base: base, BaseDelay: 1, MaxDelay: 1}
-			code, header, body := postTo(t, rt, newPost(t, url, `{"amount":500}`))
-			require.Equal(t, http.StatusCreated, code)
-			require.Empty(t, header.Get(ReplayedHeader), "the caller got the first answer's headers")
-			require.Equal(t, string(receipt), body)
+			resp, err := (&http.Client{Transport: rt}).Do(newPost(t, url, `{"amount":500}`))
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			require.Equal(t, http.StatusCreated, resp.StatusCode)
+			require.Empty(t, resp.Header.Get(ReplayedHeader), "the caller got the first answer's headers")
+			require.Equal(t, string(receipt), string(body))
+			require.Equal(t, strconv.Itoa(len(receipt)), resp.Trailer.Get("X-Receipt-Length"), "the replay's trailers")
 			require.EqualValues(t, 1, payments.Load())
 		})
 	}
@@ -85,13 +92,22 @@ func TestTransportResumesAnAnswerCutAfterItsHeaders(t *testing.T) {
 // cutAnswer answers receipt's headers and its first 2,000 bytes, then cuts
 // the connection; marked replayed when replayed is set.
 func cutAnswer(replayed bool) http.HandlerFunc {
+	if replayed {
+		return cutAfter(2000, ReplayedHeader, "true")
+	}
+	return cutAfter(2000)
+}
+
+// cutAfter answers receipt's headers, with the header name, value, …
+// pairs, and its first n bytes, then cuts the connection.
+func cutAfter(n int, header ...string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if replayed {
-			w.Header().Set(ReplayedHeader, "true")
+		for i := 0; i+1 < len(header); i += 2 {
+			w.Header().Set(header[i], header[i+1])
 		}
 		w.Header().Set("Content-Length", strconv.Itoa(len(receipt)))
 		w.WriteHeader(http.StatusCreated)
-		w.Write(receipt[:2000])
+		w.Write(receipt[:n])
 		http.NewResponseController(w).Flush()
 		panic(http.ErrAbortHandler)
 	}
@@ -105,17 +121,28 @@ func TestTransportResumesOnlyFromTheSameAnswer(t *testing.T) {
 	other[1000] = 'X'
 	for _, c := range []struct {
 		name  string
+		first http.HandlerFunc
 		again http.HandlerFunc
 		tries int
 	}{
-		{"not replayed", answerWith(http.StatusCreated, string(receipt)), 2},
-		{"another status", answerWith(http.StatusOK, string(receipt), ReplayedHeader, "true"), 2},
-		{"other bytes", answerWith(http.StatusCreated, string(other), ReplayedHeader, "true"), 2},
-		{"shorter", answerWith(http.StatusCreated, string(receipt[:1000]), ReplayedHeader, "true"), 2},
-		{"cut every time", cutAnswer(true), 3},
+		{"not replayed", nil, answerWith(http.StatusCreated, string(receipt)), 2},
+		{"another status", nil, answerWith(http.StatusOK, string(receipt), ReplayedHeader, "true"), 2},
+		{"other bytes", nil, answerWith(http.StatusCreated, string(other), ReplayedHeader, "true"), 2},
+		{"shorter", nil, answerWith(http.StatusCreated, string(receipt[:1000]), ReplayedHeader, "true"), 2},
+		{"cut every time", nil, cutAnswer(true), 3},
+		// Cut before any byte, the bytes cannot tell: the headers that say
+		// how to read them must.
+		{"another encoding", cutAfter(0, "Content-Encoding", "gzip"),
+			answerWith(http.StatusCreated, string(receipt), ReplayedHeader, "true"), 2},
+		{"another type", cutAfter(0, "Content-Type", "application/json"),
+			answerWith(http.StatusCreated, string(receipt), ReplayedHeader, "true", "Content-Type", "text/plain"), 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			srv := newScriptedServer(t, cutAnswer(false), c.again)
+			first, read := c.first, receipt[:0]
+			if first == nil {
+				first, read = cutAnswer(false), receipt[:2000]
+			}
+			srv := newScriptedServer(t, first, c.again)
 			srv.Config.ErrorLog = log.New(io.Discard, "", 0)
 			rt := fastTransport(t)
 			rt.MaxAttempts = 3
@@ -124,7 +151,7 @@ func TestTransportResumesOnlyFromTheSameAnswer(t *testing.T) {
 			defer resp.Body.Close()
 			body, err := io.ReadAll(resp.Body)
 			require.ErrorIs(t, err, io.ErrUnexpectedEOF)
-			require.Equal(t, receipt[:2000], body, "the first answer's bytes, and none of another's")
+			require.Equal(t, read, body, "the first answer's bytes, and none of another's")
 			key := generatedKey(t, srv.seen(), c.tries)
 			require.Equal(t, key.String(), resp.Request.Header.Get(KeyHeader), "the key, for a caller that retries by hand")
 		})

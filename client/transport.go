@@ -79,8 +79,9 @@ const inProgressProblem = "https://github.com/onceonly/idempotency/blob/main/REA
 // loses nothing either: the body sends the request again under the same
 // key, while attempts are left, and goes on from the replay of the stored
 // answer once the replay proves to be the same answer (marked replayed, of
-// the same status, its first bytes the ones already read); otherwise the
-// read returns the failure as it came. The key is on resp.Request.Header.
+// the same status and encoding, its first bytes the ones already read),
+// and its trailers become the answer's; otherwise the read returns the
+// failure as it came. The key is on resp.Request.Header.
 //
 // A body that stalls after its headers never holds RoundTrip, even for a
 // request with no deadline. A 409's problem type is waited for at most a

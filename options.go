@@ -266,7 +266,9 @@ func WithReplicaAcks(n int, timeout time.Duration) Option {
 // Default "idempotency_session". The token endpoint sets it (HttpOnly,
 // SameSite=Lax, Path=/, no Domain) only when the caller has no cookie of
 // that name, so it may name the application's own session cookie: any
-// value is a scope, and the middleware never replaces it. A request that
+// value is a scope, and the middleware never replaces it; a session the
+// application starts on the same response, its cookie set before the
+// token is issued, is the token's scope. A request that
 // carries several cookies of the name (one planted by a sibling
 // subdomain) has a token accepted when it was issued to any of them. A
 // "__Host-" or "__Secure-" name, which a sibling subdomain cannot plant,

@@ -92,6 +92,13 @@ func (m *Middleware) issuingScope(w http.ResponseWriter, r *http.Request) (strin
 	if sessions := m.sessions(r); len(sessions) > 0 {
 		return sessions[0], nil
 	}
+	if value := startedCookie(w.Header(), m.cfg.sessionCookie); value != "" {
+		// The application started its session on this response (a session
+		// layer outside, on a first visit): the token is bound to it, and
+		// a cookie of ours would replace it in the browser.
+		r.AddCookie(&http.Cookie{Name: m.cfg.sessionCookie, Value: value})
+		return sessionScope(value), nil
+	}
 	session := uuid.NewString()
 	http.SetCookie(w, &http.Cookie{
 		Name:     m.cfg.sessionCookie,
@@ -103,6 +110,23 @@ func (m *Middleware) issuingScope(w http.ResponseWriter, r *http.Request) (strin
 	}) // Path=/ and no Domain, as a __Host- name requires
 	r.AddCookie(&http.Cookie{Name: m.cfg.sessionCookie, Value: session})
 	return session, nil
+}
+
+// startedCookie is the value of the cookie name that header sets, the last
+// one (the one a browser keeps), or "" when it sets none, or removes it.
+func startedCookie(header http.Header, name string) string {
+	lines := header["Set-Cookie"]
+	for i := len(lines) - 1; i >= 0; i-- {
+		c, err := http.ParseSetCookie(lines[i])
+		if err != nil || c.Name != name {
+			continue
+		}
+		if c.Value == "" || c.MaxAge < 0 || (!c.Expires.IsZero() && c.Expires.Before(time.Now())) {
+			return ""
+		}
+		return c.Value
+	}
+	return ""
 }
 
 // prefixedCookie reports whether a cookie name carries a prefix that

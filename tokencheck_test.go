@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -124,6 +125,49 @@ func TestAppSessionCookieIsNeverOverwritten(t *testing.T) {
 	bob.Jar.SetCookies(mustURL(t, s.srv.URL), []*http.Cookie{{Name: "app_session", Value: "bob.login", Path: "/"}})
 	requireProblem(t, s.post(bob, "/orders", tok, `{}`), 422, "token-not-found")
 	require.EqualValues(t, 1, s.execs.Load())
+}
+
+// A session layer outside the token endpoint that starts the
+// application's session on a first visit sets its cookie on the response,
+// before the endpoint runs: the token is bound to that session, and the
+// endpoint adds no cookie of the name, which would replace the
+// application's in the browser and log the visitor out.
+func TestASessionStartedOnTheSameResponseIsTheTokensScope(t *testing.T) {
+	s := newShop(t, WithSessionCookie("app_session"))
+	var started atomic.Int32
+	mux := http.NewServeMux()
+	mux.Handle("/idempotency/token", s.idem.TokenHandler())
+	mux.Handle("POST /orders", s.idem.Protect(http.HandlerFunc(s.count)))
+	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := r.Cookie("app_session"); err != nil {
+			http.SetCookie(w, &http.Cookie{Name: "app_session", Value: fmt.Sprintf("login-%d.signed", started.Add(1)),
+				Path: "/", HttpOnly: true})
+		}
+		mux.ServeHTTP(w, r)
+	}))
+	t.Cleanup(s.srv.Close)
+
+	alice := s.client()
+	resp, err := alice.Get(s.srv.URL + "/idempotency/token")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Len(t, resp.Cookies(), 1, "the application's cookie alone")
+	require.Equal(t, "login-1.signed", alice.Jar.Cookies(mustURL(t, s.srv.URL))[0].Value)
+	tok := s.token(alice) // a second token, for the session the jar now holds
+	require.Equal(t, http.StatusCreated, s.post(alice, "/orders", tok, `{}`).status)
+	require.Equal(t, "login-1.signed", alice.Jar.Cookies(mustURL(t, s.srv.URL))[0].Value, "the session lasted")
+
+	bob := s.client()
+	requireProblem(t, s.post(bob, "/orders", tok, `{}`), 422, "token-not-found")
+	require.EqualValues(t, 1, s.execs.Load())
+	require.EqualValues(t, 2, started.Load(), "alice's session, then bob's")
+
+	// The first visit's token itself is the session's, as the form a
+	// first page carries is.
+	carol := s.client()
+	first := s.token(carol)
+	require.Equal(t, http.StatusCreated, s.post(carol, "/orders", first, `{}`).status)
+	require.EqualValues(t, 2, s.execs.Load())
 }
 
 // A prefixed session cookie is always sent Secure (__Host-: Path=/, no

@@ -81,3 +81,31 @@ func TestTransportFetchesAnAnswerTheGatewayLost(t *testing.T) {
 		})
 	}
 }
+
+// A timeout outside the protection (http.TimeoutHandler, as design.md
+// advises) answers 503 while the handler goes on and stores its answer:
+// the retry, under the same key, gets that answer replayed, where the
+// caller's own retry would take a new key and pay again.
+func TestTransportFetchesAnAnswerATimeoutOutsideGaveUpOn(t *testing.T) {
+	prefix := "test-client-timeout-" + t.Name()
+	idem := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix), idempotency.WithCallerCredentials(),
+		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
+	var payments atomic.Int32
+	slow := idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(300 * time.Millisecond)
+		payments.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"paid":500}`)
+	}))
+	srv := httptest.NewServer(http.TimeoutHandler(slow, 100*time.Millisecond, "timed out"))
+	t.Cleanup(srv.Close)
+	rt := fastTransport(t)
+	// Retries inside the run are cut short by the timeout too: enough of
+	// them to outlast the handler on a busy machine (at least 3 s).
+	rt.MaxAttempts = 30
+	code, header, body := postTo(t, rt, newPost(t, srv.URL+"/payments", `{"amount":500}`))
+	require.Equal(t, http.StatusCreated, code, body)
+	require.Equal(t, "true", header.Get(ReplayedHeader))
+	require.Equal(t, `{"paid":500}`, body)
+	require.EqualValues(t, 1, payments.Load())
+}

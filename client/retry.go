@@ -18,22 +18,23 @@ import (
 
 // retryable reports whether resp says that the same request with the same
 // key may get another answer later: 409 in-progress (the first attempt is
-// still running), 503 with Retry-After (nothing ran), or a gateway's 502 or
-// 504 (a proxy lost the server's answer, or never got it: the key turns the
-// answer of a run that took effect into a replay). Every other answer
-// would come back the same, 422 key-reused and the 409s of a request that
-// ran (not-replayable, interrupted, unreadable-record) above all. So does a
-// replay, whatever its status: a 503 that the handler answered and the
-// middleware stored is the key's answer, and every retry would only get
-// that stored copy again.
+// still running), 503 (with Retry-After, the middleware's: nothing ran;
+// without, most often a layer outside it that gave up waiting for the
+// handler, http.TimeoutHandler's or a load balancer's, while the handler
+// went on to store its answer), or a gateway's 502 or 504 (a proxy lost
+// the server's answer, or never got it). The key turns the answer of a run
+// that took effect into a replay. Every other answer would come back the
+// same, 422 key-reused and the 409s of a request that ran (not-replayable,
+// interrupted, unreadable-record) above all. So does a replay, whatever
+// its status: a 503 that the handler answered and the middleware stored is
+// the key's answer, and every retry would only get that stored copy again
+// (the handler's own 503 costs one retry, which gets it replayed).
 func retryable(ctx context.Context, resp *http.Response) bool {
 	if resp.Header.Get(ReplayedHeader) == "true" {
 		return false
 	}
 	switch resp.StatusCode {
-	case http.StatusServiceUnavailable:
-		return resp.Header.Get("Retry-After") != ""
-	case http.StatusBadGateway, http.StatusGatewayTimeout:
+	case http.StatusServiceUnavailable, http.StatusBadGateway, http.StatusGatewayTimeout:
 		return true
 	case http.StatusConflict:
 		return problemType(ctx, resp) == inProgressProblem

@@ -36,7 +36,6 @@ func TestTransportDoesNotRetryFinalAnswers(t *testing.T) {
 		{"409 unreadable-record", problemOf(idempotency.ErrUnreadableRecord)},
 		{"409 of another kind with Retry-After", answerWith(http.StatusConflict,
 			`{"type":"https://example.com/probs/out-of-stock"}`, "Retry-After", "0")},
-		{"503 without Retry-After", answerWith(http.StatusServiceUnavailable, "down")},
 		{"500", answerWith(http.StatusInternalServerError, "failed")},
 		{"429 with Retry-After", answerWith(http.StatusTooManyRequests, "slow down", "Retry-After", "0")},
 		{"503 with Retry-After, replayed", answerWith(http.StatusServiceUnavailable, "provider down",
@@ -61,7 +60,7 @@ func TestTransportDoesNotRetryFinalAnswers(t *testing.T) {
 	}
 }
 
-// 409 in-progress and 503 with Retry-After are retried with the same key
+// 409 in-progress, 503 and a gateway's 502 and 504 are retried with the same key
 // until another answer comes, within MaxAttempts; the last answer of an
 // exhausted request is returned as it is.
 func TestTransportRetriesInProgressAndUnavailable(t *testing.T) {
@@ -77,6 +76,7 @@ func TestTransportRetriesInProgressAndUnavailable(t *testing.T) {
 		{"409 in-progress", []http.HandlerFunc{inProgress, answerCreated}, 0, http.StatusCreated, 2},
 		{"503 store-unavailable", []http.HandlerFunc{storeDown, answerCreated}, 0, http.StatusCreated, 2},
 		{"503 with Retry-After", []http.HandlerFunc{answerUnavailable, answerUnavailable, answerCreated}, 0, http.StatusCreated, 3},
+		{"503 of a timeout outside", []http.HandlerFunc{answerWith(http.StatusServiceUnavailable, "timeout"), answerCreated}, 0, http.StatusCreated, 2},
 		{"every attempt 503", []http.HandlerFunc{answerUnavailable}, 0, http.StatusServiceUnavailable, 5},
 		{"502 of a gateway", []http.HandlerFunc{answerWith(http.StatusBadGateway, "bad gateway"), answerCreated}, 0, http.StatusCreated, 2},
 		{"504 of a gateway", []http.HandlerFunc{answerWith(http.StatusGatewayTimeout, "gateway timeout"), answerCreated}, 0, http.StatusCreated, 2},

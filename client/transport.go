@@ -34,9 +34,11 @@ const inProgressProblem = "https://github.com/onceonly/idempotency/blob/main/REA
 // the key turns a lost answer into a replay; an HTTP/2 stream reset with
 // INTERNAL_ERROR or REFUSED_STREAM likewise), a gateway's 502 or 504 (a
 // proxy lost the answer or never got it), a 409 in-progress (the first
-// attempt still runs) and a 503 with Retry-After (nothing ran). A replayed
-// answer (Idempotent-Replayed: true) is never retried, whatever its status:
-// it is the key's stored answer, and a retry would get it again. Nor is an
+// attempt still runs) and a 503 (with Retry-After, nothing ran; without,
+// a timeout outside the middleware gave up on a handler that went on). A
+// replayed answer (Idempotent-Replayed: true) is never retried, whatever
+// its status: it is the key's stored answer, and a retry would get it
+// again. Nor is an
 // error that the request itself causes (an invalid header or URL, an
 // unsupported scheme, a TLS handshake that cannot succeed): it is returned
 // after one attempt.

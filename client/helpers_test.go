@@ -2,6 +2,7 @@ package client
 
 import (
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -98,6 +99,20 @@ var (
 	answerCreated     = answerWith(http.StatusCreated, `{"id":1}`)
 	answerUnavailable = answerWith(http.StatusServiceUnavailable, "try later", "Retry-After", "0")
 )
+
+// start starts srv, over HTTP/2 with TLS when http2 is set, with its
+// error log silenced (the tests cut connections on purpose); it closes when
+// the test ends.
+func start(t *testing.T, srv *httptest.Server, http2 bool) {
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	if http2 {
+		srv.EnableHTTP2 = true
+		srv.StartTLS()
+	} else {
+		srv.Start()
+	}
+	t.Cleanup(srv.Close)
+}
 
 // fastTransport is a Transport whose back-off is short enough for tests,
 // on a connection pool of its own.

@@ -53,14 +53,7 @@ func cutting(t *testing.T, http2 bool) (string, *atomic.Int32, *http.Transport) 
 		http.NewResponseController(w).Flush()
 		panic(http.ErrAbortHandler) // and the rest is lost
 	}))
-	server.Config.ErrorLog = log.New(io.Discard, "", 0)
-	if http2 {
-		server.EnableHTTP2 = true
-		server.StartTLS()
-	} else {
-		server.Start()
-	}
-	t.Cleanup(server.Close)
+	start(t, server, http2)
 	return server.URL + "/payments", payments, server.Client().Transport.(*http.Transport).Clone()
 }
 
@@ -146,16 +139,24 @@ func TestTransportResumesOnlyFromTheSameAnswer(t *testing.T) {
 			srv.Config.ErrorLog = log.New(io.Discard, "", 0)
 			rt := fastTransport(t)
 			rt.MaxAttempts = 3
-			resp, err := (&http.Client{Transport: rt}).Do(newPost(t, srv.URL, `{"amount":500}`))
-			require.NoError(t, err)
-			defer resp.Body.Close()
-			body, err := io.ReadAll(resp.Body)
-			require.ErrorIs(t, err, io.ErrUnexpectedEOF)
+			resp, body := postCut(t, rt, srv.URL)
 			require.Equal(t, read, body, "the first answer's bytes, and none of another's")
 			key := generatedKey(t, srv.seen(), c.tries)
 			require.Equal(t, key.String(), resp.Request.Header.Get(KeyHeader), "the key, for a caller that retries by hand")
 		})
 	}
+}
+
+// postCut posts through rt to url and reads the answer's body, whose read
+// must fail as cut short; it returns the answer and what was read.
+func postCut(t *testing.T, rt *Transport, url string) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := (&http.Client{Transport: rt}).Do(newPost(t, url, `{"amount":500}`))
+	require.NoError(t, err)
+	t.Cleanup(func() { resp.Body.Close() })
+	body, err := io.ReadAll(resp.Body)
+	require.ErrorIs(t, err, io.ErrUnexpectedEOF)
+	return resp, body
 }
 
 // The attempts that resume a body count against MaxAttempts: a request
@@ -165,11 +166,7 @@ func TestTransportResumesWithinMaxAttempts(t *testing.T) {
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
 	rt := fastTransport(t)
 	rt.MaxAttempts = 1
-	resp, err := (&http.Client{Transport: rt}).Do(newPost(t, srv.URL, `{"amount":500}`))
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	_, err = io.ReadAll(resp.Body)
-	require.ErrorIs(t, err, io.ErrUnexpectedEOF)
+	postCut(t, rt, srv.URL)
 	require.Len(t, srv.seen(), 1, "MaxAttempts 1 sends the request once")
 }
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -404,14 +403,7 @@ func panicking(t *testing.T, http2, recovered bool) (*Transport, string, *atomic
 		h = recoverer(h)
 	}
 	srv := httptest.NewUnstartedServer(h)
-	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
-	if http2 {
-		srv.EnableHTTP2 = true
-		srv.StartTLS()
-	} else {
-		srv.Start()
-	}
-	t.Cleanup(srv.Close)
+	start(t, srv, http2)
 	base := srv.Client().Transport.(*http.Transport).Clone()
 	t.Cleanup(base.CloseIdleConnections)
 	rt := &Transport{Base: base, MaxAttempts: 3, BaseDelay: time.Millisecond, MaxDelay: 5 * time.Millisecond}

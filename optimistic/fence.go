@@ -101,8 +101,7 @@ func (t Table) FencedUpdate(ctx context.Context, db Querier, id any, token uint6
 // whole uint64 range.
 //
 // fields must not name the fence field or the version field (see
-// FencedUpdate). The call touches one key, so it
-// works on Redis Cluster.
+// FencedUpdate). The call touches one key, so it works on Redis Cluster.
 func (h Hash) FencedSet(ctx context.Context, rdb redis.Scripter, key string, token uint64, fields map[string]any) error {
 	if token == 0 {
 		return ErrNoFencingToken

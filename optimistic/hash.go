@@ -70,8 +70,8 @@ func (h Hash) Read(ctx context.Context, rdb HashReader, key string) (map[string]
 // with Missing set, which matches ErrNotFound too. An existing hash without
 // the version field is refused with an error that is not a conflict.
 // fields must not name the version field or the fence field (see
-// FencedSet); values are anything go-redis
-// accepts as an argument (strings, []byte, numbers, bools).
+// FencedSet); values are anything go-redis accepts as an argument
+// (strings, []byte, numbers, bools).
 func (h Hash) CompareAndSet(ctx context.Context, rdb redis.Scripter, key string, expected int64, fields map[string]any) (int64, error) {
 	if expected < 0 {
 		return 0, fmt.Errorf("optimistic: hash %s: negative expected version %d", key, expected)

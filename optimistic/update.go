@@ -26,8 +26,9 @@ import (
 //
 // set may be empty, which only bumps the version. It must not name the id,
 // version or fence column: the fence is FencedUpdate's to keep, and a
-// write that set it could let a stale executor's write through. Any other error (a bad name, the driver's) does not
-// match ErrConflict, so Retry stops on it.
+// write that set it could let a stale executor's write through. Any other
+// error (a bad name, the driver's) does not match ErrConflict, so Retry
+// stops on it.
 func (t Table) Update(ctx context.Context, db Querier, id any, expected int64, set ...Assignment) (int64, error) {
 	if expected < 0 {
 		return 0, fmt.Errorf("optimistic: %s: negative expected version %d", t.Name, expected)

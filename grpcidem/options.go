@@ -91,6 +91,8 @@ func WithCallerIdentity(identity func(ctx context.Context) (string, error)) Opti
 // the first caller's answer or running again. Calls with none of them
 // share the method's keys. Name every metadata your callers may
 // authenticate by: one left out lets a caller receive another's answer.
+// Binary metadata (a name ending in -bin, such as authorization-bin) is
+// none of the defaults: name it too.
 func WithCallerCredentials(metadataNames ...string) Option {
 	return func(c *config) {
 		c.caller = callerCredentials

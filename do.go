@@ -248,6 +248,11 @@ func (f *funcRun[T]) run(ctx context.Context, x *execution) *record {
 		rec = &record{status: statusStoredError, body: []byte(f.err.Error())}
 	default:
 		body, err := f.cfg.codec.Marshal(f.value)
+		if err == nil && len(body) > f.m.cfg.maxResponse {
+			// Refused before the round-trip check, which would decode a
+			// copy as large as the result only to refuse it.
+			return nil // kept as executed, not replayable
+		}
 		if err == nil {
 			err = CheckResult(f.cfg.codec, f.value, body)
 		} else {

@@ -135,16 +135,13 @@ func (j *journal) write(ctx context.Context, name string, kind byte, data []byte
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	entry := appendEntry(make([]byte, 0, len(name)+len(data)+24), kind, name, data)
-	switch {
-	case j.unsaved != nil:
+	if j.unsaved != nil {
 		// Whether the last write landed is unknown, so where this one
 		// would go is too: the run is kept unless it succeeds anyway.
 		return j.unsaved
-	case j.size+len(entry) > j.limit:
-		// The whole entry counts, its name and framing too: steps with
-		// tiny or empty results must not grow the record without bound.
-		return fmt.Errorf("%w: step %q: %d bytes, with %d journaled before it, past the limit of %d (WithMaxResponseBytes)",
-			ErrStepTooLarge, name, len(entry), j.size, j.limit)
+	}
+	if err := j.room(name, len(entry)); err != nil {
+		return err
 	}
 	p, err := j.ask(ctx, entry)
 	switch {
@@ -162,6 +159,25 @@ func (j *journal) write(ctx context.Context, name string, kind byte, data []byte
 		return nil
 	}
 	j.size += len(entry)
+	return nil
+}
+
+// fits reports whether the entry of the step name with data would fit the
+// journal now: ErrStepTooLarge when it would not.
+func (j *journal) fits(name string, data []byte) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.room(name, entrySize(name, len(data)))
+}
+
+// room reports whether an entry of size bytes fits what the journal has
+// left; j.mu is held. The whole entry counts, its name and framing too:
+// steps with tiny or empty results must not grow the record without bound.
+func (j *journal) room(name string, size int) error {
+	if j.size+size > j.limit {
+		return fmt.Errorf("%w: step %q: %d bytes, with %d journaled before it, past the limit of %d (WithMaxResponseBytes)",
+			ErrStepTooLarge, name, size, j.size, j.limit)
+	}
 	return nil
 }
 
@@ -242,6 +258,12 @@ func (j *journal) lostStep() bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return j.unsaved != nil || j.stopped
+}
+
+// entrySize is the length of appendEntry's entry for a name and data of
+// dataLen bytes.
+func entrySize(name string, dataLen int) int {
+	return len("sK ") + len(strconv.Itoa(len(name))) + len(" ") + len(strconv.Itoa(dataLen)) + len("\n") + len(name) + dataLen
 }
 
 // appendEntry appends a journal entry to b.

@@ -128,6 +128,11 @@ func journalStep[T any](ctx context.Context, x *execution, j *journal, name stri
 	codec := x.resultCodec()
 	body, err := codec.Marshal(v)
 	if err == nil {
+		// Past the journal's limit the result is refused before the
+		// round-trip check, which would decode a copy as large as it.
+		if err := j.fits(name, body); err != nil {
+			return err
+		}
 		err = CheckResult(codec, v, body)
 	} else {
 		err = errNotRoundTrip{fmt.Errorf("it does not encode: %w", err)}

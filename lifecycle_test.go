@@ -463,9 +463,12 @@ func TestSettlingSurvivesALostReply(t *testing.T) {
 
 // Once an operator resolved a key, its executor, stalled rather than gone,
 // cannot make its own answer the key's when it wakes: every duplicate, on
-// its instance too, gets the resolved answer.
+// its instance too, gets the resolved answer. Before the claim horizon the
+// operator is refused: the executor may be live, its lock lapsed under a
+// stall, and still store its answer.
 func TestAResolvedKeyIsNotTheStalledExecutors(t *testing.T) {
-	m, other := twoInstances(t, WithLockLease(300*time.Millisecond))
+	m, other := twoInstances(t, WithLockLease(300*time.Millisecond), WithExecutionTimeout(200*time.Millisecond),
+		WithStoreTimeout(100*time.Millisecond))
 	k := functionKeys(m, "k")
 	started, wake := make(chan struct{}), make(chan struct{})
 	mine := make(chan string, 1)
@@ -478,13 +481,18 @@ func TestAResolvedKeyIsNotTheStalledExecutors(t *testing.T) {
 		mine <- v
 	}()
 	<-started
-	m.redis.client.Del(context.Background(), k.lock) // the executor stalls past its lease
-	var st keyspace.State
-	require.Eventually(t, func() bool {
-		var err error
-		st, err = other.operated().Inspect(context.Background(), k.record)
-		return err == nil && st.Interrupted
-	}, 5*time.Second, 10*time.Millisecond)
+	stall := func() keyspace.State { // the executor stalls past its lease: its renewals never land
+		m.redis.client.Del(context.Background(), k.lock)
+		st, err := other.operated().Inspect(context.Background(), k.record)
+		require.NoError(t, err)
+		return st
+	}
+	st := stall()
+	require.False(t, st.Interrupted, "a lapsed lock before the claim horizon: the executor may still store")
+	st.Interrupted = true // as an operator who read it earlier, or forged it
+	require.ErrorIs(t, resolve(context.Background(), other, st, Answer{Status: statusResult, Body: []byte(`"early"`)}),
+		keyspace.ErrNotInterrupted)
+	require.Eventually(t, func() bool { st = stall(); return st.Interrupted }, 10*time.Second, 10*time.Millisecond)
 	require.NoError(t, resolve(context.Background(), other, st, Answer{Status: statusResult, Body: []byte(`"resolved"`)}))
 
 	close(wake)

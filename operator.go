@@ -33,6 +33,7 @@ func (m *Middleware) operated() *keyspace.Store {
 		SQL:       rows,
 		Prefix:    m.cfg.prefix,
 		RecordTTL: m.cfg.recordTTL,
+		Horizon:   m.cfg.claimHorizon(),
 		KeyReused: ErrKeyReused,
 		Record: func(status int, header http.Header, body []byte, notReplayable bool) (string, int, string, []byte) {
 			rec, state := m.recordOf(Answer{Status: status, Header: header, Body: body}), "done"

@@ -111,6 +111,15 @@ func TestInspect(t *testing.T) {
 	require.Empty(t, st.Lock)
 	require.Zero(t, st.Status)
 
+	// Another program's key where a lock would be reads as no lock, so
+	// that it cannot end a walk of every key (Interrupted).
+	odd := clientKeys(s.idem.cfg.prefix, paymentID("odd-lock"))
+	require.NoError(t, s.rdb.HSet(ctx, odd.lock, "not", "a lock").Err())
+	st, err = s.idem.operated().Inspect(ctx, odd.record)
+	require.NoError(t, err)
+	require.Equal(t, "none", st.State)
+	require.Empty(t, st.Lock)
+
 	running := runningPayment(t, s, "running")
 	st, err = s.idem.operated().Inspect(ctx, running.lock)
 	require.NoError(t, err)

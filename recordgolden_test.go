@@ -91,6 +91,11 @@ func goldenRecords(t *testing.T) map[string]string {
 	}
 	settled := func(k keys) keyspace.State {
 		crash(k)
+		// and the claim horizon with it: the executor can no longer store.
+		require.NoError(t, redistest.Age(ctx, rdb, k.record, time.Hour))
+		f, err := strconv.ParseUint(fenceA, 10, 64)
+		require.NoError(t, err)
+		fenceA = strconv.FormatUint(f-uint64(time.Hour.Microseconds()), 10)
 		st, err := m.operated().Inspect(ctx, k.record)
 		require.NoError(t, err)
 		require.True(t, st.Interrupted)

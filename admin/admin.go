@@ -26,8 +26,9 @@ import (
 
 // ErrNotInterrupted is returned by Resolve and Forget for a key that is not
 // interrupted by the claim they were given (it has no record or a
-// forgotten one, its answer is stored, its executor holds its lock, or it
-// was claimed anew); they have changed nothing.
+// forgotten one, its answer is stored, its executor holds its lock or may
+// still store its answer, or it was claimed anew); they have changed
+// nothing.
 var ErrNotInterrupted = keyspace.ErrNotInterrupted
 
 // KeyState is what Redis or the SQL table holds for one key, read in one
@@ -51,8 +52,11 @@ type Operator struct {
 // New returns the Operator of m's keys. m is configured as the middleware
 // that protects the routes is (at least its client, or its database, SQL
 // dialect and WithSQLTable, and WithKeyPrefix, WithRecordTTL,
-// WithMaxResponseBytes and WithReplayHeaders); it need not be the same
-// value.
+// WithMaxResponseBytes and WithReplayHeaders, and WithExecutionTimeout,
+// WithLockLease and WithStoreTimeout, which set the claim horizon: a key
+// whose lock lapsed is not interrupted until that long after its claim,
+// since its executor may be live and still store its answer); it need
+// not be the same value.
 func New(m *idempotency.Middleware) *Operator {
 	return &Operator{store: keyspace.StoreOf(m)}
 }

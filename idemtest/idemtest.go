@@ -41,8 +41,14 @@
 //     idempotency.New(r.Client()) keeps the wall clock for its cache, and
 //     replays from it for up to WithResponseCacheTTL (10 s) after a
 //     FastForward. Issued tokens are signed and expire by this process's
-//     clock, which FastForward does not move; Lua's TIME (fencing tokens)
-//     is the real time too.
+//     clock, which FastForward does not move; Lua's TIME (fencing tokens,
+//     and the age of a claim) is the real time too. So a key whose
+//     instance died reads 409 in-progress, not interrupted, until the
+//     claim horizon (WithExecutionTimeout, a lease and four store
+//     timeouts after the claim) has passed in real time: a test that wants
+//     it interrupted sets those short and waits, or has its handler end
+//     kept (a panic after its status went out), which is interrupted at
+//     once.
 //   - Redis's Lua. Scripts run on gopher-lua (Lua 5.1, as Redis's), with
 //     the commands miniredis implements.
 //   - Costs. Round trips, INFO commandstats and MONITOR are not Redis's.

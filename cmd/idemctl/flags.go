@@ -57,16 +57,20 @@ Flags, before or after the command:
   -limit N          interrupted: stop after N keys (default 1000; 0: all)
 
   -min-age D        resolve refuses, and show warns of, an interrupted key
-                    claimed less than D ago (default 2m): until its execution
-                    timeout (WithExecutionTimeout, 30s by default) ends it, an
-                    executor whose lease lapsed in a stall of the store or a
-                    pause may still be running, and looks interrupted all
-                    the same. Keep D above twice the service's execution
-                    timeout: a recovering executor may take one asking its
-                    outcome store, and another running the handler.
+                    claimed less than D ago (default 2m). A key whose lease
+                    lapsed reads interrupted once the claim horizon of the
+                    default settings has passed (37s: a 30s execution
+                    timeout, a lease and four store timeouts); a service
+                    with a longer WithExecutionTimeout may still be running
+                    its executor then. Keep D above twice the service's
+                    execution timeout: a recovering executor may take one
+                    asking its outcome store, and another running the
+                    handler.
 
 resolve's flags:
-  -force            settle a key younger than -min-age anyway
+  -force            settle a key younger than -min-age anyway (never one
+                    younger than the claim horizon, whose executor may
+                    still store its answer)
   -replay-headers H the service's WithReplayHeaders, comma-separated: -replay
                     then stores only those headers (default: every header but
                     Set-Cookie and the hop-by-hop ones, the middleware's default)

@@ -107,8 +107,10 @@ func stateOf(st admin.KeyState) string {
 	switch {
 	case st.Interrupted:
 		return "run, interrupted: nobody holds the lock it was claimed with"
-	case st.State == "run":
+	case st.State == "run" && st.Lock == st.Owner:
 		return "run: its executor holds the lock"
+	case st.State == "run":
+		return "run: its lock lapsed, and its executor may still store its answer"
 	case st.State == "big":
 		return "big: executed, its answer was not replayable"
 	case st.State == "none":

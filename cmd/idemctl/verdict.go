@@ -24,8 +24,12 @@ func verdict(st admin.KeyState, found *sqlAnswer, claimed, minAge time.Duration)
 		return "executed: retries are answered 409 not-replayable until the record expires"
 	case st.State == "corrupt":
 		return "unreadable: retries are answered 409 unreadable-record until the record expires, and nothing runs again"
-	case !st.Interrupted:
+	case st.State == "run" && st.Lock == st.Owner:
 		return "running: wait for its executor to store an answer"
+	case !st.Interrupted:
+		return "maybe still running: claimed " + age(claimed) + ", its lock lapsed (a stall of the store, a pause), " +
+			"and its executor may still store its answer until the claim horizon (its execution timeout, a lease and " +
+			"its store's tries after the claim). Look again later; resolve refuses it until then, even with -force"
 	case claimed < minAge:
 		return "maybe still running: claimed " + age(claimed) + ", under -min-age " + minAge.String() +
 			", and an executor whose lease lapsed (a stall of the store, a pause) looks interrupted until its " +

@@ -101,8 +101,9 @@ func (r *sqlRow) read(record []byte) {
 }
 
 // state is what inspect.lua reads of the row: the record's fields, its
-// TTL, the lease as the lock (there is no waiters flag: waiters poll).
-func (r *sqlRow) state(id string) State {
+// TTL, the lease as the lock (there is no waiters flag: waiters poll),
+// judged interrupted against the claim horizon on the database's clock.
+func (r *sqlRow) state(id string, horizon time.Duration) State {
 	s := State{Key: id, State: "none", Lock: r.holder}
 	if r.record != "" {
 		s.TTL = time.Duration(r.recordUntil-r.now) * time.Microsecond
@@ -122,12 +123,12 @@ func (r *sqlRow) state(id string) State {
 	if r.holder != "" {
 		s.LockTTL = time.Duration(r.holderUntil-r.now) * time.Microsecond
 	}
-	s.Interrupted = s.State == "run" && s.Lock != s.Owner
+	s.Interrupted = interrupted(s, r.now, horizon)
 	return s
 }
 
 // inspect reads the row of the record named id.
-func (q *SQLRows) inspect(ctx context.Context, id string) (State, error) {
+func (q *SQLRows) inspect(ctx context.Context, id string, horizon time.Duration) (State, error) {
 	var (
 		r      sqlRow
 		record []byte
@@ -141,12 +142,12 @@ func (q *SQLRows) inspect(ctx context.Context, id string) (State, error) {
 		return State{}, q.tableError(err)
 	}
 	r.read(record)
-	return r.state(id), nil
+	return r.state(id, horizon), nil
 }
 
 // interrupted yields the interrupted keys under prefix, a page of rows
 // (in the order of their ids) per step.
-func (q *SQLRows) interrupted(ctx context.Context, prefix string) iter.Seq2[State, error] {
+func (q *SQLRows) interrupted(ctx context.Context, prefix string, horizon time.Duration) iter.Seq2[State, error] {
 	return func(yield func(State, error) bool) {
 		// LIKE narrows the walk to the prefix's rows (SQLite's ignores
 		// case, so Parse decides); the ids' own order pages it, whatever
@@ -156,7 +157,7 @@ func (q *SQLRows) interrupted(ctx context.Context, prefix string) iter.Seq2[Stat
 			strconv.Itoa(sqlPage))
 		like := strings.NewReplacer("!", "!!", "%", "!%", "_", "!_").Replace(prefix) + ":{%}:r%"
 		for after := ""; ; {
-			states, last, n, err := q.page(ctx, page, prefix, after, like)
+			states, last, n, err := q.page(ctx, page, prefix, after, like, horizon)
 			if err != nil {
 				yield(State{}, err)
 				return
@@ -176,7 +177,7 @@ func (q *SQLRows) interrupted(ctx context.Context, prefix string) iter.Seq2[Stat
 
 // page reads one page of rows after the id after, and returns the
 // interrupted keys among them, the page's last id and its length.
-func (q *SQLRows) page(ctx context.Context, query, prefix, after, like string) (found []State, last string, n int, err error) {
+func (q *SQLRows) page(ctx context.Context, query, prefix, after, like string, horizon time.Duration) (found []State, last string, n int, err error) {
 	rows, err := q.DB.QueryContext(ctx, query, after, like)
 	if err != nil {
 		return nil, "", 0, q.tableError(err)
@@ -200,7 +201,7 @@ func (q *SQLRows) page(ctx context.Context, query, prefix, after, like string) (
 			continue
 		}
 		r.read(head)
-		if s := r.state(last); s.Interrupted {
+		if s := r.state(last, horizon); s.Interrupted {
 			found = append(found, s)
 		}
 	}
@@ -208,7 +209,7 @@ func (q *SQLRows) page(ctx context.Context, query, prefix, after, like string) (
 		return nil, "", 0, q.tableError(err)
 	}
 	for _, id := range unsure {
-		s, err := q.inspect(ctx, id)
+		s, err := q.inspect(ctx, id, horizon)
 		if err != nil {
 			return nil, "", 0, err
 		}
@@ -282,9 +283,10 @@ func (q *SQLRows) settleTx(ctx context.Context, id string, a settlement) (reply 
 // A settlement is what an operator settles a key with (settle.lua's
 // ARGV): forget, or store an answer, for the claim under owner.
 type settlement struct {
-	forget bool
-	owner  string
-	ttl    time.Duration // the record's life, when it has none
+	forget  bool
+	owner   string
+	ttl     time.Duration // the record's life, when it has none
+	horizon time.Duration // the claim horizon: a younger claim may still store
 	// The answer: the record's state, status, header block and body, and
 	// the fingerprint ("" keeps the record's).
 	state, status, header, body, fingerprint string
@@ -327,6 +329,8 @@ func (r *sqlRow) settle(a settlement) (reply, text string, until int64) {
 		return "running", "", 0
 	case rec.Owner != a.owner:
 		return "changed", "", 0
+	case !strings.HasPrefix(rec.Owner, "!") && r.now-fenceOf(rec) < a.horizon.Microseconds():
+		return "young", "", 0
 	}
 	until = r.recordUntil
 	if until <= r.now {
@@ -351,4 +355,10 @@ func (q *SQLRows) tableError(err error) error {
 		return nil
 	}
 	return fmt.Errorf("admin: the keys table %s: %w", q.Table, err)
+}
+
+// fenceOf is the record's fence: its claim's time on the database's clock.
+func fenceOf(rec Record) int64 {
+	f, _ := strconv.ParseInt(rec.Fence, 10, 64)
+	return f
 }

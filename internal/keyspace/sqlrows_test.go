@@ -3,6 +3,8 @@ package keyspace
 import (
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,4 +37,40 @@ func TestSQLSettleWritesTheGoldenRecords(t *testing.T) {
 		status: resolved.Status, header: resolved.Header, body: resolved.Body, fingerprint: resolved.Fingerprint})
 	require.Equal(t, "settled", reply)
 	require.Equal(t, golden("resolved"), text)
+}
+
+// A claim whose lease lapsed is not interrupted, and not settled, until
+// the claim horizon has passed since it, on the database's clock: its
+// executor may be live (a stall, a pause) and still store its answer.
+// A run that ended kept is interrupted at once.
+func TestSQLSettleWaitsForTheClaimHorizon(t *testing.T) {
+	text, err := os.ReadFile(filepath.Join("..", "..", "testdata", "records", "claimed.txt"))
+	require.NoError(t, err)
+	const horizon = 30 * time.Second
+	now := time.Now().UnixMicro()
+	row := func(age time.Duration, kept bool) *sqlRow {
+		rec := strings.ReplaceAll(string(text), "{fence-a}", strconv.FormatInt(now-age.Microseconds(), 10))
+		if kept {
+			rec = strings.Replace(rec, "ownerA_lock-value", "!ownerA_lock-value", 1)
+		}
+		return &sqlRow{record: rec, recordUntil: now + time.Hour.Microseconds(), now: now}
+	}
+	for _, c := range []struct {
+		name  string
+		age   time.Duration
+		kept  bool
+		reply string
+	}{
+		{"young", time.Second, false, "young"},
+		{"past the horizon", time.Minute, false, "settled"},
+		{"kept", time.Second, true, "settled"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := row(c.age, c.kept)
+			st := r.state("k", horizon)
+			require.Equal(t, c.reply == "settled", st.Interrupted)
+			reply, _, _ := r.settle(settlement{forget: true, owner: st.Owner, ttl: time.Hour, horizon: horizon})
+			require.Equal(t, c.reply, reply)
+		})
+	}
 }

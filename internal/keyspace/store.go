@@ -39,6 +39,12 @@ type Store struct {
 	SQL       *SQLRows
 	Prefix    string
 	RecordTTL time.Duration
+	// Horizon is the middleware's claim horizon: how long after its claim
+	// an executor whose lock lapsed may still store its answer (a stalled
+	// Redis or a paused process lets a live run's lock run out). Until it
+	// has passed, a claimed key is running, not interrupted, unless its
+	// run ended kept.
+	Horizon time.Duration
 	// Record turns an answer into the record fields the middleware would
 	// store for it: its state ("done", or "big" when it is not replayable),
 	// status, header block and body.
@@ -79,9 +85,10 @@ type State struct {
 	// (no record: never claimed, expired, or forgotten), or "corrupt" (a
 	// record it cannot read).
 	State string
-	// Interrupted: claimed, and nobody holds the lock under the value it
-	// was claimed with, so no executor will store an answer. Retries are
-	// answered 409 interrupted (or recovered, with an outcome store).
+	// Interrupted: claimed, nobody holds the lock under the value it was
+	// claimed with, and its executor can store no answer any more: its run
+	// ended kept, or the claim horizon has passed since its claim. Retries
+	// are answered 409 interrupted (or recovered, with an outcome store).
 	Interrupted bool
 	// Fingerprint is the claiming request's, in hex.
 	Fingerprint string
@@ -116,9 +123,9 @@ func (s *Store) Inspect(ctx context.Context, key string) (State, error) {
 		return State{}, err
 	}
 	if s.SQL != nil {
-		return s.SQL.inspect(ctx, k.Record)
+		return s.SQL.inspect(ctx, k.Record, s.Horizon)
 	}
-	return stateOf(k, inspectScript.Run(ctx, s.Client, k.operated()))
+	return stateOf(k, inspectScript.Run(ctx, s.Client, k.operated()), s.Horizon)
 }
 
 // scanPage is how many keys one SCAN step looks at, and so the most a
@@ -130,7 +137,7 @@ const scanPage = 1000
 // (admin.Operator.Interrupted).
 func (s *Store) Interrupted(ctx context.Context) iter.Seq2[State, error] {
 	if s.SQL != nil {
-		return s.SQL.interrupted(ctx, s.Prefix)
+		return s.SQL.interrupted(ctx, s.Prefix, s.Horizon)
 	}
 	return func(yield func(State, error) bool) {
 		if s.Client == nil {
@@ -208,11 +215,11 @@ func (s *Store) inspectPage(ctx context.Context, node redis.UniversalClient, nam
 			// to another master (a resharding).
 			cmd = inspectScript.Run(ctx, s.Client, k.operated())
 		}
-		s, err := stateOf(k, cmd)
+		st, err := stateOf(k, cmd, s.Horizon)
 		if err != nil {
 			return nil, err
 		}
-		states = append(states, s)
+		states = append(states, st)
 	}
 	return states, nil
 }
@@ -298,14 +305,14 @@ func (s *Store) settle(ctx context.Context, st State, a settlement) error {
 	if !st.Interrupted || st.Owner == "" {
 		return fmt.Errorf("%w: %s was not interrupted when it was inspected", ErrNotInterrupted, k.Record)
 	}
-	a.owner, a.ttl = st.Owner, s.RecordTTL
+	a.owner, a.ttl, a.horizon = st.Owner, s.RecordTTL, s.Horizon
 	var reply string
 	if s.SQL != nil {
 		reply, err = s.SQL.settle(ctx, k.Record, a)
 	} else {
-		args := []any{"answer", a.owner, a.ttl.Milliseconds(), a.state, a.status, a.header, a.body, a.fingerprint}
+		args := []any{"answer", a.owner, a.ttl.Milliseconds(), a.horizon.Milliseconds(), a.state, a.status, a.header, a.body, a.fingerprint}
 		if a.forget {
-			args = []any{"forget", a.owner, a.ttl.Milliseconds()}
+			args = []any{"forget", a.owner, a.ttl.Milliseconds(), a.horizon.Milliseconds()}
 		}
 		reply, err = settleScript.Run(ctx, s.Client, k.operated(), args...).Text()
 	}
@@ -323,6 +330,9 @@ func (s *Store) settle(ctx context.Context, st State, a settlement) error {
 		return fmt.Errorf("%w: %s was executed, and its answer was not replayable", ErrNotInterrupted, k.Record)
 	case "running":
 		return fmt.Errorf("%w: %s is running: its executor holds the lock", ErrNotInterrupted, k.Record)
+	case "young":
+		return fmt.Errorf("%w: %s may still be running: its lock lapsed, but its executor may store its answer "+
+			"until the claim horizon (%s after its claim) has passed", ErrNotInterrupted, k.Record, s.Horizon)
 	case "corrupt":
 		return fmt.Errorf("%w: %s holds a record that cannot be read", ErrNotInterrupted, k.Record)
 	case "changed":
@@ -333,13 +343,14 @@ func (s *Store) settle(ctx context.Context, st State, a settlement) error {
 	return fmt.Errorf("admin: unexpected settle reply %q", reply)
 }
 
-// stateOf reads inspect.lua's reply.
-func stateOf(k Names, cmd *redis.Cmd) (State, error) {
+// stateOf reads inspect.lua's reply, whose last two values are Redis's
+// clock (TIME), against which a key's claim is as old as it is.
+func stateOf(k Names, cmd *redis.Cmd, horizon time.Duration) (State, error) {
 	r, err := cmd.Slice()
 	if err != nil {
 		return State{}, err
 	}
-	if len(r) != 11 {
+	if len(r) != 13 {
 		return State{}, fmt.Errorf("admin: unexpected inspect reply of %d values", len(r))
 	}
 	text := func(i int) string { s, _ := r[i].(string); return s }
@@ -356,8 +367,24 @@ func stateOf(k Names, cmd *redis.Cmd) (State, error) {
 	s.Status, _ = strconv.Atoi(text(3))
 	s.Executions, _ = strconv.ParseInt(text(4), 10, 64)
 	s.Fence, _ = strconv.ParseUint(text(5), 10, 64)
-	s.Interrupted = s.State == "run" && s.Lock != s.Owner
+	sec, _ := strconv.ParseInt(text(11), 10, 64)
+	usec, _ := strconv.ParseInt(text(12), 10, 64)
+	s.Interrupted = interrupted(s, sec*1e6+usec, horizon)
 	return s, nil
+}
+
+// interrupted reports whether the key s describes is interrupted, at now
+// (microseconds on the clock that wrote its fence): claimed, nobody holds
+// the lock under its claim's value, and nobody can store an answer for it
+// any more. A run that ended kept says so (keep marks its lock value with
+// '!'); any other may be a live run whose lock lapsed (a stalled Redis, a
+// paused process) and store its answer until the claim horizon. The rule
+// is the claim's (claim.lua, and its twin on SQL rows).
+func interrupted(s State, now int64, horizon time.Duration) bool {
+	if s.State != "run" || s.Lock == s.Owner {
+		return false
+	}
+	return strings.HasPrefix(s.Owner, "!") || now-int64(s.Fence) >= horizon.Microseconds()
 }
 
 // remaining turns a PTTL reply into a duration: 0 for a missing key, and

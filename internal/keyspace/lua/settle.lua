@@ -3,15 +3,19 @@
 -- KEYS[1] record, KEYS[2] lock, KEYS[3] waiters flag (also the channel)
 -- ARGV[1] 'answer' or 'forget', ARGV[2] the lock value of the claim the
 -- operator inspected, ARGV[3] record TTL ms, used only when the record has
--- none; for 'answer': ARGV[4] state ('done', or 'big' for an answer over the
--- response limit), ARGV[5] status, ARGV[6] headers, ARGV[7] body, ARGV[8]
--- fingerprint in hex ('' keeps the record's)
+-- none, ARGV[4] the claim horizon in ms; for 'answer': ARGV[5] state
+-- ('done', or 'big' for an answer over the response limit), ARGV[6] status,
+-- ARGV[7] headers, ARGV[8] body, ARGV[9] fingerprint in hex ('' keeps the
+-- record's)
 --
 -- It acts only while the key is interrupted, the state claim.lua calls
--- abandoned: claimed (state run) under a lock value that nobody holds the lock
--- with. Checking inside the script is what makes it safe: a claim, a store
--- or a takeover that runs just before sees its own result kept, one that
--- runs just after sees the settled record.
+-- abandoned: claimed (state run) under a lock value that nobody holds the
+-- lock with, and either kept by its run or claimed longer ago than the
+-- claim horizon (before that, its executor may be live, its lock lapsed
+-- under a stalled Redis or a paused process, and still store its answer).
+-- Checking inside the script is what makes it safe: a claim, a store or a
+-- takeover that runs just before sees its own result kept, one that runs
+-- just after sees the settled record.
 --
 -- The record's layout is record.lua's. A
 -- settled record names what settled it (its last field) and no executor
@@ -30,9 +34,10 @@
 -- Replies: 'settled', or why not: 'none' (no record, or a forgotten one),
 -- 'corrupt' (a record it cannot read),
 -- 'done', 'big' (an answer is stored), 'running' (the executor holds its
--- lock), 'mismatch' (the answer is another request's), 'changed' (claimed
--- anew since the operator looked: that claim may be running, stalled past
--- its lease).
+-- lock), 'young' (its lock lapsed, but the claim horizon has not passed),
+-- 'mismatch' (the answer is another request's), 'changed' (claimed anew
+-- since the operator looked: that claim may be running, stalled past its
+-- lease).
 local rec = redis.pcall('GET', KEYS[1])
 local st, fp, o, f, n, p, q, w, s
 if type(rec) == 'string' then
@@ -48,10 +53,10 @@ if ARGV[1] == 'forget' then
   mark, left = 'f:' .. ARGV[2], 'forgotten'
 else
   local parts = {}
-  for i = 4, 8 do
+  for i = 5, 9 do
     parts[#parts + 1] = #ARGV[i] .. ':' .. ARGV[i]
   end
-  mark, left = 'a:' .. string.sub(redis.sha1hex(table.concat(parts)), 1, 16) .. ':' .. ARGV[2], ARGV[4]
+  mark, left = 'a:' .. string.sub(redis.sha1hex(table.concat(parts)), 1, 16) .. ':' .. ARGV[2], ARGV[5]
 end
 if st == left and s == mark then
   return 'settled'
@@ -68,6 +73,12 @@ end
 if o ~= ARGV[2] then
   return 'changed'
 end
+if string.sub(o, 1, 1) ~= '!' then
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000000 + tonumber(t[2]) - (tonumber(f) or 0) < tonumber(ARGV[4]) * 1000 then
+    return 'young'
+  end
+end
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl <= 0 then
   ttl = ARGV[3]
@@ -80,12 +91,12 @@ if ARGV[1] == 'forget' then
   redis.call('DEL', KEYS[1])
   redis.call('SET', KEYS[1], recordLine('forgotten', '', '', '', '', '', '', '', mark), 'PX', ttl)
 else
-  if ARGV[8] ~= '' and ARGV[8] ~= fp then
+  if ARGV[9] ~= '' and ARGV[9] ~= fp then
     return 'mismatch'
   end
   -- The fence and the executions stay; the executor goes. SET first: under
   -- maxmemory it is refused before anything else ran.
-  redis.call('SET', KEYS[1], recordLine(ARGV[4], fp, '', f, n, p, q, w, mark) .. answerText(ARGV[5], ARGV[6], ARGV[7]),
+  redis.call('SET', KEYS[1], recordLine(ARGV[5], fp, '', f, n, p, q, w, mark) .. answerText(ARGV[6], ARGV[7], ARGV[8]),
     'PX', ttl)
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then

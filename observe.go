@@ -2,8 +2,10 @@ package idempotency
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"runtime/debug"
 	"time"
 )
 
@@ -101,11 +103,20 @@ func (m *Middleware) Refused(ctx context.Context, err error) error {
 	return err
 }
 
-// observe reports c, answered as v, to the observer, if there is one.
+// observe reports c, answered as v, to the observer, if there is one. An
+// observer that panics is logged: the answer went out, or is going out,
+// and a panic let through would cut its connection (or reach Do's
+// caller), on every request of the route.
 func (m *Middleware) observe(c *call, v verdict) {
 	if m.cfg.observer == nil {
 		return
 	}
+	defer func() {
+		if p := recover(); p != nil {
+			m.cfg.logger.Error("idempotency: the observer (WithObserver) panicked; the answer stands",
+				"panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+		}
+	}()
 	m.cfg.observer(Event{
 		Request: c.r, Context: c.ctx, TokenMode: c.tokenMode, Outcome: v.outcome, FromCache: c.fromCache, Err: v.err,
 		Start: c.start, Duration: time.Since(c.start), Wait: c.waited, FencingToken: c.fence,

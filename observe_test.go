@@ -149,3 +149,36 @@ func TestDoRefusalsAreObserved(t *testing.T) {
 	require.Equal(t, "function", events[0].Mode())
 	require.Equal(t, "key", events[4].Mode())
 }
+
+// An observer that panics changes no answer: the first caller's and the
+// replay's come whole over a real connection, and Do returns, its panic
+// logged.
+func TestAPanickingObserverChangesNoAnswer(t *testing.T) {
+	var logged bytes.Buffer
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logged.Write(p)
+	}), nil))
+	s := newShop(t, WithObserver(func(Event) { panic("the observer's bug") }), WithLogger(logger))
+	c := s.client()
+	first := s.post(c, "/payments", "k", `{}`)
+	require.Equal(t, http.StatusCreated, first.status)
+	again := s.post(c, "/payments", "k", `{}`)
+	require.Equal(t, http.StatusCreated, again.status)
+	require.Equal(t, "true", again.header.Get(ReplayedHeader))
+	require.Equal(t, first.body, again.body)
+
+	v, err := Do(t.Context(), s.idem, Key{ID: "job"}, func(context.Context) (int, error) { return 7, nil })
+	require.NoError(t, err)
+	require.Equal(t, 7, v)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Contains(t, logged.String(), "the observer (WithObserver) panicked")
+	require.Contains(t, logged.String(), "the observer's bug")
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -361,7 +361,8 @@ func WithExpiryHeader(name string) Option {
 
 // WithObserver calls fn once for every request on a protected route (those
 // let through unprotected included, as Unprotected), after it was
-// answered, from the request's goroutine: keep it fast. LogObserver and the
+// answered, from the request's goroutine: keep it fast. A panic in fn is
+// logged, and changes no answer. LogObserver and the
 // otelidem package provide ready ones. Default none, which costs nothing.
 func WithObserver(fn func(Event)) Option { return func(c *config) { c.observer = fn } }
 

@@ -50,7 +50,8 @@ func WithTracerProvider(p trace.TracerProvider) Option { return func(c *config) 
 //     outage lasted, recorded when it ends;
 //   - a span "idempotency" per request, a child of the request's own span,
 //     covering the middleware's time, with the outcome and fencing token as
-//     attributes, an error status for store errors and lost answers, and an
+//     attributes, an error status for store errors and lost answers (the
+//     error recorded: its text becomes exception.message), and an
 //     event "idempotency.outage" on the request that began an outage, ended
 //     it, or reported that it goes on.
 func NewObserver(opts ...Option) (func(idempotency.Event), error) {

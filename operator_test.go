@@ -235,7 +235,7 @@ func TestResolve(t *testing.T) {
 	answer := Answer{
 		Status: http.StatusCreated,
 		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/payments/7"},
-			"Set-Cookie": {"flash=created"}},
+			"Set-Cookie": {"flash=created"}, "": {"a name net/http would not send"}, "Bad Name": {"x"}},
 		Body:        []byte(`{"payment":7}`),
 		Fingerprint: fp,
 	}
@@ -247,6 +247,12 @@ func TestResolve(t *testing.T) {
 	bad = answer
 	bad.Status = 0
 	require.ErrorContains(t, resolve(ctx, s.idem, seen(t, s, k.record), bad), "not an HTTP status")
+	// A body its Content-Encoding does not describe could never be decoded
+	// for a client that does not take that coding: every retry would read
+	// 409 unreadable-record for the record's life.
+	bad = answer
+	bad.Header = http.Header{"Content-Encoding": {"gzip"}}
+	require.ErrorContains(t, resolve(ctx, s.idem, seen(t, s, k.record), bad), "not gzip")
 	st, err := s.idem.operated().Inspect(ctx, k.record)
 	require.NoError(t, err)
 	require.True(t, st.Interrupted, "a refused answer changed nothing")

@@ -212,6 +212,15 @@ func (c *config) storable(name string) bool {
 	return name != "Set-Cookie" && !hopByHop[name]
 }
 
+// headerName reports whether name, past the prefix of a trailer or of a
+// varied request header, is a field name net/http would send: one it
+// would drop (empty, or with a space or a colon) is not stored, since no
+// replay could read it back.
+func headerName(name string) bool {
+	name = strings.TrimPrefix(name, http.TrailerPrefix)
+	return isHTTPToken(strings.TrimPrefix(name, varyPrefix))
+}
+
 // recordOf turns an answer an outcome store committed (or an operator
 // gives) into a record, keeping the headers this middleware stores, in a
 // stable order. A name the handler set without canonicalising it
@@ -221,7 +230,7 @@ func (m *Middleware) recordOf(a Answer) *record {
 	values := make(map[string][]string, len(a.Header))
 	for name, vs := range a.Header {
 		canonical := http.CanonicalHeaderKey(name)
-		if !m.cfg.storable(canonical) {
+		if !headerName(canonical) || !m.cfg.storable(canonical) {
 			continue
 		}
 		if _, seen := values[canonical]; !seen {

@@ -47,8 +47,8 @@ type Store struct {
 	Horizon time.Duration
 	// Record turns an answer into the record fields the middleware would
 	// store for it: its state ("done", or "big" when it is not replayable),
-	// status, header block and body.
-	Record func(status int, header http.Header, body []byte, notReplayable bool) (state string, recStatus int, recHeader string, recBody []byte)
+	// status, header block and body; or why no replay could read it.
+	Record func(status int, header http.Header, body []byte, notReplayable bool) (state string, recStatus int, recHeader string, recBody []byte, err error)
 	// KeyReused is the error an answer for another request wraps.
 	KeyReused error
 }
@@ -280,7 +280,10 @@ func (s *Store) Resolve(ctx context.Context, st State, status int, header http.H
 		}
 		fp = hex.EncodeToString(b) // as the record holds it: lower case
 	}
-	state, recStatus, recHeader, recBody := s.Record(status, header, body, notReplayable)
+	state, recStatus, recHeader, recBody, err := s.Record(status, header, body, notReplayable)
+	if err != nil {
+		return err
+	}
 	return s.settle(ctx, st, settlement{state: state, status: strconv.Itoa(recStatus), header: recHeader,
 		body: string(recBody), fingerprint: fp})
 }

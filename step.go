@@ -24,7 +24,10 @@ import (
 //
 // What is journaled: a result, encoded with the execution's codec (JSON, or
 // Do's UseCodec), with the journal of one execution (its entries whole,
-// names and framing too) at most WithMaxResponseBytes; and an error that fn marks Permanent, whose message a
+// names and framing too) at most WithMaxResponseBytes; JSON brings back
+// what encoding/json carries (see CheckResult): a time.Time's instant and
+// offset but not its zone's name, and one value behind two pointers as
+// two. And an error that fn marks Permanent, whose message a
 // resumed run gets back as a *StoredError. Any other error, and a
 // cancellation or deadline (even one marked Permanent), is not journaled:
 // Step returns it, and a resumed run runs the step again, with the same

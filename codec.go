@@ -65,6 +65,27 @@ func encodesItself(a reflect.Value) bool {
 	return false
 }
 
+// embedsAnEncoder reports whether t is a struct with an embedded field
+// that encodes itself (on its type or its pointer), whose method the
+// struct may have been given by promotion.
+func embedsAnEncoder(t reflect.Type) bool {
+	if t.Kind() != reflect.Struct {
+		return false
+	}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.Anonymous {
+			continue
+		}
+		for _, ft := range []reflect.Type{f.Type, reflect.PointerTo(f.Type)} {
+			if ft.Implements(jsonMarshaler) || ft.Implements(textMarshaler) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // A visit is a pair of references differs is comparing.
 type visit struct {
 	a, b uintptr
@@ -106,7 +127,12 @@ func differs(a, b reflect.Value, at *place, seen map[visit]bool) string {
 		if errA != nil || errB != nil || !bytes.Equal(ja, jb) {
 			return at.String()
 		}
-		return ""
+		if !embedsAnEncoder(a.Type()) {
+			return ""
+		}
+		// The method may be an embedded field's, promoted: it encodes that
+		// field alone, and the struct's other fields are lost on the way.
+		// They are compared too.
 	}
 	switch a.Kind() {
 	case reflect.Pointer, reflect.Map, reflect.Slice:

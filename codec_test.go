@@ -46,6 +46,13 @@ type order struct {
 	Total money
 }
 
+// receipt is given money's methods by promotion: encoding/json writes a
+// receipt as its money alone, and its Ref never travels.
+type receipt struct {
+	money
+	Ref string
+}
+
 type withBytes struct {
 	Raw  []byte
 	Name string
@@ -132,6 +139,15 @@ func TestDoResultsRoundTripOrAreRefused(t *testing.T) {
 	})
 	t.Run("encoded by its pointer's methods in a map", func(t *testing.T) {
 		requireRoundTrip(t, m, "ptr-marshaler-map", map[string]money{"total": {cents: 4200}}, false)
+	})
+	t.Run("given an embedded field's methods", func(t *testing.T) {
+		requireRoundTrip(t, m, "promoted-marshaler", receipt{money: money{cents: 500}, Ref: "ref-1"}, false)
+	})
+	t.Run("given an embedded field's methods, nested", func(t *testing.T) {
+		requireRoundTrip(t, m, "promoted-marshaler-nested", []receipt{{money: money{cents: 500}, Ref: "ref-1"}}, false)
+	})
+	t.Run("given an embedded field's methods, its fields empty", func(t *testing.T) {
+		requireRoundTrip(t, m, "promoted-marshaler-empty", receipt{money: money{cents: 500}}, true)
 	})
 	t.Run("encoded by its pointer's methods in an interface", func(t *testing.T) {
 		requireRoundTrip(t, m, "ptr-marshaler-any", []any{money{cents: 4200}}, false)

@@ -112,16 +112,23 @@ func (m *Middleware) issuingScope(w http.ResponseWriter, r *http.Request) (strin
 	return session, nil
 }
 
-// startedCookie is the value of the cookie name that header sets, the last
-// one (the one a browser keeps), or "" when it sets none, or removes it.
+// startedCookie is the value of the cookie name that header sets at Path=/,
+// where the middleware would set its own: the last such line (the one a
+// browser keeps), or "" when none sets it there, or the last removes it.
+// Lines for other paths (one that clears a cookie left on an old path)
+// name other cookies in the browser, and are not the session of the
+// pages a token is issued to.
 func startedCookie(header http.Header, name string) string {
 	lines := header["Set-Cookie"]
 	for i := len(lines) - 1; i >= 0; i-- {
 		c, err := http.ParseSetCookie(lines[i])
-		if err != nil || c.Name != name {
+		if err != nil || c.Name != name || c.Path != "/" {
 			continue
 		}
-		if c.Value == "" || c.MaxAge < 0 || (!c.Expires.IsZero() && c.Expires.Before(time.Now())) {
+		// A browser obeys Max-Age over Expires (RFC 6265 §5.3):
+		// net/http reads Max-Age=0 or less as -1.
+		removed := c.MaxAge < 0 || (c.MaxAge == 0 && !c.Expires.IsZero() && c.Expires.Before(time.Now()))
+		if c.Value == "" || removed {
 			return ""
 		}
 		return c.Value

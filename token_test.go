@@ -245,3 +245,29 @@ func TestRandomTokenProbesNeverHit(t *testing.T) {
 		require.Equal(t, http.StatusCreated, s.post(c, "/orders", tok, `{}`).status)
 	}
 }
+
+// startedCookie reads the session a response starts as a browser would
+// keep it, at the path the middleware's own cookie would take.
+func TestStartedCookie(t *testing.T) {
+	past := time.Unix(0, 0).UTC().Format(http.TimeFormat)
+	for _, c := range []struct {
+		name  string
+		lines []string
+		want  string
+	}{
+		{"none", nil, ""},
+		{"another name", []string{"other=1; Path=/"}, ""},
+		{"set", []string{"sid=abc; Path=/"}, "abc"},
+		{"set twice, the last kept", []string{"sid=abc; Path=/", "sid=def; Path=/"}, "def"},
+		{"removed", []string{"sid=abc; Path=/", "sid=; Path=/; Max-Age=0"}, ""},
+		{"expired", []string{"sid=abc; Path=/; Expires=" + past}, ""},
+		{"Max-Age over Expires", []string{"sid=abc; Path=/; Max-Age=3600; Expires=" + past}, "abc"},
+		{"an old path cleared", []string{"sid=abc; Path=/", "sid=; Path=/old; Max-Age=0"}, "abc"},
+		{"another path", []string{"sid=abc; Path=/", "sid=xyz; Path=/admin"}, "abc"},
+		{"only another path", []string{"sid=xyz; Path=/admin"}, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			require.Equal(t, c.want, startedCookie(http.Header{"Set-Cookie": c.lines}, "sid"))
+		})
+	}
+}

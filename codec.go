@@ -57,7 +57,12 @@ func encodesItself(a reflect.Value) bool {
 	if !a.CanInterface() {
 		return false // an unexported embedded field's: compared by its fields
 	}
-	for _, t := range []reflect.Type{a.Type(), reflect.PointerTo(a.Type())} {
+	return encoder(a.Type())
+}
+
+// encoder reports whether t or its pointer has MarshalJSON or MarshalText.
+func encoder(t reflect.Type) bool {
+	for _, t := range []reflect.Type{t, reflect.PointerTo(t)} {
 		if t.Implements(jsonMarshaler) || t.Implements(textMarshaler) {
 			return true
 		}
@@ -66,21 +71,14 @@ func encodesItself(a reflect.Value) bool {
 }
 
 // embedsAnEncoder reports whether t is a struct with an embedded field
-// that encodes itself (on its type or its pointer), whose method the
-// struct may have been given by promotion.
+// that is an encoder, whose method the struct may have by promotion.
 func embedsAnEncoder(t reflect.Type) bool {
 	if t.Kind() != reflect.Struct {
 		return false
 	}
 	for i := range t.NumField() {
-		f := t.Field(i)
-		if !f.Anonymous {
-			continue
-		}
-		for _, ft := range []reflect.Type{f.Type, reflect.PointerTo(f.Type)} {
-			if ft.Implements(jsonMarshaler) || ft.Implements(textMarshaler) {
-				return true
-			}
+		if f := t.Field(i); f.Anonymous && encoder(f.Type) {
+			return true
 		}
 	}
 	return false

@@ -568,8 +568,8 @@ var mutants = []mutant{
 	// answers, the client's retries.
 	{
 		name: "do-compares-pointer-encoders-by-fields", file: "codec.go",
-		from:   "for _, t := range []reflect.Type{a.Type(), reflect.PointerTo(a.Type())} {",
-		to:     "for _, t := range []reflect.Type{a.Type()} {",
+		from:   "for _, t := range []reflect.Type{t, reflect.PointerTo(t)} {",
+		to:     "for _, t := range []reflect.Type{t} {",
 		breaks: "a duplicate of Do gets a result changed on the way, with a nil error: a value encoded by its pointer's MarshalJSON, in a map, comes back zero",
 		tests:  "TestDoResultsRoundTripOrAreRefused",
 		unseen: "the fault checker's results are plain structs that encoding/json carries whole",

@@ -71,7 +71,7 @@ func Run[T any](ctx context.Context, s *Store, fn func(ctx context.Context, tx *
 		}
 		result = v
 		body, err := codec.Marshal(v)
-		if err == nil && len(body) > exec.MaxResponseBytes {
+		if err == nil && len(body) > answerLimit(exec) {
 			// Not replayable for its size (the store keeps no body past
 			// the limit), and so not decoded again for the round-trip
 			// check, which would cost a copy as large as the result.

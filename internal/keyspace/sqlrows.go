@@ -329,7 +329,7 @@ func (r *sqlRow) settle(a settlement) (reply, text string, until int64) {
 		return "running", "", 0
 	case rec.Owner != a.owner:
 		return "changed", "", 0
-	case !strings.HasPrefix(rec.Owner, "!") && r.now-fenceOf(rec) < a.horizon.Microseconds():
+	case mayStillStore(rec.Owner, fenceOf(rec), r.now, a.horizon):
 		return "young", "", 0
 	}
 	until = r.recordUntil

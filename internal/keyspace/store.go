@@ -379,15 +379,19 @@ func stateOf(k Names, cmd *redis.Cmd, horizon time.Duration) (State, error) {
 // interrupted reports whether the key s describes is interrupted, at now
 // (microseconds on the clock that wrote its fence): claimed, nobody holds
 // the lock under its claim's value, and nobody can store an answer for it
-// any more. A run that ended kept says so (keep marks its lock value with
-// '!'); any other may be a live run whose lock lapsed (a stalled Redis, a
-// paused process) and store its answer until the claim horizon. The rule
-// is the claim's (claim.lua, and its twin on SQL rows).
+// any more.
 func interrupted(s State, now int64, horizon time.Duration) bool {
-	if s.State != "run" || s.Lock == s.Owner {
-		return false
-	}
-	return strings.HasPrefix(s.Owner, "!") || now-int64(s.Fence) >= horizon.Microseconds()
+	return s.State == "run" && s.Lock != s.Owner && !mayStillStore(s.Owner, int64(s.Fence), now, horizon)
+}
+
+// mayStillStore reports whether the executor of a claim under owner, with
+// fence, may still store its answer at now, its lock lapsed or not: a run
+// that ended kept says it will not (keep marks its lock value with '!');
+// any other may be live (a stalled Redis, a paused process) until the
+// claim horizon has passed since its claim. The rule is the claim's
+// (claim.lua, and its twin on SQL rows).
+func mayStillStore(owner string, fence, now int64, horizon time.Duration) bool {
+	return !strings.HasPrefix(owner, "!") && now-fence < horizon.Microseconds()
 }
 
 // remaining turns a PTTL reply into a duration: 0 for a missing key, and

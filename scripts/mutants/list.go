@@ -344,7 +344,7 @@ var mutants = []mutant{
 	},
 	{
 		name: "sql-settle-young-key", file: "internal/keyspace/sqlrows.go",
-		from:   "case !strings.HasPrefix(rec.Owner, \"!\") && r.now-fenceOf(rec) < a.horizon.Microseconds():",
+		from:   "case mayStillStore(rec.Owner, fenceOf(rec), r.now, a.horizon):",
 		to:     "case false:",
 		breaks: "on SQL, an operator's resolve or forget settles a key whose lease lapsed under a live executor, before the claim horizon",
 		tests:  "TestSQLSettle", pkgs: []string{"./internal/keyspace/"},
@@ -352,8 +352,8 @@ var mutants = []mutant{
 	},
 	{
 		name: "inspect-ignores-horizon", file: "internal/keyspace/store.go",
-		from:   "return strings.HasPrefix(s.Owner, \"!\") || now-int64(s.Fence) >= horizon.Microseconds()",
-		to:     "return true",
+		from:   "return s.State == \"run\" && s.Lock != s.Owner && !mayStillStore(s.Owner, int64(s.Fence), now, horizon)",
+		to:     "return s.State == \"run\" && s.Lock != s.Owner",
 		breaks: "an operator is shown as interrupted, and offered to settle, a key whose lock lapsed under a live executor, before the claim horizon",
 		tests:  "TestAResolvedKeyIsNotTheStalledExecutors|TestSQLSettle", pkgs: []string{"./", "./internal/keyspace/"},
 		unseen: "the fault checker's histories have no operator, and it judges keys by their lock",

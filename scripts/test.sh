@@ -315,4 +315,11 @@ echo "  PostgreSQL: $(sqlserver postgres POSTGRES_DSN)"
 echo "  MariaDB/MySQL: $(sqlserver mysql MYSQL_DSN)"
 echo "  NATS JetStream (embedded nats-server $nats_version, example/relay): $(ran "" $module/example/relay bare)"
 echo "  Chromium ($chromium_version, e2e): $(ran "" $module/e2e bare)"
+# What failed, again, last: a long log's reader may see only its tail.
+for name in redis7 redis8 valkey8; do
+	[ -f "$resultdir/$name.json" ] || continue
+	case $(cat "$resultdir/$name") in *FAILED*) ;; *) continue ;; esac
+	echo "test.sh: what failed on $name:"
+	"$bin/idempotency-testprogress" -recap <"$resultdir/$name.json" | sed "s/^/  /"
+done
 exit "$status"

@@ -4,6 +4,8 @@
 // been printed for a while, which packages are still building or running.
 // A skipped test's note is printed too, so a skip never goes unexplained.
 // With -v it also passes every test's output through, as go test -v does.
+// With -recap it prints nothing but the failed tests' output, cut to a
+// screenful, for the end of a long log whose reader sees only its tail.
 //
 // gotestsum formats the same stream well, but prints nothing when a package
 // starts and nothing while a package builds or a long test runs; on a cold
@@ -35,7 +37,14 @@ type event struct {
 func main() {
 	verbose := flag.Bool("v", false, "pass every test's output through")
 	quiet := flag.Duration("heartbeat", 20*time.Second, "longest silence before saying what still runs")
+	recap := flag.Bool("recap", false, "print only the failed tests' output, cut to a screenful")
 	flag.Parse()
+	if *recap {
+		p := newProgress(io.Discard, false)
+		p.read(os.Stdin)
+		printRecap(os.Stdout, p.failures, recapLines)
+		return
+	}
 	p := newProgress(os.Stdout, *verbose)
 	stop := p.heartbeat(*quiet)
 	failed := p.read(os.Stdin)
@@ -221,4 +230,38 @@ func (p *progress) summary() {
 	p.printf("%d packages passed, %d failed, %d without tests; %d tests passed, %d failed, %d skipped, in %s\n",
 		p.pkgs["pass"], p.pkgs["fail"], p.pkgs["skip"], p.counts["pass"], p.counts["fail"], p.counts["skip"],
 		time.Since(p.began).Round(time.Second))
+}
+
+// recapLines is how much of the failures -recap prints: about what a
+// reader of a log's tail sees.
+const recapLines = 120
+
+// printRecap prints the failed tests' output, each cut to its share of
+// limit lines, however long another's output is: its first lines (what
+// ran) and its last (a test says what broke as it ends: a failed
+// assertion, the fault checker's broken rules).
+func printRecap(out io.Writer, failures []string, limit int) {
+	var shown []string
+	for _, f := range failures {
+		if strings.TrimSpace(f) != "" {
+			shown = append(shown, f)
+		}
+	}
+	if len(shown) == 0 {
+		return
+	}
+	share := max(limit/len(shown), 8)
+	for _, f := range shown {
+		lines := strings.SplitAfter(strings.TrimSuffix(f, "\n"), "\n")
+		if len(lines) > share {
+			head := share / 4
+			tail := lines[len(lines)-(share-head):]
+			cut := fmt.Sprintf("    … %d lines left out\n", len(lines)-share)
+			lines = append(append(lines[:head:head], cut), tail...)
+		}
+		fmt.Fprint(out, strings.Join(lines, ""))
+		if !strings.HasSuffix(lines[len(lines)-1], "\n") {
+			fmt.Fprintln(out)
+		}
+	}
 }

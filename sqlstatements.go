@@ -1,12 +1,32 @@
 package idempotency
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"strconv"
 	"strings"
 
 	"github.com/onceonly/idempotency/internal/keyspace"
 	"github.com/onceonly/idempotency/sqldialect"
 )
+
+// indexName names the index on table's record_until, which the purge
+// reads: table's name (a schema's dot made an underscore) and "_until",
+// within the identifier limit of PostgreSQL (63 bytes) and MySQL (64).
+// A longer name keeps its beginning and ends with a hash of the whole,
+// so that two long tables sharing a beginning get two indexes: MySQL
+// refuses a longer name (the table could not be created), and PostgreSQL
+// cuts it, which made an index of a 63-byte table's name read as the
+// table itself, so the index was never created.
+func indexName(table string) string {
+	name := strings.ReplaceAll(table, ".", "_") + "_until"
+	if len(name) <= sqldialect.MaxIdentifier {
+		return name
+	}
+	sum := sha256.Sum256([]byte(table))
+	suffix := "_" + hex.EncodeToString(sum[:4]) + "_until"
+	return name[:sqldialect.MaxIdentifier-len(suffix)] + suffix
+}
 
 // sqlStatements are the SQL store's statements for one dialect and table.
 // The table, one row per key:
@@ -58,7 +78,7 @@ func statementsFor(d sqldialect.Dialect, table, channel string) sqlStatements {
 	now := keyspace.SQLNow(d) // the operator's statements read the same clock
 	var insert, forUpdate, create, purge string
 	unquoted := strings.ReplaceAll(table, `"`, "")
-	index := strings.ReplaceAll(unquoted, ".", "_") + "_until"
+	index := indexName(unquoted)
 	switch d {
 	case sqldialect.PostgreSQL:
 		insert = "INSERT INTO " + table + " (id) VALUES (?) ON CONFLICT (id) DO NOTHING"

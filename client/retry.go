@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/textproto"
 	"os"
 	"slices"
 	"strconv"
@@ -250,7 +251,8 @@ func closeDrained(ctx context.Context, body io.Closer, drained <-chan struct{}, 
 // the next attempt, on another connection, may not meet. That is a socket
 // call that failed (connection refused, reset or aborted, a broken pipe, a
 // host or network unreachable), a connection closed before the whole
-// answer came (EOF, unexpected EOF, a closed connection), a timeout (the
+// answer came (EOF, unexpected EOF, a closed connection; inside the
+// status line or a header line too, cutUnderHeaders), a timeout (the
 // dial, the TLS handshake, the answer's headers), a name server that did
 // not answer, and an HTTP/2 stream that the server refused, cancelled,
 // reset to shed load or for an internal error, or whose connection went
@@ -284,9 +286,49 @@ func retryableError(err error) bool {
 		return true
 	case errors.As(err, &netErr) && netErr.Timeout():
 		return true
+	case cutUnderHeaders(err):
+		return true
 	}
 	msg := err.Error()
 	return strings.HasPrefix(msg, h2GoAwayError) || strings.HasPrefix(msg, h2ConnectionLost)
+}
+
+// cutUnderHeaders reports an HTTP/1 answer whose connection closed inside
+// its status line or a header line. net/http reads the piece before the
+// close as a whole line, and reports what is wrong with it, not the close:
+// a status line "HTTP/1." or "HTTP/1.1 2" is malformed, a header line
+// "Content-" has no colon. Such an answer was lost as one cut at a line's
+// end is (an unexpected EOF), and the request may have run: it is resent
+// under its key, as that one is. A first line that does not begin as an
+// HTTP/1 status line does (an SSH banner, a mail server's greeting) is an
+// answer that is not HTTP, and is not resent.
+func cutUnderHeaders(err error) bool {
+	var header textproto.ProtocolError
+	if errors.As(err, &header) {
+		return true // the status line was HTTP's: a header line was cut
+	}
+	msg := err.Error()
+	if code, ok := quotedAfter(msg, "malformed HTTP status code "); ok {
+		return len(code) < 3 && strings.Trim(code, "0123456789") == ""
+	}
+	if line, ok := quotedAfter(msg, "malformed HTTP response "); ok {
+		return line != "" && (strings.HasPrefix("HTTP/1.1", line) || strings.HasPrefix("HTTP/1.0", line))
+	}
+	return false
+}
+
+// quotedAfter finds what net/http quoted (%q) after what in msg.
+func quotedAfter(msg, what string) (string, bool) {
+	_, rest, ok := strings.Cut(msg, what)
+	if !ok {
+		return "", false
+	}
+	quoted, err := strconv.QuotedPrefix(rest)
+	if err != nil {
+		return "", false
+	}
+	s, err := strconv.Unquote(quoted)
+	return s, err == nil
 }
 
 // isRemoteAlert reports a TLS alert the server sent: its handshake refused

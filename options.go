@@ -66,6 +66,7 @@ type config struct {
 func WithKeyPrefix(prefix string) Option { return func(c *config) { c.prefix = prefix } }
 
 // WithTokenTTL sets how long an issued token stays valid. Default 1 hour.
+// The store's clock decides when that has passed.
 func WithTokenTTL(d time.Duration) Option { return func(c *config) { c.tokenTTL = d } }
 
 // WithRecordTTL sets how long a stored response is replayed. It must exceed

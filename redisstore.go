@@ -157,14 +157,25 @@ func (s *redisStore) claimArgs(k keys, lockValue, fingerprint any) []any {
 	if abandoned == "2" {
 		retry = argResume
 	}
-	return []any{lockValue, fingerprint, ttl, issued, retry, s.horizon, s.lease}
+	args := []any{lockValue, fingerprint, ttl, issued, retry, s.horizon, s.lease}
+	if token == "t" && !k.tokenExpires.IsZero() {
+		args = append(args, k.tokenExpires.UnixMicro())
+	}
+	return args
 }
 
 // claimTerms are what a claim of k asks beyond its lock value and
 // fingerprint (claim.lua's ARGV 3 to 5): how its token stands ("" none,
-// "t" issued, "x" past its expiry, "r" lookup only), how long its record
-// lives, and what becomes of a run it finds abandoned ("0" refused, "1"
-// taken over, "2" resumed once nothing can store for it).
+// "t" issued, "r" lookup only), how long its record lives, and what
+// becomes of a run it finds abandoned ("0" refused, "1" taken over, "2"
+// resumed once nothing can store for it).
+//
+// Whether an issued token has expired is the store's to say, on its own
+// clock, with the token's expiry (claim.lua's ARGV 8): a claim judged on
+// its instance's clock could be told "expired, nothing ran" while another
+// instance's claim of the same token, sent in time, was still on its way
+// to the store and then ran. ("x", a token its instance judged expired,
+// is what instances of earlier versions send; the store still reads it.)
 func (c *config) claimTerms(k keys) (token string, life time.Duration, abandoned string) {
 	life, abandoned = c.recordTTL, "0"
 	if c.takeover() {
@@ -172,11 +183,8 @@ func (c *config) claimTerms(k keys) (token string, life time.Duration, abandoned
 	}
 	if k.token != "" {
 		token = "t"
-		switch {
-		case k.lookupOnly:
+		if k.lookupOnly {
 			token = "r"
-		case !time.Now().Before(k.tokenExpires):
-			token = "x"
 		}
 		life = max(life, k.lifetime(c.recordTTL))
 	}

@@ -141,3 +141,21 @@ func TestRowsReadTheGoldenRecords(t *testing.T) {
 		"an unreadable record is not ours: nothing is written over it")
 	require.Equal(t, "a record of another layout\n", r.record)
 }
+
+// An issued token's claim of a row with no record is judged on the
+// database's clock (the row's now): claimed while the token lives,
+// refused as expired from its expiry on, and the row left as it was.
+func TestSQLClaimOfATokenPastItsExpiryOnTheDatabasesClock(t *testing.T) {
+	now := time.Now().UnixMicro()
+	ask := claimAsk{lockValue: "lock", fingerprint: goldenFP, token: "t", abandoned: "0",
+		life: time.Hour.Microseconds(), horizon: time.Hour.Microseconds(), lease: time.Minute.Microseconds()}
+	for _, tc := range []struct {
+		expires int64
+		want    string
+	}{{now + 1, "claimed"}, {now, "expired"}, {now - time.Second.Microseconds(), "expired"}, {0, "claimed"}} {
+		r := &keyRow{now: now}
+		ask.expires = tc.expires
+		require.Equal(t, tc.want, r.claim(ask).word, "token expires %d µs after the database's now", tc.expires-now)
+		require.Equal(t, tc.want == "claimed", r.changed)
+	}
+}

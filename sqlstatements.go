@@ -200,14 +200,14 @@ func freshClaim(d sqldialect.Dialect, table, now string) (stmt string, returns b
 	switch d {
 	case sqldialect.PostgreSQL:
 		return d.Bind(columns + "SELECT ?, convert_to(CAST(? AS TEXT) || CAST(n AS TEXT) || CAST(? AS TEXT), 'UTF8'), " +
-			"n + CAST(? AS BIGINT), ?, n + CAST(? AS BIGINT) FROM (SELECT " + now + " AS n) c " +
+			"n + CAST(? AS BIGINT), ?, n + CAST(? AS BIGINT) FROM (SELECT " + now + " AS n) c WHERE n < CAST(? AS BIGINT) " +
 			"ON CONFLICT (id) DO NOTHING RETURNING record_until - CAST(? AS BIGINT)"), true
 	case sqldialect.MySQL:
 		// No RETURNING: the claim's read that follows finds it.
-		return columns + "SELECT ?, CONCAT(?, n, ?), n + ?, ?, n + ? FROM (SELECT " + now + " AS n) c " +
+		return columns + "SELECT ?, CONCAT(?, n, ?), n + ?, ?, n + ? FROM (SELECT " + now + " AS n) c WHERE n < ? " +
 			"ON DUPLICATE KEY UPDATE id = id", false
 	}
-	// SQLite: WHERE true keeps ON CONFLICT from being read as a join's.
+	// SQLite: a WHERE keeps ON CONFLICT from being read as a join's.
 	return columns + "SELECT ?, CAST(? || n || ? AS BLOB), n + ?, ?, n + ? FROM (SELECT " + now + " AS n) " +
-		"WHERE true ON CONFLICT (id) DO NOTHING RETURNING record_until - ?", true
+		"WHERE n < ? ON CONFLICT (id) DO NOTHING RETURNING record_until - ?", true
 }

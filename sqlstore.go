@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -342,6 +343,9 @@ func (s *sqlStore) claimRow(ctx context.Context, c sqlConn, k keys, lockValue, f
 	token, life, abandoned := s.cfg.claimTerms(k)
 	ask := claimAsk{lockValue: lockValue, fingerprint: fingerprint, token: token, abandoned: abandoned,
 		life: life.Microseconds(), horizon: s.cfg.claimHorizon().Microseconds(), lease: s.cfg.lease.Microseconds()}
+	if token == "t" && !k.tokenExpires.IsZero() {
+		ask.expires = k.tokenExpires.UnixMicro()
+	}
 	if s.ready.Load() {
 		if token != "r" && token != "x" { // those two claim nothing without a record
 			fence, err := s.claimFresh(ctx, c, k, ask)
@@ -376,13 +380,18 @@ func (s *sqlStore) claimRow(ctx context.Context, c sqlConn, k keys, lockValue, f
 
 // claimFresh claims a key that has no row in one statement, as
 // keyRow.claim would claim it, and returns its fence; 0 when the key has a
-// row, which then decides. MySQL has no RETURNING, and with
+// row, which then decides, or its token expired on the database's clock,
+// which keyRow.claim then says. MySQL has no RETURNING, and with
 // clientFoundRows it counts a row it found as affected: there the INSERT
 // only writes, and the read that follows finds the claim ours (its record
 // and lease under our fresh lock value) or another's.
 func (s *sqlStore) claimFresh(ctx context.Context, c sqlConn, k keys, a claimAsk) (uint64, error) {
 	before, after := keyspace.ClaimLineAround(a.fingerprint, a.lockValue)
-	args := []any{k.record, before, after, a.life, a.lockValue, a.lease}
+	until := int64(math.MaxInt64) // a key with no token claims at any time
+	if a.expires != 0 {
+		until = a.expires
+	}
+	args := []any{k.record, before, after, a.life, a.lockValue, a.lease, until}
 	if s.dialect == SQLite {
 		s.serial.Lock()
 		defer s.serial.Unlock()

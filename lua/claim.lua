@@ -9,7 +9,10 @@
 -- (past the horizon, or kept), '0' for neither, ARGV[6]
 -- the claim horizon in ms: how long after its claim an executor may still
 -- store an answer (its execution timeout, then the retries of its store),
--- ARGV[7] the lease in ms
+-- ARGV[7] the lease in ms, ARGV[8] (with 't') when the token expires, in
+-- microseconds on Redis's clock: the one clock every instance's claims of
+-- the token meet, so that a token answered as expired is never spent by
+-- a claim that was sent in time and landed after
 --
 -- The lease is the lock: a key that holds our lock value for a lease, taken
 -- here (SET NX PX) only when the claim writes, and renewed, released and
@@ -155,11 +158,18 @@ if st then
   end
   return reply
 end
--- No record. While another executor holds the lock, its claim may still be
--- on its way (an instance of an earlier version takes the lock and claims
--- in two scripts): wait for it. A claim that writes asks by taking the
--- lock (below); a token that cannot be spent asks first.
-if (ARGV[4] == 'r' or ARGV[4] == 'x') and lockHolder() and holder ~= ARGV[1] then
+-- No record. An issued token past its expiry can no longer be spent.
+local expired = ARGV[4] == 'x'
+if ARGV[8] then
+  local now = redis.call('TIME')
+  expired = tonumber(now[1]) * 1000000 + tonumber(now[2]) >= tonumber(ARGV[8])
+end
+
+-- While another executor holds the lock, its claim may still be on its
+-- way (an instance of an earlier version takes the lock and claims in two
+-- scripts): wait for it. A claim that writes asks by taking the lock
+-- (below); a token that cannot be spent asks first.
+if (ARGV[4] == 'r' or expired) and lockHolder() and holder ~= ARGV[1] then
   return {'held'}
 end
 if ARGV[4] == 'r' then
@@ -169,7 +179,7 @@ if ARGV[4] == 'r' then
 end
 
 -- An expired token with no record was never spent, and never will be.
-if ARGV[4] == 'x' then
+if expired then
   return {'expired'}
 end
 

@@ -32,13 +32,14 @@ type Proxy struct {
 	addr   string
 	target string
 
-	delay     atomic.Int64              // nanoseconds added before each reply
-	blackhole atomic.Bool               // discard everything while set
-	holeAt    atomic.Pointer[[]byte]    // start the blackhole at the next command containing this
-	holeAfter atomic.Pointer[replyHole] // start it at a chosen reply
-	drop      atomic.Pointer[[]byte]    // lose the reply to the next command containing this
-	dropped   atomic.Int64              // replies lost so far
-	unheard   atomic.Int64              // reads of commands a blackhole discarded so far
+	delay     atomic.Int64                // nanoseconds added before each reply
+	blackhole atomic.Bool                 // discard everything while set
+	holeAt    atomic.Pointer[[]byte]      // start the blackhole at the next command containing this
+	holeAfter atomic.Pointer[replyHole]   // start it at a chosen reply
+	drop      atomic.Pointer[[]byte]      // lose the reply to the next command containing this
+	hold      atomic.Pointer[heldCommand] // forward the next command containing this late
+	dropped   atomic.Int64                // replies lost so far
+	unheard   atomic.Int64                // reads of commands a blackhole discarded so far
 
 	mu     sync.Mutex
 	ln     net.Listener // nil while refusing
@@ -172,10 +173,26 @@ func (p *Proxy) BlackholeAtReply(command, reply string) <-chan struct{} {
 	return h.holed
 }
 
+// A heldCommand is what HoldCommand holds back, and for how long.
+type heldCommand struct {
+	needle []byte
+	d      time.Duration
+}
+
+// HoldCommand arms the proxy: the next command whose bytes, in lower case,
+// contain needle reaches Redis d late, and so does what its connection
+// sends after it (a slow link, on which a command sent in time lands after
+// another instance's sent later).
+func (p *Proxy) HoldCommand(needle string, d time.Duration) {
+	p.hold.Store(&heldCommand{needle: []byte(strings.ToLower(needle)), d: d})
+}
+
 // Disarm forgets the commands and replies the proxy was armed to act on
-// (DropNextReply, BlackholeAt, BlackholeAtReply) that have not come yet.
+// (DropNextReply, HoldCommand, BlackholeAt, BlackholeAtReply) that have
+// not come yet.
 func (p *Proxy) Disarm() {
 	p.drop.Store(nil)
+	p.hold.Store(nil)
 	p.holeAt.Store(nil)
 	p.holeAfter.Store(nil)
 }
@@ -249,6 +266,9 @@ func (p *Proxy) commands(pair *proxyPair) {
 			}
 			if h := p.holeAfter.Load(); h != nil && bytes.Contains(bytes.ToLower(buf[:n]), h.command) {
 				pair.watched.Store(h)
+			}
+			if h := p.hold.Load(); h != nil && bytes.Contains(bytes.ToLower(buf[:n]), h.needle) && p.hold.CompareAndSwap(h, nil) {
+				time.Sleep(h.d)
 			}
 			if _, err := pair.server.Write(buf[:n]); err != nil {
 				return

@@ -137,8 +137,15 @@ var mutants = []mutant{
 	},
 	{
 		name: "claim-spends-expired-token", file: "lua/claim.lua",
-		from: "if ARGV[4] == 'x' then", to: "if ARGV[4] == '-' then",
+		from: "if expired then", to: "if false then",
 		breaks: "an expired token is spent",
+		tests:  "Token|Expir",
+		unseen: "a history's tokens live far longer than the history, so none expires in it",
+	},
+	{
+		name: "claim-expiry-by-the-instance", file: "lua/claim.lua",
+		from: "expired = tonumber(now[1])", to: "expired = false and tonumber(now[1])",
+		breaks: "a token's claim sent in time that reaches Redis after the token expired spends it, after another instance answered token-expired (nothing ran)",
 		tests:  "Token|Expir",
 		unseen: "a history's tokens live far longer than the history, so none expires in it",
 	},
@@ -429,6 +436,13 @@ var mutants = []mutant{
 		from: "case rec.Fingerprint != a.fingerprint:", to: "case false && rec.Fingerprint != a.fingerprint:",
 		breaks: "on SQL, a request with another body gets the stored answer of the key's first request",
 		faults: "impostor", sql: "sqlite", tests: "TestStoreConformanceSQL", module: "internal/sqlstoretest",
+	},
+	{
+		name: "sql-claim-expiry-by-the-instance", file: "sqlrow.go",
+		from: `a.token == "t" && a.expires != 0 && now >= a.expires`, to: `false && now >= a.expires`,
+		breaks: "on SQL, a token's claim sent in time that reaches the database after the token expired spends it, after another instance answered token-expired (nothing ran)",
+		tests:  "Expir", module: "internal/sqlstoretest",
+		unseen: "a history's tokens live far longer than the history, so none expires in it",
 	},
 	{
 		name: "sql-claim-resend-not-recognised", file: "sqlrow.go",

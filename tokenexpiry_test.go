@@ -23,8 +23,8 @@ func TestATokenClaimLandingAfterItsExpiryIsNotSpent(t *testing.T) {
 		WithStoreTimeout(3*time.Second))
 
 	c := s.client()
-	issued := time.Now()
 	tok := s.token(c)
+	issued := time.Now() // the token expires ttl after a moment before this one
 	time.Sleep(time.Until(issued.Add(ttl - 300*time.Millisecond)))
 	proxy.HoldCommand(tok, 700*time.Millisecond) // its claim lands 400 ms after the expiry
 	first := make(chan answer)

@@ -35,8 +35,8 @@ func TestATokenClaimLandingAfterItsExpiryIsNotSpent(t *testing.T) {
 		warm(fast)
 		warm(slow)
 
-		issued := time.Now()
 		tok, session := tokenOf(t, fast)
+		issued := time.Now() // the token expires ttl after a moment before this one
 		time.Sleep(time.Until(issued.Add(ttl - 300*time.Millisecond)))
 		proxy.HoldCommand(tok, 700*time.Millisecond) // its claim lands 400 ms after the expiry
 		first := make(chan *http.Response)

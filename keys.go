@@ -34,13 +34,22 @@ type keys struct {
 
 // lifetime is how long the record is kept when ttl is asked for: at least
 // as long as an issued token lives, since the record is what keeps the
-// token spent.
+// token spent. The store judges the expiry on its own clock, but the
+// record's life is counted here, on this instance's: clockAllowance past
+// the expiry, the record outlives the token on a store's clock that is
+// behind this one by up to that much.
 func (k keys) lifetime(ttl time.Duration) time.Duration {
 	if k.token == "" {
 		return ttl
 	}
-	return max(ttl, time.Until(k.tokenExpires)+time.Second)
+	return max(ttl, time.Until(k.tokenExpires)+clockAllowance)
 }
+
+// clockAllowance is how far the store's clock may be behind an instance's
+// without a spent token's record expiring before the token does on the
+// store's clock (and the token claimable again): far beyond what NTP
+// leaves between two machines.
+const clockAllowance = time.Minute
 
 // redisKeys builds the Redis key names, which only the Redis path needs.
 func (m *Middleware) redisKeys(c *call) keys {

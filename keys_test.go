@@ -3,6 +3,7 @@ package idempotency
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/onceonly/idempotency/internal/keyspace"
 	"github.com/stretchr/testify/require"
@@ -25,4 +26,17 @@ func TestKeyNamesShareOneHashTag(t *testing.T) {
 	require.True(t, strings.HasSuffix(ck.lock, "}:l"))
 	require.NotEqual(t, ck.record, clientKeys("idem", paymentID("order-43")).record)
 	require.NotEqual(t, ck.record, clientKeys("idem", identityOf(false, "/refunds", "order-42")).record)
+}
+
+// A spent token's record outlives the token on a store's clock that is
+// behind the instance's by up to clockAllowance: the store judges the
+// expiry on its own clock, and a record gone before the token expired
+// there would let the token be spent again.
+func TestATokensRecordOutlivesItOnALaggingStoreClock(t *testing.T) {
+	k := keys{token: "t", tokenExpires: time.Now().Add(48 * time.Hour)}
+	life := k.lifetime(24 * time.Hour)
+	require.GreaterOrEqual(t, life, 48*time.Hour+clockAllowance-time.Second)
+	require.GreaterOrEqual(t, clockAllowance, time.Minute)
+	require.Equal(t, 24*time.Hour, keys{}.lifetime(24*time.Hour), "a client key's record lives as long as asked")
+	require.Equal(t, 72*time.Hour, k.lifetime(72*time.Hour), "a record asked to live longer than the token does")
 }

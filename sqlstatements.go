@@ -12,15 +12,17 @@ import (
 
 // indexName names the index on table's record_until, which the purge
 // reads: table's name (a schema's dot made an underscore) and "_until",
-// within the identifier limit of PostgreSQL (63 bytes) and MySQL (64).
-// A longer name keeps its beginning and ends with a hash of the whole,
-// so that two long tables sharing a beginning get two indexes: MySQL
-// refuses a longer name (the table could not be created), and PostgreSQL
-// cuts it, which made an index of a 63-byte table's name read as the
-// table itself, so the index was never created.
-func indexName(table string) string {
+// within the identifier limit of PostgreSQL (63 bytes) and MySQL (64);
+// SQLite has none. A longer name keeps its beginning and ends with a hash
+// of the whole, so that two long tables sharing a beginning get two
+// indexes: MySQL refuses a longer name (the table could not be created),
+// and PostgreSQL cuts it, which made the index of a 63-byte table's name
+// the table's own name. (Whether PostgreSQL has the index is read from
+// its catalog, whatever the index is called: a table indexed under the
+// cut name is not indexed again.)
+func indexName(d sqldialect.Dialect, table string) string {
 	name := strings.ReplaceAll(table, ".", "_") + "_until"
-	if len(name) <= sqldialect.MaxIdentifier {
+	if len(name) <= sqldialect.MaxIdentifier || d == sqldialect.SQLite {
 		return name
 	}
 	sum := sha256.Sum256([]byte(table))
@@ -78,7 +80,7 @@ func statementsFor(d sqldialect.Dialect, table, channel string) sqlStatements {
 	now := keyspace.SQLNow(d) // the operator's statements read the same clock
 	var insert, forUpdate, create, purge string
 	unquoted := strings.ReplaceAll(table, `"`, "")
-	index := indexName(unquoted)
+	index := indexName(d, unquoted)
 	switch d {
 	case sqldialect.PostgreSQL:
 		insert = "INSERT INTO " + table + " (id) VALUES (?) ON CONFLICT (id) DO NOTHING"
@@ -110,12 +112,11 @@ func statementsFor(d sqldialect.Dialect, table, channel string) sqlStatements {
 		// CREATE INDEX IF NOT EXISTS takes its table's share lock before
 		// it finds the index there: it waits behind every open write
 		// transaction on the table, and every write after it waits
-		// behind it. Looked for first, as the waiting_until column is.
-		qualified := index
-		if dot := strings.LastIndex(unquoted, "."); dot >= 0 {
-			qualified = unquoted[:dot] + "." + index
-		}
-		q.indexed = "SELECT to_regclass('" + d.Quote(qualified) + "') IS NOT NULL"
+		// behind it. Looked for first, as the waiting_until column is: an
+		// index of the table's whose first column is record_until, under
+		// any name.
+		q.indexed = "SELECT EXISTS (SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid " +
+			"AND a.attnum = i.indkey[0] WHERE i.indrelid = to_regclass('" + d.Quote(unquoted) + "') AND a.attname = 'record_until')"
 	}
 	// The purge reads the clock once for the statement (PostgreSQL's
 	// clock_timestamp is read per row, and keeps the planner off the

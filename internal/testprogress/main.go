@@ -27,11 +27,12 @@ import (
 
 // event is one line of `go test -json` (see `go doc test2json`).
 type event struct {
-	Action  string
-	Package string
-	Test    string
-	Elapsed float64
-	Output  string
+	Action     string
+	Package    string
+	ImportPath string // of build-output and build-fail
+	Test       string
+	Elapsed    float64
+	Output     string
 }
 
 func main() {
@@ -114,8 +115,11 @@ func (p *progress) handle(e event) (failed bool) {
 	switch {
 	case e.Action == "build-output":
 		p.printf("%s", e.Output)
+		p.output["build "+e.ImportPath] = append(p.output["build "+e.ImportPath], e.Output)
 	case e.Action == "build-fail":
-		p.failedTo[e.Package] = true
+		p.failedTo[e.ImportPath] = true
+		p.failures = append(p.failures, strings.Join(p.output["build "+e.ImportPath], ""))
+		delete(p.output, "build "+e.ImportPath)
 		return true
 	case e.Test == "" && e.Action == "start":
 		p.running[e.Package] = time.Now()
@@ -161,10 +165,23 @@ func (p *progress) handle(e event) (failed bool) {
 		delete(p.running, e.Package)
 		mark := map[string]string{"pass": "✓", "fail": "✗"}[e.Action]
 		p.pkgs[e.Action]++
-		if e.Action == "fail" && !p.verbose {
+		if e.Action == "fail" {
 			// A package can fail outside any test (a panic, TestMain,
-			// a timeout): its own output says why.
-			p.printf("%s", strings.Join(p.output[id], ""))
+			// a timeout): its own output says why, with that of the
+			// tests it cut short, which never end with an event.
+			var why []string
+			for key, lines := range p.output {
+				if key != id && strings.HasPrefix(key, e.Package+" ") {
+					why = append(why, strings.Join(lines, ""))
+					delete(p.output, key)
+				}
+			}
+			slices.Sort(why)
+			why = append(why, strings.Join(p.output[id], ""))
+			if !p.verbose {
+				p.printf("%s", strings.Join(why, ""))
+			}
+			p.failures = append(p.failures, strings.Join(why, ""))
 		}
 		delete(p.output, id)
 		p.printf("%s %s (%.1fs)\n", mark, e.Package, e.Elapsed)
@@ -250,7 +267,17 @@ func printRecap(out io.Writer, failures []string, limit int) {
 	if len(shown) == 0 {
 		return
 	}
-	share := max(limit/len(shown), 8)
+	const least = 8 // lines a failure shows at least
+	more := 0
+	if most := limit / least; len(shown) > most {
+		shown, more = shown[:most], len(shown)-most
+	}
+	share := max(limit/len(shown), least)
+	defer func() {
+		if more > 0 {
+			fmt.Fprintf(out, "… and %d more failures\n", more)
+		}
+	}()
 	for _, f := range shown {
 		lines := strings.SplitAfter(strings.TrimSuffix(f, "\n"), "\n")
 		if len(lines) > share {

@@ -252,7 +252,8 @@ func closeDrained(ctx context.Context, body io.Closer, drained <-chan struct{}, 
 // call that failed (connection refused, reset or aborted, a broken pipe, a
 // host or network unreachable), a connection closed before the whole
 // answer came (EOF, unexpected EOF, a closed connection; inside the
-// status line or a header line too, cutUnderHeaders), a timeout (the
+// status line, a header line or the trailers too, cutUnderHeaders and
+// cutUnderTrailer), a timeout (the
 // dial, the TLS handshake, the answer's headers), a name server that did
 // not answer, and an HTTP/2 stream that the server refused, cancelled,
 // reset to shed load or for an internal error, or whose connection went
@@ -286,7 +287,7 @@ func retryableError(err error) bool {
 		return true
 	case errors.As(err, &netErr) && netErr.Timeout():
 		return true
-	case cutUnderHeaders(err):
+	case cutUnderHeaders(err), cutUnderTrailer(err):
 		return true
 	}
 	msg := err.Error()
@@ -301,7 +302,9 @@ func retryableError(err error) bool {
 // end is (an unexpected EOF), and the request may have run: it is resent
 // under its key, as that one is. A first line that does not begin as an
 // HTTP/1 status line does (an SSH banner, a mail server's greeting) is an
-// answer that is not HTTP, and is not resent.
+// answer that is not HTTP, and is not resent. A whole line that is
+// malformed so reads the same as a cut one: a server whose every answer
+// has one is tried MaxAttempts times, under the one key.
 func cutUnderHeaders(err error) bool {
 	var header textproto.ProtocolError
 	if errors.As(err, &header) {
@@ -315,6 +318,17 @@ func cutUnderHeaders(err error) bool {
 		return line != "" && (strings.HasPrefix("HTTP/1.1", line) || strings.HasPrefix("HTTP/1.0", line))
 	}
 	return false
+}
+
+// cutUnderTrailer reports a chunked HTTP/1 answer whose connection closed
+// after its last chunk, inside its trailer section: net/http says the
+// trailer ended early, or, finding no end of it in what came, that it is
+// suspiciously long. The body came whole; its trailers did not, and a
+// resume reads them from the replay.
+func cutUnderTrailer(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "http: unexpected EOF reading trailer") ||
+		strings.Contains(msg, "http: suspiciously long trailer after chunked body")
 }
 
 // quotedAfter finds what net/http quoted (%q) after what in msg.

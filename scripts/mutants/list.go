@@ -604,6 +604,22 @@ var mutants = []mutant{
 		tests:  "Resum", pkgs: []string{"./client/"},
 		unseen: "the fault checker's clients are its own driver, not client.Transport",
 	},
+	{
+		name: "client-returns-answer-cut-in-headers", file: "client/retry.go",
+		from:   "case cutUnderHeaders(err), cutUnderTrailer(err):",
+		to:     "case false && cutUnderHeaders(err), false && cutUnderTrailer(err):",
+		breaks: "a client whose answer was cut inside its status line, a header or its trailers gets an error after the request ran, and resends it under a new key",
+		tests:  "Cut", pkgs: []string{"./client/"},
+		unseen: "the fault checker's clients are its own driver, not client.Transport",
+	},
+	{
+		name: "token-record-dies-on-the-instances-clock", file: "keys.go",
+		from:   "const clockAllowance = time.Minute",
+		to:     "const clockAllowance = time.Second",
+		breaks: "a spent token whose record outlives the record TTL is spent again on a store whose clock is seconds behind the instance's",
+		tests:  "TestATokensRecordOutlivesItOnALaggingStoreClock",
+		unseen: "the checker's instances and store share one machine's clock",
+	},
 }
 
 // describe is the mutant's line in --list.

@@ -157,7 +157,9 @@ func (s *redisStore) claimArgs(k keys, lockValue, fingerprint any) []any {
 	if abandoned == "2" {
 		retry = argResume
 	}
-	args := []any{lockValue, fingerprint, ttl, issued, retry, s.horizon, s.lease}
+	// Room for the token's expiry: one allocation either way (both sizes
+	// are in one size class).
+	args := append(make([]any, 0, 8), lockValue, fingerprint, ttl, issued, retry, s.horizon, s.lease)
 	if token == "t" && !k.tokenExpires.IsZero() {
 		args = append(args, k.tokenExpires.UnixMicro())
 	}

@@ -26,18 +26,7 @@ var receipt = bytes.Repeat([]byte(`{"paid":500,"ref":"0123456789abcdef"},`), 250
 // Content-Length, over HTTP/2 the stream is reset. It returns the URL to
 // post to, the count of payments and a Transport for the Base of a client.
 func cutting(t *testing.T, http2 bool) (string, *atomic.Int32, *http.Transport) {
-	prefix := "test-client-cut-" + t.Name()
-	idem := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix), idempotency.WithCallerCredentials(),
-		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
-	payments := new(atomic.Int32)
-	protected := idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		payments.Add(1)
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Trailer", "X-Receipt-Length")
-		w.WriteHeader(http.StatusCreated)
-		w.Write(receipt)
-		w.Header().Set("X-Receipt-Length", strconv.Itoa(len(receipt)))
-	}))
+	protected, payments := paymentRoute(t, "test-client-cut-")
 	var cut atomic.Bool
 	server := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !cut.CompareAndSwap(false, true) {
@@ -55,6 +44,24 @@ func cutting(t *testing.T, http2 bool) (string, *atomic.Int32, *http.Transport) 
 	}))
 	start(t, server, http2)
 	return server.URL + "/payments", payments, server.Client().Transport.(*http.Transport).Clone()
+}
+
+// paymentRoute is a protected payment route on Redis (its keys under
+// prefix and the test's name) that answers receipt, with its length as a
+// trailer, and counts its payments.
+func paymentRoute(t *testing.T, prefix string) (http.Handler, *atomic.Int32) {
+	prefix += t.Name()
+	idem := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix), idempotency.WithCallerCredentials(),
+		idempotency.WithLogger(slog.New(slog.DiscardHandler)))
+	payments := new(atomic.Int32)
+	return idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		payments.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Trailer", "X-Receipt-Length")
+		w.WriteHeader(http.StatusCreated)
+		w.Write(receipt)
+		w.Header().Set("X-Receipt-Length", strconv.Itoa(len(receipt)))
+	})), payments
 }
 
 // An answer whose connection fails after its headers came is read to its

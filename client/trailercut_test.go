@@ -3,7 +3,6 @@ package client
 import (
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -11,9 +10,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/onceonly/idempotency"
-	"github.com/onceonly/idempotency/internal/redistest"
 )
 
 // A chunked answer whose connection closes after its last chunk, inside
@@ -25,18 +21,7 @@ import (
 func TestTransportResumesAnAnswerCutInItsTrailers(t *testing.T) {
 	for _, cut := range []string{"0\r\n", "0\r\n\r", "0\r\nX-Receipt-Le", "0\r\nX-Receipt-Length: 95000\r\n"} {
 		t.Run(strconv.Quote(cut), func(t *testing.T) {
-			prefix := "test-client-trailer-" + t.Name()
-			idem := idempotency.New(redistest.Client(t, prefix), idempotency.WithKeyPrefix(prefix),
-				idempotency.WithCallerCredentials(), idempotency.WithLogger(slog.New(slog.DiscardHandler)))
-			payments := new(atomic.Int32)
-			protected := idem.ProtectKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				payments.Add(1)
-				w.Header().Set("Content-Type", "application/json")
-				w.Header().Set("Trailer", "X-Receipt-Length")
-				w.WriteHeader(http.StatusCreated)
-				w.Write(receipt)
-				w.Header().Set("X-Receipt-Length", strconv.Itoa(len(receipt)))
-			}))
+			protected, payments := paymentRoute(t, "test-client-trailer-")
 			var first atomic.Bool
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if !first.CompareAndSwap(false, true) {

@@ -141,15 +141,13 @@ func (s *redisStore) claimOn(ctx context.Context, via redis.Scripter, k keys, lo
 // claimArgs are claim.lua's ARGV. The lock value and the fingerprint may
 // be strings or pointers to them (see complete).
 func (s *redisStore) claimArgs(k keys, lockValue, fingerprint any) []any {
-	token, life, abandoned := s.cfg.claimTerms(k)
+	token, life, abandoned, expires := s.cfg.claimTerms(k)
 	issued, ttl, retry := argNotIssued, s.recordTTL, s.retryAbandoned
 	switch token {
 	case "t":
 		issued = argIssued
 	case "r":
 		issued = argLookup
-	case "x":
-		issued = argExpired
 	}
 	if life != s.cfg.recordTTL {
 		ttl = life.Milliseconds()
@@ -160,25 +158,26 @@ func (s *redisStore) claimArgs(k keys, lockValue, fingerprint any) []any {
 	// Room for the token's expiry: one allocation either way (both sizes
 	// are in one size class).
 	args := append(make([]any, 0, 8), lockValue, fingerprint, ttl, issued, retry, s.horizon, s.lease)
-	if token == "t" && !k.tokenExpires.IsZero() {
-		args = append(args, k.tokenExpires.UnixMicro())
+	if expires != 0 {
+		args = append(args, expires)
 	}
 	return args
 }
 
 // claimTerms are what a claim of k asks beyond its lock value and
-// fingerprint (claim.lua's ARGV 3 to 5): how its token stands ("" none,
-// "t" issued, "r" lookup only), how long its record lives, and what
+// fingerprint (claim.lua's ARGV 3 to 5, and 8): how its token stands (""
+// none, "t" issued, "r" lookup only), how long its record lives, what
 // becomes of a run it finds abandoned ("0" refused, "1" taken over, "2"
-// resumed once nothing can store for it).
+// resumed once nothing can store for it), and when an issued token
+// expires (Unix microseconds; 0 for none).
 //
 // Whether an issued token has expired is the store's to say, on its own
-// clock, with the token's expiry (claim.lua's ARGV 8): a claim judged on
+// clock, with the token's expiry: a claim judged on
 // its instance's clock could be told "expired, nothing ran" while another
 // instance's claim of the same token, sent in time, was still on its way
 // to the store and then ran. ("x", a token its instance judged expired,
 // is what instances of earlier versions send; the store still reads it.)
-func (c *config) claimTerms(k keys) (token string, life time.Duration, abandoned string) {
+func (c *config) claimTerms(k keys) (token string, life time.Duration, abandoned string, expires int64) {
 	life, abandoned = c.recordTTL, "0"
 	if c.takeover() {
 		abandoned = "1"
@@ -187,13 +186,15 @@ func (c *config) claimTerms(k keys) (token string, life time.Duration, abandoned
 		token = "t"
 		if k.lookupOnly {
 			token = "r"
+		} else if !k.tokenExpires.IsZero() {
+			expires = k.tokenExpires.UnixMicro()
 		}
 		life = max(life, k.lifetime(c.recordTTL))
 	}
 	if k.resume && !c.takeover() {
 		abandoned = "2"
 	}
-	return token, life, abandoned
+	return token, life, abandoned, expires
 }
 
 // claimReply reads claim.lua's reply.
@@ -273,8 +274,8 @@ func (s *redisStore) complete(ctx context.Context, k keys, lockValue *string, fp
 
 // Script arguments that are constants, boxed once.
 var (
-	argIssued, argExpired, argLookup, argNotIssued, argResume any = "t", "x", "r", "", "2"
-	argRenewOnly, argRetake                                   any = "0", "1"
+	argIssued, argLookup, argNotIssued, argResume any = "t", "r", "", "2"
+	argRenewOnly, argRetake                       any = "0", "1"
 )
 
 // release undoes a claim: the record goes (which gives an issued token

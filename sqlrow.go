@@ -53,14 +53,14 @@ type claimAsk struct {
 	lockValue, fingerprint string
 	token, abandoned       string
 	life, horizon, lease   int64
-	expires                int64 // an issued token's expiry, µs on the database's clock; 0: none
+	expires                int64 // an issued token's expiry, Unix µs (claimTerms); 0: none
 }
 
 // expired reports whether the claim's token can no longer be spent at now
 // (the database's clock, which every instance's claims meet; claim.lua's
 // ARGV 8).
 func (a claimAsk) expired(now int64) bool {
-	return a.token == "x" || a.token == "t" && a.expires != 0 && now >= a.expires
+	return a.expires != 0 && now >= a.expires
 }
 
 // claim is claim.lua.

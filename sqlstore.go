@@ -340,14 +340,12 @@ func (s *sqlStore) claimOn(ctx context.Context, k keys, lockValue, fingerprint s
 
 func (s *sqlStore) claimRow(ctx context.Context, c sqlConn, k keys, lockValue, fingerprint string) (claim, error) {
 	s.purgeNow()
-	token, life, abandoned := s.cfg.claimTerms(k)
+	token, life, abandoned, expires := s.cfg.claimTerms(k)
 	ask := claimAsk{lockValue: lockValue, fingerprint: fingerprint, token: token, abandoned: abandoned,
-		life: life.Microseconds(), horizon: s.cfg.claimHorizon().Microseconds(), lease: s.cfg.lease.Microseconds()}
-	if token == "t" && !k.tokenExpires.IsZero() {
-		ask.expires = k.tokenExpires.UnixMicro()
-	}
+		life: life.Microseconds(), horizon: s.cfg.claimHorizon().Microseconds(), lease: s.cfg.lease.Microseconds(),
+		expires: expires}
 	if s.ready.Load() {
-		if token != "r" && token != "x" { // those two claim nothing without a record
+		if token != "r" { // a lookup claims nothing without a record
 			fence, err := s.claimFresh(ctx, c, k, ask)
 			switch {
 			case err != nil:

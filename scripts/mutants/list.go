@@ -439,7 +439,7 @@ var mutants = []mutant{
 	},
 	{
 		name: "sql-claim-expiry-by-the-instance", file: "sqlrow.go",
-		from: `a.token == "t" && a.expires != 0 && now >= a.expires`, to: `false && now >= a.expires`,
+		from: `return a.expires != 0 && now >= a.expires`, to: `return false && now >= a.expires`,
 		breaks: "on SQL, a token's claim sent in time that reaches the database after the token expired spends it, after another instance answered token-expired (nothing ran)",
 		tests:  "Expir", module: "internal/sqlstoretest",
 		unseen: "a history's tokens live far longer than the history, so none expires in it",
